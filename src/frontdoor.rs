@@ -1,0 +1,203 @@
+//! The front door: the checks every request to the MCP path passes before anything goes
+//! upstream. Host (DNS-rebinding protection), Origin, body size, and JSON well-formedness.
+
+use bytes::Bytes;
+use http::{header, request::Parts, HeaderMap};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use url::Url;
+
+use crate::config::{HostPolicy, OriginPolicy};
+use crate::error::ProxyError;
+
+const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
+
+/// Splits `name[:port]` (with `[v6]` literals) into the name and the optional port.
+fn split_host_port(authority: &str) -> (&str, Option<&str>) {
+    if let Some(rest) = authority.strip_prefix('[') {
+        if let Some(end) = rest.find(']') {
+            let name = &authority[..end + 2];
+            let port = authority[end + 2..].strip_prefix(':');
+            return (name, port);
+        }
+        return (authority, None);
+    }
+    match authority.rsplit_once(':') {
+        Some((name, port)) => (name, Some(port)),
+        None => (authority, None),
+    }
+}
+
+/// Refuses a Host the policy does not allow. HTTP/2 requests carry it as `:authority`.
+pub fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), ProxyError> {
+    if *policy == HostPolicy::Any {
+        return Ok(());
+    }
+    let host = match parts.headers.get(header::HOST) {
+        Some(v) => v.to_str().ok().map(str::to_owned),
+        None => parts.uri.authority().map(|a| a.as_str().to_owned()),
+    };
+    let Some(host) = host else {
+        return Err(ProxyError::BadHost("(missing)".to_owned()));
+    };
+    let lower = host.trim().to_ascii_lowercase();
+    let (name, _) = split_host_port(&lower);
+    let ok = match policy {
+        HostPolicy::Any => true,
+        HostPolicy::Loopback => LOOPBACK_NAMES.contains(&name),
+        HostPolicy::List(list) => list.iter().any(|entry| {
+            let (entry_name, entry_port) = split_host_port(entry);
+            match entry_port {
+                None => entry_name == name,
+                Some(_) => *entry == lower,
+            }
+        }),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ProxyError::BadHost(truncate(&host)))
+    }
+}
+
+/// Refuses a present Origin the policy does not allow; a request without Origin passes.
+pub fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result<(), ProxyError> {
+    let mut values = headers.get_all(header::ORIGIN).iter();
+    let Some(value) = values.next() else {
+        return Ok(());
+    };
+    if values.next().is_some() {
+        return Err(ProxyError::BadOrigin(
+            "more than one Origin header".to_owned(),
+        ));
+    }
+    let origin = value
+        .to_str()
+        .map_err(|_| ProxyError::BadOrigin("(not ASCII)".to_owned()))?;
+    let ok = match policy {
+        OriginPolicy::Any => true,
+        OriginPolicy::RefuseAll => false,
+        OriginPolicy::Exact(list) => list.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+        OriginPolicy::Loopback => Url::parse(origin).is_ok_and(|u| {
+            matches!(u.scheme(), "http" | "https")
+                && u.host_str()
+                    .is_some_and(|h| LOOPBACK_NAMES.contains(&h.to_ascii_lowercase().as_str()))
+        }),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(ProxyError::BadOrigin(truncate(origin)))
+    }
+}
+
+fn truncate(s: &str) -> String {
+    const MAX: usize = 200;
+    if s.len() <= MAX {
+        return s.to_owned();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
+}
+
+/// Reads the whole body, refusing more than `limit` bytes (early, from Content-Length, when it
+/// is declared).
+pub async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+    if let Some(len) = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        if len > limit as u64 {
+            return Err(ProxyError::BodyTooLarge { limit });
+        }
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(ProxyError::BodyTooLarge { limit })
+        }
+        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::Request;
+
+    fn parts(host: Option<&str>, origin: Option<&str>) -> Parts {
+        let mut b = Request::builder().uri("/mcp");
+        if let Some(h) = host {
+            b = b.header(header::HOST, h);
+        }
+        if let Some(o) = origin {
+            b = b.header(header::ORIGIN, o);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for ok in [
+            "localhost",
+            "localhost:8080",
+            "127.0.0.1:1",
+            "[::1]:9",
+            "LOCALHOST:1",
+        ] {
+            check_host(&HostPolicy::Loopback, &parts(Some(ok), None)).unwrap();
+        }
+        for bad in [
+            "evil.example.com",
+            "evil.example.com:8080",
+            "127.0.0.2:80",
+            "localhost.evil:1",
+        ] {
+            assert!(
+                check_host(&HostPolicy::Loopback, &parts(Some(bad), None)).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(check_host(&HostPolicy::Loopback, &parts(None, None)).is_err());
+        check_host(&HostPolicy::Any, &parts(Some("anything"), None)).unwrap();
+    }
+
+    #[test]
+    fn listed_hosts() {
+        let p = HostPolicy::List(vec!["mcp.example.com".into(), "other:8443".into()]);
+        check_host(&p, &parts(Some("mcp.example.com:1234"), None)).unwrap();
+        check_host(&p, &parts(Some("other:8443"), None)).unwrap();
+        assert!(check_host(&p, &parts(Some("other:8444"), None)).is_err());
+        assert!(check_host(&p, &parts(Some("evil"), None)).is_err());
+    }
+
+    #[test]
+    fn origins() {
+        let h = |o: &str| parts(None, Some(o)).headers;
+        check_origin(&OriginPolicy::Loopback, &parts(None, None).headers).unwrap();
+        check_origin(&OriginPolicy::Loopback, &h("http://localhost:3000")).unwrap();
+        check_origin(&OriginPolicy::Loopback, &h("http://[::1]:3000")).unwrap();
+        check_origin(&OriginPolicy::Loopback, &h("http://127.0.0.1")).unwrap();
+        for bad in [
+            "http://evil.example",
+            "null",
+            "http://localhost.evil.example",
+            "file://x",
+        ] {
+            assert!(
+                check_origin(&OriginPolicy::Loopback, &h(bad)).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(check_origin(&OriginPolicy::RefuseAll, &h("http://localhost")).is_err());
+        check_origin(&OriginPolicy::RefuseAll, &parts(None, None).headers).unwrap();
+        let exact = OriginPolicy::Exact(vec!["https://app.example.com".into()]);
+        check_origin(&exact, &h("https://app.example.com")).unwrap();
+        assert!(check_origin(&exact, &h("https://app.example.com:444")).is_err());
+    }
+}

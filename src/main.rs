@@ -1,0 +1,124 @@
+//! Command line, configuration, logging, runtime and signals.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use epode_sidecar::config::{Config, FlagValues, LogFormat};
+use epode_sidecar::proxy::Sidecar;
+use epode_sidecar::server;
+
+/// A reverse proxy beside an MCP server: a stateless MCP 2026-07-28 front and Epode feedback.
+/// Every setting is also an environment variable (see README.md); flags win over the
+/// environment, which wins over the configuration file.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Cli {
+    /// TOML configuration file (also EPODE_SIDECAR_CONFIG).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Listen address (EPODE_SIDECAR_LISTEN).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<String>,
+    /// Upstream MCP endpoint URL (EPODE_SIDECAR_UPSTREAM).
+    #[arg(long, value_name = "URL")]
+    upstream: Option<String>,
+    /// Path clients post to (EPODE_SIDECAR_PATH).
+    #[arg(long, value_name = "PATH")]
+    path: Option<String>,
+    /// Log filter (EPODE_SIDECAR_LOG).
+    #[arg(long, value_name = "FILTER")]
+    log: Option<String>,
+    /// Log format, text or json (EPODE_SIDECAR_LOG_FORMAT).
+    #[arg(long, value_name = "FORMAT")]
+    log_format: Option<String>,
+    /// Print the effective configuration (secrets redacted) and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+impl Cli {
+    fn flag_values(&self) -> FlagValues {
+        let mut values = std::collections::BTreeMap::new();
+        for (key, v) in [
+            ("listen", &self.listen),
+            ("upstream", &self.upstream),
+            ("path", &self.path),
+            ("log", &self.log),
+            ("log_format", &self.log_format),
+        ] {
+            if let Some(v) = v {
+                values.insert(key, v.clone());
+            }
+        }
+        FlagValues {
+            config_file: self.config.clone(),
+            values,
+        }
+    }
+}
+
+fn init_logging(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(&config.log);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let config = match Config::from_layers(std::env::vars(), &cli.flag_values()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("epode-sidecar: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if cli.check_config {
+        print!("{config}");
+        return ExitCode::SUCCESS;
+    }
+    init_logging(&config);
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("epode-sidecar: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let config = Arc::new(config);
+        let listener = match server::bind(config.listen).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("epode-sidecar: cannot listen on {}: {e}", config.listen);
+                return ExitCode::FAILURE;
+            }
+        };
+        let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        // One line on stdout, so scripts and tests started with port 0 learn the address.
+        println!("epode-sidecar listening on {local}");
+        tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, "epode-sidecar serving");
+        let sidecar = Arc::new(Sidecar::new(config));
+        server::serve(listener, sidecar, shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}

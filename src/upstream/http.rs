@@ -1,0 +1,203 @@
+//! The upstream hop over Streamable HTTP: one pooled client, header hygiene (hop-by-hop headers
+//! dropped, the sidecar's own authority as `Host`, no `Origin`), a deadline for the response
+//! head, and a record of when the upstream last answered (for `/readyz`).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::UpstreamTarget;
+use crate::error::ProxyError;
+
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// Removes hop-by-hop headers, including any named by `Connection`, and `Transfer-Encoding`
+/// (each hop frames the body itself).
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    headers.remove(header::TRANSFER_ENCODING);
+}
+
+pub struct HttpUpstream {
+    client: Client<HttpConnector, Full<Bytes>>,
+    target: UpstreamTarget,
+    host: HeaderValue,
+    timeout: Duration,
+    started: Instant,
+    /// Milliseconds since `started` of the last answer (any HTTP response), plus one; 0 = never.
+    last_answer_ms: AtomicU64,
+}
+
+impl HttpUpstream {
+    pub fn new(target: UpstreamTarget, timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
+        let client = Client::builder(TokioExecutor::new())
+            // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled
+            // connection is not reused just as the upstream closes it.
+            .pool_idle_timeout(Duration::from_secs(3))
+            .pool_max_idle_per_host(64)
+            .build(connector);
+        let host = HeaderValue::from_str(&target.authority)
+            .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        HttpUpstream {
+            client,
+            target,
+            host,
+            timeout,
+            started: Instant::now(),
+            last_answer_ms: AtomicU64::new(0),
+        }
+    }
+
+    pub fn target(&self) -> &UpstreamTarget {
+        &self.target
+    }
+
+    fn uri(&self, client_query: Option<&str>) -> Uri {
+        let url = &self.target.url;
+        let query = url.query().or(client_query);
+        let mut s = format!("{}://{}{}", url.scheme(), self.target.authority, url.path());
+        if let Some(q) = query {
+            s.push('?');
+            s.push_str(q);
+        }
+        s.parse().unwrap_or_else(|_| Uri::from_static("/"))
+    }
+
+    /// Forwards a client request. The body goes as given; the response head must arrive within
+    /// the configured timeout, its body then streams for as long as both ends want.
+    pub async fn forward(
+        &self,
+        parts: &Parts,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, ProxyError> {
+        let mut headers = parts.headers.clone();
+        strip_hop_by_hop(&mut headers);
+        headers.remove(header::ORIGIN);
+        headers.remove(header::CONTENT_LENGTH);
+        headers.insert(header::HOST, self.host.clone());
+        let mut req = Request::new(Full::new(body));
+        *req.method_mut() = parts.method.clone();
+        *req.uri_mut() = self.uri(parts.uri.query());
+        *req.headers_mut() = headers;
+        self.send(req).await
+    }
+
+    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
+            Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamUnreachable(error_chain(&e))),
+            Ok(Err(e)) => Err(ProxyError::UpstreamFailed(error_chain(&e))),
+            Ok(Ok(mut resp)) => {
+                self.mark_answered();
+                strip_hop_by_hop(resp.headers_mut());
+                Ok(resp)
+            }
+        }
+    }
+
+    fn mark_answered(&self) {
+        let ms = self.started.elapsed().as_millis() as u64 + 1;
+        self.last_answer_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether the upstream answered within `window`.
+    pub fn answered_within(&self, window: Duration) -> bool {
+        let last = self.last_answer_ms.load(Ordering::Relaxed);
+        if last == 0 {
+            return false;
+        }
+        let now = self.started.elapsed().as_millis() as u64 + 1;
+        now.saturating_sub(last) <= window.as_millis() as u64
+    }
+
+    /// Readiness probe: a POSTed JSON-RPC `ping`, never a GET (a stateless Python upstream
+    /// answers GET with a stream that never ends). Any answer below 500 means it is serving.
+    pub async fn probe(&self) -> bool {
+        let body = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":"epode-sidecar-readiness","method":"ping"}"#,
+        );
+        let req = Request::post(self.uri(None))
+            .header(header::HOST, self.host.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .body(Full::new(body));
+        let Ok(req) = req else { return false };
+        let probe = tokio::time::timeout(Duration::from_secs(2), self.client.request(req)).await;
+        match probe {
+            Ok(Ok(resp)) => {
+                let ok = resp.status().as_u16() < 500;
+                if ok {
+                    self.mark_answered();
+                }
+                ok
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The error and its causes on one line, so "connection refused" is visible.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let s = c.to_string();
+        if !out.contains(&s) {
+            out.push_str(": ");
+            out.push_str(&s);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hop_by_hop_and_connection_named() {
+        let mut h = HeaderMap::new();
+        h.insert("connection", HeaderValue::from_static("close, x-private"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("authorization", HeaderValue::from_static("Bearer t"));
+        h.insert("mcp-session-id", HeaderValue::from_static("s"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 2);
+        assert!(h.contains_key("authorization"));
+        assert!(h.contains_key("mcp-session-id"));
+    }
+}

@@ -1,0 +1,5 @@
+//! Reaching the upstream MCP server.
+
+pub mod http;
+
+pub use self::http::HttpUpstream;

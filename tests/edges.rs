@@ -1,0 +1,371 @@
+//! Edge cases of the front door and the upstream hop, against raw upstreams that misbehave on
+//! purpose (never answering, dying, echoing what they got). Real-peer behaviour is in
+//! `transparency.rs`.
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+/// An upstream that echoes the request head and body it received inside a JSON-RPC result.
+fn echo_upstream() -> RawUpstream {
+    RawUpstream::start(|mut s: TcpStream| {
+        while let Some((head, body)) = read_http_request(&mut s) {
+            let reply = json!({"head": head, "body": String::from_utf8_lossy(&body)}).to_string();
+            let resp = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive, x-hop\r\nx-hop: secret\r\nx-end-to-end: kept\r\ncontent-length: {}\r\n\r\n{}",
+                reply.len(),
+                reply
+            );
+            if s.write_all(resp.as_bytes()).is_err() {
+                return;
+            }
+        }
+    })
+}
+
+async fn error_of(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body: Value = resp.json().await.expect("error responses have a JSON body");
+    assert_eq!(ct.as_deref(), Some("application/json"));
+    assert_eq!(body["jsonrpc"], "2.0");
+    (status, body)
+}
+
+#[tokio::test]
+async fn request_goes_upstream_byte_for_byte_with_clean_headers() {
+    let up = echo_upstream();
+    let sc = Sidecar::start(&up.url(), &[]);
+    // Numbers beyond f64, escapes and odd spacing must arrive exactly as sent.
+    let raw = "{\"jsonrpc\":\"2.0\",\"id\":12345678901234567890,\"method\":\"tools/list\",\n \"params\":{\"x\":1e400,\"y\":0.1,\"s\":\"\\u00e9\\ud83d\\ude80\"}}";
+    let resp = http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer product-token")
+        .header("origin", "http://localhost:3000")
+        .header("x-custom", "yes")
+        .header("connection", "x-private")
+        .header("x-private", "drop-me")
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(
+        resp.headers().get("x-hop").is_none(),
+        "hop-by-hop header leaked back"
+    );
+    assert_eq!(resp.headers()["x-end-to-end"], "kept");
+    let seen: Value = resp.json().await.unwrap();
+    assert_eq!(seen["body"], raw);
+    let head = seen["head"].as_str().unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("post /mcp http/1.1"), "{head}");
+    assert!(
+        head.contains(&format!("host: 127.0.0.1:{}\r\n", up.port)),
+        "{head}"
+    );
+    assert!(
+        head.contains("authorization: bearer product-token"),
+        "{head}"
+    );
+    assert!(head.contains("x-custom: yes"), "{head}");
+    assert!(
+        !head.contains("origin:"),
+        "Origin must not go upstream: {head}"
+    );
+    assert!(
+        !head.contains("x-private"),
+        "Connection-named header leaked: {head}"
+    );
+}
+
+#[tokio::test]
+async fn origin_and_host_are_checked_by_the_sidecar() {
+    let up = echo_upstream();
+    let sc = Sidecar::start(&up.url(), &[]);
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+
+    let resp = http()
+        .post(sc.url())
+        .header("origin", "http://evil.example")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(status, 403);
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("Origin"),
+        "{err}"
+    );
+
+    let resp = http()
+        .post(sc.url())
+        .header("host", "evil.example.com")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(status, 403);
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("Host"),
+        "{err}"
+    );
+
+    // No Origin, or a loopback Origin, passes.
+    for origin in [None, Some("http://127.0.0.1:5173")] {
+        let mut req = http().post(sc.url()).body(body);
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        assert_eq!(req.send().await.unwrap().status(), 200);
+    }
+
+    // An explicit allowlist replaces the loopback default.
+    let sc = Sidecar::start(
+        &up.url(),
+        &[("EPODE_SIDECAR_ALLOWED_ORIGINS", "https://app.example.com")],
+    );
+    let send = |o: &'static str| http().post(sc.url()).header("origin", o).body(body).send();
+    assert_eq!(send("https://app.example.com").await.unwrap().status(), 200);
+    assert_eq!(send("http://localhost:3000").await.unwrap().status(), 403);
+}
+
+#[tokio::test]
+async fn oversized_bodies_get_413() {
+    let up = echo_upstream();
+    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_MAX_BODY_BYTES", "1024")]);
+    let big = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(2000)
+    );
+    // Declared length.
+    let resp = http()
+        .post(sc.url())
+        .body(big.clone())
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(status, 413);
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("1024"),
+        "{err}"
+    );
+    // Chunked, with no declared length.
+    let stream = futures_stream(big.into_bytes());
+    let resp = http()
+        .post(sc.url())
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 413);
+    // Just under the limit passes.
+    let ok = format!(
+        r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#,
+        "x".repeat(900)
+    );
+    assert_eq!(
+        http()
+            .post(sc.url())
+            .body(ok)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+fn futures_stream(
+    bytes: Vec<u8>,
+) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> {
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        bytes.chunks(100).map(|c| Ok(c.to_vec())).collect();
+    futures_util::stream::iter(chunks)
+}
+
+#[tokio::test]
+async fn malformed_json_is_refused_with_a_jsonrpc_error() {
+    let up = echo_upstream();
+    let sc = Sidecar::start(&up.url(), &[]);
+    for (body, code) in [
+        (&b"{\"jsonrpc\":\"2.0\",\"id\":1,"[..], -32700),
+        (&b"\xff\xfe not json"[..], -32700),
+        (&b""[..], -32700),
+        (&b"\"just a string\""[..], -32600),
+    ] {
+        let resp = http()
+            .post(sc.url())
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        let (status, err) = error_of(resp).await;
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(err["error"]["code"], code, "{err}");
+        assert!(err["id"].is_null());
+    }
+    // The sidecar is still serving.
+    let resp = http()
+        .post(sc.url())
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn dead_upstream_gives_502_with_the_request_id() {
+    let port = free_port(); // nothing listens there
+    let sc = Sidecar::start(&format!("http://127.0.0.1:{port}/mcp"), &[]);
+    let resp = http()
+        .post(sc.url())
+        .body(r#"{"jsonrpc":"2.0","id":"req-7","method":"tools/list"}"#)
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(status, 502);
+    assert_eq!(err["id"], "req-7");
+    assert_eq!(err["error"]["code"], -32603);
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unreachable"),
+        "{err}"
+    );
+
+    let ready = http()
+        .get(format!("{}/readyz", sc.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ready.status(), 503);
+    let health = http()
+        .get(format!("{}/healthz", sc.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+    let health = http()
+        .get(format!("{}/health", sc.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(health.status(), 200);
+}
+
+#[tokio::test]
+async fn silent_upstream_gives_504_within_the_timeout() {
+    let up = RawUpstream::start(|mut s: TcpStream| {
+        let _ = read_http_request(&mut s);
+        std::thread::sleep(Duration::from_secs(10));
+    });
+    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "500ms")]);
+    let started = Instant::now();
+    let resp = http()
+        .post(sc.url())
+        .body(r#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"x"}}"#)
+        .send()
+        .await
+        .unwrap();
+    let (status, err) = error_of(resp).await;
+    assert_eq!(status, 504);
+    assert_eq!(err["id"], 42);
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn upstream_error_statuses_pass_through_unchanged() {
+    let up = RawUpstream::start(|mut s: TcpStream| {
+        let _ = read_http_request(&mut s);
+        let body = r#"{"error":"invalid_token"}"#;
+        let _ = write!(
+            s,
+            "HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer resource_metadata=\"http://x/.well-known\"\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+            body.len(),
+            body
+        );
+    });
+    let sc = Sidecar::start(&up.url(), &[]);
+    let resp = http()
+        .post(sc.url())
+        .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+    assert_eq!(
+        resp.headers()["www-authenticate"],
+        "Bearer resource_metadata=\"http://x/.well-known\""
+    );
+    assert_eq!(resp.text().await.unwrap(), r#"{"error":"invalid_token"}"#);
+}
+
+/// A client that goes away while the upstream is still working cancels the upstream request:
+/// the sidecar closes its upstream connection, both before the response head and mid-stream.
+#[tokio::test]
+async fn client_disconnect_cancels_the_upstream_request() {
+    for mid_stream in [false, true] {
+        let (tx, rx) = mpsc::channel::<bool>();
+        let tx = std::sync::Mutex::new(tx);
+        let up = RawUpstream::start(move |mut s: TcpStream| {
+            if read_http_request(&mut s).is_none() {
+                return;
+            }
+            if mid_stream {
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n");
+                let event = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n";
+                let _ = write!(s, "{:x}\r\n{}\r\n", event.len(), event);
+                let _ = s.flush();
+            }
+            let closed = wait_closed(&mut s, Duration::from_secs(5));
+            let _ = tx.lock().unwrap().send(closed);
+        });
+        let sc = Sidecar::start(&up.url(), &[]);
+        let mut client = TcpStream::connect(sc.addr).unwrap();
+        let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#;
+        write!(
+            client,
+            "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+            body.len(),
+            body
+        )
+        .unwrap();
+        if mid_stream {
+            // Wait for the first event to reach the client, then hang up.
+            let mut buf = [0u8; 512];
+            let mut got = Vec::new();
+            client
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .unwrap();
+            while !String::from_utf8_lossy(&got).contains("notifications/progress") {
+                let n = std::io::Read::read(&mut client, &mut buf).unwrap();
+                assert!(n > 0, "sidecar closed before streaming the event");
+                got.extend_from_slice(&buf[..n]);
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        drop(client);
+        let closed = rx.recv_timeout(Duration::from_secs(8)).unwrap();
+        assert!(
+            closed,
+            "upstream connection stayed open after the client left (mid_stream={mid_stream})"
+        );
+    }
+}

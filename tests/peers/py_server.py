@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Python upstream peer for epode-sidecar's tests: the official `mcp==2.3.0` SDK.
+
+Serves MCP 2025-11-25 (legacy, stateless) and 2026-07-28 (modern) on one URL,
+http://127.0.0.1:PORT/mcp, with three tools:
+
+  echo  {text}    -> no outputSchema; text content = JSON {"echoed", "len"}
+  add   {a, b}    -> outputSchema {sum, a, b}; structuredContent + JSON text
+  slow  {steps=3} -> one notifications/progress every ~100 ms (only when the
+                     request carries _meta.progressToken), then text "done N";
+                     no outputSchema (same as the TS peer)
+
+Usage (run with the venv python from scripts/install-peers.sh):
+  $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN]
+
+  --port N               port on 127.0.0.1; 0 picks a free port
+  --json                 json_response=True: never SSE (mid-call progress is dropped)
+  --require-token TOKEN  every HTTP request must carry `Authorization: Bearer TOKEN`,
+                         otherwise 401 + WWW-Authenticate + a JSON error body
+
+Readiness: once uvicorn accepts connections the server prints exactly one line
+`READY <port>` to stdout (flushed); with --port 0 that is the port it got.
+Waiting for that line is the reliable readiness signal; a TCP connect also
+works (the socket is bound before the line is printed). Never probe with a
+GET: the legacy stateless GET stream never ends.
+
+DNS-rebinding protection is on (SDK default for host 127.0.0.1): Host must be
+127.0.0.1:*, localhost:* or [::1]:*, else 421; a foreign Origin gets 403.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import sys
+
+import anyio
+import uvicorn
+from pydantic import BaseModel
+
+from mcp.server.mcpserver import Context, MCPServer
+
+mcp = MCPServer(name="py-peer", version="0.0.1")
+
+
+@mcp.tool(structured_output=False)
+def echo(text: str) -> dict:
+    """Echo the text back (no outputSchema; the dict becomes a JSON text block)."""
+    return {"echoed": text, "len": len(text)}
+
+
+class AddResult(BaseModel):
+    sum: int
+    a: int
+    b: int
+
+
+@mcp.tool()
+def add(a: int, b: int) -> AddResult:
+    """Add two integers (outputSchema + structuredContent)."""
+    return AddResult(sum=a + b, a=a, b=b)
+
+
+@mcp.tool(structured_output=False)
+async def slow(ctx: Context, steps: int = 3) -> str:
+    """Sleep ~100 ms per step, reporting progress after each step."""
+    for i in range(1, steps + 1):
+        await anyio.sleep(0.1)
+        await ctx.report_progress(i, steps)
+    return f"done {steps}"
+
+
+class RequireBearer:
+    """ASGI wrapper: HTTP requests without `Authorization: Bearer TOKEN` get 401.
+
+    Lifespan (and anything not HTTP) passes straight through, so the wrapped
+    Starlette app still starts the session manager.
+    """
+
+    BODY = json.dumps(
+        {"error": "invalid_token", "error_description": "peer requires a bearer token"}
+    ).encode()
+
+    def __init__(self, app, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            auth = [v for k, v in scope.get("headers", []) if k.lower() == b"authorization"]
+            if auth != [self.expected]:
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(self.BODY)).encode()),
+                            (b"www-authenticate", b'Bearer realm="peer"'),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": self.BODY})
+                return
+        await self.app(scope, receive, send)
+
+
+class ReadyServer(uvicorn.Server):
+    """Prints `READY <port>` once uvicorn has started serving."""
+
+    def __init__(self, config: uvicorn.Config, port: int) -> None:
+        super().__init__(config)
+        self.ready_port = port
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            print(f"READY {self.ready_port}", flush=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0 = pick a free one)")
+    p.add_argument("--json", action="store_true", help="json_response=True (never SSE)")
+    p.add_argument("--require-token", metavar="TOKEN", help="require Authorization: Bearer TOKEN")
+    args = p.parse_args()
+
+    app = mcp.streamable_http_app(
+        stateless_http=True,
+        json_response=args.json,
+        host="127.0.0.1",  # turns on the SDK's localhost Host/Origin checks
+    )
+    asgi = RequireBearer(app, args.require_token) if args.require_token else app
+
+    # Bind ourselves so that --port 0 works and the port is known up front.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", args.port))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+
+    config = uvicorn.Config(asgi, log_level="warning", lifespan="on", access_log=False)
+    server = ReadyServer(config, port)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,384 @@
+//! Shared test fixtures: the real peers (Python `mcp` and TypeScript SDK upstreams, the
+//! TypeScript client, the conformance suite) installed by `scripts/install-peers.sh`, the
+//! sidecar binary itself, and small raw-TCP upstreams for edge cases real peers cannot produce.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Where `scripts/install-peers.sh` put the peers. Tests fail (never skip) when they are absent.
+pub fn peers_dir() -> PathBuf {
+    let dir = std::env::var_os("EPODE_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".peers"));
+    assert!(
+        dir.join("py/bin/python").exists() && dir.join("ts/node_modules").exists(),
+        "the MCP test peers are not installed in {}: run `bash scripts/install-peers.sh` first \
+         (scripts/test.sh does it for you)",
+        dir.display()
+    );
+    dir
+}
+
+pub fn python() -> PathBuf {
+    peers_dir().join("py/bin/python")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited before listening: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{what} did not listen on {port} within 30 s");
+}
+
+/// A child process killed when dropped.
+pub struct Proc {
+    pub child: Child,
+    pub name: String,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpstreamKind {
+    /// Python `mcp==2.3.0` `MCPServer`, may answer with SSE.
+    Python,
+    /// The same with `json_response=True`.
+    PythonJson,
+    /// TypeScript `createMcpHandler`, both eras.
+    TypeScript,
+    /// TypeScript, modern era only (`legacy: 'reject'`).
+    TypeScriptModernOnly,
+}
+
+pub struct Upstream {
+    pub kind: UpstreamKind,
+    pub port: u16,
+    _proc: Proc,
+}
+
+impl Upstream {
+    pub fn start(kind: UpstreamKind) -> Upstream {
+        Self::start_with(kind, &[])
+    }
+
+    pub fn start_with(kind: UpstreamKind, extra: &[&str]) -> Upstream {
+        let port = free_port();
+        let peers = peers_dir();
+        let port_s = port.to_string();
+        let mut cmd = match kind {
+            UpstreamKind::Python | UpstreamKind::PythonJson => {
+                let mut c = Command::new(python());
+                c.arg(repo_root().join("tests/peers/py_server.py"))
+                    .args(["--port", &port_s]);
+                if kind == UpstreamKind::PythonJson {
+                    c.arg("--json");
+                }
+                c
+            }
+            UpstreamKind::TypeScript | UpstreamKind::TypeScriptModernOnly => {
+                let mut c = Command::new("node");
+                c.arg(peers.join("ts/ts_server.mjs"))
+                    .args(["--port", &port_s]);
+                if kind == UpstreamKind::TypeScriptModernOnly {
+                    c.arg("--reject-legacy");
+                }
+                c
+            }
+        };
+        cmd.args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("start upstream peer");
+        wait_for_port(port, &mut child, &format!("{kind:?} upstream"));
+        Upstream {
+            kind,
+            port,
+            _proc: Proc {
+                child,
+                name: format!("{kind:?}"),
+            },
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+/// The sidecar binary, started with only the given environment.
+pub struct Sidecar {
+    pub addr: SocketAddr,
+    proc: Proc,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Sidecar {
+    pub fn start(upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"));
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("EPODE_SIDECAR_LISTEN", "127.0.0.1:0")
+            .env("EPODE_SIDECAR_UPSTREAM", upstream_url)
+            .env("EPODE_SIDECAR_LOG", "debug");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("start epode-sidecar");
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut first = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("read sidecar stdout");
+        let addr = first
+            .trim()
+            .strip_prefix("epode-sidecar listening on ")
+            .unwrap_or_else(|| {
+                let logs: Vec<String> = rx.try_iter().collect();
+                panic!("sidecar did not start: {first:?}\n{}", logs.join("\n"))
+            })
+            .parse()
+            .unwrap();
+        Sidecar {
+            addr,
+            proc: Proc {
+                child,
+                name: "epode-sidecar".into(),
+            },
+            stderr: rx,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.proc.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit, returning its exit code.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(status) = self.proc.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Every log line written so far.
+    pub fn logs(&self) -> Vec<String> {
+        self.stderr.try_iter().collect()
+    }
+}
+
+/// Runs the official TypeScript client (`tests/peers/ts_client.mjs`) and returns its JSON report.
+pub fn ts_client(url: &str, mode: &str, headers: &[&str]) -> Value {
+    let script = peers_dir().join("ts/ts_client.mjs");
+    let mut cmd = Command::new("node");
+    cmd.arg(script).arg(url).arg(mode);
+    for h in headers {
+        cmd.args(["--header", h]);
+    }
+    let out = cmd.output().expect("run ts_client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "ts_client printed no JSON (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A raw upstream on a loopback port, for behaviour real peers cannot be made to show (never
+/// answering, answering halfway, echoing what it received). Each accepted connection is handed
+/// to `handler` on its own thread.
+pub struct RawUpstream {
+    pub port: u16,
+}
+
+impl RawUpstream {
+    pub fn start<F>(handler: F) -> RawUpstream
+    where
+        F: Fn(TcpStream) + Send + Sync + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let handler = std::sync::Arc::new(handler);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().map_while(Result::ok) {
+                let h = handler.clone();
+                std::thread::spawn(move || h(stream));
+            }
+        });
+        RawUpstream { port }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+}
+
+/// Reads one HTTP/1.1 request (head and Content-Length body) from a raw stream.
+pub fn read_http_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    while !buf.ends_with(b"\r\n\r\n") {
+        if stream.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        buf.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&buf).into_owned();
+    let len = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())
+                .flatten()
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+/// Blocks until the peer closes the stream (or `within` passes); returns whether it closed.
+pub fn wait_closed(stream: &mut TcpStream, within: Duration) -> bool {
+    stream.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 256];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// The modern (2026-07-28) request headers for `method`, with `Mcp-Name` when given.
+pub fn modern_headers(method: &str, name: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut h = vec![
+        ("content-type", "application/json".to_owned()),
+        ("accept", "application/json, text/event-stream".to_owned()),
+        ("mcp-protocol-version", "2026-07-28".to_owned()),
+        ("mcp-method", method.to_owned()),
+    ];
+    if let Some(n) = name {
+        h.push(("mcp-name", n.to_owned()));
+    }
+    h
+}
+
+/// A modern request body with the required `_meta` envelope merged into `params`.
+pub fn modern_body(id: Value, method: &str, mut params: Value) -> Value {
+    params["_meta"] = serde_json::json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "epode-sidecar-tests", "version": "0"}
+    });
+    serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+}
+
+pub async fn post_modern(
+    url: &str,
+    method: &str,
+    name: Option<&str>,
+    body: &Value,
+) -> reqwest::Response {
+    let mut req = http().post(url).body(body.to_string());
+    for (k, v) in modern_headers(method, name) {
+        req = req.header(k, v);
+    }
+    req.send().await.unwrap()
+}
+
+/// The JSON-RPC message in a response body, whether JSON or the last `data:` of an SSE stream.
+pub fn last_message(content_type: &str, body: &str) -> Value {
+    if content_type.starts_with("text/event-stream") {
+        let data = body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .last()
+            .unwrap_or_else(|| panic!("no SSE data in {body:?}"));
+        serde_json::from_str(data).unwrap()
+    } else {
+        serde_json::from_str(body).unwrap_or_else(|_| panic!("not JSON: {body:?}"))
+    }
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
