@@ -370,8 +370,7 @@ pub fn last_message(content_type: &str, body: &str) -> Value {
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
             .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .last()
+            .rfind(|d| !d.is_empty())
             .unwrap_or_else(|| panic!("no SSE data in {body:?}"));
         serde_json::from_str(data).unwrap()
     } else {

@@ -1,0 +1,127 @@
+//! Through the sidecar, the official TypeScript client sees exactly what it sees directly, on
+//! real upstreams (Python `mcp==2.3.0`, TypeScript `createMcpHandler`), in both eras.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::*;
+
+fn assert_same_through_sidecar(kind: UpstreamKind, mode: &str) {
+    let up = Upstream::start(kind);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let direct = ts_client(&up.url(), mode, &[]);
+    let via = ts_client(&sc.url(), mode, &[]);
+    assert!(
+        direct.get("error").is_none(),
+        "direct {kind:?} {mode}: {direct}"
+    );
+    assert!(
+        via.get("error").is_none(),
+        "via sidecar {kind:?} {mode}: {via}"
+    );
+
+    let expected_era = if mode == "legacy" { "legacy" } else { "modern" };
+    assert_eq!(via["era"], expected_era);
+    for key in ["era", "negotiatedVersion", "serverInfo", "tools", "calls"] {
+        assert_eq!(
+            direct[key], via[key],
+            "{kind:?} {mode}: `{key}` differs through the sidecar"
+        );
+    }
+    // The three tools really ran.
+    assert_eq!(via["tools"].as_array().unwrap().len(), 3, "{via}");
+    assert_eq!(via["calls"]["add"]["structuredContent"]["sum"], 5, "{via}");
+    let echo_text = via["calls"]["echo"].to_string();
+    assert!(echo_text.contains("hi ✓"), "{echo_text}");
+
+    // Progress is streamed: each notification reaches the client before the result, not with
+    // it (the tool sleeps 100 ms between steps). The JSON-only Python upstream sends none.
+    let progress = via["progress"].as_array().unwrap();
+    if kind == UpstreamKind::PythonJson {
+        assert!(progress.is_empty());
+    } else {
+        assert_eq!(progress.len(), 2, "{via}");
+        let first = progress[0]["atMs"].as_f64().unwrap();
+        let done = via["slowResultAtMs"].as_f64().unwrap();
+        assert!(
+            first + 50.0 < done,
+            "first progress at {first} ms, result at {done} ms: not streamed"
+        );
+    }
+}
+
+#[test]
+fn python_sse_modern() {
+    assert_same_through_sidecar(UpstreamKind::Python, "pin");
+}
+
+#[test]
+fn python_sse_legacy() {
+    assert_same_through_sidecar(UpstreamKind::Python, "legacy");
+}
+
+#[test]
+fn python_json_modern() {
+    assert_same_through_sidecar(UpstreamKind::PythonJson, "pin");
+}
+
+#[test]
+fn python_json_legacy() {
+    assert_same_through_sidecar(UpstreamKind::PythonJson, "legacy");
+}
+
+#[test]
+fn typescript_modern() {
+    assert_same_through_sidecar(UpstreamKind::TypeScript, "pin");
+}
+
+#[test]
+fn typescript_legacy() {
+    assert_same_through_sidecar(UpstreamKind::TypeScript, "legacy");
+}
+
+/// A 401 from the product's own auth reaches the client with its status, headers and body; with
+/// the credentials, the same client gets through.
+#[tokio::test]
+async fn upstream_401_reaches_the_client_unchanged() {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--require-token", "s3cret"]);
+    let sc = Sidecar::start(&up.url(), &[]);
+
+    let body = modern_body(json!(1), "tools/list", json!({}));
+    let direct = post_modern(&up.url(), "tools/list", None, &body).await;
+    let via = post_modern(&sc.url(), "tools/list", None, &body).await;
+    assert_eq!(direct.status(), 401);
+    assert_eq!(via.status(), 401);
+    for h in ["www-authenticate", "content-type"] {
+        assert_eq!(direct.headers().get(h), via.headers().get(h), "{h}");
+    }
+    assert_eq!(direct.text().await.unwrap(), via.text().await.unwrap());
+
+    let denied = ts_client(&sc.url(), "pin", &[]);
+    assert_eq!(denied["error"]["status"], 401, "{denied}");
+    let allowed = ts_client(&sc.url(), "pin", &["Authorization: Bearer s3cret"]);
+    assert!(allowed.get("error").is_none(), "{allowed}");
+    assert_eq!(allowed["calls"]["add"]["structuredContent"]["sum"], 5);
+}
+
+/// A raw SSE answer keeps its framing and content type through the sidecar.
+#[tokio::test]
+async fn sse_answer_streams_through() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let mut body = modern_body(
+        json!("s-1"),
+        "tools/call",
+        json!({"name": "slow", "arguments": {"steps": 2}}),
+    );
+    body["params"]["_meta"]["progressToken"] = json!("p1");
+    let resp = post_modern(&sc.url(), "tools/call", Some("slow"), &body).await;
+    assert_eq!(resp.status(), 200);
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let text = resp.text().await.unwrap();
+    assert_eq!(text.matches("notifications/progress").count(), 2, "{text}");
+    let last: Value = last_message(&ct, &text);
+    assert_eq!(last["id"], "s-1");
+    assert_eq!(last["result"]["resultType"], "complete");
+}
