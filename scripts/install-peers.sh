@@ -78,6 +78,13 @@ if ! stamp_ok "$D/py" "$PY_KEY" "$D/py/bin/python"; then
   log "py: done in $((SECONDS - t0)) s"
 fi
 
+# EPODE_PEERS_ONLY=py stops here (scripts/demo.sh needs only the Python venv).
+if [[ "${EPODE_PEERS_ONLY:-}" == "py" ]]; then
+  echo "EPODE_PEERS_DIR=$D"
+  echo "PEER_PYTHON=$D/py/bin/python"
+  exit 0
+fi
+
 # ---- 2. TypeScript SDK (client + server + node adapter) ----------------------
 [[ -f "$SRC/package.json" ]] || die "missing $SRC/package.json"
 TS_KEY="package.json sha256=$(sha256sum <"$SRC/package.json" | cut -d' ' -f1)"

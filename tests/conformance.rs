@@ -16,6 +16,7 @@ use support::*;
 /// Conformance runs are timing-sensitive on two cores; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// (scenario, check id with its occurrence number: ids repeat within a scenario) → status.
 type Checks = BTreeMap<(String, String), String>;
 
 fn run_suite(url: &str, requirements: &str, out: &Path) -> Checks {
@@ -50,8 +51,12 @@ fn run_suite(url: &str, requirements: &str, out: &Path) -> Checks {
             continue;
         };
         let list: Vec<Value> = serde_json::from_str(&text).unwrap();
+        let mut seen: BTreeMap<String, usize> = BTreeMap::new();
         for c in list {
             let id = c["id"].as_str().unwrap_or_default().to_owned();
+            let n = seen.entry(id.clone()).or_default();
+            *n += 1;
+            let id = format!("{id}#{n}");
             let status = c["status"].as_str().unwrap_or_default().to_owned();
             checks.insert((scenario.clone(), id), status);
         }

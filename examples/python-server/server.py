@@ -1,0 +1,64 @@
+"""An example product MCP server, written with the official Python SDK (mcp==2.3.0) and knowing
+nothing of the sidecar. `scripts/demo.sh` runs it on 127.0.0.1:8000 with epode-sidecar in front.
+
+    python server.py [--port 8000]
+"""
+
+import argparse
+
+from pydantic import BaseModel
+
+from mcp.server.mcpserver import Context, MCPServer
+
+mcp = MCPServer(
+    name="example-orders",
+    version="1.0.0",
+    instructions="Look up orders and search the help centre of the Example shop.",
+)
+
+ORDERS = {
+    "A-1001": {"status": "shipped", "items": 2, "total_cents": 4599},
+    "A-1002": {"status": "processing", "items": 1, "total_cents": 1299},
+}
+
+
+@mcp.tool(structured_output=False)
+def search_help(query: str) -> dict:
+    """Search the help centre; returns matching article titles."""
+    articles = ["Returns and refunds", "Shipping times", "Changing an order"]
+    hits = [a for a in articles if any(w.lower() in a.lower() for w in query.split())]
+    return {"query": query, "articles": hits}
+
+
+class Order(BaseModel):
+    order_id: str
+    status: str
+    items: int
+    total_cents: int
+
+
+@mcp.tool()
+def get_order(order_id: str) -> Order:
+    """Fetch one order by id (try A-1001)."""
+    found = ORDERS.get(order_id)
+    if found is None:
+        raise ValueError(f"no order {order_id}")
+    return Order(order_id=order_id, **found)
+
+
+@mcp.tool()
+async def export_orders(ctx: Context, batches: int = 3) -> str:
+    """Export all orders, reporting progress per batch."""
+    import anyio
+
+    for i in range(1, batches + 1):
+        await anyio.sleep(0.2)
+        await ctx.report_progress(i, batches)
+    return f"exported {len(ORDERS)} orders in {batches} batches"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    mcp.run("streamable-http", host="127.0.0.1", port=args.port, stateless_http=True)
