@@ -101,6 +101,41 @@ pub const SETTINGS: &[Setting] = &[
         "On SIGTERM/SIGINT, how long in-flight requests may take to finish.",
     ),
     setting(
+        "upstream_protocol",
+        &["EPODE_SIDECAR_UPSTREAM_PROTOCOL"],
+        Some("auto"),
+        "auto, 2026-07-28 or 2025-11-25",
+        "The upstream's protocol era: auto probes with server/discover and falls back to the initialize handshake.",
+    ),
+    setting(
+        "server_name",
+        &["EPODE_SIDECAR_SERVER_NAME"],
+        None,
+        "a non-empty name",
+        "Server name reported to clients instead of the upstream's.",
+    ),
+    setting(
+        "server_version",
+        &["EPODE_SIDECAR_SERVER_VERSION"],
+        None,
+        "a non-empty version string",
+        "Server version reported to clients instead of the upstream's.",
+    ),
+    setting(
+        "cache_ttl_ms",
+        &["EPODE_SIDECAR_CACHE_TTL_MS"],
+        Some("0"),
+        "a whole number of milliseconds, 0 or more",
+        "ttlMs put on cacheable 2026 results when the upstream gives none.",
+    ),
+    setting(
+        "cache_scope",
+        &["EPODE_SIDECAR_CACHE_SCOPE"],
+        Some("private"),
+        "private or public",
+        "cacheScope put on cacheable 2026 results when the upstream gives none.",
+    ),
+    setting(
         "log",
         &["EPODE_SIDECAR_LOG"],
         Some("info"),
@@ -184,6 +219,16 @@ pub enum HostPolicy {
     List(Vec<String>),
 }
 
+/// Which era the upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamProtocol {
+    Auto,
+    /// 2026-07-28.
+    Modern,
+    /// 2025-11-25 (the `initialize` handshake).
+    Legacy,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -208,6 +253,12 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub upstream_timeout: Duration,
     pub shutdown_grace: Duration,
+    pub upstream_protocol: UpstreamProtocol,
+    pub server_name: Option<String>,
+    pub server_version: Option<String>,
+    pub cache_ttl_ms: u64,
+    /// `private` or `public`.
+    pub cache_scope: String,
     pub log: String,
     pub log_format: LogFormat,
 }
@@ -367,6 +418,26 @@ impl Config {
         let upstream_timeout = parse_duration("upstream_timeout", &required("upstream_timeout")?)?;
         let shutdown_grace = parse_duration("shutdown_grace", &required("shutdown_grace")?)?;
 
+        let protocol_raw = required("upstream_protocol")?;
+        let upstream_protocol = match protocol_raw.trim() {
+            "auto" => UpstreamProtocol::Auto,
+            "2026-07-28" => UpstreamProtocol::Modern,
+            "2025-11-25" => UpstreamProtocol::Legacy,
+            _ => return Err(invalid("upstream_protocol", &protocol_raw)),
+        };
+        let server_name = get("server_name").map(|s| s.trim().to_owned());
+        let server_version = get("server_version").map(|s| s.trim().to_owned());
+        let ttl_raw = required("cache_ttl_ms")?;
+        let cache_ttl_ms: u64 = ttl_raw
+            .trim()
+            .parse()
+            .map_err(|_| invalid("cache_ttl_ms", &ttl_raw))?;
+        let scope_raw = required("cache_scope")?;
+        let cache_scope = match scope_raw.trim() {
+            s @ ("private" | "public") => s.to_owned(),
+            _ => return Err(invalid("cache_scope", &scope_raw)),
+        };
+
         let log = required("log")?;
         if tracing_subscriber::EnvFilter::builder()
             .parse(&log)
@@ -390,6 +461,11 @@ impl Config {
             max_body_bytes,
             upstream_timeout,
             shutdown_grace,
+            upstream_protocol,
+            server_name,
+            server_version,
+            cache_ttl_ms,
+            cache_scope,
             log,
             log_format,
         })
@@ -408,7 +484,12 @@ impl Config {
             HostPolicy::Any => "<no Host check>".to_owned(),
             HostPolicy::List(l) => l.join(","),
         };
-        let rows: [(&str, String); 10] = [
+        let protocol = match self.upstream_protocol {
+            UpstreamProtocol::Auto => "auto",
+            UpstreamProtocol::Modern => "2026-07-28",
+            UpstreamProtocol::Legacy => "2025-11-25",
+        };
+        let rows: [(&str, String); 15] = [
             ("listen", self.listen.to_string()),
             ("upstream", self.upstream.url.to_string()),
             ("path", self.path.clone()),
@@ -423,6 +504,21 @@ impl Config {
                 "shutdown_grace",
                 humantime::format_duration(self.shutdown_grace).to_string(),
             ),
+            ("upstream_protocol", protocol.to_owned()),
+            (
+                "server_name",
+                self.server_name
+                    .clone()
+                    .unwrap_or_else(|| "<the upstream's>".into()),
+            ),
+            (
+                "server_version",
+                self.server_version
+                    .clone()
+                    .unwrap_or_else(|| "<the upstream's>".into()),
+            ),
+            ("cache_ttl_ms", self.cache_ttl_ms.to_string()),
+            ("cache_scope", self.cache_scope.clone()),
             ("log", self.log.clone()),
             (
                 "log_format",

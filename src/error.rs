@@ -32,6 +32,16 @@ pub enum ProxyError {
     InvalidRequest(String),
     #[error("Method not allowed: {0}")]
     MethodNotAllowed(String),
+    #[error("{0}")]
+    InvalidParams(String),
+    #[error("{0}")]
+    HeaderMismatch(String),
+    #[error("Unsupported protocol version: {requested}")]
+    UnsupportedVersion { requested: String },
+    #[error("Method not found: {0}")]
+    MethodNotFound(String),
+    #[error("{0}")]
+    Internal(String),
     #[error("Upstream MCP server is unreachable: {0}")]
     UpstreamUnreachable(String),
     #[error("Upstream MCP server did not answer within {0:?}")]
@@ -59,9 +69,14 @@ impl ProxyError {
         match self {
             ProxyError::BadHost(_) | ProxyError::BadOrigin(_) => StatusCode::FORBIDDEN,
             ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BodyRead(_) | ProxyError::Parse(_) | ProxyError::InvalidRequest(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            ProxyError::BodyRead(_)
+            | ProxyError::Parse(_)
+            | ProxyError::InvalidRequest(_)
+            | ProxyError::InvalidParams(_)
+            | ProxyError::HeaderMismatch(_)
+            | ProxyError::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
+            ProxyError::MethodNotFound(_) => StatusCode::NOT_FOUND,
+            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => {
                 StatusCode::BAD_GATEWAY
@@ -74,6 +89,11 @@ impl ProxyError {
         match self {
             ProxyError::Parse(_) => -32700,
             ProxyError::InvalidRequest(_) => -32600,
+            ProxyError::InvalidParams(_) => -32602,
+            ProxyError::HeaderMismatch(_) => -32020,
+            ProxyError::UnsupportedVersion { .. } => -32022,
+            ProxyError::MethodNotFound(_) => -32601,
+            ProxyError::Internal(_) => -32603,
             ProxyError::UpstreamUnreachable(_)
             | ProxyError::UpstreamTimeout(_)
             | ProxyError::UpstreamFailed(_) => -32603,
@@ -84,7 +104,15 @@ impl ProxyError {
     /// The HTTP response for this error; `id` is the request's id when it could be read.
     pub fn into_response(self, id: Option<&RawValue>) -> Response<Body> {
         let status = self.status();
-        let body = error_body(id, self.code(), &self.to_string());
+        let data = match &self {
+            ProxyError::UnsupportedVersion { requested } => Some(serde_json::json!({
+                "supported": crate::mcp::version::MODERN_VERSIONS,
+                "requested": requested,
+            })),
+            ProxyError::MethodNotFound(m) => Some(serde_json::Value::String(m.clone())),
+            _ => None,
+        };
+        let body = error_body_with_data(id, self.code(), &self.to_string(), data.as_ref());
         let mut resp = Response::new(full(body));
         *resp.status_mut() = status;
         resp.headers_mut().insert(
@@ -101,10 +129,20 @@ impl ProxyError {
 
 /// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…}}`, with `id: null` when unknown.
 pub fn error_body(id: Option<&RawValue>, code: i64, message: &str) -> Bytes {
+    error_body_with_data(id, code, message, None)
+}
+
+pub fn error_body_with_data(
+    id: Option<&RawValue>,
+    code: i64,
+    message: &str,
+    data: Option<&serde_json::Value>,
+) -> Bytes {
     let id = id.map(RawValue::get).unwrap_or("null");
     let message = serde_json::to_string(message).unwrap_or_else(|_| "\"error\"".to_owned());
+    let data = data.map(|d| format!(r#","data":{d}"#)).unwrap_or_default();
     Bytes::from(format!(
-        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":{message}}}}}"#
+        r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":{code},"message":{message}{data}}}}}"#
     ))
 }
 

@@ -6,6 +6,7 @@
 pub mod body;
 pub mod config;
 pub mod error;
+pub mod feedback;
 pub mod frontdoor;
 pub mod mcp;
 pub mod proxy;

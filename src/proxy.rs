@@ -1,31 +1,50 @@
-//! One request's journey through the sidecar, top to bottom: front-door checks, then the
-//! upstream hop, then the response streamed back.
+//! One request's journey through the sidecar, top to bottom: front-door checks, era
+//! classification and validation, the dispatch table (what is answered locally, what is
+//! translated, what is forwarded), then the upstream's answer rewritten for the client's era
+//! and streamed back.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::stream;
+use http::request::Parts;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http_body::Frame;
+use http_body_util::{BodyExt, Limited, StreamBody};
 use hyper::body::Incoming;
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
 
-use crate::body::{full, Body};
+use crate::body::{empty, full, Body, BoxError};
 use crate::config::Config;
+use crate::error::ProxyError;
 use crate::frontdoor;
-use crate::mcp::message::{self, Inbound};
-use crate::upstream::HttpUpstream;
+use crate::mcp::classify::{classify, ClientEra};
+use crate::mcp::headers as mcp_headers;
+use crate::mcp::message::{self, Envelope, Inbound};
+use crate::mcp::rewrite::{self, RawMap, ResultPlan};
+use crate::mcp::sse;
+use crate::mcp::version::{self, LEGACY_LATEST, MODERN};
+use crate::upstream::{
+    self, is_event_stream, set_modern_headers, Early, Era, HttpUpstream, Upstream,
+    MAX_UPSTREAM_BODY,
+};
 
 /// How recently the upstream must have answered for `/readyz` to say ready without a probe.
 const READY_WINDOW: Duration = Duration::from_secs(10);
+/// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
+const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
 pub struct Sidecar {
     pub config: Arc<Config>,
-    pub upstream: HttpUpstream,
+    pub upstream: Upstream,
 }
 
 impl Sidecar {
     pub fn new(config: Arc<Config>) -> Self {
-        let upstream = HttpUpstream::new(config.upstream.clone(), config.upstream_timeout);
+        let http = HttpUpstream::new(config.upstream.clone(), config.upstream_timeout);
+        let upstream = Upstream::new(http, config.upstream_protocol);
         Sidecar { config, upstream }
     }
 
@@ -48,7 +67,8 @@ impl Sidecar {
     }
 
     async fn readyz(&self) -> Response<Body> {
-        if self.upstream.answered_within(READY_WINDOW) || self.upstream.probe().await {
+        let http = &self.upstream.http;
+        if http.answered_within(READY_WINDOW) || http.probe().await {
             json_response(StatusCode::OK, r#"{"status":"ready"}"#)
         } else {
             json_response(
@@ -66,45 +86,361 @@ impl Sidecar {
             tracing::warn!(error = %e, "refused at the front door");
             return e.into_response(None);
         }
-        let bytes = if parts.method == Method::POST {
-            match frontdoor::read_body(&parts, body, self.config.max_body_bytes).await {
-                Ok(b) => b,
-                Err(e) => return e.into_response(None),
-            }
-        } else {
-            drop(body);
-            Bytes::new()
-        };
-
-        let mut id = None;
-        if parts.method == Method::POST {
-            match message::parse(&bytes) {
-                Ok(Inbound::Single(envelope)) => {
-                    id = envelope.id.map(|r| r.to_owned());
-                }
-                Ok(Inbound::Batch) => {}
-                Err(e) => {
-                    tracing::debug!(error = %e, "malformed request body");
-                    return e.into_response(None);
-                }
-            }
+        if parts.method != Method::POST {
+            return ProxyError::MethodNotAllowed(format!(
+                "{} is not served: this MCP endpoint is stateless; POST one JSON-RPC message per request",
+                parts.method
+            ))
+            .into_response(None);
         }
-
-        match self.upstream.forward(&parts, bytes).await {
-            Ok(resp) => stream_back(resp),
+        let bytes = match frontdoor::read_body(&parts, body, self.config.max_body_bytes).await {
+            Ok(b) => b,
+            Err(e) => return e.into_response(None),
+        };
+        let env = match message::parse(&bytes) {
+            Ok(Inbound::Single(env)) => env,
+            Ok(Inbound::Batch) => {
+                return ProxyError::InvalidRequest(
+                    "JSON-RPC batches are not supported; send one message per POST".to_owned(),
+                )
+                .into_response(None)
+            }
+            Err(e) => return e.into_response(None),
+        };
+        let id = env.id;
+        if env.method.is_none() {
+            // A 2025-era client may post a response to a server request; with no sessions
+            // there is nothing it can answer, so it is accepted and dropped.
+            return accepted();
+        }
+        let era = match classify(&parts.headers, &env) {
+            Ok(era) => era,
             Err(e) => {
-                tracing::warn!(error = %e, "upstream hop failed");
-                e.into_response(id.as_deref())
+                tracing::debug!(error = %e, "refused by the validation ladder");
+                return e.into_response(id);
+            }
+        };
+        let Some(id) = id else {
+            // 2026 defines no client notifications over HTTP; 2025's (initialized,
+            // cancelled) mean nothing to a stateless front.
+            return accepted();
+        };
+        match self.dispatch(&parts, &bytes, &env, id, era).await {
+            Ok(resp) => resp,
+            Err(Early::PassThrough(answer)) => answer.into_response(),
+            Err(Early::Error(e)) => {
+                tracing::warn!(error = %e, "request failed");
+                e.into_response(Some(id))
             }
         }
     }
+
+    /// The dispatch table. Everything not named here is forwarded in the upstream's era.
+    async fn dispatch(
+        &self,
+        parts: &Parts,
+        bytes: &Bytes,
+        env: &Envelope<'_>,
+        id: &RawValue,
+        era: ClientEra,
+    ) -> Result<Response<Body>, Early> {
+        let method = env.method.as_deref().unwrap_or_default();
+        let client = &parts.headers;
+        let query = parts.uri.query();
+        match era {
+            ClientEra::Modern { .. } => {
+                if version::REMOVED_IN_MODERN.contains(&method) {
+                    return Err(ProxyError::MethodNotFound(method.to_owned()).into());
+                }
+                if method == "server/discover" {
+                    let discovery = self.upstream.discover(client, Some(bytes.clone())).await?;
+                    let mut msg = raw_message(&result_message(id, discovery.result));
+                    self.plan(method, true, None).apply(&mut msg);
+                    return Ok(json_bytes(rewrite::to_bytes(&msg)));
+                }
+                match self.upstream.era(client).await? {
+                    Era::Modern => {
+                        let mut headers = self.upstream.http.base_headers(client);
+                        headers.remove(mcp_headers::SESSION_ID);
+                        let resp = self
+                            .upstream
+                            .send_modern(headers, bytes.clone(), query)
+                            .await?;
+                        if method == "subscriptions/listen" {
+                            return Ok(stream_back(resp));
+                        }
+                        Ok(self.finish(resp, self.plan(method, true, None)).await)
+                    }
+                    Era::Legacy => {
+                        if method == "subscriptions/listen" {
+                            return Ok(local_listen(id));
+                        }
+                        let body = translate_to_legacy(bytes);
+                        let (resp, session) = self.upstream.send_legacy(client, body).await?;
+                        let info = session.init.get("serverInfo").cloned();
+                        Ok(self.finish(resp, self.plan(method, true, info)).await)
+                    }
+                }
+            }
+            ClientEra::Legacy { .. } => {
+                if method == "initialize" {
+                    let discovery = self.upstream.discover(client, None).await?;
+                    let requested = env
+                        .params
+                        .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                        .and_then(|p| p.get("protocolVersion").cloned());
+                    let result = self.initialize_result(&discovery.result, requested.as_ref());
+                    return Ok(json_message(&result_message(id, result)));
+                }
+                match self.upstream.era(client).await? {
+                    Era::Modern => {
+                        if method == "ping" {
+                            return Ok(json_message(&result_message(id, json!({}))));
+                        }
+                        let (body, name) = translate_to_modern(bytes, method);
+                        let mut headers = self.upstream.base_headers(client);
+                        set_modern_headers(&mut headers, method, name.as_deref());
+                        let resp = self.upstream.send_modern(headers, body, query).await?;
+                        Ok(self.finish(resp, self.plan(method, false, None)).await)
+                    }
+                    Era::Legacy => {
+                        let (resp, _) = self.upstream.send_legacy(client, bytes.clone()).await?;
+                        Ok(self.finish(resp, self.plan(method, false, None)).await)
+                    }
+                }
+            }
+        }
+    }
+
+    /// The identity clients see: the upstream's, with the configured name/version over it.
+    fn server_info(&self, upstream_info: Option<Value>) -> (Option<Value>, bool) {
+        let (name, ver) = (&self.config.server_name, &self.config.server_version);
+        let base = upstream_info.or_else(|| self.upstream.known_server_info());
+        if name.is_none() && ver.is_none() {
+            return (base, false);
+        }
+        let mut info = base
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({"name": "mcp-server", "version": "0"}));
+        if let Some(n) = name {
+            info["name"] = Value::from(n.as_str());
+        }
+        if let Some(v) = ver {
+            info["version"] = Value::from(v.as_str());
+        }
+        (Some(info), true)
+    }
+
+    fn plan(&self, method: &str, modern_client: bool, upstream_info: Option<Value>) -> ResultPlan {
+        let mut plan = ResultPlan::new(method, modern_client);
+        if modern_client {
+            let (info, force) = self.server_info(upstream_info);
+            plan.server_info = info;
+            plan.force_server_info = force;
+            if version::is_cacheable(method) {
+                plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope.clone()));
+            }
+        }
+        plan.sort_tools = method == "tools/list";
+        plan
+    }
+
+    /// A 2025-era `initialize` result from the upstream's discovery, minted per request:
+    /// no session id, the client's version when it is one the sidecar serves.
+    fn initialize_result(&self, discover: &Value, requested: Option<&Value>) -> Value {
+        let protocol = requested
+            .and_then(Value::as_str)
+            .filter(|v| version::is_legacy(v))
+            .unwrap_or(LEGACY_LATEST);
+        let upstream_info = discover
+            .get("_meta")
+            .and_then(|m| m.get(version::META_SERVER_INFO))
+            .cloned();
+        let (info, _) = self.server_info(upstream_info);
+        let mut r = Map::new();
+        r.insert("protocolVersion".into(), Value::from(protocol));
+        r.insert(
+            "capabilities".into(),
+            discover
+                .get("capabilities")
+                .cloned()
+                .unwrap_or_else(|| json!({})),
+        );
+        r.insert(
+            "serverInfo".into(),
+            info.unwrap_or_else(|| json!({"name": "mcp-server", "version": "0"})),
+        );
+        if let Some(i) = discover.get("instructions").filter(|i| i.is_string()) {
+            r.insert("instructions".into(), i.clone());
+        }
+        Value::Object(r)
+    }
+
+    /// The upstream's answer for the client: error statuses as they were; a JSON result
+    /// rewritten whole; an SSE stream event by event, only the response event rewritten.
+    async fn finish(&self, resp: Response<Incoming>, mut plan: ResultPlan) -> Response<Body> {
+        let (mut parts, body) = resp.into_parts();
+        parts.headers.remove(mcp_headers::SESSION_ID);
+        if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
+            return Response::from_parts(parts, body.map_err(Into::into).boxed_unsync());
+        }
+        if is_event_stream(&parts.headers) {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            parts
+                .headers
+                .insert("x-accel-buffering", HeaderValue::from_static("no"));
+            let body = sse::rewrite_stream(body, move |m: &mut RawMap| plan.apply(m));
+            return Response::from_parts(parts, body);
+        }
+        let timeout = self.upstream.http.timeout();
+        let collected =
+            tokio::time::timeout(timeout, Limited::new(body, MAX_UPSTREAM_BODY).collect()).await;
+        let bytes = match collected {
+            Ok(Ok(c)) => c.to_bytes(),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "reading the upstream's answer failed");
+                return ProxyError::UpstreamFailed(format!("reading the answer: {e}"))
+                    .into_response(None);
+            }
+            Err(_) => return ProxyError::UpstreamTimeout(timeout).into_response(None),
+        };
+        parts.headers.remove(header::CONTENT_LENGTH);
+        let out = match rewrite::parse_message(&bytes) {
+            Some(mut msg) if rewrite::is_response(&msg) => {
+                if plan.apply(&mut msg) {
+                    rewrite::to_bytes(&msg)
+                } else {
+                    bytes
+                }
+            }
+            _ => bytes,
+        };
+        Response::from_parts(parts, full(out))
+    }
 }
 
-/// The upstream's response as is: status, end-to-end headers, and the body streamed frame by
-/// frame (an SSE event reaches the client when the upstream sends it).
+/// A modern request for a 2025-era upstream: the 2026 envelope keys leave `params._meta`
+/// (the rest, such as `progressToken`, stays).
+fn translate_to_legacy(bytes: &Bytes) -> Bytes {
+    let Ok(mut msg) = serde_json::from_slice::<Value>(bytes) else {
+        return bytes.clone();
+    };
+    let Some(params) = msg.get_mut("params").and_then(Value::as_object_mut) else {
+        return bytes.clone();
+    };
+    if let Some(Value::Object(meta)) = params.get_mut("_meta") {
+        for key in version::ENVELOPE_KEYS {
+            meta.remove(key);
+        }
+        if meta.is_empty() {
+            params.remove("_meta");
+        }
+    }
+    Bytes::from(msg.to_string())
+}
+
+/// A 2025-era request for a 2026-07-28 upstream: the `_meta` envelope added (the client's
+/// capabilities were told to `initialize`, which the sidecar does not keep: none are claimed),
+/// and the name the `Mcp-Name` header must mirror.
+fn translate_to_modern(bytes: &Bytes, method: &str) -> (Bytes, Option<String>) {
+    let Ok(mut msg) = serde_json::from_slice::<Value>(bytes) else {
+        return (bytes.clone(), None);
+    };
+    let Some(obj) = msg.as_object_mut() else {
+        return (bytes.clone(), None);
+    };
+    let params = obj.entry("params").or_insert_with(|| json!({}));
+    let name_key = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    let name = name_key
+        .and_then(|k| params.get(k))
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    if let Some(p) = params.as_object_mut() {
+        let meta = p.entry("_meta").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert(version::META_PROTOCOL_VERSION.into(), Value::from(MODERN));
+            m.entry(version::META_CLIENT_CAPABILITIES)
+                .or_insert_with(|| json!({}));
+            m.entry(version::META_CLIENT_INFO)
+                .or_insert_with(upstream::sidecar_info);
+        }
+    }
+    (Bytes::from(msg.to_string()), name)
+}
+
+/// A `subscriptions/listen` stream for a 2025-era upstream: acknowledged with no
+/// notification types honoured (the sidecar has no session stream to relay them from), then
+/// kept open with comments until the client leaves.
+fn local_listen(id: &RawValue) -> Response<Body> {
+    let ack = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/subscriptions/acknowledged",
+        "params": {
+            "notifications": {},
+            "_meta": {"io.modelcontextprotocol/subscriptionId": serde_json::from_str::<Value>(id.get()).unwrap_or(Value::Null)},
+        },
+    });
+    let first = Bytes::from(format!("event: message\ndata: {ack}\n\n"));
+    let s = stream::unfold(Some(first), |first| async move {
+        match first {
+            Some(b) => Some((Ok::<_, BoxError>(Frame::data(b)), None)),
+            None => {
+                tokio::time::sleep(LISTEN_KEEPALIVE).await;
+                Some((
+                    Ok(Frame::data(Bytes::from_static(b": keep-alive\n\n"))),
+                    None,
+                ))
+            }
+        }
+    });
+    let mut resp = Response::new(StreamBody::new(s).boxed_unsync());
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+fn result_message(id: &RawValue, result: Value) -> Value {
+    let id: Value = serde_json::from_str(id.get()).unwrap_or(Value::Null);
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+fn raw_message(msg: &Value) -> RawMap {
+    rewrite::parse_message(msg.to_string().as_bytes()).unwrap_or_default()
+}
+
+fn json_message(msg: &Value) -> Response<Body> {
+    json_bytes(Bytes::from(msg.to_string()))
+}
+
+fn json_bytes(bytes: Bytes) -> Response<Body> {
+    let mut resp = Response::new(full(bytes));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// The upstream's response as is (minus its session id), streamed frame by frame.
 fn stream_back(resp: Response<Incoming>) -> Response<Body> {
-    let (parts, body) = resp.into_parts();
-    Response::from_parts(parts, body.map_err(Into::into).boxed())
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(mcp_headers::SESSION_ID);
+    Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
+}
+
+fn accepted() -> Response<Body> {
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = StatusCode::ACCEPTED;
+    resp
 }
 
 fn json_response(status: StatusCode, body: &'static str) -> Response<Body> {

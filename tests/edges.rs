@@ -12,6 +12,34 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::*;
 
+/// The raw upstreams here answer whatever they are sent; the sidecar is told their era so it
+/// does not probe them.
+const MODERN_UP: &[(&str, &str)] = &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")];
+
+const ENVELOPE: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
+
+/// A modern request with `id` and `method` (no `Mcp-Name` needed), and its headers.
+fn modern(id: &str, method: &str) -> (String, [(&'static str, String); 2]) {
+    (
+        format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"{method}","params":{{{ENVELOPE}}}}}"#),
+        [
+            ("mcp-protocol-version", "2026-07-28".to_owned()),
+            ("mcp-method", method.to_owned()),
+        ],
+    )
+}
+
+fn post(
+    url: &str,
+    (body, headers): (String, [(&'static str, String); 2]),
+) -> reqwest::RequestBuilder {
+    let mut req = http().post(url).body(body);
+    for (k, v) in headers {
+        req = req.header(k, v);
+    }
+    req
+}
+
 /// An upstream that echoes the request head and body it received inside a JSON-RPC result.
 fn echo_upstream() -> RawUpstream {
     RawUpstream::start(|mut s: TcpStream| {
@@ -44,9 +72,11 @@ async fn error_of(resp: reqwest::Response) -> (u16, Value) {
 #[tokio::test]
 async fn request_goes_upstream_byte_for_byte_with_clean_headers() {
     let up = echo_upstream();
-    let sc = Sidecar::start(&up.url(), &[]);
+    let sc = Sidecar::start(&up.url(), MODERN_UP);
     // Numbers beyond f64, escapes and odd spacing must arrive exactly as sent.
-    let raw = "{\"jsonrpc\":\"2.0\",\"id\":12345678901234567890,\"method\":\"tools/list\",\n \"params\":{\"x\":1e400,\"y\":0.1,\"s\":\"\\u00e9\\ud83d\\ude80\"}}";
+    let raw = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":12345678901234567890,\"method\":\"tools/list\",\n \"params\":{{\"x\":1e400,\"y\":0.1,\"s\":\"\\u00e9\\ud83d\\ude80\",{ENVELOPE}}}}}"
+    );
     let resp = http()
         .post(sc.url())
         .header("content-type", "application/json")
@@ -55,7 +85,9 @@ async fn request_goes_upstream_byte_for_byte_with_clean_headers() {
         .header("x-custom", "yes")
         .header("connection", "x-private")
         .header("x-private", "drop-me")
-        .body(raw)
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/list")
+        .body(raw.clone())
         .send()
         .await
         .unwrap();
@@ -78,6 +110,7 @@ async fn request_goes_upstream_byte_for_byte_with_clean_headers() {
         "{head}"
     );
     assert!(head.contains("x-custom: yes"), "{head}");
+    assert!(head.contains("mcp-method: tools/list"), "{head}");
     assert!(
         !head.contains("origin:"),
         "Origin must not go upstream: {head}"
@@ -91,13 +124,11 @@ async fn request_goes_upstream_byte_for_byte_with_clean_headers() {
 #[tokio::test]
 async fn origin_and_host_are_checked_by_the_sidecar() {
     let up = echo_upstream();
-    let sc = Sidecar::start(&up.url(), &[]);
-    let body = r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#;
+    let sc = Sidecar::start(&up.url(), MODERN_UP);
+    let body = || modern("1", "tools/list");
 
-    let resp = http()
-        .post(sc.url())
+    let resp = post(&sc.url(), body())
         .header("origin", "http://evil.example")
-        .body(body)
         .send()
         .await
         .unwrap();
@@ -108,10 +139,8 @@ async fn origin_and_host_are_checked_by_the_sidecar() {
         "{err}"
     );
 
-    let resp = http()
-        .post(sc.url())
+    let resp = post(&sc.url(), body())
         .header("host", "evil.example.com")
-        .body(body)
         .send()
         .await
         .unwrap();
@@ -124,7 +153,7 @@ async fn origin_and_host_are_checked_by_the_sidecar() {
 
     // No Origin, or a loopback Origin, passes.
     for origin in [None, Some("http://127.0.0.1:5173")] {
-        let mut req = http().post(sc.url()).body(body);
+        let mut req = post(&sc.url(), body());
         if let Some(o) = origin {
             req = req.header("origin", o);
         }
@@ -134,9 +163,12 @@ async fn origin_and_host_are_checked_by_the_sidecar() {
     // An explicit allowlist replaces the loopback default.
     let sc = Sidecar::start(
         &up.url(),
-        &[("EPODE_SIDECAR_ALLOWED_ORIGINS", "https://app.example.com")],
+        &[
+            MODERN_UP[0],
+            ("EPODE_SIDECAR_ALLOWED_ORIGINS", "https://app.example.com"),
+        ],
     );
-    let send = |o: &'static str| http().post(sc.url()).header("origin", o).body(body).send();
+    let send = |o: &'static str| post(&sc.url(), body()).header("origin", o).send();
     assert_eq!(send("https://app.example.com").await.unwrap().status(), 200);
     assert_eq!(send("http://localhost:3000").await.unwrap().status(), 403);
 }
@@ -144,7 +176,10 @@ async fn origin_and_host_are_checked_by_the_sidecar() {
 #[tokio::test]
 async fn oversized_bodies_get_413() {
     let up = echo_upstream();
-    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_MAX_BODY_BYTES", "1024")]);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[MODERN_UP[0], ("EPODE_SIDECAR_MAX_BODY_BYTES", "1024")],
+    );
     let big = format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"ping","params":{{"pad":"{}"}}}}"#,
         "x".repeat(2000)
@@ -199,7 +234,7 @@ fn futures_stream(
 #[tokio::test]
 async fn malformed_json_is_refused_with_a_jsonrpc_error() {
     let up = echo_upstream();
-    let sc = Sidecar::start(&up.url(), &[]);
+    let sc = Sidecar::start(&up.url(), MODERN_UP);
     for (body, code) in [
         (&b"{\"jsonrpc\":\"2.0\",\"id\":1,"[..], -32700),
         (&b"\xff\xfe not json"[..], -32700),
@@ -218,9 +253,7 @@ async fn malformed_json_is_refused_with_a_jsonrpc_error() {
         assert!(err["id"].is_null());
     }
     // The sidecar is still serving.
-    let resp = http()
-        .post(sc.url())
-        .body(r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#)
+    let resp = post(&sc.url(), modern("1", "tools/list"))
         .send()
         .await
         .unwrap();
@@ -275,7 +308,10 @@ async fn silent_upstream_gives_504_within_the_timeout() {
         let _ = read_http_request(&mut s);
         std::thread::sleep(Duration::from_secs(10));
     });
-    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "500ms")]);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[MODERN_UP[0], ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "500ms")],
+    );
     let started = Instant::now();
     let resp = http()
         .post(sc.url())
@@ -301,7 +337,7 @@ async fn upstream_error_statuses_pass_through_unchanged() {
             body
         );
     });
-    let sc = Sidecar::start(&up.url(), &[]);
+    let sc = Sidecar::start(&up.url(), MODERN_UP);
     let resp = http()
         .post(sc.url())
         .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
@@ -336,7 +372,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
             let closed = wait_closed(&mut s, Duration::from_secs(5));
             let _ = tx.lock().unwrap().send(closed);
         });
-        let sc = Sidecar::start(&up.url(), &[]);
+        let sc = Sidecar::start(&up.url(), MODERN_UP);
         let mut client = TcpStream::connect(sc.addr).unwrap();
         let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#;
         write!(

@@ -27,7 +27,13 @@ fn slow_upstream(delay: Duration) -> RawUpstream {
 #[tokio::test]
 async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     let up = slow_upstream(Duration::from_millis(1200));
-    let mut sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_SHUTDOWN_GRACE", "5s")]);
+    let mut sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_SHUTDOWN_GRACE", "5s"),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+        ],
+    );
     let url = sc.url();
     let in_flight = tokio::spawn(async move {
         let resp = http()
@@ -47,7 +53,7 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     );
     let (status, body) = in_flight.await.unwrap();
     assert_eq!(status, 200);
-    assert!(body.contains("\"resultType\":\"complete\""), "{body}");
+    assert!(body.contains("\"content\":[]"), "{body}");
     let code = tokio::task::spawn_blocking(move || sc.wait_exit(Duration::from_secs(5)))
         .await
         .unwrap();
@@ -57,7 +63,13 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
 #[tokio::test]
 async fn shutdown_grace_bounds_the_wait() {
     let up = slow_upstream(Duration::from_secs(30));
-    let mut sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_SHUTDOWN_GRACE", "500ms")]);
+    let mut sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_SHUTDOWN_GRACE", "500ms"),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+        ],
+    );
     let url = sc.url();
     let _stuck = tokio::spawn(async move { http().post(url).body("{}").send().await });
     tokio::time::sleep(Duration::from_millis(300)).await;

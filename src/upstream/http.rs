@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::{header, request::Parts, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
@@ -94,21 +94,32 @@ impl HttpUpstream {
         s.parse().unwrap_or_else(|_| Uri::from_static("/"))
     }
 
-    /// Forwards a client request. The body goes as given; the response head must arrive within
-    /// the configured timeout, its body then streams for as long as both ends want.
-    pub async fn forward(
-        &self,
-        parts: &Parts,
-        body: Bytes,
-    ) -> Result<Response<Incoming>, ProxyError> {
-        let mut headers = parts.headers.clone();
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The client's end-to-end headers as they go upstream: no hop-by-hop headers, no `Origin`
+    /// (the sidecar checked it), the upstream's own authority as `Host`.
+    pub fn base_headers(&self, client: &HeaderMap) -> HeaderMap {
+        let mut headers = client.clone();
         strip_hop_by_hop(&mut headers);
         headers.remove(header::ORIGIN);
         headers.remove(header::CONTENT_LENGTH);
         headers.insert(header::HOST, self.host.clone());
+        headers
+    }
+
+    /// POSTs a body upstream. The response head must arrive within the configured timeout;
+    /// its body then streams for as long as both ends want.
+    pub async fn post(
+        &self,
+        headers: HeaderMap,
+        body: Bytes,
+        client_query: Option<&str>,
+    ) -> Result<Response<Incoming>, ProxyError> {
         let mut req = Request::new(Full::new(body));
-        *req.method_mut() = parts.method.clone();
-        *req.uri_mut() = self.uri(parts.uri.query());
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = self.uri(client_query);
         *req.headers_mut() = headers;
         self.send(req).await
     }
