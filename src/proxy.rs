@@ -146,7 +146,6 @@ impl Sidecar {
     ) -> Result<Response<Body>, Early> {
         let method = env.method.as_deref().unwrap_or_default();
         let client = &parts.headers;
-        let query = parts.uri.query();
         match era {
             ClientEra::Modern { .. } => {
                 if version::REMOVED_IN_MODERN.contains(&method) {
@@ -158,29 +157,12 @@ impl Sidecar {
                     self.plan(method, true, None).apply(&mut msg);
                     return Ok(json_bytes(rewrite::to_bytes(&msg)));
                 }
-                match self.upstream.era(client).await? {
-                    Era::Modern => {
-                        let mut headers = self.upstream.http.base_headers(client);
-                        headers.remove(mcp_headers::SESSION_ID);
-                        let resp = self
-                            .upstream
-                            .send_modern(headers, bytes.clone(), query)
-                            .await?;
-                        if method == "subscriptions/listen" {
-                            return Ok(stream_back(resp));
-                        }
-                        Ok(self.finish(resp, self.plan(method, true, None)).await)
-                    }
-                    Era::Legacy => {
-                        if method == "subscriptions/listen" {
-                            return Ok(local_listen(id));
-                        }
-                        let body = translate_to_legacy(bytes);
-                        let (resp, session) = self.upstream.send_legacy(client, body).await?;
-                        let info = session.init.get("serverInfo").cloned();
-                        Ok(self.finish(resp, self.plan(method, true, info)).await)
-                    }
+                if method == "subscriptions/listen"
+                    && self.upstream.era(client).await? == Era::Legacy
+                {
+                    return Ok(local_listen(id));
                 }
+                self.forward(parts, bytes, method, true).await
             }
             ClientEra::Legacy { .. } => {
                 if method == "initialize" {
@@ -192,24 +174,90 @@ impl Sidecar {
                     let result = self.initialize_result(&discovery.result, requested.as_ref());
                     return Ok(json_message(&result_message(id, result)));
                 }
-                match self.upstream.era(client).await? {
-                    Era::Modern => {
-                        if method == "ping" {
-                            return Ok(json_message(&result_message(id, json!({}))));
-                        }
-                        let (body, name) = translate_to_modern(bytes, method);
-                        let mut headers = self.upstream.base_headers(client);
-                        set_modern_headers(&mut headers, method, name.as_deref());
-                        let resp = self.upstream.send_modern(headers, body, query).await?;
-                        Ok(self.finish(resp, self.plan(method, false, None)).await)
-                    }
-                    Era::Legacy => {
-                        let (resp, _) = self.upstream.send_legacy(client, bytes.clone()).await?;
-                        Ok(self.finish(resp, self.plan(method, false, None)).await)
-                    }
+                if method == "ping" && self.upstream.era(client).await? == Era::Modern {
+                    return Ok(json_message(&result_message(id, json!({}))));
                 }
+                self.forward(parts, bytes, method, false).await
             }
         }
+    }
+
+    /// Sends a request upstream in the upstream's era, translating it from the client's. When
+    /// the upstream's refusal says it now speaks the other era (a redeploy), the sidecar
+    /// forgets what it knew and tries once more.
+    async fn forward(
+        &self,
+        parts: &Parts,
+        bytes: &Bytes,
+        method: &str,
+        modern_client: bool,
+    ) -> Result<Response<Body>, Early> {
+        let client = &parts.headers;
+        let query = parts.uri.query();
+        for attempt in 0..2 {
+            let era = self.upstream.era(client).await?;
+            let sent = match (era, modern_client) {
+                (Era::Modern, true) => {
+                    let mut headers = self.upstream.http.base_headers(client);
+                    headers.remove(mcp_headers::SESSION_ID);
+                    self.upstream
+                        .send_modern(headers, bytes.clone(), query)
+                        .await
+                        .map(|r| (r, None))
+                        .map_err(Early::from)
+                }
+                (Era::Modern, false) => {
+                    let (body, name) = translate_to_modern(bytes, method);
+                    let mut headers = self.upstream.base_headers(client);
+                    set_modern_headers(&mut headers, method, name.as_deref());
+                    self.upstream
+                        .send_modern(headers, body, query)
+                        .await
+                        .map(|r| (r, None))
+                        .map_err(Early::from)
+                }
+                (Era::Legacy, _) => {
+                    let body = if modern_client {
+                        translate_to_legacy(bytes)
+                    } else {
+                        bytes.clone()
+                    };
+                    self.upstream
+                        .send_legacy(client, body)
+                        .await
+                        .map(|(r, s)| (r, s.init.get("serverInfo").cloned()))
+                }
+            };
+            let (resp, info) = match sent {
+                Err(Early::PassThrough(answer))
+                    if attempt == 0 && upstream::signals_era_change(&answer, era) =>
+                {
+                    tracing::info!("the upstream's answer says it changed era; checking again");
+                    self.upstream.forget();
+                    continue;
+                }
+                Err(e) => return Err(e),
+                Ok(ok) => ok,
+            };
+            if era == Era::Modern && resp.status() == StatusCode::BAD_REQUEST {
+                let answer = upstream::read_answer(resp, self.upstream.http.timeout()).await?;
+                if attempt == 0 && upstream::signals_era_change(&answer, era) {
+                    tracing::info!("the upstream's answer says it changed era; checking again");
+                    self.upstream.forget();
+                    continue;
+                }
+                return Ok(answer.into_response());
+            }
+            if method == "subscriptions/listen" {
+                return Ok(stream_back(resp));
+            }
+            let fix_status = modern_client && era == Era::Legacy;
+            let plan = self.plan(method, modern_client, info);
+            return Ok(self.finish(resp, plan, fix_status).await);
+        }
+        Err(Early::Error(ProxyError::UpstreamFailed(
+            "the upstream changed protocol era twice in one request".to_owned(),
+        )))
     }
 
     /// The identity clients see: the upstream's, with the configured name/version over it.
@@ -278,8 +326,15 @@ impl Sidecar {
 
     /// The upstream's answer for the client: error statuses as they were; a JSON result
     /// rewritten whole; an SSE stream event by event, only the response event rewritten.
-    async fn finish(&self, resp: Response<Incoming>, mut plan: ResultPlan) -> Response<Body> {
-        let (mut parts, body) = resp.into_parts();
+    /// `fix_status`: the upstream speaks 2025 and the client 2026, so a JSON-RPC error the
+    /// upstream sent with 200 gets the status 2026 gives it (404 for an unknown method).
+    async fn finish(
+        &self,
+        resp: Response<Incoming>,
+        mut plan: ResultPlan,
+        fix_status: bool,
+    ) -> Response<Body> {
+        let (mut parts, mut body) = resp.into_parts();
         parts.headers.remove(mcp_headers::SESSION_ID);
         if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
             return Response::from_parts(parts, body.map_err(Into::into).boxed_unsync());
@@ -289,7 +344,31 @@ impl Sidecar {
             parts
                 .headers
                 .insert("x-accel-buffering", HeaderValue::from_static("no"));
-            let body = sse::rewrite_stream(body, move |m: &mut RawMap| plan.apply(m));
+            let mut read = Bytes::new();
+            if fix_status {
+                // The status goes out with the head, so wait for the first event: when it is
+                // already the (error) response, answer it as JSON with its status.
+                match sse::peek_first_message(&mut body).await {
+                    Ok((bytes, first)) => {
+                        let msg = first
+                            .as_deref()
+                            .and_then(sse::event_data)
+                            .and_then(|d| rewrite::parse_message(d.as_bytes()))
+                            .filter(rewrite::is_response);
+                        if let Some(status) = msg.as_ref().and_then(rewrite::modern_error_status) {
+                            let mut resp = json_bytes(rewrite::to_bytes(&msg.unwrap_or_default()));
+                            *resp.status_mut() = status;
+                            return resp;
+                        }
+                        read = bytes;
+                    }
+                    Err(e) => {
+                        return ProxyError::UpstreamFailed(format!("reading the answer: {e}"))
+                            .into_response(None)
+                    }
+                }
+            }
+            let body = sse::rewrite_stream_after(read, body, move |m: &mut RawMap| plan.apply(m));
             return Response::from_parts(parts, body);
         }
         let timeout = self.upstream.http.timeout();
@@ -307,6 +386,9 @@ impl Sidecar {
         parts.headers.remove(header::CONTENT_LENGTH);
         let out = match rewrite::parse_message(&bytes) {
             Some(mut msg) if rewrite::is_response(&msg) => {
+                if let Some(status) = modern_status(fix_status, &msg) {
+                    parts.status = status;
+                }
                 if plan.apply(&mut msg) {
                     rewrite::to_bytes(&msg)
                 } else {
@@ -317,6 +399,12 @@ impl Sidecar {
         };
         Response::from_parts(parts, full(out))
     }
+}
+
+fn modern_status(fix_status: bool, msg: &RawMap) -> Option<StatusCode> {
+    fix_status
+        .then(|| rewrite::modern_error_status(msg))
+        .flatten()
 }
 
 /// A modern request for a 2025-era upstream: the 2026 envelope keys leave `params._meta`

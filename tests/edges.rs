@@ -405,3 +405,64 @@ async fn client_disconnect_cancels_the_upstream_request() {
         );
     }
 }
+
+/// `input_required` results, retries carrying `inputResponses`, unknown fields and foreign
+/// `_meta` keys cross the sidecar untouched.
+#[tokio::test]
+async fn input_required_rounds_and_unknown_fields_pass_through() {
+    let up = RawUpstream::start(|mut s: TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap();
+            let reply = if req["params"].get("inputResponses").is_some() {
+                // Echo what the retry carried, exactly.
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":{}}}],"resultType":"complete"}}}}"#,
+                    req["id"],
+                    serde_json::to_string(&String::from_utf8_lossy(&body)).unwrap()
+                )
+            } else {
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"resultType":"input_required","inputRequests":{{"q":{{"method":"elicitation/create","params":{{"mode":"form","message":"Which?","requestedSchema":{{}}}}}}}},"requestState":"c3RhdGU=.sig","x-vendor":{{"n":1e400}},"_meta":{{"vendor.example/trace":"t-1"}}}}}}"#,
+                    req["id"]
+                )
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+                reply.len(),
+                reply
+            );
+        }
+    });
+    let sc = Sidecar::start(&up.url(), MODERN_UP);
+    let call = |extra: &str| {
+        let body = format!(
+            r#"{{"jsonrpc":"2.0","id":"r1","method":"tools/call","params":{{"name":"pick","arguments":{{}}{extra},{ENVELOPE}}}}}"#
+        );
+        http()
+            .post(sc.url())
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "pick")
+            .body(body)
+            .send()
+    };
+    let first = call("").await.unwrap();
+    assert_eq!(first.status(), 200);
+    let text = first.text().await.unwrap();
+    assert!(text.contains(r#""requestState":"c3RhdGU=.sig""#), "{text}");
+    assert!(text.contains(r#""x-vendor":{"n":1e400}"#), "{text}");
+    assert!(text.contains(r#""vendor.example/trace":"t-1""#), "{text}");
+    assert!(
+        !text.contains("ttlMs"),
+        "input_required results carry no cache hints: {text}"
+    );
+    let retry_extra = r#","inputResponses":{"q":{"action":"accept","content":{"x":12345678901234567890}}},"requestState":"c3RhdGU=.sig""#;
+    let second = call(retry_extra).await.unwrap();
+    let v: Value = second.json().await.unwrap();
+    let seen = v["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        seen.contains(retry_extra),
+        "the retry changed on its way: {seen}"
+    );
+}

@@ -51,6 +51,23 @@ pub fn is_response(msg: &RawMap) -> bool {
     !msg.contains_key("method") && (msg.contains_key("result") || msg.contains_key("error"))
 }
 
+/// The HTTP status 2026-07-28 gives a JSON-RPC error a 2025-era upstream answered with 200:
+/// 404 for an unknown method, 400 for the request-level codes; `None` to keep the status.
+pub fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
+    #[derive(Deserialize)]
+    struct Code {
+        code: i64,
+    }
+    let code = serde_json::from_str::<Code>(msg.get("error")?.get())
+        .ok()?
+        .code;
+    match code {
+        -32601 => Some(http::StatusCode::NOT_FOUND),
+        -32700 | -32600 | -32020 | -32021 | -32022 => Some(http::StatusCode::BAD_REQUEST),
+        _ => None,
+    }
+}
+
 pub fn to_bytes(msg: &RawMap) -> bytes::Bytes {
     bytes::Bytes::from(serde_json::to_vec(msg).unwrap_or_default())
 }

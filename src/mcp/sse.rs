@@ -134,6 +134,41 @@ struct State<B, F> {
     done: bool,
 }
 
+/// Reads the upstream's stream until its first event that carries data (a priming event with
+/// only an id, as some servers send first, is skipped) or its end; returns the bytes read and
+/// that event. Used where the HTTP status depends on the first message.
+pub async fn peek_first_message<B>(upstream: &mut B) -> Result<(Bytes, Option<Bytes>), BoxError>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut read = BytesMut::new();
+    let mut scanned = 0;
+    loop {
+        while let Some(end) = find_event_end(&read[scanned..]) {
+            let block = &read[scanned..scanned + end];
+            scanned += end;
+            if event_data(block).is_some_and(|d| !d.trim().is_empty()) {
+                let first = Bytes::copy_from_slice(block);
+                return Ok((read.freeze(), Some(first)));
+            }
+        }
+        match upstream.frame().await {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    read.extend_from_slice(&data);
+                }
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                let rest = Bytes::copy_from_slice(&read[scanned..]);
+                let first = (!rest.is_empty()).then_some(rest);
+                return Ok((read.freeze(), first));
+            }
+        }
+    }
+}
+
 /// Streams `upstream` through, applying `rewrite` to each JSON-RPC response event. `rewrite`
 /// returns whether it changed the message; an unchanged event is forwarded byte for byte.
 pub fn rewrite_stream<B, F>(upstream: B, rewrite: F) -> Body
@@ -142,13 +177,24 @@ where
     B::Error: Into<BoxError>,
     F: FnMut(&mut RawMap) -> bool + Send + 'static,
 {
-    let state = State {
+    rewrite_stream_after(Bytes::new(), upstream, rewrite)
+}
+
+/// As [`rewrite_stream`], for a stream whose first bytes (`read`) were already taken.
+pub fn rewrite_stream_after<B, F>(read: Bytes, upstream: B, rewrite: F) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+    F: FnMut(&mut RawMap) -> bool + Send + 'static,
+{
+    let mut state = State {
         body: upstream,
         splitter: EventSplitter::default(),
         pending: VecDeque::new(),
         rewrite,
         done: false,
     };
+    state.splitter.push(&read, &mut state.pending);
     let s = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(block) = st.pending.pop_front() {
@@ -249,6 +295,19 @@ mod tests {
                 "data: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{\"resultType\":\"complete\"}}\n\n"
             ),
             "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn peek_skips_a_priming_event() {
+        let mut body = http_body_util::Full::new(Bytes::from_static(
+            b"id: abc\ndata: \n\nevent: message\ndata: {\"id\":1,\"error\":{\"code\":-32601}}\n\nrest",
+        ));
+        let (read, first) = peek_first_message(&mut body).await.unwrap();
+        assert!(read.ends_with(b"rest"));
+        assert_eq!(
+            event_data(&first.unwrap()).as_deref(),
+            Some("{\"id\":1,\"error\":{\"code\":-32601}}")
         );
     }
 }

@@ -234,47 +234,77 @@ impl Upstream {
         client: &HeaderMap,
         client_body: Option<Bytes>,
     ) -> Result<Discovery, Early> {
-        if self.cached_verdict() != Some(Era::Legacy) {
-            let body = client_body.unwrap_or_else(|| {
-                Bytes::from(
-                    json!({
-                        "jsonrpc": "2.0",
-                        "id": self.next_id("discover"),
-                        "method": "server/discover",
-                        "params": {"_meta": {
-                            version::META_PROTOCOL_VERSION: MODERN,
-                            version::META_CLIENT_CAPABILITIES: {},
-                            version::META_CLIENT_INFO: sidecar_info(),
-                        }},
-                    })
-                    .to_string(),
-                )
-            });
-            let mut headers = self.base_headers(client);
-            set_modern_headers(&mut headers, "server/discover", None);
-            let answer = self.exchange(headers, body).await?;
-            if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
-                self.set_verdict(Era::Modern);
-                self.remember_server_info(
-                    result
-                        .get("_meta")
-                        .and_then(|m| m.get(version::META_SERVER_INFO)),
-                );
-                return Ok(Discovery {
-                    era: Era::Modern,
-                    result,
-                });
-            }
-            if is_final_refusal(answer.status) || self.setting == UpstreamProtocol::Modern {
-                return Err(Early::PassThrough(Box::new(answer)));
+        let cached = self.cached_verdict();
+        if cached != Some(Era::Legacy) {
+            if let Some(d) = self.probe_modern(client, client_body.clone()).await? {
+                return Ok(d);
             }
         }
-        let session = self.handshake(client).await?;
-        self.set_verdict(Era::Legacy);
-        Ok(Discovery {
-            era: Era::Legacy,
-            result: discover_from_init(&session.init),
-        })
+        match self.handshake(client).await {
+            Ok(session) => {
+                self.set_verdict(Era::Legacy);
+                Ok(Discovery {
+                    era: Era::Legacy,
+                    result: discover_from_init(&session.init),
+                })
+            }
+            // The upstream was redeployed as a 2026-only server: `initialize` is refused.
+            Err(Early::PassThrough(answer))
+                if cached == Some(Era::Legacy)
+                    && self.setting == UpstreamProtocol::Auto
+                    && !is_final_refusal(answer.status) =>
+            {
+                self.forget();
+                match self.probe_modern(client, client_body).await? {
+                    Some(d) => Ok(d),
+                    None => Err(Early::PassThrough(answer)),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// `server/discover` upstream: the discovery when the upstream speaks 2026-07-28, `None`
+    /// when it does not, or the upstream's refusal (401, 5xx, …) to pass on.
+    async fn probe_modern(
+        &self,
+        client: &HeaderMap,
+        client_body: Option<Bytes>,
+    ) -> Result<Option<Discovery>, Early> {
+        let body = client_body.unwrap_or_else(|| {
+            Bytes::from(
+                json!({
+                    "jsonrpc": "2.0",
+                    "id": self.next_id("discover"),
+                    "method": "server/discover",
+                    "params": {"_meta": {
+                        version::META_PROTOCOL_VERSION: MODERN,
+                        version::META_CLIENT_CAPABILITIES: {},
+                        version::META_CLIENT_INFO: sidecar_info(),
+                    }},
+                })
+                .to_string(),
+            )
+        });
+        let mut headers = self.base_headers(client);
+        set_modern_headers(&mut headers, "server/discover", None);
+        let answer = self.exchange(headers, body).await?;
+        if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
+            self.set_verdict(Era::Modern);
+            self.remember_server_info(
+                result
+                    .get("_meta")
+                    .and_then(|m| m.get(version::META_SERVER_INFO)),
+            );
+            return Ok(Some(Discovery {
+                era: Era::Modern,
+                result,
+            }));
+        }
+        if is_final_refusal(answer.status) || self.setting == UpstreamProtocol::Modern {
+            return Err(Early::PassThrough(Box::new(answer)));
+        }
+        Ok(None)
     }
 
     /// A fresh `initialize` handshake with the client's credentials; the session it opens
@@ -422,6 +452,26 @@ fn mentions_session(bytes: &[u8]) -> bool {
     String::from_utf8_lossy(bytes)
         .to_ascii_lowercase()
         .contains("session")
+}
+
+/// Whether an upstream refusal says the upstream now speaks the other era (it was
+/// redeployed): a 2026-only server refuses 2025 traffic with -32022; a 2025-only server
+/// refuses 2026 traffic with a generic 400 (-32000 "not initialized", "unsupported protocol
+/// version", or no JSON-RPC body at all).
+pub fn signals_era_change(answer: &ReadAnswer, sent: Era) -> bool {
+    if answer.status != StatusCode::BAD_REQUEST {
+        return false;
+    }
+    let code = answer
+        .message
+        .as_ref()
+        .and_then(|m| m.get("error"))
+        .and_then(|e| e.get("code"))
+        .and_then(Value::as_i64);
+    match sent {
+        Era::Legacy => code == Some(-32022),
+        Era::Modern => matches!(code, None | Some(-32000)),
+    }
 }
 
 /// Statuses that say "not you" or "not now" rather than "not this era": passed to the client.

@@ -742,7 +742,6 @@ impl Schemas {
 struct InteractionConsent {
     decision: String,
     decided_at: String,
-    subject: Option<String>,
     applied_subject_revision: Option<i64>,
 }
 
@@ -758,6 +757,7 @@ struct State {
     events: Vec<Value>,
     event_index: HashMap<String, usize>,
     deliveries: Vec<Value>,
+    dropped: Vec<(Value, String)>,
     consents: HashMap<String, InteractionConsent>,
     decision_log: Vec<StoredDecision>,
     subjects: HashMap<String, SubjectState>,
@@ -851,6 +851,7 @@ impl FakeEpode {
                 events: Vec::new(),
                 event_index: HashMap::new(),
                 deliveries: Vec::new(),
+                dropped: Vec::new(),
                 consents: HashMap::new(),
                 decision_log: Vec::new(),
                 subjects: HashMap::new(),
@@ -1034,6 +1035,12 @@ impl FakeEpode {
         self.shared.lock().deliveries.clone()
     }
 
+    /// Events that were not stored, with the reason (a drop rule of the real service or
+    /// an injected receipt fault), in arrival order.
+    pub fn dropped_events(&self) -> Vec<(Value, String)> {
+        self.shared.lock().dropped.clone()
+    }
+
     /// First decisions per interaction, in the order they were recorded.
     pub fn decisions(&self) -> Vec<StoredDecision> {
         self.shared.lock().decision_log.clone()
@@ -1091,7 +1098,7 @@ impl FakeEpode {
             "v": 1,
             "i": interaction_id,
             "iat": now,
-            "exp": now + 7200,
+            "exp": now.saturating_add(7200),
             "n": URL_SAFE_NO_PAD.encode(nonce),
         });
         if let (Some((subject, revision)), Some(object)) = (subject, claims.as_object_mut()) {
@@ -1636,6 +1643,21 @@ fn telemetry(
     // deserialisation of the whole batch.
     let mut times = Vec::with_capacity(events.len());
     for event in &events {
+        // Values the schema allows but the service's typed input cannot hold.
+        let id_ok = event
+            .get("interactionId")
+            .and_then(Value::as_str)
+            .and_then(canonical_uuid)
+            .is_some();
+        let duration_ok = event
+            .get("durationMs")
+            .is_none_or(|duration| duration.as_i64().is_some());
+        if !id_ok || !duration_ok {
+            return Reply::error(
+                400,
+                "Invalid request: interactionId or durationMs cannot be read",
+            );
+        }
         match event
             .get("occurredAt")
             .and_then(Value::as_str)
@@ -1664,27 +1686,36 @@ fn telemetry(
                     .unwrap_or_default();
                 acceptable.push((id, event));
             }
-            Some(_) => dropped += 1,
+            Some(reason) => {
+                dropped += 1;
+                state.dropped.push((event, reason.to_owned()));
+            }
         }
     }
+    // Receipt faults withhold the last acceptable events from storage.
     let withheld = match fault {
         Some(Fault::ShortAccepted) => acceptable.len().min(1),
         Some(Fault::Dropped(n)) => acceptable.len().min(*n),
         _ => 0,
     };
-    let keep = acceptable.len() - withheld;
-    let dropped = dropped + withheld;
-    for (id, event) in acceptable.into_iter().take(keep) {
-        store_event(state, id, event);
+    let accepted = acceptable.len() - withheld;
+    for (index, (id, event)) in acceptable.into_iter().enumerate() {
+        if index < accepted {
+            store_event(state, id, event);
+        } else {
+            state
+                .dropped
+                .push((event, "withheld by an injected fault".to_owned()));
+        }
     }
-    state.counters.events_accepted += keep;
+    // ShortAccepted under-counts without explaining the difference; Dropped(n)
+    // reports the withheld events as dropped.
+    if matches!(fault, Some(Fault::Dropped(_))) {
+        dropped += withheld;
+    }
+    state.counters.events_accepted += accepted;
     state.counters.events_dropped += dropped;
-    let mut response = json!({ "accepted": keep, "dropped": dropped });
-    if fault == Some(&Fault::ShortAccepted) {
-        // The receipt under-counts without explaining the difference.
-        response["dropped"] = json!(dropped - withheld);
-    }
-    Reply::json(202, &response)
+    Reply::json(202, &json!({ "accepted": accepted, "dropped": dropped }))
 }
 
 /// Why the real service would drop this (schema-valid) event, if it would.
@@ -1765,7 +1796,9 @@ fn event_drop_reason(
     if surface == "mcp" && event.get("requestObservation").is_some() {
         return Some("requestObservation is HTTP-only");
     }
-    let id = text("interactionId").and_then(canonical_uuid)?;
+    let Some(id) = text("interactionId").and_then(canonical_uuid) else {
+        return Some("interactionId is not a UUID");
+    };
     if state.foreign.contains(&id) {
         return Some("interactionId belongs to another workspace");
     }
@@ -1888,130 +1921,24 @@ fn decision(
     if state.foreign.contains(&claims.i) {
         return Reply::error(409, "interactionId belongs to another product environment");
     }
-    let now = state.now_text();
+    // Ask-once subjects only matter in ask_once mode.
     let subject = if mode == "ask_once" {
         claims.s.clone()
     } else {
         None
     };
-    // (standing decision, decidedAt, changed, report action allowed, flipped from)
-    let (standing, decided_at, changed, allowed, flipped_from) = if let Some(existing) =
-        state.consents.get(&claims.i)
-    {
-        match subject.as_deref() {
-            Some(subject) => match state.subjects.get(subject) {
-                Some(current) => {
-                    let still_applied = existing.applied_subject_revision == Some(current.revision);
-                    (
-                        current.decision.clone(),
-                        current.decided_at.clone(),
-                        false,
-                        still_applied
-                            && existing.decision == "approved"
-                            && current.decision == "approved",
-                        if still_applied {
-                            current.flipped_from.clone()
-                        } else {
-                            None
-                        },
-                    )
-                }
-                None => (
-                    "unknown".to_owned(),
-                    existing.decided_at.clone(),
-                    false,
-                    false,
-                    None,
-                ),
-            },
-            None => (
-                existing.decision.clone(),
-                existing.decided_at.clone(),
-                false,
-                existing.decision == "approved",
-                None,
-            ),
-        }
+    let outcome = if state.consents.contains_key(&claims.i) {
+        repeated_decision(state, &claims.i, subject.as_deref())
     } else {
-        let mut record = InteractionConsent {
-            decision: requested.clone(),
-            decided_at: now.clone(),
-            subject: claims.s.clone(),
-            applied_subject_revision: None,
-        };
-        state.counters.decisions_recorded += 1;
-        state.decision_log.push(StoredDecision {
-            interaction_id: claims.i.clone(),
-            decision: requested.clone(),
-            subject: claims.s.clone(),
-            decided_at: now.clone(),
-        });
-        let outcome = match subject.as_deref() {
-            Some(subject) => {
-                // Compare-and-set on the subject revision.
-                let expected = claims.r.unwrap_or(0);
-                let applied = match state.subjects.get_mut(subject) {
-                    None if expected == 0 => {
-                        let created = SubjectState {
-                            decision: requested.clone(),
-                            revision: 1,
-                            decided_at: now.clone(),
-                            flipped_from: None,
-                        };
-                        state.subjects.insert(subject.to_owned(), created.clone());
-                        Some(created)
-                    }
-                    Some(current) if expected != 0 && current.revision == expected => {
-                        current.flipped_from =
-                            (current.decision != requested).then(|| current.decision.clone());
-                        current.decision = requested.clone();
-                        current.decided_at = now.clone();
-                        current.revision += 1;
-                        Some(current.clone())
-                    }
-                    _ => None,
-                };
-                match applied {
-                    Some(applied) => {
-                        record.applied_subject_revision = Some(applied.revision);
-                        (
-                            applied.decision.clone(),
-                            applied.decided_at,
-                            true,
-                            applied.decision == "approved",
-                            applied.flipped_from,
-                        )
-                    }
-                    None => match state.subjects.get(subject) {
-                        Some(current) => (
-                            current.decision.clone(),
-                            current.decided_at.clone(),
-                            false,
-                            false,
-                            None,
-                        ),
-                        None => ("unknown".to_owned(), now.clone(), false, false, None),
-                    },
-                }
-            }
-            None => (
-                requested.clone(),
-                now.clone(),
-                true,
-                requested == "approved",
-                None,
-            ),
-        };
-        state.consents.insert(claims.i.clone(), record);
-        outcome
+        first_decision(state, &claims, subject.as_deref(), &requested)
     };
-    let feedback = if allowed {
+    let feedback = if outcome.report_allowed {
         feedback_envelope(
             &shared.public_base_url,
             &token,
             &mode,
             has_mcp_telemetry(state, &claims.i),
-            flipped_from.as_deref() == Some("declined"),
+            outcome.flipped_from.as_deref() == Some("declined"),
             claims.exp,
         )
     } else {
@@ -2020,13 +1947,142 @@ fn decision(
     Reply::json(
         200,
         &json!({
-            "state": standing,
-            "decidedAt": decided_at,
-            "changed": changed,
+            "state": outcome.standing,
+            "decidedAt": outcome.decided_at,
+            "changed": outcome.changed,
             "feedback": feedback,
         }),
     )
     .no_store()
+}
+
+/// What a decision call answers.
+struct DecisionOutcome {
+    /// The standing decision after the call (possibly an earlier one, or `unknown`).
+    standing: String,
+    decided_at: String,
+    /// Whether this call recorded the standing decision.
+    changed: bool,
+    /// Whether this capability may now be given the report action.
+    report_allowed: bool,
+    /// The subject's previous decision when this decision flipped it.
+    flipped_from: Option<String>,
+}
+
+impl DecisionOutcome {
+    /// A call that changed nothing and earns no report action (stale or repeated).
+    fn unchanged(standing: &str, decided_at: &str) -> Self {
+        Self {
+            standing: standing.to_owned(),
+            decided_at: decided_at.to_owned(),
+            changed: false,
+            report_allowed: false,
+            flipped_from: None,
+        }
+    }
+}
+
+/// A repeat for an interaction that already has a decision: nothing changes. With an
+/// Ask-once subject the current subject state is reported, and the report action only
+/// while this interaction's approval is still the subject's current revision.
+fn repeated_decision(state: &State, interaction: &str, subject: Option<&str>) -> DecisionOutcome {
+    let Some(existing) = state.consents.get(interaction) else {
+        return DecisionOutcome::unchanged("unknown", &state.now_text());
+    };
+    let Some(subject) = subject else {
+        let mut outcome = DecisionOutcome::unchanged(&existing.decision, &existing.decided_at);
+        outcome.report_allowed = existing.decision == "approved";
+        return outcome;
+    };
+    let Some(current) = state.subjects.get(subject) else {
+        return DecisionOutcome::unchanged("unknown", &existing.decided_at);
+    };
+    let still_applied = existing.applied_subject_revision == Some(current.revision);
+    let mut outcome = DecisionOutcome::unchanged(&current.decision, &current.decided_at);
+    outcome.report_allowed =
+        still_applied && existing.decision == "approved" && current.decision == "approved";
+    if still_applied {
+        outcome.flipped_from.clone_from(&current.flipped_from);
+    }
+    outcome
+}
+
+/// The first decision for an interaction is recorded. With an Ask-once subject it is
+/// also applied to the subject by compare-and-set on the revision the signer saw:
+/// `r = 0` may only create the subject, `r > 0` must equal the current revision
+/// (which then increments). A losing capability gets the current state and no action.
+fn first_decision(
+    state: &mut State,
+    claims: &HandleClaims,
+    subject: Option<&str>,
+    requested: &str,
+) -> DecisionOutcome {
+    let now = state.now_text();
+    state.counters.decisions_recorded += 1;
+    state.decision_log.push(StoredDecision {
+        interaction_id: claims.i.clone(),
+        decision: requested.to_owned(),
+        subject: claims.s.clone(),
+        decided_at: now.clone(),
+    });
+    let mut record = InteractionConsent {
+        decision: requested.to_owned(),
+        decided_at: now.clone(),
+        applied_subject_revision: None,
+    };
+    let outcome = match subject {
+        None => DecisionOutcome {
+            standing: requested.to_owned(),
+            decided_at: now,
+            changed: true,
+            report_allowed: requested == "approved",
+            flipped_from: None,
+        },
+        Some(subject) => {
+            let expected = claims.r.unwrap_or(0);
+            let applied = match state.subjects.get_mut(subject) {
+                None if expected == 0 => {
+                    let created = SubjectState {
+                        decision: requested.to_owned(),
+                        revision: 1,
+                        decided_at: now.clone(),
+                        flipped_from: None,
+                    };
+                    state.subjects.insert(subject.to_owned(), created.clone());
+                    Some(created)
+                }
+                Some(current) if expected != 0 && current.revision == expected => {
+                    current.flipped_from =
+                        (current.decision != requested).then(|| current.decision.clone());
+                    requested.clone_into(&mut current.decision);
+                    current.decided_at.clone_from(&now);
+                    current.revision += 1;
+                    Some(current.clone())
+                }
+                _ => None,
+            };
+            match applied {
+                Some(applied) => {
+                    record.applied_subject_revision = Some(applied.revision);
+                    DecisionOutcome {
+                        report_allowed: applied.decision == "approved",
+                        standing: applied.decision,
+                        decided_at: applied.decided_at,
+                        changed: true,
+                        flipped_from: applied.flipped_from,
+                    }
+                }
+                None => match state.subjects.get(subject) {
+                    Some(current) => {
+                        DecisionOutcome::unchanged(&current.decision, &current.decided_at)
+                    }
+                    None => DecisionOutcome::unchanged("unknown", &now),
+                },
+            }
+        }
+    };
+    state.consents.insert(claims.i.clone(), record);
+    outcome
 }
 
 /// The HTTP `feedback_ready` envelope returned after approval (`approved_feedback_contract`).

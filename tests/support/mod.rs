@@ -79,6 +79,8 @@ pub enum UpstreamKind {
     TypeScript,
     /// TypeScript, modern era only (`legacy: 'reject'`).
     TypeScriptModernOnly,
+    /// `@modelcontextprotocol/server-everything` (SDK v1): 2025 only, stateful sessions.
+    Everything,
 }
 
 pub struct Upstream {
@@ -93,7 +95,11 @@ impl Upstream {
     }
 
     pub fn start_with(kind: UpstreamKind, extra: &[&str]) -> Upstream {
-        let port = free_port();
+        Self::start_on(kind, free_port(), extra)
+    }
+
+    /// Starts on a given port (to restart an upstream where a sidecar expects it).
+    pub fn start_on(kind: UpstreamKind, port: u16, extra: &[&str]) -> Upstream {
         let peers = peers_dir();
         let port_s = port.to_string();
         let mut cmd = match kind {
@@ -104,6 +110,17 @@ impl Upstream {
                 if kind == UpstreamKind::PythonJson {
                     c.arg("--json");
                 }
+                c
+            }
+            UpstreamKind::Everything => {
+                let mut c = Command::new("node");
+                c.arg("-r")
+                    .arg(repo_root().join("tests/peers/force-loopback.cjs"))
+                    .arg(peers.join(
+                        "everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js",
+                    ))
+                    .arg("streamableHttp")
+                    .env("PORT", &port_s);
                 c
             }
             UpstreamKind::TypeScript | UpstreamKind::TypeScriptModernOnly => {
@@ -228,12 +245,17 @@ impl Sidecar {
 }
 
 /// Runs the official TypeScript client (`tests/peers/ts_client.mjs`) and returns its JSON report.
-pub fn ts_client(url: &str, mode: &str, headers: &[&str]) -> Value {
+/// Each extra is an HTTP header (`K: V`), or a flag of the driver (`--everything`).
+pub fn ts_client(url: &str, mode: &str, extras: &[&str]) -> Value {
     let script = peers_dir().join("ts/ts_client.mjs");
     let mut cmd = Command::new("node");
     cmd.arg(script).arg(url).arg(mode);
-    for h in headers {
-        cmd.args(["--header", h]);
+    for e in extras {
+        if e.starts_with("--") {
+            cmd.arg(e);
+        } else {
+            cmd.args(["--header", e]);
+        }
     }
     let out = cmd.output().expect("run ts_client");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -1,0 +1,311 @@
+//! Any client era in front of any upstream era, against real peers: the official TypeScript
+//! client (pinned 2026-07-28 and default legacy) through the sidecar to Python `mcp==2.3.0`,
+//! the TypeScript server (dual-era and modern-only) and server-everything (2025-only,
+//! stateful, issues session ids).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+fn assert_client_works(report: &Value, era: &str, what: &str) {
+    assert!(report.get("error").is_none(), "{what}: {report}");
+    assert_eq!(report["era"], era, "{what}: {report}");
+    assert!(
+        !report["tools"].as_array().unwrap().is_empty(),
+        "{what}: {report}"
+    );
+}
+
+#[test]
+fn modern_client_reaches_a_2025_only_stateful_upstream() {
+    let up = Upstream::start(UpstreamKind::Everything);
+    // Directly, the pinned client cannot talk to it at all.
+    let direct = ts_client(&up.url(), "pin", &["--everything"]);
+    assert!(direct.get("error").is_some(), "{direct}");
+    let sc = Sidecar::start(&up.url(), &[]);
+    let via = ts_client(&sc.url(), "pin", &["--everything"]);
+    assert_client_works(&via, "modern", "pin via sidecar");
+    assert_eq!(via["negotiatedVersion"], "2026-07-28");
+    assert!(via["serverInfo"]["name"].as_str().is_some(), "{via}");
+    let echo = via["calls"]["echo"].to_string();
+    assert!(echo.contains("hi ✓"), "{echo}");
+    assert_eq!(via["calls"]["add"]["isError"], Value::Null, "{via}");
+    assert!(via["calls"]["add"].to_string().contains('5'), "{via}");
+    // Progress from the upstream's stream reaches the 2026 client before the result.
+    let progress = via["progress"].as_array().unwrap();
+    assert_eq!(progress.len(), 2, "{via}");
+    // The tools are what the upstream has (the 2026 client drops 2025-only fields such as
+    // `execution`, so names are compared).
+    let legacy = ts_client(&up.url(), "legacy", &["--everything"]);
+    let names = |r: &Value| -> Vec<String> {
+        r["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(names(&legacy), names(&via));
+}
+
+#[test]
+fn legacy_client_through_the_sidecar_to_a_2025_only_upstream() {
+    let up = Upstream::start(UpstreamKind::Everything);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let direct = ts_client(&up.url(), "legacy", &["--everything"]);
+    let via = ts_client(&sc.url(), "legacy", &["--everything"]);
+    assert_client_works(&via, "legacy", "legacy via sidecar");
+    assert_eq!(direct["tools"], via["tools"]);
+    assert_eq!(direct["calls"]["echo"], via["calls"]["echo"]);
+    assert_eq!(direct["calls"]["add"], via["calls"]["add"]);
+    assert_eq!(direct["serverInfo"], via["serverInfo"]);
+}
+
+#[test]
+fn legacy_client_reaches_a_modern_only_upstream() {
+    let up = Upstream::start(UpstreamKind::TypeScriptModernOnly);
+    let direct = ts_client(&up.url(), "legacy", &[]);
+    assert!(
+        direct.get("error").is_some(),
+        "direct legacy must fail: {direct}"
+    );
+    let sc = Sidecar::start(&up.url(), &[]);
+    let via = ts_client(&sc.url(), "legacy", &[]);
+    assert_client_works(&via, "legacy", "legacy via sidecar");
+    let modern = ts_client(&up.url(), "pin", &[]);
+    assert_eq!(modern["tools"], via["tools"]);
+    // The same results, in 2025 shape (identity travels in initialize, not per result).
+    let mut calls = modern["calls"].clone();
+    for c in calls.as_object_mut().unwrap().values_mut() {
+        c.as_object_mut().unwrap().remove("_meta");
+    }
+    assert_eq!(calls, via["calls"]);
+    assert_eq!(
+        via["serverInfo"],
+        json!({"name": "ts-peer", "version": "0.0.1"})
+    );
+    assert_eq!(via["progress"].as_array().unwrap().len(), 2, "{via}");
+}
+
+#[test]
+fn pinned_and_legacy_clients_on_every_upstream() {
+    for kind in [UpstreamKind::Python, UpstreamKind::TypeScript] {
+        let up = Upstream::start(kind);
+        let sc = Sidecar::start(&up.url(), &[]);
+        for (mode, era) in [("pin", "modern"), ("legacy", "legacy")] {
+            let via = ts_client(&sc.url(), mode, &[]);
+            assert_client_works(&via, era, &format!("{kind:?} {mode}"));
+            assert_eq!(via["calls"]["add"]["structuredContent"]["sum"], 5);
+        }
+    }
+}
+
+async fn discover(url: &str, id: u64, headers: &[(&str, &str)]) -> reqwest::Response {
+    let mut req = http()
+        .post(url)
+        .body(modern_body(json!(id), "server/discover", json!({})).to_string());
+    for (k, v) in modern_headers("server/discover", None) {
+        req = req.header(k, v);
+    }
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    req.send().await.unwrap()
+}
+
+#[tokio::test]
+async fn discovery_of_a_2025_upstream_has_the_2026_shape() {
+    let up = Upstream::start(UpstreamKind::Everything);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_CACHE_TTL_MS", "60000"),
+            ("EPODE_SIDECAR_CACHE_SCOPE", "public"),
+            ("EPODE_SIDECAR_SERVER_NAME", "orders"),
+        ],
+    );
+    let resp = discover(&sc.url(), 1, &[]).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("mcp-session-id").is_none());
+    let v: Value = resp.json().await.unwrap();
+    let r = &v["result"];
+    assert_eq!(v["id"], 1);
+    assert_eq!(r["resultType"], "complete");
+    assert_eq!(r["supportedVersions"], json!(["2026-07-28"]));
+    assert!(r["capabilities"]["tools"].is_object(), "{r}");
+    assert_eq!(r["ttlMs"], 60000);
+    assert_eq!(r["cacheScope"], "public");
+    let info = &r["_meta"]["io.modelcontextprotocol/serverInfo"];
+    assert_eq!(info["name"], "orders", "{r}");
+    assert!(info["version"].is_string(), "{r}");
+
+    // A later request carries the same identity and cache hints, and no session id.
+    let body = modern_body(json!(2), "tools/list", json!({}));
+    let resp = post_modern(&sc.url(), "tools/list", None, &body).await;
+    assert!(resp.headers().get("mcp-session-id").is_none());
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    let v = last_message(&ct, &resp.text().await.unwrap());
+    assert_eq!(v["result"]["resultType"], "complete");
+    assert_eq!(v["result"]["ttlMs"], 60000);
+    assert_eq!(
+        v["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+        "orders"
+    );
+    let names: Vec<&str> = v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted, "tools/list order is deterministic (by name)");
+}
+
+#[tokio::test]
+async fn upstream_cache_hints_win_over_defaults() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_CACHE_TTL_MS", "60000")]);
+    let body = modern_body(json!(1), "tools/list", json!({}));
+    let resp = post_modern(&sc.url(), "tools/list", None, &body).await;
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    let v = last_message(&ct, &resp.text().await.unwrap());
+    assert_eq!(
+        v["result"]["ttlMs"], 0,
+        "the upstream's own ttlMs is kept: {v}"
+    );
+    assert_eq!(v["result"]["cacheScope"], "private");
+}
+
+/// Discovery and `initialize` go upstream with the client's credentials: a product that
+/// requires authentication still refuses an unauthenticated discovery, as it would directly.
+#[tokio::test]
+async fn discovery_is_not_answered_for_an_upstream_that_refuses() {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--require-token", "s3cret"]);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let resp = discover(&sc.url(), 1, &[]).await;
+    assert_eq!(resp.status(), 401);
+    assert!(resp.headers().get("www-authenticate").is_some());
+    let ok = discover(&sc.url(), 2, &[("authorization", "Bearer s3cret")]).await;
+    assert_eq!(ok.status(), 200);
+    // Once the sidecar knows the era, an unauthenticated discovery is still refused.
+    let again = discover(&sc.url(), 3, &[]).await;
+    assert_eq!(again.status(), 401);
+
+    let init = json!({"jsonrpc":"2.0","id":4,"method":"initialize","params":{
+        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+    let resp = http()
+        .post(sc.url())
+        .header("accept", "application/json, text/event-stream")
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 401);
+}
+
+/// `initialize` is answered per request: no session id is minted, and the client gets the
+/// version it asked for when the sidecar serves it.
+#[tokio::test]
+async fn legacy_initialize_is_stateless() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let sc = Sidecar::start(&up.url(), &[]);
+    for (asked, expect) in [("2025-06-18", "2025-06-18"), ("1999-01-01", "2025-11-25")] {
+        let init = json!({"jsonrpc":"2.0","id":"i","method":"initialize","params":{
+            "protocolVersion":asked,"capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+        let resp = http()
+            .post(sc.url())
+            .header("accept", "application/json, text/event-stream")
+            .body(init.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers().get("mcp-session-id").is_none());
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["result"]["protocolVersion"], expect);
+        assert_eq!(v["result"]["serverInfo"]["name"], "py-peer");
+        assert!(v["result"]["capabilities"]["tools"].is_object());
+        assert!(v["result"].get("resultType").is_none());
+    }
+}
+
+/// The upstream restarts and forgets its sessions: the sidecar initialises again and the
+/// client never notices. Then the upstream is redeployed as another era on the same port.
+#[test]
+fn upstream_restart_and_redeploy() {
+    let port = free_port();
+    let up = Upstream::start_on(UpstreamKind::Everything, port, &[]);
+    let sc = Sidecar::start(&format!("http://127.0.0.1:{port}/mcp"), &[]);
+    let first = ts_client(&sc.url(), "pin", &["--everything"]);
+    assert_client_works(&first, "modern", "before restart");
+    drop(up);
+    let up = Upstream::start_on(UpstreamKind::Everything, port, &[]);
+    let second = ts_client(&sc.url(), "pin", &["--everything"]);
+    assert_client_works(&second, "modern", "after restart (new sessions upstream)");
+    drop(up);
+    std::thread::sleep(Duration::from_millis(200));
+
+    // Redeployed as a 2026 server: the era is checked again, not cached forever.
+    let up = Upstream::start_on(UpstreamKind::TypeScriptModernOnly, port, &[]);
+    let third = ts_client(&sc.url(), "legacy", &[]);
+    assert_client_works(&third, "legacy", "after redeploy as a 2026-only server");
+    assert_eq!(third["serverInfo"]["name"], "ts-peer");
+    drop(up);
+    std::thread::sleep(Duration::from_millis(200));
+
+    // And back to a 2025-only server.
+    let _up = Upstream::start_on(UpstreamKind::Everything, port, &[]);
+    let fourth = ts_client(&sc.url(), "pin", &["--everything"]);
+    assert_client_works(
+        &fourth,
+        "modern",
+        "after redeploy back to a 2025-only server",
+    );
+}
+
+/// `subscriptions/listen` stays open beyond the request timeout, its first event is the
+/// acknowledgement, and a client that leaves closes it upstream.
+#[tokio::test]
+async fn listen_streams_stay_open() {
+    for kind in [UpstreamKind::Python, UpstreamKind::Everything] {
+        let up = Upstream::start(kind);
+        let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "1s")]);
+        let body = modern_body(
+            json!("listen-1"),
+            "subscriptions/listen",
+            json!({"notifications": {"toolsListChanged": true}}),
+        );
+        let mut resp = post_modern(&sc.url(), "subscriptions/listen", None, &body).await;
+        assert_eq!(resp.status(), 200, "{kind:?}");
+        assert!(resp.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream"));
+        let first = tokio::time::timeout(Duration::from_secs(5), resp.chunk())
+            .await
+            .expect("first event")
+            .unwrap()
+            .unwrap();
+        let text = String::from_utf8_lossy(&first).into_owned();
+        assert!(
+            text.contains("notifications/subscriptions/acknowledged"),
+            "{kind:?}: {text}"
+        );
+        assert!(
+            text.contains("\"io.modelcontextprotocol/subscriptionId\":\"listen-1\""),
+            "{text}"
+        );
+        // Still open after twice the upstream timeout.
+        let more = tokio::time::timeout(Duration::from_millis(2500), resp.chunk()).await;
+        match more {
+            Err(_) => {}          // nothing more yet: open
+            Ok(Ok(Some(_))) => {} // a keep-alive or notification: open
+            Ok(other) => panic!("{kind:?}: listen stream ended: {other:?}"),
+        }
+        drop(resp);
+    }
+}

@@ -1,0 +1,445 @@
+//! Every refusal of the 2026-07-28 front door: exact HTTP status, JSON-RPC code and id, and
+//! nothing sent upstream. The upstream here is a raw responder that counts what reaches it.
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+use support::*;
+
+struct Counting {
+    up: RawUpstream,
+    hits: Arc<AtomicUsize>,
+}
+
+/// A 2026-style upstream that answers every request with an empty tools list.
+fn counting_upstream() -> Counting {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = hits.clone();
+    let up = RawUpstream::start(move |mut s: TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            h.fetch_add(1, Ordering::SeqCst);
+            let id = serde_json::from_slice::<Value>(&body)
+                .ok()
+                .and_then(|v| v.get("id").cloned())
+                .unwrap_or(Value::Null);
+            let reply =
+                json!({"jsonrpc":"2.0","id":id,"result":{"tools":[],"resultType":"complete"}})
+                    .to_string();
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+                reply.len(),
+                reply
+            );
+        }
+    });
+    Counting { up, hits }
+}
+
+fn start() -> (Counting, Sidecar) {
+    let c = counting_upstream();
+    let sc = Sidecar::start(
+        &c.up.url(),
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    (c, sc)
+}
+
+fn envelope() -> Value {
+    json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}
+    })
+}
+
+async fn send(sc: &Sidecar, headers: &[(&str, &str)], body: &str) -> (u16, Value) {
+    let mut req = http().post(sc.url()).body(body.to_owned());
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = req.send().await.unwrap();
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let v = if text.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"))
+    };
+    (status, v)
+}
+
+const JSON: (&str, &str) = ("content-type", "application/json");
+const ACCEPT: (&str, &str) = ("accept", "application/json, text/event-stream");
+const V: (&str, &str) = ("mcp-protocol-version", "2026-07-28");
+
+fn call_body(id: Value, name: &str) -> String {
+    json!({"jsonrpc":"2.0","id":id,"method":"tools/call","params":{"name":name,"arguments":{},"_meta":envelope()}}).to_string()
+}
+
+fn assert_error(got: (u16, Value), status: u16, code: i64, id: Value) -> String {
+    let (s, v) = got;
+    assert_eq!(s, status, "{v}");
+    assert_eq!(v["jsonrpc"], "2.0", "{v}");
+    assert_eq!(v["error"]["code"], code, "{v}");
+    assert_eq!(v["id"], id, "{v}");
+    v["error"]["message"].as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn missing_envelope_is_400_invalid_params() {
+    let (c, sc) = start();
+    let body = json!({"jsonrpc":"2.0","id":"m1","method":"tools/list","params":{}}).to_string();
+    let msg = assert_error(
+        send(&sc, &[JSON, ACCEPT, V, ("mcp-method", "tools/list")], &body).await,
+        400,
+        -32602,
+        json!("m1"),
+    );
+    assert!(msg.contains("_meta"), "{msg}");
+    let body = json!({"jsonrpc":"2.0","id":"m2","method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28"}}}).to_string();
+    let msg = assert_error(
+        send(&sc, &[JSON, ACCEPT, V, ("mcp-method", "tools/list")], &body).await,
+        400,
+        -32602,
+        json!("m2"),
+    );
+    assert!(msg.contains("clientCapabilities"), "{msg}");
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn header_mismatches_are_400_header_mismatch_naming_both_values() {
+    let (c, sc) = start();
+    let body = call_body(json!(7), "add");
+    // Mcp-Name differs.
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "sub"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!(7),
+    );
+    assert!(
+        msg.contains("Mcp-Name") && msg.contains("'sub'") && msg.contains("'add'"),
+        "{msg}"
+    );
+    // Mcp-Name missing.
+    let msg = assert_error(
+        send(&sc, &[JSON, ACCEPT, V, ("mcp-method", "tools/call")], &body).await,
+        400,
+        -32020,
+        json!(7),
+    );
+    assert!(msg.contains("Mcp-Name"), "{msg}");
+    // Mcp-Method differs.
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "tools/list"),
+                ("mcp-name", "add"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!(7),
+    );
+    assert!(
+        msg.contains("Mcp-Method") && msg.contains("'tools/list'") && msg.contains("'tools/call'"),
+        "{msg}"
+    );
+    // MCP-Protocol-Version differs from _meta.
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                ("mcp-protocol-version", "2025-11-25"),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "add"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!(7),
+    );
+    assert!(
+        msg.contains("MCP-Protocol-Version")
+            && msg.contains("2025-11-25")
+            && msg.contains("2026-07-28"),
+        "{msg}"
+    );
+    // Envelope present, version header absent: refused, not served as legacy.
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "add"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!(7),
+    );
+    assert!(msg.contains("MCP-Protocol-Version"), "{msg}");
+    // prompts/get and resources/read mirror name and uri.
+    let body = json!({"jsonrpc":"2.0","id":8,"method":"resources/read","params":{"uri":"file:///a.txt","_meta":envelope()}}).to_string();
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "resources/read"),
+                ("mcp-name", "file:///b.txt"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!(8),
+    );
+    assert!(msg.contains("file:///a.txt"), "{msg}");
+    let body = json!({"jsonrpc":"2.0","id":9,"method":"prompts/get","params":{"name":"greet","_meta":envelope()}}).to_string();
+    assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "prompts/get"),
+                ("mcp-name", "other"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!(9),
+    );
+    assert_eq!(
+        c.hits.load(Ordering::SeqCst),
+        0,
+        "a refused request reached the upstream"
+    );
+}
+
+#[tokio::test]
+async fn duplicated_routing_headers_are_refused() {
+    let (c, sc) = start();
+    let body = call_body(json!("d"), "add");
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "add"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!("d"),
+    );
+    assert!(msg.contains("more than once"), "{msg}");
+    assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "add"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32020,
+        json!("d"),
+    );
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn base64_mcp_name_is_decoded_and_the_request_goes_upstream() {
+    let (c, sc) = start();
+    let name = "grüße ✓";
+    let b64 = format!("=?base64?{}?=", base64_encode(name.as_bytes()));
+    let (status, v) = send(
+        &sc,
+        &[
+            JSON,
+            ACCEPT,
+            V,
+            ("mcp-method", "tools/call"),
+            ("mcp-name", &b64),
+        ],
+        &call_body(json!(1), name),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(c.hits.load(Ordering::SeqCst), 1);
+    // A broken encoding is a mismatch.
+    assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "=?base64?%%%?="),
+            ],
+            &call_body(json!(2), name),
+        )
+        .await,
+        400,
+        -32020,
+        json!(2),
+    );
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[tokio::test]
+async fn unsupported_version_is_400_with_supported_and_requested() {
+    let (c, sc) = start();
+    let body = json!({"jsonrpc":"2.0","id":"u","method":"tools/list","params":{"_meta":{
+        "io.modelcontextprotocol/protocolVersion":"2099-01-01",
+        "io.modelcontextprotocol/clientCapabilities":{}}}})
+    .to_string();
+    let (status, v) = send(
+        &sc,
+        &[
+            JSON,
+            ACCEPT,
+            ("mcp-protocol-version", "2099-01-01"),
+            ("mcp-method", "tools/list"),
+        ],
+        &body,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert_eq!(v["id"], "u");
+    assert_eq!(v["error"]["code"], -32022);
+    assert_eq!(v["error"]["data"]["supported"], json!(["2026-07-28"]));
+    assert_eq!(v["error"]["data"]["requested"], "2099-01-01");
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn batches_malformed_json_and_other_methods() {
+    let (c, sc) = start();
+    let batch = format!("[{}]", call_body(json!(1), "add"));
+    assert_error(
+        send(&sc, &[JSON, ACCEPT, V], &batch).await,
+        400,
+        -32600,
+        Value::Null,
+    );
+    assert_error(
+        send(&sc, &[JSON, ACCEPT, V], "{\"jsonrpc\":").await,
+        400,
+        -32700,
+        Value::Null,
+    );
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let resp = http()
+            .request(method.clone(), sc.url())
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 405, "{method}");
+        assert_eq!(resp.headers()["allow"], "POST");
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["jsonrpc"], "2.0");
+    }
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn removed_methods_are_404_method_not_found() {
+    let (c, sc) = start();
+    for (i, method) in [
+        "ping",
+        "initialize",
+        "logging/setLevel",
+        "resources/subscribe",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let body = json!({"jsonrpc":"2.0","id":i,"method":method,"params":{"_meta":envelope()}})
+            .to_string();
+        assert_error(
+            send(&sc, &[JSON, ACCEPT, V, ("mcp-method", method)], &body).await,
+            404,
+            -32601,
+            json!(i),
+        );
+    }
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn notifications_are_accepted_with_202() {
+    let (c, sc) = start();
+    let (status, v) = send(
+        &sc,
+        &[JSON, ACCEPT],
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+    )
+    .await;
+    assert_eq!((status, v), (202, Value::Null));
+    let (status, _) = send(
+        &sc,
+        &[JSON, ACCEPT, V],
+        &json!({"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1,"_meta":envelope()}}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 202);
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}
