@@ -13,6 +13,10 @@ use figment::value::Value;
 use figment::Figment;
 use url::Url;
 
+use crate::feedback::capability::{ProductKey, ProductKeyError};
+use crate::feedback::identity::RefKind;
+use crate::feedback::FeedbackMode;
+
 /// One setting: its TOML key, its environment variable(s), its default and what it accepts.
 #[derive(Debug)]
 pub struct Setting {
@@ -135,6 +139,84 @@ pub const SETTINGS: &[Setting] = &[
         "private or public",
         "cacheScope put on cacheable 2026 results when the upstream gives none.",
     ),
+    Setting {
+        key: "api_key",
+        env: &["EPODE_API_KEY", "AGENT_FEEDBACK_KEY"],
+        default: None,
+        accepts: "an Epode product (write) key af_live_<32 hex>_[<32 hex>_]<secret of 20+ characters>",
+        help: "The product key: signs feedback handles and authorises telemetry. Required unless feedback is off. Never printed.",
+        secret: true,
+    },
+    setting(
+        "api_url",
+        &["EPODE_API_URL", "AGENT_FEEDBACK_URL"],
+        Some("https://app.epode.ai"),
+        "an https:// URL (http:// only for a loopback host)",
+        "The Epode API origin.",
+    ),
+    setting(
+        "feedback_mode",
+        &["AGENT_FEEDBACK_MODE"],
+        Some("never_ask"),
+        "never_ask, ask_once, ask_always or off",
+        "How feedback is asked for.",
+    ),
+    setting(
+        "feedback_enabled",
+        &["AGENT_FEEDBACK_ENABLED"],
+        Some("true"),
+        "true or false",
+        "Kill switch: false is the same as AGENT_FEEDBACK_MODE=off.",
+    ),
+    setting(
+        "consent_timeout_ms",
+        &["AGENT_FEEDBACK_CONSENT_TIMEOUT_MS"],
+        Some("750"),
+        "a whole number of milliseconds from 1 to 60000",
+        "Deadline of the background Ask-once consent-state lookup.",
+    ),
+    setting(
+        "include_tools",
+        &["EPODE_SIDECAR_INCLUDE_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names, such as search_*,get_order",
+        "Product tools that get feedback and telemetry. Unset: all.",
+    ),
+    setting(
+        "exclude_tools",
+        &["EPODE_SIDECAR_EXCLUDE_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names",
+        "Tools that never get feedback or telemetry (wins over the include list).",
+    ),
+    setting(
+        "feedback_tools",
+        &["EPODE_SIDECAR_FEEDBACK_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names",
+        "Of the included tools, those whose results carry the _agentFeedback action. Unset: all included tools; the others get telemetry only.",
+    ),
+    setting(
+        "identity_headers",
+        &["EPODE_SIDECAR_IDENTITY_HEADERS"],
+        None,
+        "comma-separated ref=Header pairs, refs being accountRef, userRef, anonymousRef, customerRef, sessionRef",
+        "Request headers, set by a trusted authenticating gateway, that carry identity references.",
+    ),
+    setting(
+        "telemetry_queue",
+        &["EPODE_SIDECAR_TELEMETRY_QUEUE"],
+        Some("1000"),
+        "a whole number of events from 1 to 1000000",
+        "Capacity of the telemetry queue; events beyond it are dropped and counted.",
+    ),
+    setting(
+        "telemetry_shutdown",
+        &["EPODE_SIDECAR_TELEMETRY_SHUTDOWN"],
+        Some("10s"),
+        "a duration such as 10s, 500ms or 2m",
+        "On shutdown, how long queued telemetry may take to be delivered.",
+    ),
     setting(
         "log",
         &["EPODE_SIDECAR_LOG"],
@@ -229,6 +311,48 @@ pub enum UpstreamProtocol {
     Legacy,
 }
 
+/// The Epode binding's settings.
+#[derive(Debug, Clone)]
+pub struct FeedbackConfig {
+    pub mode: FeedbackMode,
+    /// Present whenever `mode` is not off.
+    pub key: Option<ProductKey>,
+    pub api_url: Url,
+    pub consent_timeout: Duration,
+    pub include: Option<ToolPatterns>,
+    pub exclude: Option<ToolPatterns>,
+    pub feedback_tools: Option<ToolPatterns>,
+    pub identity_headers: Vec<(RefKind, http::HeaderName)>,
+    pub telemetry_queue: usize,
+    pub telemetry_shutdown: Duration,
+}
+
+/// Glob patterns over tool names, kept with their source text for display.
+#[derive(Debug, Clone)]
+pub struct ToolPatterns {
+    pub set: globset::GlobSet,
+    pub text: Vec<String>,
+}
+
+impl ToolPatterns {
+    pub fn matches(&self, name: &str) -> bool {
+        self.set.is_match(name)
+    }
+}
+
+impl FeedbackConfig {
+    /// Whether a tool is a product tool: telemetry, and the feedback action when `decorates`.
+    pub fn includes(&self, tool: &str) -> bool {
+        self.mode.is_enabled()
+            && self.include.as_ref().is_none_or(|p| p.matches(tool))
+            && !self.exclude.as_ref().is_some_and(|p| p.matches(tool))
+    }
+
+    pub fn decorates(&self, tool: &str) -> bool {
+        self.includes(tool) && self.feedback_tools.as_ref().is_none_or(|p| p.matches(tool))
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -259,6 +383,7 @@ pub struct Config {
     pub cache_ttl_ms: u64,
     /// `private` or `public`.
     pub cache_scope: String,
+    pub feedback: FeedbackConfig,
     pub log: String,
     pub log_format: LogFormat,
 }
@@ -438,6 +563,8 @@ impl Config {
             _ => return Err(invalid("cache_scope", &scope_raw)),
         };
 
+        let feedback = feedback_config(&get, &required)?;
+
         let log = required("log")?;
         if tracing_subscriber::EnvFilter::builder()
             .parse(&log)
@@ -466,6 +593,7 @@ impl Config {
             server_version,
             cache_ttl_ms,
             cache_scope,
+            feedback,
             log,
             log_format,
         })
@@ -489,7 +617,13 @@ impl Config {
             UpstreamProtocol::Modern => "2026-07-28",
             UpstreamProtocol::Legacy => "2025-11-25",
         };
-        let rows: [(&str, String); 15] = [
+        let fb = &self.feedback;
+        let globs = |p: &Option<ToolPatterns>, none: &str| {
+            p.as_ref()
+                .map(|p| p.text.join(","))
+                .unwrap_or_else(|| none.to_owned())
+        };
+        let rows: [(&str, String); 26] = [
             ("listen", self.listen.to_string()),
             ("upstream", self.upstream.url.to_string()),
             ("path", self.path.clone()),
@@ -519,6 +653,36 @@ impl Config {
             ),
             ("cache_ttl_ms", self.cache_ttl_ms.to_string()),
             ("cache_scope", self.cache_scope.clone()),
+            (
+                "api_key",
+                if fb.key.is_some() { "<set>" } else { "<unset>" }.to_owned(),
+            ),
+            ("api_url", fb.api_url.to_string()),
+            ("feedback_mode", fb.mode.to_string()),
+            ("feedback_enabled", fb.mode.is_enabled().to_string()),
+            (
+                "consent_timeout_ms",
+                fb.consent_timeout.as_millis().to_string(),
+            ),
+            ("include_tools", globs(&fb.include, "<all>")),
+            ("exclude_tools", globs(&fb.exclude, "<none>")),
+            (
+                "feedback_tools",
+                globs(&fb.feedback_tools, "<all included>"),
+            ),
+            (
+                "identity_headers",
+                fb.identity_headers
+                    .iter()
+                    .map(|(k, h)| format!("{}={}", k.key(), h))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            ("telemetry_queue", fb.telemetry_queue.to_string()),
+            (
+                "telemetry_shutdown",
+                humantime::format_duration(fb.telemetry_shutdown).to_string(),
+            ),
             ("log", self.log.clone()),
             (
                 "log_format",
@@ -532,7 +696,10 @@ impl Config {
         let mut out = String::new();
         for (key, value) in rows {
             let s = lookup(key);
-            let shown = if s.secret { "<redacted>".into() } else { value };
+            let shown = match (s.secret, value.as_str()) {
+                (true, "<unset>") | (false, _) => value,
+                (true, _) => "<set, redacted>".to_owned(),
+            };
             out.push_str(&format!("{key} = {shown:?}    # {}\n", s.env[0]));
         }
         out
@@ -543,6 +710,121 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.describe())
     }
+}
+
+fn patterns(key: &str, raw: Option<String>) -> Result<Option<ToolPatterns>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let text = split_list(&raw);
+    let mut builder = globset::GlobSetBuilder::new();
+    for p in &text {
+        // `*` stays within one `/` segment and `**` crosses them, as the reference binding's
+        // patterns do.
+        let glob = globset::GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .map_err(|_| invalid(key, p))?;
+        builder.add(glob);
+    }
+    let set = builder.build().map_err(|_| invalid(key, &raw))?;
+    Ok(Some(ToolPatterns { set, text }))
+}
+
+fn feedback_config(
+    get: &dyn Fn(&str) -> Option<String>,
+    required: &dyn Fn(&str) -> Result<String, ConfigError>,
+) -> Result<FeedbackConfig, ConfigError> {
+    let mode_raw = required("feedback_mode")?;
+    let mut mode: FeedbackMode = mode_raw
+        .trim()
+        .parse()
+        .map_err(|_| invalid("feedback_mode", &mode_raw))?;
+    let enabled_raw = required("feedback_enabled")?;
+    match enabled_raw.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => {}
+        "false" | "0" | "no" | "off" => mode = FeedbackMode::Off,
+        _ => return Err(invalid("feedback_enabled", &enabled_raw)),
+    }
+    let key =
+        match get("api_key") {
+            Some(raw) => match ProductKey::parse(raw.trim()) {
+                Ok(k) => Some(k),
+                Err(ProductKeyError::ReadKey) => return Err(ConfigError::Invalid {
+                    name: display_name(lookup("api_key")),
+                    value:
+                        "<redacted: a read key (af_read_…), which cannot sign or send telemetry>"
+                            .to_owned(),
+                    accepts: lookup("api_key").accepts,
+                }),
+                Err(_) => return Err(invalid("api_key", &raw)),
+            },
+            None => None,
+        };
+    if key.is_none() && mode.is_enabled() {
+        let s = lookup("api_key");
+        return Err(ConfigError::Missing {
+            name: format!(
+                "{} (or AGENT_FEEDBACK_MODE=off to run without feedback)",
+                display_name(s)
+            ),
+            accepts: s.accepts,
+        });
+    }
+    let url_raw = required("api_url")?;
+    let api_url = Url::parse(url_raw.trim()).map_err(|_| invalid("api_url", &url_raw))?;
+    let loopback = match api_url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    };
+    let scheme_ok = api_url.scheme() == "https" || (api_url.scheme() == "http" && loopback);
+    if !scheme_ok || api_url.query().is_some() {
+        return Err(invalid("api_url", &url_raw));
+    }
+    let timeout_raw = required("consent_timeout_ms")?;
+    let consent_timeout = timeout_raw
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .filter(|n| (1..=60_000).contains(n))
+        .map(Duration::from_millis)
+        .ok_or_else(|| invalid("consent_timeout_ms", &timeout_raw))?;
+    let mut identity_headers = Vec::new();
+    if let Some(raw) = get("identity_headers") {
+        for pair in split_list(&raw) {
+            let (kind, header) = pair
+                .split_once('=')
+                .ok_or_else(|| invalid("identity_headers", &pair))?;
+            let kind = RefKind::ALL
+                .into_iter()
+                .find(|k| k.key() == kind.trim())
+                .ok_or_else(|| invalid("identity_headers", &pair))?;
+            let header = http::HeaderName::from_bytes(header.trim().as_bytes())
+                .map_err(|_| invalid("identity_headers", &pair))?;
+            identity_headers.push((kind, header));
+        }
+    }
+    let queue_raw = required("telemetry_queue")?;
+    let telemetry_queue = queue_raw
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=1_000_000).contains(n))
+        .ok_or_else(|| invalid("telemetry_queue", &queue_raw))?;
+    let telemetry_shutdown =
+        parse_duration("telemetry_shutdown", &required("telemetry_shutdown")?)?;
+    Ok(FeedbackConfig {
+        mode,
+        key,
+        api_url,
+        consent_timeout,
+        include: patterns("include_tools", get("include_tools"))?,
+        exclude: patterns("exclude_tools", get("exclude_tools"))?,
+        feedback_tools: patterns("feedback_tools", get("feedback_tools"))?,
+        identity_headers,
+        telemetry_queue,
+        telemetry_shutdown,
+    })
 }
 
 fn read_file(path: &Path) -> Result<Figment, ConfigError> {
@@ -624,10 +906,13 @@ mod tests {
     }
 
     const UP: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp");
+    const OFF: (&str, &str) = ("AGENT_FEEDBACK_MODE", "off");
+    const KEY: &str =
+        "af_live_0123456789abcdef0123456789abcdef_conformance_secret_0123456789abcdef";
 
     #[test]
     fn defaults_apply() {
-        let c = Config::from_layers(env(&[UP]), &FlagValues::default()).unwrap();
+        let c = Config::from_layers(env(&[UP, OFF]), &FlagValues::default()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(c.path, "/mcp");
         assert_eq!(c.max_body_bytes, 4 * 1024 * 1024);
@@ -642,7 +927,7 @@ mod tests {
     #[test]
     fn non_loopback_listener_refuses_origins_and_skips_host_check() {
         let c = Config::from_layers(
-            env(&[UP, ("EPODE_SIDECAR_LISTEN", "0.0.0.0:9000")]),
+            env(&[UP, OFF, ("EPODE_SIDECAR_LISTEN", "0.0.0.0:9000")]),
             &FlagValues::default(),
         )
         .unwrap();
@@ -672,14 +957,14 @@ mod tests {
                 "exact origins",
             ),
         ] {
-            let err = Config::from_layers(env(&[UP, (name, value)]), &FlagValues::default())
+            let err = Config::from_layers(env(&[UP, OFF, (name, value)]), &FlagValues::default())
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(name), "{err}");
             assert!(err.contains(expect), "{err}");
         }
         let err = Config::from_layers(
-            env(&[("EPODE_SIDECAR_UPSTREAM", "https://x.example/mcp")]),
+            env(&[("EPODE_SIDECAR_UPSTREAM", "https://x.example/mcp"), OFF]),
             &FlagValues::default(),
         )
         .unwrap_err();
@@ -703,6 +988,7 @@ mod tests {
             env(&[
                 ("EPODE_SIDECAR_MAX_BODY_BYTES", "20"),
                 ("EPODE_SIDECAR_PATH", "/env"),
+                OFF,
             ]),
             &flags,
         )
@@ -734,11 +1020,101 @@ mod tests {
     #[test]
     fn missing_file_is_an_error() {
         let err = Config::from_layers(
-            env(&[UP, (CONFIG_FILE_ENV, "/nonexistent/epode.toml")]),
+            env(&[UP, OFF, (CONFIG_FILE_ENV, "/nonexistent/epode.toml")]),
             &FlagValues::default(),
         )
         .unwrap_err()
         .to_string();
         assert!(err.contains("/nonexistent/epode.toml"), "{err}");
+    }
+
+    #[test]
+    fn feedback_needs_a_key_unless_off() {
+        let err = Config::from_layers(env(&[UP]), &FlagValues::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("EPODE_API_KEY") && err.contains("AGENT_FEEDBACK_MODE=off"),
+            "{err}"
+        );
+        let c = Config::from_layers(
+            env(&[
+                UP,
+                ("AGENT_FEEDBACK_KEY", KEY),
+                ("AGENT_FEEDBACK_MODE", "ask_once"),
+            ]),
+            &FlagValues::default(),
+        )
+        .unwrap();
+        assert_eq!(c.feedback.mode, FeedbackMode::AskOnce);
+        assert!(c.feedback.key.is_some());
+        let c = Config::from_layers(
+            env(&[
+                UP,
+                ("EPODE_API_KEY", KEY),
+                ("AGENT_FEEDBACK_ENABLED", "false"),
+            ]),
+            &FlagValues::default(),
+        )
+        .unwrap();
+        assert_eq!(c.feedback.mode, FeedbackMode::Off);
+    }
+
+    #[test]
+    fn bad_keys_and_urls_are_refused_without_echoing_the_key() {
+        let secret = "af_live_0123456789abcdef0123456789abcdef_short";
+        let err = Config::from_layers(
+            env(&[UP, ("EPODE_API_KEY", secret)]),
+            &FlagValues::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("EPODE_API_KEY"), "{err}");
+        assert!(!err.contains("short"), "the key leaked: {err}");
+        for url in ["http://epode.example.com", "ftp://x", "not a url"] {
+            let err = Config::from_layers(
+                env(&[UP, ("EPODE_API_KEY", KEY), ("EPODE_API_URL", url)]),
+                &FlagValues::default(),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("EPODE_API_URL"), "{err}");
+        }
+        Config::from_layers(
+            env(&[
+                UP,
+                ("EPODE_API_KEY", KEY),
+                ("EPODE_API_URL", "http://127.0.0.1:9/"),
+            ]),
+            &FlagValues::default(),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn tool_selection() {
+        let c = Config::from_layers(
+            env(&[
+                UP,
+                ("EPODE_API_KEY", KEY),
+                ("EPODE_SIDECAR_INCLUDE_TOOLS", "browser_*,get_order"),
+                ("EPODE_SIDECAR_EXCLUDE_TOOLS", "browser_internal"),
+                ("EPODE_SIDECAR_FEEDBACK_TOOLS", "browser_close"),
+                (
+                    "EPODE_SIDECAR_IDENTITY_HEADERS",
+                    "accountRef=X-Auth-Request-User",
+                ),
+            ]),
+            &FlagValues::default(),
+        )
+        .unwrap();
+        let f = &c.feedback;
+        assert!(f.includes("browser_navigate") && !f.decorates("browser_navigate"));
+        assert!(f.includes("browser_close") && f.decorates("browser_close"));
+        assert!(!f.includes("browser_internal"));
+        assert!(!f.includes("admin_health"));
+        assert!(!f.includes("browser_a/b"), "* does not cross /");
+        assert!(f.includes("get_order"));
+        assert_eq!(f.identity_headers.len(), 1);
     }
 }

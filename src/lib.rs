@@ -5,6 +5,7 @@
 
 pub mod body;
 pub mod config;
+pub mod epode;
 pub mod error;
 pub mod feedback;
 pub mod frontdoor;

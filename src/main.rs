@@ -117,8 +117,16 @@ fn main() -> ExitCode {
         // One line on stdout, so scripts and tests started with port 0 learn the address.
         println!("epode-sidecar listening on {local}");
         tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, "epode-sidecar serving");
-        let sidecar = Arc::new(Sidecar::new(config));
-        server::serve(listener, sidecar, shutdown_signal()).await;
+        let sidecar = match Sidecar::new(config) {
+            Ok(s) => Arc::new(s),
+            Err(e) => {
+                eprintln!("epode-sidecar: cannot start: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        server::serve(listener, sidecar.clone(), shutdown_signal()).await;
+        // Queued telemetry is delivered within its own deadline before the process exits.
+        sidecar.shutdown().await;
         ExitCode::SUCCESS
     })
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::stream;
 use http::request::Parts;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Limited, StreamBody};
 use hyper::body::Incoming;
@@ -18,7 +18,9 @@ use serde_json::{json, Map, Value};
 
 use crate::body::{empty, full, Body, BoxError};
 use crate::config::Config;
+use crate::epode::telemetry::Counters;
 use crate::error::ProxyError;
+use crate::feedback::binding::FeedbackBinding;
 use crate::frontdoor;
 use crate::mcp::classify::{classify, ClientEra};
 use crate::mcp::headers as mcp_headers;
@@ -39,13 +41,51 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 pub struct Sidecar {
     pub config: Arc<Config>,
     pub upstream: Upstream,
+    pub feedback: Arc<FeedbackBinding>,
+}
+
+/// The parameters of a request the dispatch table looks into.
+#[derive(serde::Deserialize, Default)]
+struct Params {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<Value>,
+    #[serde(default)]
+    cursor: Option<Value>,
+    #[serde(default, rename = "protocolVersion")]
+    protocol_version: Option<Value>,
 }
 
 impl Sidecar {
-    pub fn new(config: Arc<Config>) -> Self {
+    /// Builds the sidecar; with feedback on, this starts the telemetry task, so it must run
+    /// inside the runtime.
+    pub fn new(config: Arc<Config>) -> Result<Self, String> {
         let http = HttpUpstream::new(config.upstream.clone(), config.upstream_timeout);
         let upstream = Upstream::new(http, config.upstream_protocol);
-        Sidecar { config, upstream }
+        let feedback = FeedbackBinding::new(config.feedback.clone())?;
+        Ok(Sidecar {
+            config,
+            upstream,
+            feedback,
+        })
+    }
+
+    /// Flushes queued telemetry within the configured deadline; returns the events lost.
+    pub async fn shutdown(&self) -> u64 {
+        match self.feedback.telemetry() {
+            Some(t) => {
+                let lost = t.shutdown(self.config.feedback.telemetry_shutdown).await;
+                let c = &t.counters;
+                tracing::info!(
+                    delivered = Counters::get(&c.delivered),
+                    lost,
+                    "telemetry flushed"
+                );
+                lost
+            }
+            None => 0,
+        }
     }
 
     /// Routes one request: the MCP path, health, readiness, or 404.
@@ -59,11 +99,70 @@ impl Sidecar {
                 json_response(StatusCode::OK, r#"{"status":"ok"}"#)
             }
             (&Method::GET | &Method::HEAD, "/readyz") => self.readyz().await,
+            (&Method::GET, "/metrics") => self.metrics(),
             _ => json_response(
                 StatusCode::NOT_FOUND,
                 r#"{"error":"not found: MCP clients post to the configured path"}"#,
             ),
         }
+    }
+
+    /// Counters in the Prometheus text format.
+    fn metrics(&self) -> Response<Body> {
+        let mut out = String::new();
+        if let Some(t) = self.feedback.telemetry() {
+            let c = &t.counters;
+            let rows: [(&str, &str, u64); 5] = [
+                (
+                    "epode_sidecar_telemetry_enqueued_total",
+                    "counter",
+                    Counters::get(&c.enqueued),
+                ),
+                (
+                    "epode_sidecar_telemetry_delivered_total",
+                    "counter",
+                    Counters::get(&c.delivered),
+                ),
+                (
+                    "epode_sidecar_telemetry_retries_total",
+                    "counter",
+                    Counters::get(&c.retried),
+                ),
+                (
+                    "epode_sidecar_telemetry_queue_depth",
+                    "gauge",
+                    t.depth() as u64,
+                ),
+                (
+                    "epode_sidecar_telemetry_deliveries_in_flight",
+                    "gauge",
+                    Counters::get(&c.deliveries_in_flight),
+                ),
+            ];
+            for (name, kind, v) in rows {
+                out.push_str(&format!("# TYPE {name} {kind}\n{name} {v}\n"));
+            }
+            out.push_str("# TYPE epode_sidecar_telemetry_dropped_total counter\n");
+            for (reason, v) in [
+                ("queue_full", &c.dropped_queue_full),
+                ("invalid", &c.dropped_invalid),
+                ("epode_dropped", &c.dropped_by_epode),
+                ("rejected", &c.dropped_rejected),
+                ("retries_exhausted", &c.dropped_retries_exhausted),
+                ("shutdown", &c.dropped_at_shutdown),
+            ] {
+                out.push_str(&format!(
+                    "epode_sidecar_telemetry_dropped_total{{reason=\"{reason}\"}} {}\n",
+                    Counters::get(v)
+                ));
+            }
+        }
+        let mut resp = Response::new(full(out));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        );
+        resp
     }
 
     async fn readyz(&self) -> Response<Body> {
@@ -146,38 +245,146 @@ impl Sidecar {
     ) -> Result<Response<Body>, Early> {
         let method = env.method.as_deref().unwrap_or_default();
         let client = &parts.headers;
-        match era {
-            ClientEra::Modern { .. } => {
-                if version::REMOVED_IN_MODERN.contains(&method) {
-                    return Err(ProxyError::MethodNotFound(method.to_owned()).into());
-                }
-                if method == "server/discover" {
-                    let discovery = self.upstream.discover(client, Some(bytes.clone())).await?;
-                    let mut msg = raw_message(&result_message(id, discovery.result));
-                    self.plan(method, true, None).apply(&mut msg);
+        let modern_client = era.is_modern();
+        let params: Params = env
+            .params
+            .and_then(|p| serde_json::from_str(p.get()).ok())
+            .unwrap_or_default();
+        if modern_client && version::REMOVED_IN_MODERN.contains(&method) {
+            return Err(ProxyError::MethodNotFound(method.to_owned()).into());
+        }
+        match method {
+            "server/discover" if modern_client => {
+                let discovery = self.upstream.discover(client, Some(bytes.clone())).await?;
+                let result = self.with_feedback_instructions(discovery.result);
+                let mut msg = raw_message(&result_message(id, result));
+                self.plan(method, true).apply(&mut msg);
+                return Ok(json_bytes(rewrite::to_bytes(&msg)));
+            }
+            "initialize" if !modern_client => {
+                let discovery = self.upstream.discover(client, None).await?;
+                let discover = self.with_feedback_instructions(discovery.result);
+                let result = self.initialize_result(&discover, params.protocol_version.as_ref());
+                return Ok(json_message(&result_message(id, result)));
+            }
+            "ping" if !modern_client && self.upstream.era(client).await? == Era::Modern => {
+                return Ok(json_message(&result_message(id, json!({}))));
+            }
+            "subscriptions/listen" if self.upstream.era(client).await? == Era::Legacy => {
+                return Ok(local_listen(id));
+            }
+            "tools/call" => {
+                let name = params.name.unwrap_or_default();
+                if self.feedback.is_local_tool(&name) {
+                    let args = params.arguments.unwrap_or_else(|| json!({}));
+                    let result = self.feedback.call_local(&name, &args).await;
+                    let mut msg = raw_message(&result_message(id, result));
+                    self.plan(method, modern_client).apply(&mut msg);
                     return Ok(json_bytes(rewrite::to_bytes(&msg)));
                 }
-                if method == "subscriptions/listen"
-                    && self.upstream.era(client).await? == Era::Legacy
-                {
-                    return Ok(local_listen(id));
+                if self.feedback.needs_schema(&name) {
+                    self.learn_tools(client).await;
                 }
-                self.forward(parts, bytes, method, true).await
+                let mut plan = self.plan(method, modern_client);
+                plan.hook = Some(
+                    self.feedback
+                        .call_hook(&name, self.feedback.header_refs(client)),
+                );
+                return self.forward(parts, bytes, method, plan).await;
             }
-            ClientEra::Legacy { .. } => {
-                if method == "initialize" {
-                    let discovery = self.upstream.discover(client, None).await?;
-                    let requested = env
-                        .params
-                        .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
-                        .and_then(|p| p.get("protocolVersion").cloned());
-                    let result = self.initialize_result(&discovery.result, requested.as_ref());
-                    return Ok(json_message(&result_message(id, result)));
+            "tools/list" => {
+                let mut plan = self.plan(method, modern_client);
+                if self.feedback.enabled() {
+                    plan.hook = Some(self.feedback.list_hook(params.cursor.is_none()));
                 }
-                if method == "ping" && self.upstream.era(client).await? == Era::Modern {
-                    return Ok(json_message(&result_message(id, json!({}))));
+                return self.forward(parts, bytes, method, plan).await;
+            }
+            _ => {}
+        }
+        let plan = self.plan(method, modern_client);
+        self.forward(parts, bytes, method, plan).await
+    }
+
+    /// The discovery with the feedback rule near the start of its instructions, and the
+    /// `tools` capability the feedback tools need.
+    fn with_feedback_instructions(&self, mut discover: Value) -> Value {
+        if !self.feedback.enabled() {
+            return discover;
+        }
+        let upstream = discover
+            .get("instructions")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        if let (Some(obj), Some(text)) = (
+            discover.as_object_mut(),
+            self.feedback.instructions(upstream.as_deref()),
+        ) {
+            obj.insert("instructions".into(), Value::from(text));
+            let caps = obj.entry("capabilities").or_insert_with(|| json!({}));
+            if let Some(caps) = caps.as_object_mut() {
+                caps.entry("tools").or_insert_with(|| json!({}));
+            }
+        }
+        discover
+    }
+
+    /// Lists the upstream's tools (every page, with the calling request's credentials) so the
+    /// catalog knows which declare an `outputSchema`. Failures leave the catalog as it was.
+    async fn learn_tools(&self, client: &HeaderMap) {
+        let Ok(era) = self.upstream.era(client).await else {
+            return;
+        };
+        let mut cursor: Option<Value> = None;
+        for page in 0..20 {
+            let mut params = json!({});
+            if let Some(c) = cursor.take() {
+                params["cursor"] = c;
+            }
+            let sent = match era {
+                Era::Modern => {
+                    let mut p = params.clone();
+                    p["_meta"] = json!({
+                        version::META_PROTOCOL_VERSION: MODERN,
+                        version::META_CLIENT_CAPABILITIES: {},
+                    });
+                    let body = json!({"jsonrpc": "2.0", "id": format!("epode-sidecar-tools-{page}"), "method": "tools/list", "params": p});
+                    let mut headers = self.upstream.base_headers(client);
+                    set_modern_headers(&mut headers, "tools/list", None);
+                    self.upstream
+                        .send_modern(headers, Bytes::from(body.to_string()), None)
+                        .await
+                        .map_err(Early::from)
                 }
-                self.forward(parts, bytes, method, false).await
+                Era::Legacy => {
+                    let body = json!({"jsonrpc": "2.0", "id": format!("epode-sidecar-tools-{page}"), "method": "tools/list", "params": params});
+                    self.upstream
+                        .send_legacy(client, Bytes::from(body.to_string()))
+                        .await
+                        .map(|(r, _)| r)
+                }
+            };
+            let Ok(resp) = sent else { return };
+            let Ok(answer) = upstream::read_answer(resp, self.upstream.http.timeout()).await else {
+                return;
+            };
+            let Some(result) = answer.result() else {
+                return;
+            };
+            let tools = result
+                .get("tools")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten();
+            self.feedback.catalog.learn(
+                page == 0,
+                tools.filter_map(|t| {
+                    let name = t.get("name")?.as_str()?.to_owned();
+                    Some((name, t.get("outputSchema").is_some()))
+                }),
+            );
+            match result.get("nextCursor") {
+                Some(c) if !c.is_null() => cursor = Some(c.clone()),
+                _ => return,
             }
         }
     }
@@ -190,10 +397,11 @@ impl Sidecar {
         parts: &Parts,
         bytes: &Bytes,
         method: &str,
-        modern_client: bool,
+        mut plan: ResultPlan,
     ) -> Result<Response<Body>, Early> {
         let client = &parts.headers;
         let query = parts.uri.query();
+        let modern_client = plan.modern_client;
         for attempt in 0..2 {
             let era = self.upstream.era(client).await?;
             let sent = match (era, modern_client) {
@@ -236,7 +444,10 @@ impl Sidecar {
                     self.upstream.forget();
                     continue;
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    plan.failed();
+                    return Err(e);
+                }
                 Ok(ok) => ok,
             };
             if era == Era::Modern && resp.status() == StatusCode::BAD_REQUEST {
@@ -246,15 +457,19 @@ impl Sidecar {
                     self.upstream.forget();
                     continue;
                 }
+                plan.failed();
                 return Ok(answer.into_response());
             }
             if method == "subscriptions/listen" {
                 return Ok(stream_back(resp));
             }
+            if modern_client && !plan.force_server_info && info.is_some() {
+                plan.server_info = info;
+            }
             let fix_status = modern_client && era == Era::Legacy;
-            let plan = self.plan(method, modern_client, info);
             return Ok(self.finish(resp, plan, fix_status).await);
         }
+        plan.failed();
         Err(Early::Error(ProxyError::UpstreamFailed(
             "the upstream changed protocol era twice in one request".to_owned(),
         )))
@@ -279,10 +494,10 @@ impl Sidecar {
         (Some(info), true)
     }
 
-    fn plan(&self, method: &str, modern_client: bool, upstream_info: Option<Value>) -> ResultPlan {
+    fn plan(&self, method: &str, modern_client: bool) -> ResultPlan {
         let mut plan = ResultPlan::new(method, modern_client);
         if modern_client {
-            let (info, force) = self.server_info(upstream_info);
+            let (info, force) = self.server_info(None);
             plan.server_info = info;
             plan.force_server_info = force;
             if version::is_cacheable(method) {
@@ -337,6 +552,9 @@ impl Sidecar {
         let (mut parts, mut body) = resp.into_parts();
         parts.headers.remove(mcp_headers::SESSION_ID);
         if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
+            if !parts.status.is_success() {
+                plan.failed();
+            }
             return Response::from_parts(parts, body.map_err(Into::into).boxed_unsync());
         }
         if is_event_stream(&parts.headers) {
@@ -363,8 +581,9 @@ impl Sidecar {
                         read = bytes;
                     }
                     Err(e) => {
+                        plan.failed();
                         return ProxyError::UpstreamFailed(format!("reading the answer: {e}"))
-                            .into_response(None)
+                            .into_response(None);
                     }
                 }
             }
@@ -378,14 +597,18 @@ impl Sidecar {
             Ok(Ok(c)) => c.to_bytes(),
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "reading the upstream's answer failed");
+                plan.failed();
                 return ProxyError::UpstreamFailed(format!("reading the answer: {e}"))
                     .into_response(None);
             }
-            Err(_) => return ProxyError::UpstreamTimeout(timeout).into_response(None),
+            Err(_) => {
+                plan.failed();
+                return ProxyError::UpstreamTimeout(timeout).into_response(None);
+            }
         };
         parts.headers.remove(header::CONTENT_LENGTH);
         let out = match rewrite::parse_message(&bytes) {
-            Some(mut msg) if rewrite::is_response(&msg) => {
+            Some(mut msg) if rewrite::is_response(&msg) || msg.contains_key("method") => {
                 if let Some(status) = modern_status(fix_status, &msg) {
                     parts.status = status;
                 }

@@ -4,6 +4,8 @@ use std::process::Command;
 
 use epode_sidecar::config::SETTINGS;
 
+const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_conformance_secret_0123456789abcdef";
+
 fn sidecar(env: &[(&str, &str)], args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
         .env_clear()
@@ -24,6 +26,7 @@ fn check_config_prints_the_effective_configuration() {
         &[
             ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp"),
             ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "2m"),
+            ("EPODE_API_KEY", KEY),
         ],
         &["--check-config", "--listen", "127.0.0.1:9999"],
     );
@@ -35,6 +38,8 @@ fn check_config_prints_the_effective_configuration() {
     );
     assert!(out.contains("upstream_timeout = \"2m\""), "{out}");
     assert!(out.contains("max_body_bytes = \"4194304\""), "{out}");
+    assert!(out.contains("api_key = \"<set, redacted>\""), "{out}");
+    assert!(!out.contains("conformance_secret"), "the key leaked: {out}");
 }
 
 #[test]
@@ -43,6 +48,7 @@ fn bad_configuration_exits_non_zero_naming_the_setting() {
         &[
             ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp"),
             ("EPODE_SIDECAR_SHUTDOWN_GRACE", "forever"),
+            ("AGENT_FEEDBACK_MODE", "off"),
         ],
         &["--check-config"],
     );
@@ -67,7 +73,10 @@ fn config_file_is_read() {
         "upstream = \"http://127.0.0.1:7000/mcp\"\nallowed_hosts = [\"mcp.internal\"]\n",
     )
     .unwrap();
-    let (code, out, err) = sidecar(&[], &["--check-config", "--config", file.to_str().unwrap()]);
+    let (code, out, err) = sidecar(
+        &[("AGENT_FEEDBACK_MODE", "off")],
+        &["--check-config", "--config", file.to_str().unwrap()],
+    );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("http://127.0.0.1:7000/mcp"), "{out}");
     assert!(out.contains("allowed_hosts = \"mcp.internal\""), "{out}");

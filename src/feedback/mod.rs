@@ -14,7 +14,10 @@
 //! `sdk/node/src/{core,mcp}.ts`) word for word, so an agent meets the same contract whether a
 //! product uses the Node SDK or this sidecar.
 
+pub mod binding;
 pub mod capability;
+pub mod catalog;
+pub mod consent;
 pub mod envelope;
 pub mod identity;
 pub mod tools;

@@ -12,8 +12,17 @@ use super::version::META_SERVER_INFO;
 /// A JSON object whose values are left as raw JSON text until someone opens them.
 pub type RawMap = IndexMap<String, Box<RawValue>>;
 
-/// A hook that may change a result further (the feedback decoration); returns whether it did.
-pub type ResultHook = Box<dyn FnMut(&mut RawMap) -> bool + Send>;
+/// What a request's response passes through besides the era rewrite: the feedback binding's
+/// decoration and telemetry. Exactly one of `result` or `failed` is called for a request
+/// that completes; neither for one the client abandons.
+pub trait ResultHook: Send {
+    /// The complete result (before the era rewrite); returns whether it changed it.
+    fn result(&mut self, result: &mut RawMap) -> bool;
+    /// The request failed: a JSON-RPC error, an upstream error status, or no answer.
+    fn failed(&mut self) {}
+    /// A notification seen on the response stream (`notifications/tools/list_changed`, …).
+    fn notification(&mut self, _method: &str) {}
+}
 
 /// Raw JSON for a value the sidecar made.
 pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
@@ -84,7 +93,7 @@ pub struct ResultPlan {
     pub cache: Option<(u64, String)>,
     /// Sort `tools` by name so the list is the same on every call.
     pub sort_tools: bool,
-    pub hook: Option<ResultHook>,
+    pub hook: Option<Box<dyn ResultHook>>,
 }
 
 impl ResultPlan {
@@ -100,9 +109,26 @@ impl ResultPlan {
         }
     }
 
-    /// Applies the plan to one JSON-RPC response message; returns whether anything changed.
+    /// The request failed before or without a result.
+    pub fn failed(&mut self) {
+        if let Some(hook) = self.hook.as_mut() {
+            hook.failed();
+        }
+    }
+
+    /// Applies the plan to one JSON-RPC message of the response (notifications are only
+    /// observed); returns whether anything changed.
     pub fn apply(&mut self, msg: &mut RawMap) -> bool {
+        if let Some(method) = msg.get("method").and_then(|m| as_str(m)) {
+            if let Some(hook) = self.hook.as_mut() {
+                hook.notification(&method);
+            }
+            return false;
+        }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
+            if msg.contains_key("error") {
+                self.failed();
+            }
             return false;
         };
         let mut changed = false;
@@ -110,7 +136,7 @@ impl ResultPlan {
             changed |= sort_tools(&mut result);
         }
         if let Some(hook) = self.hook.as_mut() {
-            changed |= hook(&mut result);
+            changed |= hook.result(&mut result);
         }
         if self.modern_client {
             changed |= self.to_modern(&mut result);

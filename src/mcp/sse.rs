@@ -169,7 +169,7 @@ where
     }
 }
 
-/// Streams `upstream` through, applying `rewrite` to each JSON-RPC response event. `rewrite`
+/// Streams `upstream` through, applying `rewrite` to each JSON-RPC message event. `rewrite`
 /// returns whether it changed the message; an unchanged event is forwarded byte for byte.
 pub fn rewrite_stream<B, F>(upstream: B, rewrite: F) -> Body
 where
@@ -231,7 +231,7 @@ where
 fn transform<F: FnMut(&mut RawMap) -> bool>(block: &Bytes, f: &mut F) -> Option<Bytes> {
     let data = event_data(block)?;
     let mut msg = rewrite::parse_message(data.as_bytes())?;
-    if !rewrite::is_response(&msg) || !f(&mut msg) {
+    if !f(&mut msg) {
         return None;
     }
     let out = rewrite::to_bytes(&msg);

@@ -40,6 +40,7 @@ import anyio
 import uvicorn
 from pydantic import BaseModel
 
+import mcp.types as types
 from mcp.server.mcpserver import Context, MCPServer
 
 mcp = MCPServer(name="py-peer", version="0.0.1")
@@ -70,6 +71,29 @@ async def slow(ctx: Context, steps: int = 3) -> str:
         await anyio.sleep(0.1)
         await ctx.report_progress(i, steps)
     return f"done {steps}"
+
+
+def add_identity_tools() -> None:
+    """Tools whose results carry the product's private identity for the sidecar
+    (`_meta["ai.epode/identity"]`), which the sidecar must remove before the client sees it.
+    `account` takes the customer as an argument, so tests can act as several customers."""
+    @mcp.tool()
+    def account(customer: str, fail: bool = False) -> types.CallToolResult:
+        """Look up the caller's account (identity travels in _meta for the sidecar)."""
+        return types.CallToolResult(
+            content=[types.TextContent(type="text", text=f"account of {customer}")],
+            is_error=fail,
+            meta={
+                "ai.epode/identity": {
+                    "accountRef": customer,
+                    "customerRef": customer,
+                    "userRef": "user_1",
+                    "sessionRef": "journey:1",
+                    "runtimeHint": "py-peer 0.0.1",
+                },
+                "vendor.example/keep": "kept",
+            },
+        )
 
 
 class RequireBearer:
@@ -125,7 +149,10 @@ def main() -> None:
     p.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0 = pick a free one)")
     p.add_argument("--json", action="store_true", help="json_response=True (never SSE)")
     p.add_argument("--require-token", metavar="TOKEN", help="require Authorization: Bearer TOKEN")
+    p.add_argument("--identity", action="store_true", help="also serve the `account` tool, whose result carries _meta identity")
     args = p.parse_args()
+    if args.identity:
+        add_identity_tools()
 
     app = mcp.streamable_http_app(
         stateless_http=True,

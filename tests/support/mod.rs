@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod fake_epode;
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -169,6 +171,13 @@ impl Sidecar {
             .env("EPODE_SIDECAR_LISTEN", "127.0.0.1:0")
             .env("EPODE_SIDECAR_UPSTREAM", upstream_url)
             .env("EPODE_SIDECAR_LOG", "debug");
+        // Feedback is off unless the test configures it (a transparent proxy by default).
+        if !env
+            .iter()
+            .any(|(k, _)| *k == "EPODE_API_KEY" || *k == "AGENT_FEEDBACK_MODE")
+        {
+            cmd.env("AGENT_FEEDBACK_MODE", "off");
+        }
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -402,4 +411,49 @@ pub fn last_message(content_type: &str, body: &str) -> Value {
 
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
+}
+
+/// One operation with the official TypeScript client (`tests/peers/ts_call.mjs`): `list`, or
+/// `call` of `tool` with `args`. Extras are HTTP headers (`K: V`).
+pub fn ts_call(url: &str, mode: &str, tool: Option<(&str, &Value)>, headers: &[&str]) -> Value {
+    let script = peers_dir().join("ts/ts_call.mjs");
+    let mut cmd = Command::new("node");
+    cmd.arg(script).arg(url).arg(mode);
+    match tool {
+        Some((name, args)) => {
+            cmd.arg("call").arg(name).arg(args.to_string());
+        }
+        None => {
+            cmd.arg("list");
+        }
+    }
+    for h in headers {
+        cmd.args(["--header", h]);
+    }
+    let out = cmd.output().expect("run ts_call");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "ts_call printed no JSON (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// A sidecar with feedback on, in front of `upstream`, talking to `epode`.
+pub fn feedback_sidecar(
+    upstream: &str,
+    epode: &fake_epode::FakeEpode,
+    mode: &str,
+    extra: &[(&str, &str)],
+) -> Sidecar {
+    let url = epode.url();
+    let mut env: Vec<(&str, &str)> = vec![
+        ("EPODE_API_KEY", epode.product_key()),
+        ("EPODE_API_URL", url.as_str()),
+        ("AGENT_FEEDBACK_MODE", mode),
+    ];
+    env.extend_from_slice(extra);
+    Sidecar::start(upstream, &env)
 }

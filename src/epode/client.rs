@@ -1,0 +1,124 @@
+//! The Epode API client. Agent-side calls carry the feedback handle as Bearer; product calls
+//! (telemetry, consent state) carry the product key. Neither ever reaches a log.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{HeaderMap, AUTHORIZATION, CONTENT_TYPE};
+use serde_json::Value;
+use url::Url;
+
+use crate::feedback::capability::ProductKey;
+
+/// A call that produced no HTTP answer: the network failed or the deadline passed.
+#[derive(Debug, thiserror::Error)]
+pub enum EpodeError {
+    #[error("Epode did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("Epode could not be reached: {0}")]
+    Network(String),
+}
+
+/// An HTTP answer from Epode.
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+}
+
+pub struct EpodeClient {
+    http: reqwest::Client,
+    base: Url,
+    key: ProductKey,
+}
+
+impl EpodeClient {
+    pub fn new(base: Url, key: ProductKey) -> Self {
+        let http = reqwest::Client::builder()
+            .user_agent(concat!("epode-sidecar/", env!("CARGO_PKG_VERSION")))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .unwrap_or_default();
+        EpodeClient { http, base, key }
+    }
+
+    pub fn key(&self) -> &ProductKey {
+        &self.key
+    }
+
+    /// `<base>/api/v2/…`
+    pub fn url(&self, path: &str) -> String {
+        let base = self.base.as_str().trim_end_matches('/');
+        format!("{base}{path}")
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        bearer: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        let req = self
+            .http
+            .post(self.url(path))
+            .header(AUTHORIZATION, format!("Bearer {bearer}"))
+            .header(CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .timeout(timeout);
+        let resp = req.send().await.map_err(|e| classify(&e, timeout))?;
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let body = resp.bytes().await.map_err(|e| classify(&e, timeout))?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// An agent-side call authorised by a feedback handle.
+    pub async fn post_with_handle(
+        &self,
+        path: &str,
+        handle: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        self.post(path, handle, body, timeout).await
+    }
+
+    /// A product call authorised by the product key.
+    pub async fn post_with_key(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        self.post(path, self.key.expose_secret(), body, timeout)
+            .await
+    }
+}
+
+fn classify(e: &reqwest::Error, timeout: Duration) -> EpodeError {
+    if e.is_timeout() {
+        EpodeError::Timeout(timeout)
+    } else {
+        // Only the kind of failure: reqwest's text can carry the URL, never a credential.
+        let kind = if e.is_connect() {
+            "connection failed"
+        } else if e.is_body() || e.is_decode() {
+            "the answer broke off"
+        } else {
+            "request failed"
+        };
+        EpodeError::Network(kind.to_owned())
+    }
+}

@@ -1,0 +1,508 @@
+//! The Epode feedback binding, black-box: a real Python upstream (`mcp==2.3.0`), the strict
+//! fake Epode, and the official TypeScript client through the sidecar, in every mode.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::fake_epode::{Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY, FAULT_SECRET};
+use support::*;
+
+struct Rig {
+    _up: Upstream,
+    epode: FakeEpode,
+    sc: Sidecar,
+}
+
+fn rig(mode: &str, extra: &[(&str, &str)]) -> Rig {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--identity"]);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, mode));
+    let sc = feedback_sidecar(&up.url(), &epode, mode, extra);
+    Rig { _up: up, epode, sc }
+}
+
+fn call(rig: &Rig, mode: &str, tool: &str, args: Value) -> Value {
+    let out = ts_call(&rig.sc.url(), mode, Some((tool, &args)), &[]);
+    assert!(out.get("error").is_none(), "{tool}: {out}");
+    out["result"].clone()
+}
+
+/// `_agentFeedback` wherever the placement rules put it.
+fn agent_feedback(result: &Value) -> Option<Value> {
+    if let Some(f) = result["structuredContent"].get("_agentFeedback") {
+        return Some(f.clone());
+    }
+    result["content"].as_array()?.iter().find_map(|b| {
+        let text = b["text"].as_str()?;
+        let v: Value = serde_json::from_str(text).ok()?;
+        v.get("_agentFeedback").cloned()
+    })
+}
+
+fn text_of(result: &Value) -> String {
+    result["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter_map(|b| b["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+fn report_args(handle: &str, summary: &str) -> Value {
+    json!({"feedbackHandle": handle, "summary": summary, "impact": "helped",
+           "findings": [{"kind": "strength", "topic": "adding", "detail": "fast and exact"}]})
+}
+
+#[test]
+fn never_ask_lists_decorates_and_reports() {
+    let r = rig("never_ask", &[]);
+    let list = ts_call(&r.sc.url(), "pin", None, &[]);
+    let names: Vec<&str> = list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "account",
+            "add",
+            "echo",
+            "slow",
+            "record_product_feedback_consent",
+            "report_product_feedback"
+        ],
+        "feedback tools come once, at the end"
+    );
+    let tools = list["tools"].as_array().unwrap();
+    for t in &tools[4..] {
+        assert_eq!(t["inputSchema"]["additionalProperties"], false, "{t}");
+        assert!(
+            t["title"].is_string() && t["description"].is_string(),
+            "{t}"
+        );
+        assert_eq!(t["annotations"]["idempotentHint"], true, "{t}");
+    }
+    let report = &tools[5]["inputSchema"];
+    assert_eq!(
+        report["properties"]["summary"]["maxLength"], 700,
+        "{report}"
+    );
+    assert_eq!(report["properties"]["findings"]["maxItems"], 8, "{report}");
+    let instructions = list["instructions"].as_str().unwrap_or_default();
+    assert!(
+        instructions.starts_with("After each selected product tool call"),
+        "{instructions}"
+    );
+
+    // A schema-less tool: the action sits in structuredContent, then a plain restatement.
+    let echo = call(&r, "pin", "echo", json!({"text": "hi"}));
+    let fb = echo["structuredContent"]["_agentFeedback"].clone();
+    assert_eq!(fb["state"], "feedback_ready", "{echo}");
+    assert_eq!(fb["mode"], "never_ask");
+    assert_eq!(fb["reportTool"], "report_product_feedback");
+    assert!(
+        fb.get("consentTool").is_none() && fb.get("question").is_none(),
+        "{fb}"
+    );
+    let handle = fb["feedbackHandle"].as_str().unwrap().to_owned();
+    assert!(handle.starts_with("afr2_"));
+    let claims = r
+        .epode
+        .verify(&handle)
+        .expect("the fake Epode accepts the sidecar's handle");
+    let last = echo["content"].as_array().unwrap().last().unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        last.contains(&format!(
+            "Call report_product_feedback with feedbackHandle {handle}"
+        )),
+        "{last}"
+    );
+
+    // A tool with outputSchema: structuredContent untouched, the action in a JSON text block.
+    let add = call(&r, "pin", "add", json!({"a": 2, "b": 3}));
+    assert_eq!(add["structuredContent"], json!({"sum": 5, "a": 2, "b": 3}));
+    let fb_add = agent_feedback(&add).expect("a standalone _agentFeedback block");
+    assert_eq!(fb_add["state"], "feedback_ready");
+    assert_ne!(
+        fb_add["feedbackHandle"], fb["feedbackHandle"],
+        "a fresh handle per call"
+    );
+
+    // The report is accepted; a duplicate returns the first.
+    let ok = call(
+        &r,
+        "pin",
+        "report_product_feedback",
+        report_args(&handle, "Echo answered exactly as asked."),
+    );
+    assert_eq!(ok["structuredContent"]["accepted"], true, "{ok}");
+    assert_ne!(ok["isError"], true);
+    let again = call(
+        &r,
+        "pin",
+        "report_product_feedback",
+        report_args(&handle, "A different second summary."),
+    );
+    assert_eq!(
+        again["structuredContent"]["report"]["id"],
+        ok["structuredContent"]["report"]["id"]
+    );
+    assert_eq!(
+        again["structuredContent"]["report"]["summary"],
+        "Echo answered exactly as asked."
+    );
+    let stored = r.epode.reports();
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0]["interactionId"], claims.i.to_string().as_str());
+    // Only the report fields went to Epode.
+    let sent = &r.epode.requests(Endpoint::Reports)[0].body;
+    assert!(sent.get("feedbackHandle").is_none(), "{sent}");
+
+    // A 2025-era client gets the same decoration.
+    let legacy = call(&r, "legacy", "echo", json!({"text": "hi"}));
+    assert_eq!(
+        legacy["structuredContent"]["_agentFeedback"]["state"],
+        "feedback_ready"
+    );
+}
+
+#[test]
+fn ask_always_asks_then_reports_only_after_approval() {
+    let r = rig("ask_always", &[]);
+    let first = call(&r, "pin", "echo", json!({"text": "hi"}));
+    let fb = agent_feedback(&first).unwrap();
+    assert_eq!(fb["state"], "consent_required", "{fb}");
+    assert_eq!(fb["mode"], "ask_always");
+    assert_eq!(fb["consentTool"], "record_product_feedback_consent");
+    assert!(fb["question"].as_str().unwrap().contains("about this use"));
+    assert!(
+        fb.get("reportTool").is_none(),
+        "no report action before consent: {fb}"
+    );
+    let handle = fb["feedbackHandle"].as_str().unwrap();
+
+    let approved = call(
+        &r,
+        "pin",
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": handle, "decision": "approved"}),
+    );
+    assert!(
+        text_of(&approved).starts_with("Permission approved."),
+        "{approved}"
+    );
+    assert_eq!(approved["structuredContent"]["feedbackHandle"], handle);
+    assert_eq!(
+        approved["structuredContent"]["reportTool"],
+        "report_product_feedback"
+    );
+    assert_eq!(
+        r.epode.requests(Endpoint::ConsentDecisions)[0].body,
+        json!({"decision": "approved"})
+    );
+    let ok = call(
+        &r,
+        "pin",
+        "report_product_feedback",
+        report_args(handle, "Echo answered exactly as asked."),
+    );
+    assert_eq!(ok["structuredContent"]["accepted"], true, "{ok}");
+
+    // Refusal: no action, and a report with that handle is refused.
+    let second = call(&r, "pin", "echo", json!({"text": "again"}));
+    let h2 = agent_feedback(&second).unwrap()["feedbackHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let declined = call(
+        &r,
+        "pin",
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": h2, "decision": "declined"}),
+    );
+    assert_eq!(
+        text_of(&declined),
+        "Permission declined. Do not submit product feedback."
+    );
+    assert!(declined["structuredContent"].get("reportTool").is_none());
+    let refused = call(
+        &r,
+        "pin",
+        "report_product_feedback",
+        report_args(&h2, "Should never be stored."),
+    );
+    assert_eq!(refused["isError"], true);
+    assert_eq!(
+        refused["structuredContent"],
+        json!({"accepted": false, "retryable": false})
+    );
+    assert_eq!(r.epode.reports().len(), 1);
+}
+
+#[test]
+fn ask_once_remembers_the_customer() {
+    let r = rig("ask_once", &[]);
+    // First use by a customer: the ask-once question.
+    let first = call(&r, "pin", "account", json!({"customer": "cust_1"}));
+    let fb = agent_feedback(&first).unwrap();
+    assert_eq!(fb["state"], "consent_required", "{fb}");
+    assert_eq!(fb["mode"], "ask_once");
+    assert!(fb["question"]
+        .as_str()
+        .unwrap()
+        .contains("future uses without asking again"));
+    let handle = fb["feedbackHandle"].as_str().unwrap();
+    let claims = r.epode.verify(handle).unwrap();
+    assert_eq!(
+        claims.s.as_deref(),
+        r.epode.subject_for("cust_1").as_deref()
+    );
+    assert_eq!(claims.r, Some(0));
+    call(
+        &r,
+        "pin",
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": handle, "decision": "approved"}),
+    );
+    // A new call by the same customer: ready, without asking.
+    let next = call(&r, "pin", "account", json!({"customer": "cust_1"}));
+    let fb = agent_feedback(&next).unwrap();
+    assert_eq!(fb["state"], "feedback_ready", "{fb}");
+    assert_eq!(fb["configuredMode"], "ask_once");
+    assert_eq!(fb["manageConsent"]["current"], "approved");
+    let h = fb["feedbackHandle"].as_str().unwrap();
+    let ok = call(
+        &r,
+        "pin",
+        "report_product_feedback",
+        report_args(h, "Account lookup was instant."),
+    );
+    assert_eq!(ok["structuredContent"]["accepted"], true, "{ok}");
+
+    // Another customer declines: later calls are feedback_disabled.
+    let other = call(&r, "pin", "account", json!({"customer": "cust_2"}));
+    let h2 = agent_feedback(&other).unwrap()["feedbackHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    call(
+        &r,
+        "pin",
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": h2, "decision": "declined"}),
+    );
+    let later = call(&r, "pin", "account", json!({"customer": "cust_2"}));
+    let fb = agent_feedback(&later).unwrap();
+    assert_eq!(fb["state"], "feedback_disabled", "{fb}");
+    assert_eq!(fb["manageConsent"]["current"], "declined");
+    assert!(fb.get("reportTool").is_none());
+
+    // Without a customerRef, Ask once falls back to the per-use question.
+    let anon = call(&r, "pin", "echo", json!({"text": "hi"}));
+    let fb = agent_feedback(&anon).unwrap();
+    assert_eq!(fb["state"], "consent_required");
+    assert_eq!(fb["mode"], "ask_always");
+    assert_eq!(fb["configuredMode"], "ask_once");
+}
+
+#[test]
+fn off_adds_nothing_and_identity_never_leaks() {
+    for mode in ["off", "never_ask"] {
+        let up = Upstream::start_with(UpstreamKind::Python, &["--identity"]);
+        let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, mode));
+        let sc = if mode == "off" {
+            Sidecar::start(&up.url(), &[("AGENT_FEEDBACK_MODE", "off")])
+        } else {
+            feedback_sidecar(&up.url(), &epode, mode, &[])
+        };
+        let acct = ts_call(
+            &sc.url(),
+            "pin",
+            Some(("account", &json!({"customer": "c_9"}))),
+            &[],
+        );
+        let meta = &acct["result"]["_meta"];
+        assert!(
+            meta.get("ai.epode/identity").is_none(),
+            "{mode}: identity leaked: {acct}"
+        );
+        assert_eq!(meta["vendor.example/keep"], "kept", "{mode}: {acct}");
+        assert!(!acct.to_string().contains("journey:1"), "{mode}: {acct}");
+        if mode == "off" {
+            let list = ts_call(&sc.url(), "pin", None, &[]);
+            assert_eq!(list["tools"].as_array().unwrap().len(), 4, "{list}");
+            assert!(list["instructions"].is_null(), "{list}");
+            let echo = ts_call(&sc.url(), "pin", Some(("echo", &json!({"text": "x"}))), &[]);
+            assert!(agent_feedback(&echo["result"]).is_none(), "{echo}");
+            assert!(epode.all_requests().is_empty(), "off mode talked to Epode");
+        }
+    }
+}
+
+async fn call_raw(sc: &Sidecar, tool: &str, args: Value) -> Value {
+    let body = modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name": tool, "arguments": args}),
+    );
+    let resp = post_modern(&sc.url(), "tools/call", Some(tool), &body).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    v["result"].clone()
+}
+
+async fn handle_for(sc: &Sidecar) -> String {
+    let r = call_raw(sc, "echo", json!({"text": "x"})).await;
+    agent_feedback(&r).unwrap()["feedbackHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// Every row of the failure guidance table, for both tools: an `isError` result with
+/// `{accepted: false, retryable}` and the contract's text; Epode's own text never relayed.
+#[tokio::test]
+async fn failure_guidance_table() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "ask_always"));
+    let sc = feedback_sidecar(&up.url(), &epode, "ask_always", &[]);
+    // (fault, report retryable, consent retryable, text the report result must contain)
+    let rows: Vec<(Fault, bool, bool, &str)> = vec![
+        (Fault::Hangup, true, true, "temporarily unavailable"),
+        (Fault::Status(408), true, true, "HTTP 408"),
+        (Fault::StatusRetryAfter(429, 1), true, true, "HTTP 429"),
+        (Fault::Status(500), true, true, "HTTP 500"),
+        (Fault::Status(503), true, true, "HTTP 503"),
+        (Fault::Status(400), true, false, "HTTP 400"),
+        (Fault::Status(422), true, false, "HTTP 422"),
+        (Fault::Status(401), false, false, "HTTP 401"),
+        (Fault::Status(403), false, false, "HTTP 403"),
+        (Fault::Status(404), false, false, "HTTP 404"),
+        (Fault::Status(409), false, false, "HTTP 409"),
+        (Fault::Status(410), false, false, "HTTP 410"),
+    ];
+    for (fault, report_retry, consent_retry, text) in rows {
+        let handle = handle_for(&sc).await;
+        epode.inject(Endpoint::Reports, fault.clone());
+        let r = call_raw(
+            &sc,
+            "report_product_feedback",
+            report_args(&handle, "A sound product run."),
+        )
+        .await;
+        assert_eq!(r["isError"], true, "{fault:?}: {r}");
+        assert_eq!(
+            r["structuredContent"],
+            json!({"accepted": false, "retryable": report_retry}),
+            "{fault:?}"
+        );
+        let t = text_of(&r);
+        assert!(t.contains(text), "{fault:?}: {t}");
+        assert!(
+            !r.to_string().contains(FAULT_SECRET),
+            "Epode's text relayed: {r}"
+        );
+
+        epode.inject(Endpoint::ConsentDecisions, fault.clone());
+        let c = call_raw(
+            &sc,
+            "record_product_feedback_consent",
+            json!({"feedbackHandle": handle, "decision": "approved"}),
+        )
+        .await;
+        assert_eq!(c["isError"], true, "{fault:?}: {c}");
+        assert_eq!(
+            c["structuredContent"],
+            json!({"accepted": false, "retryable": consent_retry}),
+            "{fault:?}"
+        );
+        assert!(
+            !c.to_string().contains(FAULT_SECRET),
+            "Epode's text relayed: {c}"
+        );
+    }
+    // A retryable report says to retry once; a 400 says to retry with only handle and summary.
+    let handle = handle_for(&sc).await;
+    epode.inject(Endpoint::Reports, Fault::Status(400));
+    let r = call_raw(
+        &sc,
+        "report_product_feedback",
+        report_args(&handle, "A sound product run."),
+    )
+    .await;
+    assert!(text_of(&r).contains("summary"), "{r}");
+}
+
+/// Epode not answering within 10 s is a retryable failure, not a hang.
+#[tokio::test]
+async fn epode_timeout_is_retryable() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(&up.url(), &epode, "never_ask", &[]);
+    let handle = handle_for(&sc).await;
+    epode.inject(
+        Endpoint::Reports,
+        Fault::Delay(std::time::Duration::from_secs(12)),
+    );
+    let started = std::time::Instant::now();
+    let r = call_raw(
+        &sc,
+        "report_product_feedback",
+        report_args(&handle, "A sound product run."),
+    )
+    .await;
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(11),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        r["structuredContent"],
+        json!({"accepted": false, "retryable": true}),
+        "{r}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_arguments_are_refused_locally() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(&up.url(), &epode, "never_ask", &[]);
+    let handle = handle_for(&sc).await;
+    for (tool, args, mentions) in [
+        (
+            "report_product_feedback",
+            json!({"feedbackHandle": handle, "summary": "short"}),
+            "summary",
+        ),
+        (
+            "report_product_feedback",
+            json!({"feedbackHandle": handle, "summary": "long enough text", "extra": 1}),
+            "extra",
+        ),
+        (
+            "report_product_feedback",
+            json!({"feedbackHandle": "nope", "summary": "long enough text"}),
+            "feedbackHandle",
+        ),
+        (
+            "record_product_feedback_consent",
+            json!({"feedbackHandle": handle, "decision": "maybe"}),
+            "decision",
+        ),
+    ] {
+        let r = call_raw(&sc, tool, args).await;
+        assert_eq!(r["isError"], true, "{r}");
+        assert!(text_of(&r).contains(mentions), "{tool}: {r}");
+    }
+    assert_eq!(epode.request_count(Endpoint::Reports), 0);
+    assert_eq!(epode.request_count(Endpoint::ConsentDecisions), 0);
+}
