@@ -506,3 +506,100 @@ async fn invalid_arguments_are_refused_locally() {
     assert_eq!(epode.request_count(Endpoint::Reports), 0);
     assert_eq!(epode.request_count(Endpoint::ConsentDecisions), 0);
 }
+
+/// Calls are stateless: a call that names a tool the sidecar has never seen listed is still
+/// placed right (the sidecar lists the tools itself), and an SSE answer is decorated in its
+/// final event with the progress events before it untouched.
+#[tokio::test]
+async fn decorates_without_a_prior_list_and_on_streams() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(&up.url(), &epode, "never_ask", &[]);
+    let add = call_raw(&sc, "add", json!({"a": 2, "b": 3})).await;
+    assert_eq!(
+        add["structuredContent"],
+        json!({"sum": 5, "a": 2, "b": 3}),
+        "{add}"
+    );
+    assert!(agent_feedback(&add).is_some(), "{add}");
+    let echo = call_raw(&sc, "echo", json!({"text": "x"})).await;
+    assert!(
+        echo["structuredContent"]["_agentFeedback"].is_object(),
+        "{echo}"
+    );
+
+    let mut body = modern_body(
+        json!("p"),
+        "tools/call",
+        json!({"name": "slow", "arguments": {"steps": 2}}),
+    );
+    body["params"]["_meta"]["progressToken"] = json!("tok");
+    let resp = post_modern(&sc.url(), "tools/call", Some("slow"), &body).await;
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(ct.starts_with("text/event-stream"), "{ct}");
+    let text = resp.text().await.unwrap();
+    assert_eq!(text.matches("notifications/progress").count(), 2, "{text}");
+    let last = last_message(&ct, &text);
+    assert_eq!(last["id"], "p");
+    assert!(
+        last["result"]["structuredContent"]["_agentFeedback"]["feedbackHandle"].is_string(),
+        "{last}"
+    );
+}
+
+/// Decoration rewrites only what it adds: every other value keeps its exact bytes. The raw
+/// upstream cannot list its tools, so the sidecar uses the placement that never touches
+/// `structuredContent`.
+#[tokio::test]
+async fn decoration_keeps_every_other_byte() {
+    use std::io::Write as _;
+    let up = RawUpstream::start(|mut s: std::net::TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap();
+            let reply = if req["method"] == "tools/call" {
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"\u00e9"}}],"structuredContent":{{"big":1e400,"n":12345678901234567890,"f":0.1,"s":"\u00e9\ud83d\ude80"}},"resultType":"complete"}}}}"#,
+                    req["id"]
+                )
+            } else {
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32601,"message":"no"}}}}"#,
+                    req["id"]
+                )
+            };
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+                reply.len(),
+                reply
+            );
+        }
+    });
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    let body = modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name": "odd", "arguments": {}}),
+    );
+    let text = post_modern(&sc.url(), "tools/call", Some("odd"), &body)
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains(r#""structuredContent":{"big":1e400,"n":12345678901234567890,"f":0.1,"s":"\u00e9\ud83d\ude80"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            r#"[{"type":"text","text":"\u00e9"},{"type":"text","text":"{\"_agentFeedback\""#
+        ),
+        "{text}"
+    );
+}

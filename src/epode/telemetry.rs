@@ -221,8 +221,12 @@ pub fn judge(answer: &Answer, batch_len: usize) -> Delivery {
 
 /// The handle the request path holds: enqueue is a non-blocking push into a bounded channel.
 pub struct Telemetry {
-    tx: mpsc::Sender<Value>,
-    sequence: AtomicU64,
+    tx: mpsc::UnboundedSender<Value>,
+    /// Events accepted and not yet finished with (queued, or in the batch being delivered):
+    /// the bound is on this, so memory stays bounded whatever Epode does.
+    pending: Arc<AtomicU64>,
+    /// The next sequence number; under a lock with the push, so queue order is sequence order.
+    sequence: std::sync::Mutex<u64>,
     pub counters: Arc<Counters>,
     capacity: usize,
     stop: watch::Sender<Option<Instant>>,
@@ -232,20 +236,23 @@ pub struct Telemetry {
 impl Telemetry {
     /// Starts the background delivery task on the current runtime.
     pub fn start(client: Arc<EpodeClient>, settings: QueueSettings) -> Arc<Telemetry> {
-        let (tx, rx) = mpsc::channel(settings.capacity.max(1));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let pending = Arc::new(AtomicU64::new(0));
         let (stop, stop_rx) = watch::channel(None);
         let counters = Arc::new(Counters::default());
         let worker = Worker {
             client,
             settings: settings.clone(),
             counters: counters.clone(),
+            pending: pending.clone(),
             rx,
             stop: stop_rx,
         };
         let task = tokio::spawn(worker.run());
         Arc::new(Telemetry {
             tx,
-            sequence: AtomicU64::new(0),
+            pending,
+            sequence: std::sync::Mutex::new(0),
             counters,
             capacity: settings.capacity.max(1),
             stop,
@@ -256,8 +263,8 @@ impl Telemetry {
     /// Builds and enqueues the event for a completion; never waits. Invalid completions and a
     /// full queue are counted and logged, not errors for the caller.
     pub fn record(&self, c: &McpCompletion) {
-        let sequence = self.sequence.fetch_add(1, Ordering::Relaxed) + 1;
-        let event = match build_event(c, sequence, SystemTime::now()) {
+        let mut sequence = self.sequence.lock().unwrap_or_else(|e| e.into_inner());
+        let event = match build_event(c, *sequence + 1, SystemTime::now()) {
             Ok(e) => e,
             Err(e) => {
                 Counters::add(&self.counters.dropped_invalid, 1);
@@ -265,21 +272,27 @@ impl Telemetry {
                 return;
             }
         };
-        match self.tx.try_send(event) {
+        if self.pending.load(Ordering::SeqCst) >= self.capacity as u64 {
+            Counters::add(&self.counters.dropped_queue_full, 1);
+            tracing::warn!(interaction_id = %c.interaction_id, "telemetry queue full; event dropped");
+            return;
+        }
+        *sequence += 1;
+        self.pending.fetch_add(1, Ordering::SeqCst);
+        let pushed = self.tx.send(event);
+        drop(sequence);
+        match pushed {
             Ok(()) => Counters::add(&self.counters.enqueued, 1),
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                Counters::add(&self.counters.dropped_queue_full, 1);
-                tracing::warn!(interaction_id = %c.interaction_id, "telemetry queue full; event dropped");
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => {
+            Err(_) => {
+                self.pending.fetch_sub(1, Ordering::SeqCst);
                 Counters::add(&self.counters.dropped_at_shutdown, 1);
             }
         }
     }
 
-    /// Events waiting in the queue.
+    /// Events accepted and not yet delivered or given up.
     pub fn depth(&self) -> usize {
-        self.capacity - self.tx.capacity()
+        self.pending.load(Ordering::SeqCst) as usize
     }
 
     /// Flushes what is queued within `within`, then stops the task. Returns how many events
@@ -307,7 +320,8 @@ struct Worker {
     client: Arc<EpodeClient>,
     settings: QueueSettings,
     counters: Arc<Counters>,
-    rx: mpsc::Receiver<Value>,
+    pending: Arc<AtomicU64>,
+    rx: mpsc::UnboundedReceiver<Value>,
     stop: watch::Receiver<Option<Instant>>,
 }
 
@@ -352,7 +366,9 @@ impl Worker {
                     _ = self.stop.changed() => {}
                 }
             }
+            let n = batch.len() as u64;
             self.deliver(batch).await;
+            self.pending.fetch_sub(n, Ordering::SeqCst);
             if self.deadline().is_some_and(|d| Instant::now() >= d) {
                 return;
             }

@@ -226,6 +226,10 @@ impl Sidecar {
         format!("http://{}", self.addr)
     }
 
+    pub fn pid(&self) -> u32 {
+        self.proc.child.id()
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let status = Command::new("kill")
@@ -294,6 +298,9 @@ impl RawUpstream {
         let handler = std::sync::Arc::new(handler);
         std::thread::spawn(move || {
             for stream in listener.incoming().map_while(Result::ok) {
+                // Replies are written in pieces; without this, Nagle's algorithm and delayed
+                // ACKs add 40 ms to every exchange.
+                let _ = stream.set_nodelay(true);
                 let h = handler.clone();
                 std::thread::spawn(move || h(stream));
             }

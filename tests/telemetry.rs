@@ -1,0 +1,464 @@
+//! Confirmed telemetry through the sidecar to the strict fake Epode: exact events, order, one
+//! delivery in flight, retries judged by the receipt, overflow, shutdown flush, and product
+//! latency that does not depend on Epode.
+
+mod support;
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::fake_epode::{Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY};
+use support::*;
+
+/// A fast 2026 upstream: `tools/list` names `work` (schema-less) and `ask` (which answers
+/// `input_required`); `tools/call` of `work` succeeds, `fail` is an `isError` result.
+fn fast_upstream() -> RawUpstream {
+    RawUpstream::start(|mut s: TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let id = req["id"].clone();
+            let result = match (req["method"].as_str(), req["params"]["name"].as_str()) {
+                (Some("tools/list"), _) => json!({"tools": [
+                    {"name": "work", "inputSchema": {"type": "object"}},
+                    {"name": "fail", "inputSchema": {"type": "object"}},
+                    {"name": "ask", "inputSchema": {"type": "object"}}]}),
+                (_, Some("ask")) => json!({"resultType": "input_required", "requestState": "s"}),
+                (_, Some("fail")) => {
+                    json!({"content": [{"type": "text", "text": "no"}], "isError": true})
+                }
+                _ => json!({"content": [{"type": "text", "text": "ok"}],
+                            "_meta": {"ai.epode/identity": {"accountRef": "acct_1", "sessionRef": "s:1"}}}),
+            };
+            let reply = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+                reply.len(),
+                reply
+            );
+        }
+    })
+}
+
+fn sidecar(up: &RawUpstream, epode: &FakeEpode, extra: &[(&str, &str)]) -> Sidecar {
+    let mut env = vec![("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")];
+    env.extend_from_slice(extra);
+    feedback_sidecar(&up.url(), epode, "never_ask", &env)
+}
+
+async fn call(client: &reqwest::Client, sc: &Sidecar, tool: &str, id: u64) -> Value {
+    let body = modern_body(
+        json!(id),
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    );
+    let mut req = client.post(sc.url()).body(body.to_string());
+    for (k, v) in modern_headers("tools/call", Some(tool)) {
+        req = req.header(k, v);
+    }
+    let resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+fn handle_of(v: &Value) -> String {
+    v["result"]["structuredContent"]["_agentFeedback"]["feedbackHandle"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+async fn wait_events(epode: &FakeEpode, n: usize, within: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + within;
+    loop {
+        let events = epode.events();
+        if events.len() >= n || Instant::now() > deadline {
+            return events;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn metric(sc: &Sidecar, name: &str) -> u64 {
+    let text = http()
+        .get(format!("{}/metrics", sc.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn one_exact_event_per_completed_product_call() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(&up, &epode, &[]);
+    let c = http();
+    let ok = call(&c, &sc, "work", 1).await;
+    let failed = call(&c, &sc, "fail", 2).await;
+    let asked = call(&c, &sc, "ask", 3).await;
+    assert_eq!(asked["result"]["resultType"], "input_required");
+    // The feedback tools themselves are not product calls.
+    let report = modern_body(
+        json!(4),
+        "tools/call",
+        json!({"name": "report_product_feedback",
+        "arguments": {"feedbackHandle": handle_of(&ok), "summary": "Worked as expected today."}}),
+    );
+    let resp = post_modern(
+        &sc.url(),
+        "tools/call",
+        Some("report_product_feedback"),
+        &report,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+
+    let events = wait_events(&epode, 2, Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let events = if events.len() < epode.events().len() {
+        epode.events()
+    } else {
+        events
+    };
+    assert_eq!(
+        events.len(),
+        2,
+        "one event per completed product call: {events:?}"
+    );
+    let claims = epode.verify(&handle_of(&ok)).unwrap();
+    let e = &events[0];
+    assert_eq!(
+        e["interactionId"],
+        claims.i.to_string().as_str(),
+        "the handle's interaction id"
+    );
+    let mut projected = e.clone();
+    let obj = projected.as_object_mut().unwrap();
+    for generated in ["interactionId", "sequence", "occurredAt", "durationMs"] {
+        assert!(obj.remove(generated).is_some(), "{generated} missing: {e}");
+    }
+    assert_eq!(
+        projected,
+        json!({"surface": "mcp", "operation": "work", "classification": "confirmed",
+               "confirmationMethod": "mcp", "statusCode": 200, "accountRef": "acct_1",
+               "sessionRef": "s:1", "sessionSource": "mcp"})
+    );
+    assert!(e["sequence"].as_u64().unwrap() >= 1);
+    assert!(e["durationMs"].as_u64().is_some());
+    assert_eq!(events[1]["operation"], "fail");
+    assert_eq!(events[1]["statusCode"], 500);
+    assert!(events[1]["sequence"].as_u64() > events[0]["sequence"].as_u64());
+    // The failed call was decorated too, with its own interaction.
+    let h2 = failed["result"]["structuredContent"]["_agentFeedback"]["feedbackHandle"]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        events[1]["interactionId"],
+        epode.verify(h2).unwrap().i.to_string().as_str()
+    );
+}
+
+#[tokio::test]
+async fn upstream_failures_are_500_events() {
+    let port = free_port(); // nothing listens
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &format!("http://127.0.0.1:{port}/mcp"),
+        &epode,
+        "never_ask",
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    let body = modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name": "work", "arguments": {}}),
+    );
+    let resp = post_modern(&sc.url(), "tools/call", Some("work"), &body).await;
+    assert_eq!(resp.status(), 502);
+    let events = wait_events(&epode, 1, Duration::from_secs(5)).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0]["statusCode"], 500);
+    assert_eq!(events[0]["operation"], "work");
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// 2,000 rapid calls: every event arrives, in order, never more than one delivery at a time,
+/// and the sidecar's memory stays flat.
+#[tokio::test]
+async fn two_thousand_calls_in_order_one_delivery_at_a_time() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(&up, &epode, &[]);
+    let c = http();
+    for i in 0..200 {
+        call(&c, &sc, "work", i).await;
+    }
+    let rss_warm = rss_kib(sc.pid());
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for w in 0..4u64 {
+        let c = c.clone();
+        let url = sc.url();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..450u64 {
+                let body = modern_body(
+                    json!(w * 1000 + i),
+                    "tools/call",
+                    json!({"name": "work", "arguments": {}}),
+                );
+                let mut req = c.post(&url).body(body.to_string());
+                for (k, v) in modern_headers("tools/call", Some("work")) {
+                    req = req.header(k, v);
+                }
+                assert_eq!(req.send().await.unwrap().status(), 200);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let calls_took = started.elapsed();
+    let rss_after = rss_kib(sc.pid());
+    let events = wait_events(&epode, 2000, Duration::from_secs(30)).await;
+    assert_eq!(events.len(), 2000, "every event delivered");
+    let seqs: Vec<u64> = epode
+        .deliveries()
+        .iter()
+        .filter_map(|e| e["sequence"].as_u64())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "events arrived out of order"
+    );
+    assert_eq!(
+        epode.max_concurrent(Endpoint::Telemetry),
+        1,
+        "more than one delivery in flight"
+    );
+    let batches = epode.requests(Endpoint::Telemetry);
+    assert!(batches
+        .iter()
+        .all(|b| b.body["events"].as_array().unwrap().len() <= 50));
+    eprintln!(
+        "2000 calls in {calls_took:?}; {} batches; RSS {rss_warm} KiB warm, {rss_after} KiB after",
+        batches.len()
+    );
+    assert!(
+        rss_after < rss_warm + 8 * 1024,
+        "memory grew from {rss_warm} KiB to {rss_after} KiB"
+    );
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_delivered_total").await,
+        2000
+    );
+}
+
+#[tokio::test]
+async fn server_error_then_accepted_is_delivered_once() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.inject(Endpoint::Telemetry, Fault::Status(500));
+    let sc = sidecar(&up, &epode, &[]);
+    call(&http(), &sc, "work", 1).await;
+    let events = wait_events(&epode, 1, Duration::from_secs(5)).await;
+    assert_eq!(events.len(), 1);
+    let sent = epode.requests(Endpoint::Telemetry);
+    assert_eq!(sent.len(), 2, "one failure, one retry");
+    assert_eq!(
+        sent[0].body, sent[1].body,
+        "the retry resends the identical events"
+    );
+    let gap = sent[1].at.duration_since(sent[0].at);
+    assert!(
+        gap >= Duration::from_millis(450),
+        "backoff of 0.5 s: {gap:?}"
+    );
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_retries_total").await,
+        1
+    );
+}
+
+#[tokio::test]
+async fn too_many_requests_waits_for_retry_after() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.inject(Endpoint::Telemetry, Fault::StatusRetryAfter(429, 2));
+    let sc = sidecar(&up, &epode, &[]);
+    call(&http(), &sc, "work", 1).await;
+    let events = wait_events(&epode, 1, Duration::from_secs(8)).await;
+    assert_eq!(events.len(), 1);
+    let sent = epode.requests(Endpoint::Telemetry);
+    let gap = sent[1].at.duration_since(sent[0].at);
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "Retry-After: 2 not honoured: {gap:?}"
+    );
+}
+
+#[tokio::test]
+async fn reported_drops_and_malformed_receipts_are_not_retried() {
+    for fault in [
+        Fault::Dropped(1),
+        Fault::MalformedReceipt,
+        Fault::ShortAccepted,
+    ] {
+        let up = fast_upstream();
+        let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+        epode.inject(Endpoint::Telemetry, fault.clone());
+        let sc = sidecar(&up, &epode, &[]);
+        call(&http(), &sc, "work", 1).await;
+        tokio::time::sleep(Duration::from_millis(2500)).await;
+        assert_eq!(
+            epode.request_count(Endpoint::Telemetry),
+            1,
+            "{fault:?} was retried"
+        );
+        let dropped = metric(
+            &sc,
+            "epode_sidecar_telemetry_dropped_total{reason=\"epode_dropped\"}",
+        )
+        .await
+            + metric(
+                &sc,
+                "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}",
+            )
+            .await;
+        assert_eq!(dropped, 1, "{fault:?}");
+        let logs = sc.logs().join("\n");
+        assert!(logs.contains("not retried"), "{fault:?}: {logs}");
+        assert!(
+            !logs.contains(DEMO_PRODUCT_KEY),
+            "the product key reached the log"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_and_counts() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.set_down(true);
+    let sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_TELEMETRY_QUEUE", "5")]);
+    let c = http();
+    for i in 0..40 {
+        call(&c, &sc, "work", i).await;
+    }
+    let dropped = metric(
+        &sc,
+        "epode_sidecar_telemetry_dropped_total{reason=\"queue_full\"}",
+    )
+    .await;
+    assert!(dropped >= 20, "only {dropped} dropped");
+    assert!(metric(&sc, "epode_sidecar_telemetry_queue_depth").await <= 5);
+}
+
+#[tokio::test]
+async fn sigterm_delivers_queued_events_before_exit() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let mut sc = sidecar(&up, &epode, &[]);
+    let c = http();
+    for i in 0..120 {
+        call(&c, &sc, "work", i).await;
+    }
+    sc.terminate();
+    let code = tokio::task::spawn_blocking(move || {
+        let code = sc.wait_exit(Duration::from_secs(15));
+        (code, sc)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code.0, Some(0));
+    assert_eq!(
+        epode.events().len(),
+        120,
+        "queued events were lost at shutdown"
+    );
+}
+
+fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// Epode unreachable for a minute: product calls are as fast as with Epode up.
+#[tokio::test]
+async fn epode_down_never_delays_product_calls() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(&up, &epode, &[]);
+    let c = http();
+    let measure = |secs: u64| {
+        let c = c.clone();
+        let url = sc.url();
+        async move {
+            let mut lat = Vec::new();
+            let end = Instant::now() + Duration::from_secs(secs);
+            let mut i = 0u64;
+            while Instant::now() < end {
+                let body = modern_body(
+                    json!(i),
+                    "tools/call",
+                    json!({"name": "work", "arguments": {}}),
+                );
+                let mut req = c.post(&url).body(body.to_string());
+                for (k, v) in modern_headers("tools/call", Some("work")) {
+                    req = req.header(k, v);
+                }
+                let t = Instant::now();
+                let resp = req.send().await.unwrap();
+                assert_eq!(resp.status(), 200);
+                let _ = resp.bytes().await.unwrap();
+                lat.push(t.elapsed());
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            lat
+        }
+    };
+    let up_lat = measure(10).await;
+    drop(epode); // Epode is gone: connections are refused from now on.
+    let down_lat = measure(60).await;
+    let (p50_up, p99_up) = (
+        percentile(up_lat.clone(), 0.5),
+        percentile(up_lat.clone(), 0.99),
+    );
+    let (p50_down, p99_down) = (
+        percentile(down_lat.clone(), 0.5),
+        percentile(down_lat.clone(), 0.99),
+    );
+    eprintln!(
+        "product calls: Epode up {} calls p50 {p50_up:?} p99 {p99_up:?}; Epode down 60 s {} calls p50 {p50_down:?} p99 {p99_down:?}",
+        up_lat.len(),
+        down_lat.len()
+    );
+    let _ = std::fs::create_dir_all(repo_root().join("target"));
+    let _ = std::fs::write(
+        repo_root().join("target/telemetry-latency.txt"),
+        format!("Epode up: p50 {p50_up:?} p99 {p99_up:?}; Epode down (60 s): p50 {p50_down:?} p99 {p99_down:?}\n"),
+    );
+    assert!(
+        p99_down <= p99_up * 2 + Duration::from_millis(3),
+        "Epode down slowed product calls: p99 {p99_down:?} vs {p99_up:?}"
+    );
+    assert!(metric(&sc, "epode_sidecar_telemetry_retries_total").await > 0);
+}
