@@ -281,6 +281,9 @@ mod tests {
             b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n",
         ));
         let out = rewrite_stream(body, |m: &mut RawMap| {
+            if !rewrite::is_response(m) {
+                return false;
+            }
             m.insert(
                 "result".into(),
                 rewrite::raw(&serde_json::json!({"resultType": "complete"})),

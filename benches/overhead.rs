@@ -1,0 +1,637 @@
+//! The overhead benchmark: what a request costs through the sidecar, against a direct
+//! connection to the same upstream and against nginx doing the plainest proxy hop, measured in
+//! the same run, interleaved. Entered through `bench/run` (which builds in release mode and
+//! installs nginx); `cargo bench --bench overhead -- [--quick] [--json]` runs it directly.
+//!
+//! Three processes share the machine's cores: this harness (load generator, and, re-executed
+//! with `--responder`, the tiny MCP upstream and Epode stand-in), the sidecar, and nginx. Only
+//! ratios from one run are meaningful on a shared machine; absolute times are printed for
+//! reference.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::{TcpListener, TcpStream};
+
+const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_fedcba9876543210fedcba9876543210_bench_secret_not_a_real_key";
+
+// ---------------------------------------------------------------------------------------
+// The responder: a tiny MCP 2026-07-28 upstream, and the Epode telemetry endpoint.
+
+const SERVER_INFO: &str =
+    r#"{"io.modelcontextprotocol/serverInfo":{"name":"bench-upstream","version":"1.0.0"}}"#;
+
+fn responder_reply(body: &[u8]) -> (bool, String) {
+    #[derive(serde::Deserialize)]
+    struct Req<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+        method: Option<String>,
+        #[serde(default)]
+        params: Option<Value>,
+    }
+    let Ok(req) = serde_json::from_slice::<Req<'_>>(body) else {
+        return (
+            false,
+            r#"{"jsonrpc":"2.0","id":null,"error":{"code":-32700,"message":"parse"}}"#.into(),
+        );
+    };
+    let id = req.id.map(|r| r.get()).unwrap_or("null");
+    let method = req.method.unwrap_or_default();
+    let name = req
+        .params
+        .as_ref()
+        .and_then(|p| p.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let result = match method.as_str() {
+        "server/discover" => format!(
+            r#"{{"resultType":"complete","supportedVersions":["2026-07-28"],"capabilities":{{"tools":{{}},"prompts":{{}}}},"ttlMs":0,"cacheScope":"private","_meta":{SERVER_INFO}}}"#
+        ),
+        "prompts/list" => format!(
+            r#"{{"resultType":"complete","prompts":[{{"name":"summarise","description":"Summarise a document"}}],"ttlMs":0,"cacheScope":"private","_meta":{SERVER_INFO}}}"#
+        ),
+        "tools/list" => format!(
+            r#"{{"resultType":"complete","tools":[{{"name":"search","description":"Search the catalogue","inputSchema":{{"type":"object","properties":{{"q":{{"type":"string"}}}},"required":["q"]}}}},{{"name":"stream","description":"Reports progress","inputSchema":{{"type":"object"}}}}],"ttlMs":0,"cacheScope":"private","_meta":{SERVER_INFO}}}"#
+        ),
+        "tools/call" => format!(
+            r#"{{"resultType":"complete","content":[{{"type":"text","text":"{{\"hits\":3}}"}}],"_meta":{SERVER_INFO}}}"#
+        ),
+        _ => {
+            return (
+                false,
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"error":{{"code":-32601,"message":"Method not found"}}}}"#
+                ),
+            )
+        }
+    };
+    let msg = format!(r#"{{"jsonrpc":"2.0","id":{id},"result":{result}}}"#);
+    (method == "tools/call" && name == "stream", msg)
+}
+
+type RBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+async fn responder_service(req: Request<Incoming>) -> Result<Response<RBody>, Infallible> {
+    let path = req.uri().path().to_owned();
+    let body = req
+        .into_body()
+        .collect()
+        .await
+        .map(|c| c.to_bytes())
+        .unwrap_or_default();
+    if path == "/api/v2/telemetry/batches" {
+        let n = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v["events"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        let mut resp = Response::new(
+            Full::new(Bytes::from(format!(r#"{{"accepted":{n},"dropped":0}}"#))).boxed(),
+        );
+        *resp.status_mut() = hyper::StatusCode::ACCEPTED;
+        resp.headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        return Ok(resp);
+    }
+    let (sse, msg) = responder_reply(&body);
+    if sse {
+        let progress = |p: u32| {
+            Bytes::from(format!(
+                "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{{\"progressToken\":\"t\",\"progress\":{p},\"total\":2}}}}\n\n"
+            ))
+        };
+        let frames = vec![
+            Ok::<_, Infallible>(Frame::data(progress(1))),
+            Ok(Frame::data(progress(2))),
+            Ok(Frame::data(Bytes::from(format!(
+                "event: message\ndata: {msg}\n\n"
+            )))),
+        ];
+        let mut resp = Response::new(StreamBody::new(futures_util::stream::iter(frames)).boxed());
+        resp.headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        return Ok(resp);
+    }
+    let mut resp = Response::new(Full::new(Bytes::from(msg)).boxed());
+    resp.headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    Ok(resp)
+}
+
+fn run_responder(port: u16) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
+        println!("responder ready");
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(
+                        TokioIo::new(stream),
+                        hyper::service::service_fn(responder_service),
+                    )
+                    .await;
+            });
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------
+// Processes.
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on {port}");
+}
+
+fn sidecar_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("EPODE_SIDECAR_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // target/release/deps/overhead-… → target/release/epode-sidecar
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("epode-sidecar")
+}
+
+fn start_sidecar(port: u16, upstream: u16) -> Proc {
+    let child = Command::new(sidecar_binary())
+        .env_clear()
+        .env("EPODE_SIDECAR_LISTEN", format!("127.0.0.1:{port}"))
+        .env(
+            "EPODE_SIDECAR_UPSTREAM",
+            format!("http://127.0.0.1:{upstream}/mcp"),
+        )
+        .env("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")
+        .env("EPODE_API_KEY", KEY)
+        .env("EPODE_API_URL", format!("http://127.0.0.1:{upstream}"))
+        .env("AGENT_FEEDBACK_MODE", "never_ask")
+        .env("EPODE_SIDECAR_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("start the sidecar (build it with `cargo build --release`)");
+    wait_port(port);
+    Proc(child)
+}
+
+fn start_nginx(port: u16, upstream: u16, workers: usize) -> Option<(Proc, PathBuf)> {
+    let nginx = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())?;
+    let dir = std::env::temp_dir().join(format!("epode-bench-nginx-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("logs")).unwrap();
+    let conf = format!(
+        r#"worker_processes {workers};
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/logs/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {dir}/body;
+  proxy_temp_path {dir}/proxy;
+  fastcgi_temp_path {dir}/fastcgi;
+  uwsgi_temp_path {dir}/uwsgi;
+  scgi_temp_path {dir}/scgi;
+  upstream mcp {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://mcp;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+"#,
+        dir = dir.display()
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).unwrap();
+    let child = Command::new(nginx)
+        .arg("-p")
+        .arg(&dir)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .ok()?;
+    wait_port(port);
+    Some((Proc(child), dir))
+}
+
+/// (utime + stime) of a process in clock ticks, and its resident set (current, peak) in KiB.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // Fields after the command: state is 0, utime is 11, stime is 12.
+    num(11) + num(12)
+}
+
+fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let get = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (get("VmRSS:"), get("VmHWM:"))
+}
+
+fn clock_ticks_per_sec() -> u64 {
+    // sysconf(_SC_CLK_TCK) is 100 on every Linux this runs on; `getconf` confirms it.
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+// ---------------------------------------------------------------------------------------
+// The load generator.
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Scenario {
+    PassThrough,
+    ToolsList,
+    DecoratedCall,
+    SseCall,
+}
+
+impl Scenario {
+    const ALL: [Scenario; 4] = [
+        Scenario::PassThrough,
+        Scenario::ToolsList,
+        Scenario::DecoratedCall,
+        Scenario::SseCall,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::PassThrough => "pass-through prompts/list",
+            Scenario::ToolsList => "tools/list + feedback tools",
+            Scenario::DecoratedCall => "decorated tools/call",
+            Scenario::SseCall => "SSE tools/call with progress",
+        }
+    }
+
+    fn request(self) -> (String, Option<&'static str>, String) {
+        let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                          "io.modelcontextprotocol/clientCapabilities": {}});
+        let (method, name, params) = match self {
+            Scenario::PassThrough => ("prompts/list", None, json!({"_meta": meta})),
+            Scenario::ToolsList => ("tools/list", None, json!({"_meta": meta})),
+            Scenario::DecoratedCall => (
+                "tools/call",
+                Some("search"),
+                json!({"name": "search", "arguments": {"q": "shoes"}, "_meta": meta}),
+            ),
+            Scenario::SseCall => {
+                let mut m = meta.clone();
+                m["progressToken"] = json!("t");
+                (
+                    "tools/call",
+                    Some("stream"),
+                    json!({"name": "stream", "arguments": {}, "_meta": m}),
+                )
+            }
+        };
+        let body =
+            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
+        (method.to_owned(), name, body)
+    }
+}
+
+#[derive(Default, Clone)]
+struct Sample {
+    latencies_us: Vec<u32>,
+    elapsed: Duration,
+    errors: u64,
+}
+
+impl Sample {
+    fn merge(&mut self, other: Sample) {
+        self.latencies_us.extend(other.latencies_us);
+        self.elapsed += other.elapsed;
+        self.errors += other.errors;
+    }
+
+    fn pct(&self, p: f64) -> f64 {
+        let mut v = self.latencies_us.clone();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_unstable();
+        v[((v.len() - 1) as f64 * p).round() as usize] as f64
+    }
+
+    fn rps(&self) -> f64 {
+        self.latencies_us.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// `concurrency` connections, each sending requests back to back for `for_how_long`.
+async fn load(
+    addr: SocketAddr,
+    scenario: Scenario,
+    concurrency: usize,
+    for_how_long: Duration,
+) -> Sample {
+    let (method, name, body) = scenario.request();
+    let body = Bytes::from(body);
+    let started = Instant::now();
+    let deadline = started + for_how_long;
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let body = body.clone();
+        let method = method.clone();
+        tasks.push(tokio::spawn(async move {
+            let stream = TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            let mut lat = Vec::with_capacity(4096);
+            let mut errors = 0;
+            while Instant::now() < deadline {
+                let mut req = Request::post("/mcp")
+                    .header("host", "127.0.0.1")
+                    .header("content-type", "application/json")
+                    .header("accept", "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", method.as_str());
+                if let Some(n) = name {
+                    req = req.header("mcp-name", n);
+                }
+                let req = req.body(Full::new(body.clone())).unwrap();
+                let t = Instant::now();
+                match send.send_request(req).await {
+                    Ok(resp) => {
+                        let ok = resp.status() == 200;
+                        let got = resp.into_body().collect().await;
+                        if ok && got.is_ok() {
+                            lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                        } else {
+                            errors += 1;
+                        }
+                    }
+                    Err(_) => {
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut sample = Sample::default();
+    for t in tasks {
+        let (lat, errors) = t.await.unwrap();
+        sample.latencies_us.extend(lat);
+        sample.errors += errors;
+    }
+    sample.elapsed = started.elapsed();
+    sample
+}
+
+// ---------------------------------------------------------------------------------------
+
+struct Row {
+    scenario: Scenario,
+    concurrency: usize,
+    direct: Sample,
+    nginx: Option<Sample>,
+    sidecar: Sample,
+    sidecar_cpu_us_per_request: f64,
+}
+
+fn stats(s: &Sample) -> Value {
+    json!({"p50_us": s.pct(0.5), "p99_us": s.pct(0.99), "p999_us": s.pct(0.999),
+           "rps": (s.rps() * 10.0).round() / 10.0, "requests": s.latencies_us.len(), "errors": s.errors})
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--responder") {
+        run_responder(args[i + 1].parse().unwrap());
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let as_json = args.iter().any(|a| a == "--json");
+    let (rounds, slice) = if quick {
+        (1, Duration::from_millis(1500))
+    } else {
+        (3, Duration::from_secs(2))
+    };
+    let log = |msg: String| eprintln!("bench: {msg}");
+
+    let up_port = free_port();
+    let responder = Proc(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["--responder", &up_port.to_string()])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_port(up_port);
+    let sc_port = free_port();
+    let sidecar = start_sidecar(sc_port, up_port);
+    let sc_pid = sidecar.0.id();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2);
+    let ng_port = free_port();
+    let nginx = start_nginx(ng_port, up_port, threads);
+    if nginx.is_none() {
+        log("nginx not found: install it (bench/run does) for the comparison point".into());
+    }
+    let direct = SocketAddr::from(([127, 0, 0, 1], up_port));
+    let via_sidecar = SocketAddr::from(([127, 0, 0, 1], sc_port));
+    let via_nginx = SocketAddr::from(([127, 0, 0, 1], ng_port));
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Warm-up: connections, the sidecar's tool catalog, allocator pools.
+    rt.block_on(async {
+        for s in Scenario::ALL {
+            load(via_sidecar, s, 4, Duration::from_millis(300)).await;
+            load(direct, s, 4, Duration::from_millis(100)).await;
+            if nginx.is_some() {
+                load(via_nginx, s, 4, Duration::from_millis(100)).await;
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(600)); // let telemetry drain
+    let (rss_idle, _) = rss_kib(sc_pid);
+    let tick_us = 1_000_000.0 / clock_ticks_per_sec() as f64;
+
+    let mut rows = Vec::new();
+    for concurrency in [1usize, 32] {
+        for scenario in Scenario::ALL {
+            log(format!("{} at concurrency {concurrency}", scenario.name()));
+            let mut row = Row {
+                scenario,
+                concurrency,
+                direct: Sample::default(),
+                nginx: nginx.as_ref().map(|_| Sample::default()),
+                sidecar: Sample::default(),
+                sidecar_cpu_us_per_request: 0.0,
+            };
+            let mut sidecar_ticks = 0u64;
+            for _ in 0..rounds {
+                // Interleaved: each target in turn, so drift in the machine hits all three.
+                row.direct
+                    .merge(rt.block_on(load(direct, scenario, concurrency, slice)));
+                if let Some(n) = row.nginx.as_mut() {
+                    n.merge(rt.block_on(load(via_nginx, scenario, concurrency, slice)));
+                }
+                let before = cpu_ticks(sc_pid);
+                row.sidecar
+                    .merge(rt.block_on(load(via_sidecar, scenario, concurrency, slice)));
+                sidecar_ticks += cpu_ticks(sc_pid) - before;
+            }
+            row.sidecar_cpu_us_per_request =
+                sidecar_ticks as f64 * tick_us / row.sidecar.latencies_us.len().max(1) as f64;
+            rows.push(row);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(600));
+    let (_, rss_peak) = rss_kib(sc_pid);
+    drop(sidecar);
+    drop(nginx);
+    drop(responder);
+
+    let report = json!({
+        "machine": {"cores": threads, "quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64},
+        "scenarios": rows.iter().map(|r| {
+            let mut sc = stats(&r.sidecar);
+            sc["cpu_us_per_request"] = json!((r.sidecar_cpu_us_per_request * 10.0).round() / 10.0);
+            let d50 = r.direct.pct(0.5);
+            let added_sidecar = r.sidecar.pct(0.5) - d50;
+            let mut v = json!({
+                "name": r.scenario.name(),
+                "concurrency": r.concurrency,
+                "direct": stats(&r.direct),
+                "sidecar": sc,
+                "added_p50_us": {"sidecar": added_sidecar},
+            });
+            if let Some(n) = &r.nginx {
+                let added_nginx = n.pct(0.5) - d50;
+                v["nginx"] = stats(n);
+                v["added_p50_us"]["nginx"] = json!(added_nginx);
+                v["added_p50_ratio_sidecar_to_nginx"] = json!(((added_sidecar / added_nginx) * 100.0).round() / 100.0);
+                v["rps_ratio_sidecar_to_nginx"] = json!(((r.sidecar.rps() / n.rps()) * 100.0).round() / 100.0);
+            }
+            v
+        }).collect::<Vec<_>>(),
+        "rss_idle_kib": rss_idle,
+        "rss_load_kib": rss_peak,
+    });
+
+    if as_json {
+        println!("{report}");
+        return;
+    }
+    println!(
+        "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>7}",
+        "scenario",
+        "conc",
+        "direct p50/p99 µs",
+        "nginx p50/p99 µs",
+        "sidecar p50/p99 µs",
+        "added s/n",
+        "rps s/n",
+        "cpu µs"
+    );
+    for s in report["scenarios"].as_array().unwrap() {
+        let pair = |v: &Value| {
+            if v.is_null() {
+                "-".to_owned()
+            } else {
+                format!(
+                    "{:.0}/{:.0} ({:.0} rps)",
+                    v["p50_us"].as_f64().unwrap_or(f64::NAN),
+                    v["p99_us"].as_f64().unwrap_or(f64::NAN),
+                    v["rps"].as_f64().unwrap_or(0.0)
+                )
+            }
+        };
+        println!(
+            "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>7}",
+            s["name"].as_str().unwrap(),
+            s["concurrency"],
+            pair(&s["direct"]),
+            pair(&s["nginx"]),
+            pair(&s["sidecar"]),
+            s["added_p50_ratio_sidecar_to_nginx"]
+                .as_f64()
+                .map(|r| format!("{r:.2}x"))
+                .unwrap_or("-".into()),
+            s["rps_ratio_sidecar_to_nginx"]
+                .as_f64()
+                .map(|r| format!("{r:.2}x"))
+                .unwrap_or("-".into()),
+            s["sidecar"]["cpu_us_per_request"],
+        );
+    }
+    println!(
+        "sidecar RSS: {} KiB idle, {} KiB peak under load",
+        report["rss_idle_kib"], report["rss_load_kib"]
+    );
+}
