@@ -25,11 +25,7 @@ fn detailed(out: &Path, scenarios: &[&str]) -> Vec<(String, String, String, Stri
     for dir in std::fs::read_dir(out).unwrap() {
         let dir = dir.unwrap().path();
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
-        let scenario = name
-            .strip_prefix("server-")
-            .and_then(|s| s.get(..s.len().saturating_sub(25)))
-            .unwrap_or(&name)
-            .to_owned();
+        let scenario = scenario_of(&name);
         if !scenarios.contains(&scenario.as_str()) {
             continue;
         }
@@ -70,11 +66,7 @@ fn run_suite(url: &str, requirements: &str, out: &Path) -> Checks {
         let dir = dir.unwrap().path();
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         // server-<scenario>-<YYYY-MM-DDTHH-MM-SS-mmmZ>
-        let scenario = name
-            .strip_prefix("server-")
-            .and_then(|s| s.get(..s.len().saturating_sub(25)))
-            .unwrap_or(&name)
-            .to_owned();
+        let scenario = scenario_of(&name);
         let Ok(text) = std::fs::read_to_string(dir.join("checks.json")) else {
             continue;
         };
@@ -94,6 +86,15 @@ fn run_suite(url: &str, requirements: &str, out: &Path) -> Checks {
         "the conformance suite produced no checks"
     );
     checks
+}
+
+/// `server-<scenario>-<YYYY-MM-DDTHH-MM-SS-mmmZ>` → `<scenario>`.
+fn scenario_of(dir_name: &str) -> String {
+    dir_name
+        .strip_prefix("server-")
+        .and_then(|s| s.get(..s.len().saturating_sub(25)))
+        .unwrap_or(dir_name)
+        .to_owned()
 }
 
 fn count(checks: &Checks, status: &str) -> usize {

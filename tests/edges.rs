@@ -426,12 +426,7 @@ async fn input_required_rounds_and_unknown_fields_pass_through() {
                     req["id"]
                 )
             };
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-                reply.len(),
-                reply
-            );
+            reply_json(&mut s, &reply);
         }
     });
     let sc = Sidecar::start(&up.url(), MODERN_UP);

@@ -552,7 +552,6 @@ async fn decorates_without_a_prior_list_and_on_streams() {
 /// `structuredContent`.
 #[tokio::test]
 async fn decoration_keeps_every_other_byte() {
-    use std::io::Write as _;
     let up = RawUpstream::start(|mut s: std::net::TcpStream| {
         while let Some((_, body)) = read_http_request(&mut s) {
             let req: Value = serde_json::from_slice(&body).unwrap();
@@ -567,12 +566,7 @@ async fn decoration_keeps_every_other_byte() {
                     req["id"]
                 )
             };
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-                reply.len(),
-                reply
-            );
+            reply_json(&mut s, &reply);
         }
     });
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));

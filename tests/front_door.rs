@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::io::Write;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,12 +29,7 @@ fn counting_upstream() -> Counting {
             let reply =
                 json!({"jsonrpc":"2.0","id":id,"result":{"tools":[],"resultType":"complete"}})
                     .to_string();
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-                reply.len(),
-                reply
-            );
+            reply_json(&mut s, &reply);
         }
     });
     Counting { up, hits }

@@ -2,7 +2,6 @@
 
 mod support;
 
-use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -14,12 +13,7 @@ fn slow_upstream(delay: Duration) -> RawUpstream {
             std::thread::sleep(delay);
             let body =
                 r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"resultType":"complete"}}"#;
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-                body.len(),
-                body
-            );
+            reply_json(&mut s, &body);
         }
     })
 }

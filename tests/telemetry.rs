@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -32,12 +31,7 @@ fn fast_upstream() -> RawUpstream {
                             "_meta": {"ai.epode/identity": {"accountRef": "acct_1", "sessionRef": "s:1"}}}),
             };
             let reply = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-                reply.len(),
-                reply
-            );
+            reply_json(&mut s, &reply);
         }
     })
 }

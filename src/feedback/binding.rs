@@ -98,7 +98,10 @@ impl FeedbackBinding {
 
     /// Whether the catalog must learn the tool before its result can be decorated.
     pub fn needs_schema(&self, tool: &str) -> bool {
-        self.enabled() && self.config.decorates(tool) && self.catalog.output_schema(tool).is_none()
+        self.enabled()
+            && self.config.decorates(tool)
+            && self.catalog.output_schema(tool).is_none()
+            && self.catalog.claim_fetch()
     }
 
     /// Identity references from the headers of a trusted gateway, as configured.

@@ -19,7 +19,13 @@ pub struct ToolCatalog {
 struct Inner {
     tools: HashMap<String, bool>,
     at: Option<Instant>,
+    /// When the sidecar last listed the tools itself: a tool missing from the list must not
+    /// make every call list them again.
+    fetched_at: Option<Instant>,
 }
+
+/// How often the sidecar may list the tools itself for a tool it does not know.
+const REFETCH_AFTER: Duration = Duration::from_secs(30);
 
 impl ToolCatalog {
     /// Whether `name` declares an `outputSchema`; `None` when the catalog does not know it
@@ -46,9 +52,20 @@ impl ToolCatalog {
         inner.at = Some(Instant::now());
     }
 
+    /// Whether the sidecar should list the tools itself now (and, if so, notes that it does).
+    pub fn claim_fetch(&self) -> bool {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.fetched_at.is_some_and(|at| at.elapsed() < REFETCH_AFTER) {
+            return false;
+        }
+        inner.fetched_at = Some(Instant::now());
+        true
+    }
+
     /// The upstream's tool list changed: everything is to be learned again.
     pub fn invalidate(&self) {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         inner.at = None;
+        inner.fetched_at = None;
     }
 }

@@ -338,6 +338,17 @@ pub fn read_http_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     Some((head, body))
 }
 
+/// Writes a `200 OK` JSON answer on a raw stream.
+pub fn reply_json(stream: &mut TcpStream, body: &str) {
+    use std::io::Write as _;
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+        body.len(),
+        body
+    );
+}
+
 /// Blocks until the peer closes the stream (or `within` passes); returns whether it closed.
 pub fn wait_closed(stream: &mut TcpStream, within: Duration) -> bool {
     stream.set_read_timeout(Some(within)).unwrap();
