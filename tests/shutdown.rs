@@ -13,7 +13,7 @@ fn slow_upstream(delay: Duration) -> RawUpstream {
             std::thread::sleep(delay);
             let body =
                 r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"resultType":"complete"}}"#;
-            reply_json(&mut s, &body);
+            reply_json(&mut s, body);
         }
     })
 }
