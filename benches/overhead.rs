@@ -210,6 +210,7 @@ fn start_sidecar(port: u16, upstream: u16) -> Proc {
         .env("EPODE_API_URL", format!("http://127.0.0.1:{upstream}"))
         .env("AGENT_FEEDBACK_MODE", "never_ask")
         .env("EPODE_SIDECAR_LOG", "warn")
+        .envs(std::env::var("TOKIO_WORKER_THREADS").map(|v| ("TOKIO_WORKER_THREADS", v)))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -490,6 +491,8 @@ fn main() {
     let sc_port = free_port();
     let sidecar = start_sidecar(sc_port, up_port);
     let sc_pid = sidecar.0.id();
+    std::thread::sleep(Duration::from_millis(300));
+    let (rss_idle, _) = rss_kib(sc_pid);
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2);
@@ -518,7 +521,17 @@ fn main() {
         }
     });
     std::thread::sleep(Duration::from_millis(600)); // let telemetry drain
-    let (rss_idle, _) = rss_kib(sc_pid);
+    // EPODE_BENCH_PROFILE=<scenario index 0-3>: only load the sidecar for 12 s at concurrency 32
+    // and print its pid, for `perf record -p`.
+    if let Some(i) = std::env::var("EPODE_BENCH_PROFILE").ok().and_then(|v| v.parse::<usize>().ok()) {
+        let scenario = Scenario::ALL[i.min(3)];
+        eprintln!("bench: profiling {} on sidecar pid {sc_pid}", scenario.name());
+        let conc = std::env::var("EPODE_BENCH_CONCURRENCY").ok().and_then(|v| v.parse().ok()).unwrap_or(32);
+        let s = rt.block_on(load(via_sidecar, scenario, conc, Duration::from_secs(12)));
+        eprintln!("bench: {} requests, p50 {} µs", s.latencies_us.len(), s.pct(0.5));
+        return;
+    }
+    let (rss_warm, _) = rss_kib(sc_pid);
     let tick_us = 1_000_000.0 / clock_ticks_per_sec() as f64;
 
     let mut rows = Vec::new();
@@ -581,6 +594,7 @@ fn main() {
             v
         }).collect::<Vec<_>>(),
         "rss_idle_kib": rss_idle,
+        "rss_after_warmup_kib": rss_warm,
         "rss_load_kib": rss_peak,
     });
 
@@ -631,7 +645,7 @@ fn main() {
         );
     }
     println!(
-        "sidecar RSS: {} KiB idle, {} KiB peak under load",
-        report["rss_idle_kib"], report["rss_load_kib"]
+        "sidecar RSS: {} KiB idle at start, {} KiB after warm-up, {} KiB peak under load",
+        report["rss_idle_kib"], report["rss_after_warmup_kib"], report["rss_load_kib"]
     );
 }

@@ -29,6 +29,8 @@ const TOOL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The parts that exist only when feedback is on.
 struct Active {
+    /// The two tool definitions, serialised once.
+    definitions: Vec<Box<RawValue>>,
     key: ProductKey,
     client: Arc<EpodeClient>,
     consent: Arc<ConsentCache>,
@@ -53,12 +55,14 @@ impl FeedbackBinding {
                     capacity: config.telemetry_queue,
                     ..QueueSettings::default()
                 };
+                let tools = FeedbackTools::new().map_err(|e| e.to_string())?;
                 Some(Active {
+                    definitions: tools.definitions().iter().map(raw).collect(),
                     key: key.clone(),
                     consent: ConsentCache::new(client.clone(), config.consent_timeout),
                     telemetry: Telemetry::start(client.clone(), settings),
                     client,
-                    tools: FeedbackTools::new().map_err(|e| e.to_string())?,
+                    tools,
                 })
             }
             _ => None,
@@ -275,7 +279,7 @@ impl ResultHook for ListHook {
             .is_none_or(|c| c.get().trim() == "null");
         if last_page {
             if let Some(active) = &self.binding.active {
-                kept.extend(active.tools.definitions().iter().map(raw));
+                kept.extend(active.definitions.iter().cloned());
                 changed = true;
             }
         }
