@@ -129,8 +129,9 @@ async fn responder_service(req: Request<Incoming>) -> Result<Response<RBody>, In
 }
 
 fn run_responder(port: u16) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: a request never hops between threads inside the upstream, which keeps the
+    // direct baseline steady; it still answers far faster than any proxy in front of it.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
@@ -210,7 +211,7 @@ fn start_sidecar(port: u16, upstream: u16) -> Proc {
         .env("EPODE_API_URL", format!("http://127.0.0.1:{upstream}"))
         .env("AGENT_FEEDBACK_MODE", "never_ask")
         .env("EPODE_SIDECAR_LOG", "warn")
-        .envs(std::env::var("TOKIO_WORKER_THREADS").map(|v| ("TOKIO_WORKER_THREADS", v)))
+        .envs(std::env::var("EPODE_SIDECAR_WORKERS").map(|v| ("EPODE_SIDECAR_WORKERS", v)))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -275,6 +276,32 @@ fn cpu_ticks(pid: u32) -> u64 {
     let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
     // Fields after the command: state is 0, utime is 11, stime is 12.
     num(11) + num(12)
+}
+
+/// The CPU ticks of a process and all its children (nginx's workers).
+fn tree_cpu_ticks(pid: u32) -> u64 {
+    let mut total = cpu_ticks(pid);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for entry in dir.flatten() {
+            let Some(child) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let status =
+                std::fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
+            let ppid = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok());
+            if ppid == Some(pid) {
+                total += cpu_ticks(child);
+            }
+        }
+    }
+    total
 }
 
 fn rss_kib(pid: u32) -> (u64, u64) {
@@ -457,6 +484,7 @@ struct Row {
     nginx: Option<Sample>,
     sidecar: Sample,
     sidecar_cpu_us_per_request: f64,
+    nginx_cpu_us_per_request: Option<f64>,
 }
 
 fn stats(s: &Sample) -> Value {
@@ -521,14 +549,27 @@ fn main() {
         }
     });
     std::thread::sleep(Duration::from_millis(600)); // let telemetry drain
-    // EPODE_BENCH_PROFILE=<scenario index 0-3>: only load the sidecar for 12 s at concurrency 32
-    // and print its pid, for `perf record -p`.
-    if let Some(i) = std::env::var("EPODE_BENCH_PROFILE").ok().and_then(|v| v.parse::<usize>().ok()) {
+                                                    // EPODE_BENCH_PROFILE=<scenario index 0-3>: only load the sidecar for 12 s at concurrency 32
+                                                    // and print its pid, for `perf record -p`.
+    if let Some(i) = std::env::var("EPODE_BENCH_PROFILE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         let scenario = Scenario::ALL[i.min(3)];
-        eprintln!("bench: profiling {} on sidecar pid {sc_pid}", scenario.name());
-        let conc = std::env::var("EPODE_BENCH_CONCURRENCY").ok().and_then(|v| v.parse().ok()).unwrap_or(32);
+        eprintln!(
+            "bench: profiling {} on sidecar pid {sc_pid}",
+            scenario.name()
+        );
+        let conc = std::env::var("EPODE_BENCH_CONCURRENCY")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(32);
         let s = rt.block_on(load(via_sidecar, scenario, conc, Duration::from_secs(12)));
-        eprintln!("bench: {} requests, p50 {} µs", s.latencies_us.len(), s.pct(0.5));
+        eprintln!(
+            "bench: {} requests, p50 {} µs",
+            s.latencies_us.len(),
+            s.pct(0.5)
+        );
         return;
     }
     let (rss_warm, _) = rss_kib(sc_pid);
@@ -545,14 +586,18 @@ fn main() {
                 nginx: nginx.as_ref().map(|_| Sample::default()),
                 sidecar: Sample::default(),
                 sidecar_cpu_us_per_request: 0.0,
+                nginx_cpu_us_per_request: None,
             };
             let mut sidecar_ticks = 0u64;
+            let mut nginx_ticks = 0u64;
             for _ in 0..rounds {
                 // Interleaved: each target in turn, so drift in the machine hits all three.
                 row.direct
                     .merge(rt.block_on(load(direct, scenario, concurrency, slice)));
-                if let Some(n) = row.nginx.as_mut() {
+                if let (Some(n), Some((p, _))) = (row.nginx.as_mut(), nginx.as_ref()) {
+                    let before = tree_cpu_ticks(p.0.id());
                     n.merge(rt.block_on(load(via_nginx, scenario, concurrency, slice)));
+                    nginx_ticks += tree_cpu_ticks(p.0.id()) - before;
                 }
                 let before = cpu_ticks(sc_pid);
                 row.sidecar
@@ -561,6 +606,10 @@ fn main() {
             }
             row.sidecar_cpu_us_per_request =
                 sidecar_ticks as f64 * tick_us / row.sidecar.latencies_us.len().max(1) as f64;
+            row.nginx_cpu_us_per_request = row
+                .nginx
+                .as_ref()
+                .map(|n| nginx_ticks as f64 * tick_us / n.latencies_us.len().max(1) as f64);
             rows.push(row);
         }
     }
@@ -587,6 +636,7 @@ fn main() {
             if let Some(n) = &r.nginx {
                 let added_nginx = n.pct(0.5) - d50;
                 v["nginx"] = stats(n);
+                v["nginx"]["cpu_us_per_request"] = json!(r.nginx_cpu_us_per_request.map(|c| (c * 10.0).round() / 10.0));
                 v["added_p50_us"]["nginx"] = json!(added_nginx);
                 v["added_p50_ratio_sidecar_to_nginx"] = json!(((added_sidecar / added_nginx) * 100.0).round() / 100.0);
                 v["rps_ratio_sidecar_to_nginx"] = json!(((r.sidecar.rps() / n.rps()) * 100.0).round() / 100.0);
@@ -603,7 +653,7 @@ fn main() {
         return;
     }
     println!(
-        "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>7}",
+        "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>11}",
         "scenario",
         "conc",
         "direct p50/p99 µs",
@@ -627,7 +677,7 @@ fn main() {
             }
         };
         println!(
-            "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>7}",
+            "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>11}",
             s["name"].as_str().unwrap(),
             s["concurrency"],
             pair(&s["direct"]),
@@ -641,7 +691,10 @@ fn main() {
                 .as_f64()
                 .map(|r| format!("{r:.2}x"))
                 .unwrap_or("-".into()),
-            s["sidecar"]["cpu_us_per_request"],
+            format!(
+                "{}/{}",
+                s["sidecar"]["cpu_us_per_request"], s["nginx"]["cpu_us_per_request"]
+            ),
         );
     }
     println!(

@@ -105,6 +105,13 @@ pub const SETTINGS: &[Setting] = &[
         "On SIGTERM/SIGINT, how long in-flight requests may take to finish.",
     ),
     setting(
+        "workers",
+        &["EPODE_SIDECAR_WORKERS"],
+        Some("auto"),
+        "auto (one per CPU core) or a whole number from 1 to 256",
+        "Server worker threads; each serves its own connections on its own event loop.",
+    ),
+    setting(
         "upstream_protocol",
         &["EPODE_SIDECAR_UPSTREAM_PROTOCOL"],
         Some("auto"),
@@ -377,6 +384,8 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub upstream_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// Server worker threads (each a single-threaded event loop with its own listener).
+    pub workers: usize,
     pub upstream_protocol: UpstreamProtocol,
     pub server_name: Option<String>,
     pub server_version: Option<String>,
@@ -543,6 +552,15 @@ impl Config {
         let upstream_timeout = parse_duration("upstream_timeout", &required("upstream_timeout")?)?;
         let shutdown_grace = parse_duration("shutdown_grace", &required("shutdown_grace")?)?;
 
+        let workers_raw = required("workers")?;
+        let workers = match workers_raw.trim() {
+            "auto" => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=256).contains(n))
+                .ok_or_else(|| invalid("workers", &workers_raw))?,
+        };
         let protocol_raw = required("upstream_protocol")?;
         let upstream_protocol = match protocol_raw.trim() {
             "auto" => UpstreamProtocol::Auto,
@@ -588,6 +606,7 @@ impl Config {
             max_body_bytes,
             upstream_timeout,
             shutdown_grace,
+            workers,
             upstream_protocol,
             server_name,
             server_version,
@@ -623,7 +642,7 @@ impl Config {
                 .map(|p| p.text.join(","))
                 .unwrap_or_else(|| none.to_owned())
         };
-        let rows: [(&str, String); 26] = [
+        let rows: [(&str, String); 27] = [
             ("listen", self.listen.to_string()),
             ("upstream", self.upstream.url.to_string()),
             ("path", self.path.clone()),
@@ -638,6 +657,7 @@ impl Config {
                 "shutdown_grace",
                 humantime::format_duration(self.shutdown_grace).to_string(),
             ),
+            ("workers", self.workers.to_string()),
             ("upstream_protocol", protocol.to_owned()),
             (
                 "server_name",

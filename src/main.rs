@@ -99,7 +99,9 @@ fn main() -> ExitCode {
     }
     init_logging(&config);
 
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
+    // The main thread's loop runs signals, telemetry and the consent lookups' timers; the
+    // server workers run their own (see server.rs).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -111,17 +113,17 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         let config = Arc::new(config);
-        let listener = match server::bind(config.listen).await {
+        let listeners = match server::bind(config.listen, config.workers) {
             Ok(l) => l,
             Err(e) => {
                 eprintln!("epode-sidecar: cannot listen on {}: {e}", config.listen);
                 return ExitCode::FAILURE;
             }
         };
-        let local = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        let local = listeners.local_addr;
         // One line on stdout, so scripts and tests started with port 0 learn the address.
         println!("epode-sidecar listening on {local}");
-        tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, "epode-sidecar serving");
+        tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, workers = config.workers, "epode-sidecar serving");
         let sidecar = match Sidecar::new(config) {
             Ok(s) => Arc::new(s),
             Err(e) => {
@@ -129,7 +131,12 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        server::serve(listener, sidecar.clone(), shutdown_signal()).await;
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let serving = tokio::spawn(server::serve(listeners, sidecar.clone(), stopped));
+        shutdown_signal().await;
+        tracing::info!("shutting down: no new connections; waiting for in-flight requests");
+        let _ = stop.send(true);
+        let _ = serving.await;
         // Queued telemetry is delivered within its own deadline before the process exits.
         sidecar.shutdown().await;
         ExitCode::SUCCESS

@@ -61,7 +61,11 @@ impl Sidecar {
     /// Builds the sidecar; with feedback on, this starts the telemetry task, so it must run
     /// inside the runtime.
     pub fn new(config: Arc<Config>) -> Result<Self, String> {
-        let http = HttpUpstream::new(config.upstream.clone(), config.upstream_timeout);
+        let http = HttpUpstream::new(
+            config.upstream.clone(),
+            config.upstream_timeout,
+            config.workers,
+        );
         let upstream = Upstream::new(http, config.upstream_protocol);
         let feedback = FeedbackBinding::new(config.feedback.clone())?;
         Ok(Sidecar {

@@ -55,7 +55,10 @@ impl ToolCatalog {
     /// Whether the sidecar should list the tools itself now (and, if so, notes that it does).
     pub fn claim_fetch(&self) -> bool {
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        if inner.fetched_at.is_some_and(|at| at.elapsed() < REFETCH_AFTER) {
+        if inner
+            .fetched_at
+            .is_some_and(|at| at.elapsed() < REFETCH_AFTER)
+        {
             return false;
         }
         inner.fetched_at = Some(Instant::now());

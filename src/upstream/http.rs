@@ -46,8 +46,22 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
+thread_local! {
+    /// The index of the server worker this thread is, so each worker uses its own pool (a
+    /// pooled connection's task lives on the runtime that opened it).
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Marks the current thread as server worker `index`.
+pub fn set_worker_index(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+type Pool = Client<HttpConnector, Full<Bytes>>;
+
 pub struct HttpUpstream {
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// One connection pool per server worker.
+    clients: Vec<Pool>,
     target: UpstreamTarget,
     host: HeaderValue,
     timeout: Duration,
@@ -57,20 +71,24 @@ pub struct HttpUpstream {
 }
 
 impl HttpUpstream {
-    pub fn new(target: UpstreamTarget, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
-        let client = Client::builder(TokioExecutor::new())
-            // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled
-            // connection is not reused just as the upstream closes it.
-            .pool_idle_timeout(Duration::from_secs(3))
-            .pool_max_idle_per_host(64)
-            .build(connector);
+    pub fn new(target: UpstreamTarget, timeout: Duration, workers: usize) -> Self {
+        let clients = (0..workers.max(1))
+            .map(|_| {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
+                Client::builder(TokioExecutor::new())
+                    // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled
+                    // connection is not reused just as the upstream closes it.
+                    .pool_idle_timeout(Duration::from_secs(3))
+                    .pool_max_idle_per_host(64)
+                    .build(connector)
+            })
+            .collect();
         let host = HeaderValue::from_str(&target.authority)
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         HttpUpstream {
-            client,
+            clients,
             target,
             host,
             timeout,
@@ -92,6 +110,11 @@ impl HttpUpstream {
             s.push_str(q);
         }
         s.parse().unwrap_or_else(|_| Uri::from_static("/"))
+    }
+
+    fn client(&self) -> &Pool {
+        let i = WORKER.with(std::cell::Cell::get);
+        &self.clients[i % self.clients.len()]
     }
 
     pub fn timeout(&self) -> Duration {
@@ -125,7 +148,7 @@ impl HttpUpstream {
     }
 
     pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        match tokio::time::timeout(self.timeout, self.client().request(req)).await {
             Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
             Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamUnreachable(error_chain(&e))),
             Ok(Err(e)) => Err(ProxyError::UpstreamFailed(error_chain(&e))),
@@ -164,7 +187,7 @@ impl HttpUpstream {
             .header(header::ACCEPT, "application/json, text/event-stream")
             .body(Full::new(body));
         let Ok(req) = req else { return false };
-        let probe = tokio::time::timeout(Duration::from_secs(2), self.client.request(req)).await;
+        let probe = tokio::time::timeout(Duration::from_secs(2), self.client().request(req)).await;
         match probe {
             Ok(Ok(resp)) => {
                 let ok = resp.status().as_u16() < 500;
