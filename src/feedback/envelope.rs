@@ -443,8 +443,14 @@ pub fn decision_schema() -> Value {
     json!({ "decision": ["approved", "declined"] })
 }
 
-/// The report limits in the order the reference SDK lists them (core.ts).
+/// The report limits in the order the reference SDK lists them (core.ts). Built once: every
+/// ready envelope carries it.
 pub fn report_schema() -> Value {
+    static SCHEMA: std::sync::LazyLock<Value> = std::sync::LazyLock::new(build_report_schema);
+    SCHEMA.clone()
+}
+
+fn build_report_schema() -> Value {
     json!({
         "required": ["summary"],
         "optional": ["impact", "confidence", "findings", "workaround"],

@@ -7,7 +7,6 @@
 //! Texts and result shapes follow the reference binding (`sdk/node/src/mcp.ts`). Epode's own
 //! error text is never relayed: a failure result says only the status, whether to retry, and how.
 
-use indexmap::IndexMap;
 use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
 
@@ -489,7 +488,7 @@ pub fn report_failure(failure: EpodeFailure) -> Value {
 }
 
 /// A JSON object whose values keep their exact bytes until opened (the proxy's result form).
-pub type RawObject = IndexMap<String, Box<RawValue>>;
+pub type RawObject = crate::mcp::rewrite::RawMap;
 
 /// An intermediate MCP result (`resultType: "input_required"`) is not a completed interaction:
 /// it gets neither decoration nor telemetry.

@@ -9,8 +9,10 @@ use serde_json::value::RawValue;
 
 use super::version::META_SERVER_INFO;
 
-/// A JSON object whose values are left as raw JSON text until someone opens them.
-pub type RawMap = IndexMap<String, Box<RawValue>>;
+/// A JSON object whose values are left as raw JSON text until someone opens them. Its keys
+/// come from the upstream and the client, but a map only ever lives for one message, so the
+/// fast hasher (randomly seeded per process) is enough.
+pub type RawMap = IndexMap<String, Box<RawValue>, foldhash::fast::RandomState>;
 
 /// What a request's response passes through besides the era rewrite: the feedback binding's
 /// decoration and telemetry. Exactly one of `result` or `failed` is called for a request
@@ -185,7 +187,7 @@ impl ResultPlan {
                     Some(m) => m,
                     None => return changed, // a non-object _meta is the upstream's business
                 },
-                None => RawMap::new(),
+                None => RawMap::default(),
             };
             let present = meta
                 .get(META_SERVER_INFO)
