@@ -66,8 +66,11 @@ impl Cli {
 
 fn init_logging(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(&config.log);
+    use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for a person at a terminal, never in collected logs.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Json => builder.json().init(),
