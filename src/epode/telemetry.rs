@@ -225,6 +225,10 @@ pub struct Telemetry {
     /// Events accepted and not yet finished with (queued, or in the batch being delivered):
     /// the bound is on this, so memory stays bounded whatever Epode does.
     pending: Arc<AtomicU64>,
+    /// Events in the channel, not yet taken into a batch; at a full batch the worker is told.
+    queued: Arc<AtomicU64>,
+    full: Arc<tokio::sync::Notify>,
+    batch_max: u64,
     /// The next sequence number; under a lock with the push, so queue order is sequence order.
     sequence: std::sync::Mutex<u64>,
     pub counters: Arc<Counters>,
@@ -238,6 +242,8 @@ impl Telemetry {
     pub fn start(client: Arc<EpodeClient>, settings: QueueSettings) -> Arc<Telemetry> {
         let (tx, rx) = mpsc::unbounded_channel();
         let pending = Arc::new(AtomicU64::new(0));
+        let queued = Arc::new(AtomicU64::new(0));
+        let full = Arc::new(tokio::sync::Notify::new());
         let (stop, stop_rx) = watch::channel(None);
         let counters = Arc::new(Counters::default());
         let worker = Worker {
@@ -245,6 +251,8 @@ impl Telemetry {
             settings: settings.clone(),
             counters: counters.clone(),
             pending: pending.clone(),
+            queued: queued.clone(),
+            full: full.clone(),
             rx,
             stop: stop_rx,
         };
@@ -252,6 +260,9 @@ impl Telemetry {
         Arc::new(Telemetry {
             tx,
             pending,
+            queued,
+            full,
+            batch_max: settings.batch_max.max(1) as u64,
             sequence: std::sync::Mutex::new(0),
             counters,
             capacity: settings.capacity.max(1),
@@ -279,12 +290,17 @@ impl Telemetry {
         }
         *sequence += 1;
         self.pending.fetch_add(1, Ordering::SeqCst);
+        let queued = self.queued.fetch_add(1, Ordering::SeqCst) + 1;
         let pushed = self.tx.send(event);
         drop(sequence);
+        if queued == self.batch_max {
+            self.full.notify_one();
+        }
         match pushed {
             Ok(()) => Counters::add(&self.counters.enqueued, 1),
             Err(_) => {
                 self.pending.fetch_sub(1, Ordering::SeqCst);
+                self.queued.fetch_sub(1, Ordering::SeqCst);
                 Counters::add(&self.counters.dropped_at_shutdown, 1);
             }
         }
@@ -321,6 +337,8 @@ struct Worker {
     settings: QueueSettings,
     counters: Arc<Counters>,
     pending: Arc<AtomicU64>,
+    queued: Arc<AtomicU64>,
+    full: Arc<tokio::sync::Notify>,
     rx: mpsc::UnboundedReceiver<Value>,
     stop: watch::Receiver<Option<Instant>>,
 }
@@ -348,22 +366,26 @@ impl Worker {
                 continue;
             };
             let mut batch = vec![first];
-            let flush_at = tokio::time::Instant::now() + self.settings.flush_every;
-            while batch.len() < self.settings.batch_max {
-                if self.deadline().is_some() {
-                    match self.rx.try_recv() {
-                        Ok(ev) => batch.push(ev),
-                        Err(_) => break,
-                    }
-                    continue;
-                }
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            // Sleep until the flush time, or until the request path says a full batch is
+            // waiting: not woken once per event (each wake is a cross-thread signal).
+            if self.deadline().is_none()
+                && self.queued.load(Ordering::SeqCst) + 1 < self.settings.batch_max as u64
+            {
+                let flush_at = tokio::time::Instant::now() + self.settings.flush_every;
                 tokio::select! {
-                    ev = self.rx.recv() => match ev {
-                        Some(ev) => batch.push(ev),
-                        None => break,
-                    },
-                    _ = tokio::time::sleep_until(flush_at) => break,
+                    _ = tokio::time::sleep_until(flush_at) => {}
+                    _ = self.full.notified() => {}
                     _ = self.stop.changed() => {}
+                }
+            }
+            while batch.len() < self.settings.batch_max {
+                match self.rx.try_recv() {
+                    Ok(ev) => {
+                        self.queued.fetch_sub(1, Ordering::SeqCst);
+                        batch.push(ev);
+                    }
+                    Err(_) => break,
                 }
             }
             let n = batch.len() as u64;
