@@ -195,16 +195,21 @@ async fn discovery_is_not_answered_for_an_upstream_that_refuses() {
     let again = discover(&sc.url(), 3, &[]).await;
     assert_eq!(again.status(), 401);
 
-    let init = json!({"jsonrpc":"2.0","id":4,"method":"initialize","params":{
-        "protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
-    let resp = http()
-        .post(sc.url())
+    let resp = initialize(&sc.url(), "2025-11-25").await;
+    assert_eq!(resp.status(), 401);
+}
+
+/// A 2025-era `initialize` asking for `version`, with no session and no version header.
+async fn initialize(url: &str, version: &str) -> reqwest::Response {
+    let init = json!({"jsonrpc":"2.0","id":"i","method":"initialize","params":{
+        "protocolVersion":version,"capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
+    http()
+        .post(url)
         .header("accept", "application/json, text/event-stream")
         .body(init.to_string())
         .send()
         .await
-        .unwrap();
-    assert_eq!(resp.status(), 401);
+        .unwrap()
 }
 
 /// `initialize` is answered per request: no session id is minted, and the client gets the
@@ -214,15 +219,7 @@ async fn legacy_initialize_is_stateless() {
     let up = Upstream::start(UpstreamKind::Python);
     let sc = Sidecar::start(&up.url(), &[]);
     for (asked, expect) in [("2025-06-18", "2025-06-18"), ("1999-01-01", "2025-11-25")] {
-        let init = json!({"jsonrpc":"2.0","id":"i","method":"initialize","params":{
-            "protocolVersion":asked,"capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
-        let resp = http()
-            .post(sc.url())
-            .header("accept", "application/json, text/event-stream")
-            .body(init.to_string())
-            .send()
-            .await
-            .unwrap();
+        let resp = initialize(&sc.url(), asked).await;
         assert_eq!(resp.status(), 200);
         assert!(resp.headers().get("mcp-session-id").is_none());
         let v: Value = resp.json().await.unwrap();
