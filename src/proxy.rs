@@ -49,8 +49,9 @@ pub struct Sidecar {
 struct Params {
     #[serde(default)]
     name: Option<String>,
+    /// Left raw: only the sidecar's own tools read it, product calls forward it untouched.
     #[serde(default)]
-    arguments: Option<Value>,
+    arguments: Option<Box<RawValue>>,
     #[serde(default)]
     cursor: Option<Value>,
     #[serde(default, rename = "protocolVersion")]
@@ -280,7 +281,10 @@ impl Sidecar {
             "tools/call" => {
                 let name = params.name.unwrap_or_default();
                 if self.feedback.is_local_tool(&name) {
-                    let args = params.arguments.unwrap_or_else(|| json!({}));
+                    let args = params
+                        .arguments
+                        .and_then(|a| serde_json::from_str(a.get()).ok())
+                        .unwrap_or_else(|| json!({}));
                     let result = self.feedback.call_local(&name, &args).await;
                     let mut msg = raw_message(&result_message(id, result));
                     self.plan(method, modern_client).apply(&mut msg);

@@ -310,25 +310,7 @@ impl Envelope {
         };
         let decisions_url = format!("{endpoint}/api/v2/consent/decisions");
 
-        let mut map = Map::new();
-        map.insert("v".into(), json!(1));
-        map.insert("mode".into(), json!(case.mode()));
-        if let Some(configured) = case.configured_mode() {
-            map.insert("configuredMode".into(), json!(configured));
-        }
-        map.insert("state".into(), json!(case.stage().as_str()));
-        map.insert(
-            "requested".into(),
-            json!(case.stage() != Stage::FeedbackDisabled),
-        );
-        map.insert(
-            "consentRequired".into(),
-            json!(case.stage() == Stage::ConsentRequired),
-        );
-        map.insert("consentPolicy".into(), json!(case.consent_policy()));
-        if case.configured_mode().is_some() {
-            map.insert("consentManagedBy".into(), json!("epode"));
-        }
+        let mut map = head(case, ("requested", case.stage() != Stage::FeedbackDisabled));
         map.insert("reliability".into(), json!(case.http_reliability()));
         map.insert("when".into(), json!(case.when()));
         map.insert("instruction".into(), json!(case.instruction()));
@@ -373,25 +355,7 @@ impl Envelope {
     pub fn agent_feedback(&self) -> Value {
         let case = self.case;
         let handle = self.handle.as_str();
-        let mut map = Map::new();
-        map.insert("v".into(), json!(1));
-        map.insert("mode".into(), json!(case.mode()));
-        if let Some(configured) = case.configured_mode() {
-            map.insert("configuredMode".into(), json!(configured));
-        }
-        map.insert("state".into(), json!(case.stage().as_str()));
-        map.insert(
-            "required".into(),
-            json!(case.stage() == Stage::FeedbackReady),
-        );
-        map.insert(
-            "consentRequired".into(),
-            json!(case.stage() == Stage::ConsentRequired),
-        );
-        map.insert("consentPolicy".into(), json!(case.consent_policy()));
-        if case.configured_mode().is_some() {
-            map.insert("consentManagedBy".into(), json!("epode"));
-        }
+        let mut map = head(case, ("required", case.stage() == Stage::FeedbackReady));
         map.insert("reliability".into(), json!("protocol_tool"));
         map.insert("when".into(), json!(case.when()));
         map.insert("instruction".into(), json!(case.instruction()));
@@ -436,6 +400,28 @@ impl Envelope {
             Stage::FeedbackDisabled => instruction,
         }
     }
+}
+
+/// The fields both shapes start with, in the reference's order; the two differ only in the
+/// flag after `state` (`requested` in the HTTP envelope, `required` in the MCP projection).
+fn head(case: Case, flag: (&str, bool)) -> Map<String, Value> {
+    let mut map = Map::new();
+    map.insert("v".into(), json!(1));
+    map.insert("mode".into(), json!(case.mode()));
+    if let Some(configured) = case.configured_mode() {
+        map.insert("configuredMode".into(), json!(configured));
+    }
+    map.insert("state".into(), json!(case.stage().as_str()));
+    map.insert(flag.0.into(), json!(flag.1));
+    map.insert(
+        "consentRequired".into(),
+        json!(case.stage() == Stage::ConsentRequired),
+    );
+    map.insert("consentPolicy".into(), json!(case.consent_policy()));
+    if case.configured_mode().is_some() {
+        map.insert("consentManagedBy".into(), json!("epode"));
+    }
+    map
 }
 
 /// `{"decision": ["approved", "declined"]}`, the two values a consent call may carry.
