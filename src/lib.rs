@@ -9,6 +9,7 @@ pub mod epode;
 pub mod error;
 pub mod feedback;
 pub mod frontdoor;
+pub mod log_summary;
 pub mod mcp;
 pub mod proxy;
 pub mod server;

@@ -44,20 +44,6 @@ pub struct Sidecar {
     pub feedback: Arc<FeedbackBinding>,
 }
 
-/// The parameters of a request the dispatch table looks into.
-#[derive(serde::Deserialize, Default)]
-struct Params {
-    #[serde(default)]
-    name: Option<String>,
-    /// Left raw: only the sidecar's own tools read it, product calls forward it untouched.
-    #[serde(default)]
-    arguments: Option<Box<RawValue>>,
-    #[serde(default)]
-    cursor: Option<Value>,
-    #[serde(default, rename = "protocolVersion")]
-    protocol_version: Option<Value>,
-}
-
 impl Sidecar {
     /// Builds the sidecar; with feedback on, this starts the telemetry task, so it must run
     /// inside the runtime.
@@ -209,7 +195,7 @@ impl Sidecar {
                 )
                 .into_response(None)
             }
-            Err(e) => return e.into_response(None),
+            Err((e, id)) => return e.into_response(id),
         };
         let id = env.id;
         if env.method.is_none() {
@@ -251,10 +237,6 @@ impl Sidecar {
         let method = env.method.as_deref().unwrap_or_default();
         let client = &parts.headers;
         let modern_client = era.is_modern();
-        let params: Params = env
-            .params
-            .and_then(|p| serde_json::from_str(p.get()).ok())
-            .unwrap_or_default();
         if modern_client && version::REMOVED_IN_MODERN.contains(&method) {
             return Err(ProxyError::MethodNotFound(method.to_owned()).into());
         }
@@ -269,7 +251,8 @@ impl Sidecar {
             "initialize" if !modern_client => {
                 let discovery = self.upstream.discover(client, None).await?;
                 let discover = self.with_feedback_instructions(discovery.result);
-                let result = self.initialize_result(&discover, params.protocol_version.as_ref());
+                let requested = env.params.protocol_version.and_then(message::as_str);
+                let result = self.initialize_result(&discover, requested.as_deref());
                 return Ok(json_message(&result_message(id, result)));
             }
             "ping" if !modern_client && self.upstream.era(client).await? == Era::Modern => {
@@ -279,9 +262,10 @@ impl Sidecar {
                 return Ok(local_listen(id));
             }
             "tools/call" => {
-                let name = params.name.unwrap_or_default();
+                let name = env.name().unwrap_or_default();
                 if self.feedback.is_local_tool(&name) {
-                    let args = params
+                    let args = env
+                        .params
                         .arguments
                         .and_then(|a| serde_json::from_str(a.get()).ok())
                         .unwrap_or_else(|| json!({}));
@@ -290,7 +274,7 @@ impl Sidecar {
                     self.plan(method, modern_client).apply(&mut msg);
                     return Ok(json_bytes(rewrite::to_bytes(&msg)));
                 }
-                if self.feedback.needs_schema(&name) {
+                if self.feedback.needs_listing(&name) {
                     self.learn_tools(client).await;
                 }
                 let mut plan = self.plan(method, modern_client);
@@ -298,19 +282,19 @@ impl Sidecar {
                     self.feedback
                         .call_hook(&name, self.feedback.header_refs(client)),
                 );
-                return self.forward(parts, bytes, method, plan).await;
+                return self.forward(parts, bytes, id, method, plan).await;
             }
             "tools/list" => {
                 let mut plan = self.plan(method, modern_client);
                 if self.feedback.enabled() {
-                    plan.hook = Some(self.feedback.list_hook(params.cursor.is_none()));
+                    plan.hook = Some(self.feedback.list_hook());
                 }
-                return self.forward(parts, bytes, method, plan).await;
+                return self.forward(parts, bytes, id, method, plan).await;
             }
             _ => {}
         }
         let plan = self.plan(method, modern_client);
-        self.forward(parts, bytes, method, plan).await
+        self.forward(parts, bytes, id, method, plan).await
     }
 
     /// The discovery with the feedback rule near the start of its instructions, and the
@@ -383,13 +367,10 @@ impl Sidecar {
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten();
-            self.feedback.catalog.learn(
-                page == 0,
-                tools.filter_map(|t| {
-                    let name = t.get("name")?.as_str()?.to_owned();
-                    Some((name, t.get("outputSchema").is_some()))
-                }),
-            );
+            self.feedback.catalog.learn(tools.filter_map(|t| {
+                let name = t.get("name")?.as_str()?.to_owned();
+                Some((name, t.get("outputSchema").is_some()))
+            }));
             match result.get("nextCursor") {
                 Some(c) if !c.is_null() => cursor = Some(c.clone()),
                 _ => return,
@@ -404,6 +385,7 @@ impl Sidecar {
         &self,
         parts: &Parts,
         bytes: &Bytes,
+        id: &RawValue,
         method: &str,
         mut plan: ResultPlan,
     ) -> Result<Response<Body>, Early> {
@@ -475,7 +457,7 @@ impl Sidecar {
                 plan.server_info = info;
             }
             let fix_status = modern_client && era == Era::Legacy;
-            return Ok(self.finish(resp, plan, fix_status).await);
+            return Ok(self.finish(resp, id, plan, fix_status).await);
         }
         plan.failed();
         Err(Early::Error(ProxyError::UpstreamFailed(
@@ -512,15 +494,13 @@ impl Sidecar {
                 plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope.clone()));
             }
         }
-        plan.sort_tools = method == "tools/list";
         plan
     }
 
     /// A 2025-era `initialize` result from the upstream's discovery, minted per request:
     /// no session id, the client's version when it is one the sidecar serves.
-    fn initialize_result(&self, discover: &Value, requested: Option<&Value>) -> Value {
+    fn initialize_result(&self, discover: &Value, requested: Option<&str>) -> Value {
         let protocol = requested
-            .and_then(Value::as_str)
             .filter(|v| version::is_legacy(v))
             .unwrap_or(LEGACY_LATEST);
         let upstream_info = discover
@@ -554,6 +534,7 @@ impl Sidecar {
     async fn finish(
         &self,
         resp: Response<Incoming>,
+        id: &RawValue,
         mut plan: ResultPlan,
         fix_status: bool,
     ) -> Response<Body> {
@@ -591,11 +572,16 @@ impl Sidecar {
                     Err(e) => {
                         plan.failed();
                         return ProxyError::UpstreamFailed(format!("reading the answer: {e}"))
-                            .into_response(None);
+                            .into_response(Some(id));
                     }
                 }
             }
-            let body = sse::rewrite_stream_after(read, body, move |m: &mut RawMap| plan.apply(m));
+            let body = sse::rewrite_stream_after(
+                read,
+                body,
+                Some(id.to_owned()),
+                move |m: &mut RawMap| plan.apply(m),
+            );
             return Response::from_parts(parts, body);
         }
         let timeout = self.upstream.http.timeout();
@@ -607,11 +593,11 @@ impl Sidecar {
                 tracing::warn!(error = %e, "reading the upstream's answer failed");
                 plan.failed();
                 return ProxyError::UpstreamFailed(format!("reading the answer: {e}"))
-                    .into_response(None);
+                    .into_response(Some(id));
             }
             Err(_) => {
                 plan.failed();
-                return ProxyError::UpstreamTimeout(timeout).into_response(None);
+                return ProxyError::UpstreamTimeout(timeout).into_response(Some(id));
             }
         };
         parts.headers.remove(header::CONTENT_LENGTH);

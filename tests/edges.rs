@@ -461,3 +461,77 @@ async fn input_required_rounds_and_unknown_fields_pass_through() {
         "the retry changed on its way: {seen}"
     );
 }
+
+/// An upstream that starts its answer and then breaks: JSON cut off mid-body, JSON stalled
+/// mid-body, and an SSE stream that ends after a progress event without its response. Each
+/// error the client gets names the request's id, and the stream ends with an error event
+/// rather than a cut-off body.
+#[tokio::test]
+async fn upstream_breaking_mid_body_gives_errors_that_name_the_request() {
+    let up = RawUpstream::start(|mut s: TcpStream| {
+        if let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            match req["id"].as_str() {
+                Some("cut") => {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\":",
+                    );
+                }
+                Some("stall") => {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\":",
+                    );
+                    std::thread::sleep(Duration::from_secs(5));
+                }
+                _ => {
+                    let _ = s.write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n",
+                    );
+                }
+            }
+        }
+    });
+    let sc = Sidecar::start(
+        &up.url(),
+        &[MODERN_UP[0], ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "1s")],
+    );
+    let (status, err) = error_of(
+        post(&sc.url(), modern(r#""cut""#, "tools/list"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, err["id"].clone()), (502, json!("cut")), "{err}");
+    let started = Instant::now();
+    let (status, err) = error_of(
+        post(&sc.url(), modern(r#""stall""#, "tools/list"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!((status, err["id"].clone()), (504, json!("stall")), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(4));
+
+    let resp = post(&sc.url(), modern(r#""sse""#, "tools/list"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let text = resp
+        .text()
+        .await
+        .expect("the stream ends cleanly, not cut off");
+    assert!(text.contains("notifications/progress"), "{text}");
+    let last = last_message("text/event-stream", &text);
+    assert_eq!(last["id"], "sse", "{text}");
+    assert_eq!(last["error"]["code"], -32603, "{text}");
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("before the response"),
+        "{text}"
+    );
+}

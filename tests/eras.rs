@@ -160,9 +160,59 @@ async fn discovery_of_a_2025_upstream_has_the_2026_shape() {
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    let mut sorted = names.clone();
-    sorted.sort();
-    assert_eq!(names, sorted, "tools/list order is deterministic (by name)");
+    assert_eq!(
+        names,
+        direct_legacy_tool_names(&up.url()).await,
+        "tools/list keeps the upstream's own order"
+    );
+}
+
+/// The tool names a 2025-era upstream lists, in its order, over its own session.
+async fn direct_legacy_tool_names(url: &str) -> Vec<String> {
+    let post = |body: Value, session: Option<String>| {
+        let mut req = http()
+            .post(url)
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .body(body.to_string());
+        if let Some(s) = session {
+            req = req
+                .header("mcp-session-id", s)
+                .header("mcp-protocol-version", "2025-11-25");
+        }
+        req.send()
+    };
+    let init = post(
+        json!({"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"0"}}}),
+        None,
+    )
+    .await
+    .unwrap();
+    let session = init.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let _ = init.text().await;
+    let _ = post(
+        json!({"jsonrpc":"2.0","method":"notifications/initialized"}),
+        Some(session.clone()),
+    )
+    .await
+    .unwrap();
+    let list = post(
+        json!({"jsonrpc":"2.0","id":2,"method":"tools/list"}),
+        Some(session),
+    )
+    .await
+    .unwrap();
+    let ct = list.headers()["content-type"].to_str().unwrap().to_owned();
+    let v = last_message(&ct, &list.text().await.unwrap());
+    v["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 #[tokio::test]

@@ -69,14 +69,14 @@ fn never_ask_lists_decorates_and_reports() {
     assert_eq!(
         names,
         [
-            "account",
-            "add",
             "echo",
+            "add",
             "slow",
+            "account",
             "record_product_feedback_consent",
             "report_product_feedback"
         ],
-        "feedback tools come once, at the end"
+        "the upstream's order (echo, add, slow, account), then the feedback tools once, at the end"
     );
     let tools = list["tools"].as_array().unwrap();
     for t in &tools[4..] {
@@ -560,6 +560,13 @@ async fn decoration_keeps_every_other_byte() {
                     r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"\u00e9"}}],"structuredContent":{{"big":1e400,"n":12345678901234567890,"f":0.1,"s":"\u00e9\ud83d\ude80"}},"resultType":"complete"}}}}"#,
                     req["id"]
                 )
+            } else if req["method"] == "tools/list" {
+                // `odd` declares an outputSchema: the action goes in its own text block and
+                // structuredContent stays as it was.
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"tools":[{{"name":"odd","inputSchema":{{"type":"object"}},"outputSchema":{{"type":"object"}}}}]}}}}"#,
+                    req["id"]
+                )
             } else {
                 format!(
                     r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32601,"message":"no"}}}}"#,
@@ -596,4 +603,210 @@ async fn decoration_keeps_every_other_byte() {
         ),
         "{text}"
     );
+}
+
+/// customerRef is the legacy Ask-once subject: the real Epode service records it as a leak on
+/// any interaction outside ask_once. The Python upstream's identity carries customerRef equal
+/// to accountRef; only ask_once telemetry may carry it.
+#[test]
+fn customer_ref_reaches_epode_only_in_ask_once() {
+    for mode in ["never_ask", "ask_always", "ask_once"] {
+        let r = rig(mode, &[]);
+        call(&r, "pin", "account", json!({"customer": "acct_7"}));
+        let events = r
+            .epode
+            .wait_for_events(1, std::time::Duration::from_secs(10));
+        assert_eq!(events.len(), 1, "{mode}: {events:?}");
+        let e = &events[0];
+        assert_eq!(e["accountRef"], "acct_7", "{mode}: {e}");
+        assert_eq!(e["userRef"], "user_1", "{mode}: {e}");
+        if mode == "ask_once" {
+            assert_eq!(e["customerRef"], "acct_7", "{mode}: {e}");
+        } else {
+            assert!(
+                e.get("customerRef").is_none(),
+                "{mode}: legacy customerRef leaked into Epode: {e}"
+            );
+        }
+    }
+}
+
+/// A call naming a tool the upstream does not list passes through untouched: the upstream's
+/// own answer, no `_agentFeedback`, no telemetry event; in both client eras.
+#[tokio::test]
+async fn unknown_tools_are_not_product_operations() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(&up.url(), &epode, "never_ask", &[]);
+    let modern = call_raw(&sc, "invented_tool", json!({})).await;
+    assert_eq!(modern["isError"], true, "{modern}");
+    assert!(text_of(&modern).contains("Unknown tool"), "{modern}");
+    assert!(agent_feedback(&modern).is_none(), "{modern}");
+    let legacy = http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"also_invented","arguments":{}}}"#)
+        .send()
+        .await
+        .unwrap();
+    let ct = legacy.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let legacy = last_message(&ct, &legacy.text().await.unwrap());
+    assert_eq!(legacy["result"]["isError"], true, "{legacy}");
+    assert!(agent_feedback(&legacy["result"]).is_none(), "{legacy}");
+    // A listed tool is still a product operation, and it is the only event.
+    let echo = call_raw(&sc, "echo", json!({"text": "x"})).await;
+    assert!(agent_feedback(&echo).is_some(), "{echo}");
+    let events = epode.wait_for_events(1, std::time::Duration::from_secs(10));
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    let events = if events.len() == 1 {
+        epode.events()
+    } else {
+        events
+    };
+    let ops: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["operation"].as_str())
+        .collect();
+    assert_eq!(ops, ["echo"], "{events:?}");
+}
+
+/// Handles the sidecar did not sign, or that expired, or that are malformed or huge, are
+/// refused locally and never reach Epode: not retryable, and the agent is told to use a newer
+/// product result's handle.
+#[tokio::test]
+async fn bad_handles_never_reach_epode() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "ask_always"));
+    let sc = feedback_sidecar(&up.url(), &epode, "ask_always", &[]);
+    let good = handle_for(&sc).await;
+    let (head, sig) = good.rsplit_once('.').unwrap();
+    let tampered = format!("{head}.{}", sig.chars().rev().collect::<String>());
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let expired = support::fake_epode::mint_handle(
+        DEMO_PRODUCT_KEY,
+        &json!({"v": 1, "i": "018f1f2e-7b4a-4c12-9c8d-123456789abc", "iat": now - 7300,
+                "exp": now - 100, "n": "AQIDBAUGBwgJCgsMDQ4PEBES"}),
+    )
+    .unwrap();
+    let other_key = support::fake_epode::mint_handle(
+        "af_live_ffffffffffffffffffffffffffffffff_another_products_secret_0123",
+        &json!({"v": 1, "i": "018f1f2e-7b4a-4c12-9c8d-123456789abc", "iat": now,
+                "exp": now + 60, "n": "AQIDBAUGBwgJCgsMDQ4PEBES"}),
+    )
+    .unwrap();
+    let huge = format!("afr2_{}", "A".repeat(100_000));
+    for bad in [
+        tampered,
+        expired,
+        other_key,
+        huge,
+        "afr2_not.a.handle".to_owned(),
+    ] {
+        let r = call_raw(
+            &sc,
+            "report_product_feedback",
+            report_args(&bad, "A sound product run."),
+        )
+        .await;
+        assert_eq!(r["isError"], true, "{r}");
+        assert_eq!(
+            r["structuredContent"],
+            json!({"accepted": false, "retryable": false}),
+            "{r}"
+        );
+        let t = text_of(&r);
+        assert!(
+            t.contains("invalid or expired") && t.contains("newer product result"),
+            "{t}"
+        );
+        let c = call_raw(
+            &sc,
+            "record_product_feedback_consent",
+            json!({"feedbackHandle": bad, "decision": "approved"}),
+        )
+        .await;
+        assert_eq!(
+            c["structuredContent"],
+            json!({"accepted": false, "retryable": false}),
+            "{c}"
+        );
+        assert!(text_of(&c).contains("Never assume approval"), "{c}");
+    }
+    assert_eq!(epode.request_count(Endpoint::Reports), 0);
+    assert_eq!(epode.request_count(Endpoint::ConsentDecisions), 0);
+    // The good handle still works.
+    let c = call_raw(
+        &sc,
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": good, "decision": "approved"}),
+    )
+    .await;
+    assert!(c.get("isError").is_none(), "{c}");
+}
+
+/// What comes back from Epode is not trusted: a redirect is not followed (the handle would go
+/// elsewhere), an answer over 64 KiB is not read, and a 2xx that is not Epode's answer is a
+/// failure, never "accepted".
+#[tokio::test]
+async fn epode_answers_are_not_trusted() {
+    let up = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "ask_always"));
+    let sc = feedback_sidecar(&up.url(), &epode, "ask_always", &[]);
+    // Consent first (approved), so reports are accepted when no fault is injected.
+    let handle = handle_for(&sc).await;
+    epode.inject(
+        Endpoint::ConsentDecisions,
+        Fault::Redirect("/elsewhere".into()),
+    );
+    let c = call_raw(
+        &sc,
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": handle, "decision": "approved"}),
+    )
+    .await;
+    assert_eq!(c["isError"], true, "{c}");
+    assert!(text_of(&c).contains("HTTP 307"), "{c}");
+    let c = call_raw(
+        &sc,
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": handle, "decision": "approved"}),
+    )
+    .await;
+    assert!(c.get("isError").is_none(), "{c}");
+    for (fault, what) in [
+        (Fault::Redirect("/elsewhere".into()), "HTTP 307"),
+        (Fault::Oversized(100 * 1024), "temporarily unavailable"),
+        (Fault::MalformedReceipt, "temporarily unavailable"),
+    ] {
+        epode.inject(Endpoint::Reports, fault.clone());
+        let r = call_raw(
+            &sc,
+            "report_product_feedback",
+            report_args(&handle, "A sound product run."),
+        )
+        .await;
+        assert_eq!(r["isError"], true, "{fault:?}: {r}");
+        assert_eq!(r["structuredContent"]["accepted"], false, "{fault:?}: {r}");
+        assert!(text_of(&r).contains(what), "{fault:?}: {r}");
+    }
+    assert_eq!(
+        epode.request_count(Endpoint::Other),
+        0,
+        "a redirect was followed"
+    );
+    // Without a fault, the same report is accepted.
+    let ok = call_raw(
+        &sc,
+        "report_product_feedback",
+        report_args(&handle, "A sound product run."),
+    )
+    .await;
+    assert_eq!(ok["structuredContent"]["accepted"], true, "{ok}");
 }

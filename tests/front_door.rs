@@ -437,3 +437,71 @@ async fn notifications_are_accepted_with_202() {
     assert_eq!(status, 202);
     assert_eq!(c.hits.load(Ordering::SeqCst), 0);
 }
+
+/// A key the sidecar routes on, given twice, is refused in both eras (400, -32600, naming the
+/// key, with the request's id) before anything goes upstream: the upstream would take one of
+/// the two and a product call would slip past decoration and telemetry.
+#[tokio::test]
+async fn duplicate_keys_are_refused_in_both_eras() {
+    let (c, sc) = start();
+    let meta = envelope().to_string();
+    // 2026: duplicate `name` (the headers name the first).
+    let body = format!(
+        r#"{{"jsonrpc":"2.0","id":"d1","method":"tools/call","params":{{"name":"echo","name":"add","arguments":{{}},"_meta":{meta}}}}}"#
+    );
+    let msg = assert_error(
+        send(
+            &sc,
+            &[
+                JSON,
+                ACCEPT,
+                V,
+                ("mcp-method", "tools/call"),
+                ("mcp-name", "echo"),
+            ],
+            &body,
+        )
+        .await,
+        400,
+        -32600,
+        json!("d1"),
+    );
+    assert!(msg.contains("`name`"), "{msg}");
+    // 2025 era: duplicate `arguments`, and duplicate `name`.
+    for (id, params, key) in [
+        (
+            "d2",
+            r#"{"name":"add","arguments":{"a":1,"b":2},"arguments":{"a":5,"b":6}}"#,
+            "`arguments`",
+        ),
+        (
+            "d3",
+            r#"{"name":"echo","arguments":{"text":"x"},"name":"add"}"#,
+            "`name`",
+        ),
+    ] {
+        let body =
+            format!(r#"{{"jsonrpc":"2.0","id":"{id}","method":"tools/call","params":{params}}}"#);
+        let msg = assert_error(
+            send(&sc, &[JSON, ACCEPT], &body).await,
+            400,
+            -32600,
+            json!(id),
+        );
+        assert!(msg.contains(key), "{msg}");
+    }
+    // A duplicated top-level key still gets its id back when `id` itself is single.
+    let msg = assert_error(
+        send(
+            &sc,
+            &[JSON, ACCEPT],
+            r#"{"jsonrpc":"2.0","id":"d4","method":"tools/list","method":"tools/call"}"#,
+        )
+        .await,
+        400,
+        -32600,
+        json!("d4"),
+    );
+    assert!(msg.contains("`method`"), "{msg}");
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+}

@@ -162,16 +162,24 @@ async fn one_exact_event_per_completed_product_call() {
     );
 }
 
+/// A listed tool whose call fails upstream (the connection drops without an answer) is a
+/// completed product call with statusCode 500. (An unlisted name would not be a product
+/// operation at all.)
 #[tokio::test]
 async fn upstream_failures_are_500_events() {
-    let port = free_port(); // nothing listens
+    let up = RawUpstream::start(|mut s: TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if req["method"] == "tools/call" {
+                return; // hang up without an answer
+            }
+            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": [
+                {"name": "work", "inputSchema": {"type": "object"}}]}});
+            reply_json(&mut s, &reply.to_string());
+        }
+    });
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let sc = feedback_sidecar(
-        &format!("http://127.0.0.1:{port}/mcp"),
-        &epode,
-        "never_ask",
-        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
-    );
+    let sc = sidecar(&up, &epode, &[]);
     let body = modern_body(
         json!(1),
         "tools/call",
@@ -455,4 +463,96 @@ async fn epode_down_never_delays_product_calls() {
         "Epode down slowed product calls: p99 {p99_down:?} vs {p99_up:?}"
     );
     assert!(metric(&sc, "epode_sidecar_telemetry_retries_total").await > 0);
+}
+
+/// A receipt whose counts overflow when added is a malformed receipt (counted, not retried),
+/// not a panic of the delivery task: later events are still delivered.
+#[tokio::test]
+async fn an_overflowing_receipt_is_rejected_and_delivery_goes_on() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.inject(Endpoint::Telemetry, Fault::ReceiptOverflow);
+    let sc = sidecar(&up, &epode, &[]);
+    let c = http();
+    call(&c, &sc, "work", 1).await;
+    assert!(
+        epode
+            .wait_until_async(Duration::from_secs(5), |e| e
+                .request_count(Endpoint::Telemetry)
+                == 1)
+            .await
+    );
+    call(&c, &sc, "work", 2).await;
+    assert!(
+        epode
+            .wait_until_async(Duration::from_secs(5), |e| e
+                .request_count(Endpoint::Telemetry)
+                == 2)
+            .await,
+        "the delivery task stopped after the overflowing receipt"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        metric(
+            &sc,
+            "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_delivered_total").await,
+        1
+    );
+}
+
+/// Dropped telemetry is logged as counted summaries, never one line per event: 100 drops
+/// give one line at the first drop and one summary (with the count) at shutdown.
+#[tokio::test]
+async fn dropped_telemetry_is_logged_as_summaries() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.set_down(true);
+    let mut sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_QUEUE", "1"),
+            ("EPODE_SIDECAR_TELEMETRY_SHUTDOWN", "1s"),
+        ],
+    );
+    let c = http();
+    for i in 0..100 {
+        call(&c, &sc, "work", i).await;
+    }
+    let full = metric(
+        &sc,
+        "epode_sidecar_telemetry_dropped_total{reason=\"queue_full\"}",
+    )
+    .await;
+    assert!(full >= 98, "{full}");
+    sc.terminate();
+    assert!(sc.wait_exit(Duration::from_secs(10)).is_some());
+    let logs = sc.logs();
+    let drop_lines: Vec<&String> = logs
+        .iter()
+        .filter(|l| l.contains("dropped") && !l.contains("DEBUG"))
+        .collect();
+    assert!(
+        drop_lines.len() <= 3,
+        "one line per drop instead of a summary:\n{}",
+        drop_lines
+            .iter()
+            .map(|l| l.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let summary = drop_lines
+        .iter()
+        .find(|l| l.contains("more in the last"))
+        .unwrap_or_else(|| panic!("no summary line: {drop_lines:?}"));
+    assert!(
+        summary.contains(&format!("queue_full={}", full - 1)),
+        "{summary}"
+    );
 }

@@ -10,13 +10,20 @@ use url::Url;
 
 use crate::feedback::capability::ProductKey;
 
-/// A call that produced no HTTP answer: the network failed or the deadline passed.
+/// The most of an Epode answer the sidecar reads: its answers are small JSON objects (a
+/// receipt, a consent state, a stored report of at most a few KiB).
+pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+
+/// A call that produced no usable HTTP answer: the network failed, the deadline passed, or
+/// the answer was larger than any answer Epode gives.
 #[derive(Debug, thiserror::Error)]
 pub enum EpodeError {
     #[error("Epode did not answer within {0:?}")]
     Timeout(Duration),
     #[error("Epode could not be reached: {0}")]
     Network(String),
+    #[error("Epode's answer is larger than {MAX_ANSWER_BYTES} bytes; it was not read")]
+    TooLarge,
 }
 
 /// An HTTP answer from Epode.
@@ -40,13 +47,16 @@ pub struct EpodeClient {
 }
 
 impl EpodeClient {
-    pub fn new(base: Url, key: ProductKey) -> Self {
+    /// Builds the client. Redirects are never followed (an agent-side call carries a bearer
+    /// credential, and Epode never redirects its API; a 3xx is a failure like any non-2xx).
+    pub fn new(base: Url, key: ProductKey) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("epode-sidecar/", env!("CARGO_PKG_VERSION")))
             .pool_idle_timeout(Duration::from_secs(30))
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .unwrap_or_default();
-        EpodeClient { http, base, key }
+            .map_err(|e| format!("cannot build the Epode HTTP client: {e}"))?;
+        Ok(EpodeClient { http, base, key })
     }
 
     pub fn key(&self) -> &ProductKey {
@@ -73,10 +83,23 @@ impl EpodeClient {
             .header(CONTENT_TYPE, "application/json")
             .body(body.to_string())
             .timeout(timeout);
-        let resp = req.send().await.map_err(|e| classify(&e, timeout))?;
+        let mut resp = req.send().await.map_err(|e| classify(&e, timeout))?;
         let status = resp.status().as_u16();
         let headers = resp.headers().clone();
-        let body = resp.bytes().await.map_err(|e| classify(&e, timeout))?;
+        if resp
+            .content_length()
+            .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+        {
+            return Err(EpodeError::TooLarge);
+        }
+        let mut body = bytes::BytesMut::new();
+        while let Some(chunk) = resp.chunk().await.map_err(|e| classify(&e, timeout))? {
+            if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                return Err(EpodeError::TooLarge);
+            }
+            body.extend_from_slice(&chunk);
+        }
+        let body = body.freeze();
         Ok(Answer {
             status,
             headers,

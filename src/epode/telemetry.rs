@@ -11,7 +11,8 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
 use super::client::{Answer, EpodeClient, EpodeError};
-use crate::feedback::identity::sanitize_ref;
+use crate::feedback::identity::{sanitize_ref, IdentityRefs, RefKind};
+use crate::log_summary::LogSummary;
 
 pub const BATCHES_PATH: &str = "/api/v2/telemetry/batches";
 
@@ -102,9 +103,15 @@ pub fn build_event(
         None => return Err(InvalidCompletion::Outcome),
     };
     let clean = |v: &Option<String>| v.as_deref().and_then(sanitize_ref);
-    let account = clean(&c.account_ref);
-    // A customerRef is kept only when it is the account itself.
-    let customer = clean(&c.customer_ref).filter(|cr| account.as_deref() == Some(cr.as_str()));
+    let mut refs = IdentityRefs {
+        account_ref: clean(&c.account_ref),
+        user_ref: clean(&c.user_ref),
+        anonymous_ref: clean(&c.anonymous_ref),
+        customer_ref: clean(&c.customer_ref),
+        session_ref: clean(&c.session_ref),
+    };
+    // The mode's rule was applied by the caller; the conflict rule holds for every event.
+    refs.drop_conflicting_customer();
     let mut e = Map::new();
     e.insert(
         "interactionId".into(),
@@ -123,17 +130,12 @@ pub fn build_event(
     if let Some(d) = c.duration {
         e.insert("durationMs".into(), Value::from(d.as_millis() as u64));
     }
-    for (key, value) in [
-        ("accountRef", account),
-        ("userRef", clean(&c.user_ref)),
-        ("anonymousRef", clean(&c.anonymous_ref)),
-        ("customerRef", customer),
-    ] {
-        if let Some(v) = value {
-            e.insert(key.into(), Value::from(v));
+    for (kind, value) in refs.iter() {
+        if kind != RefKind::Session {
+            e.insert(kind.key().into(), Value::from(value));
         }
     }
-    if let Some(s) = clean(&c.session_ref) {
+    if let Some(s) = refs.session_ref {
         e.insert("sessionRef".into(), Value::from(s));
         e.insert("sessionSource".into(), "mcp".into());
     }
@@ -193,10 +195,9 @@ pub fn judge(answer: &Answer, batch_len: usize) -> Delivery {
             ) else {
                 return Delivery::Terminal("malformed receipt".to_owned());
             };
-            if accepted + dropped != batch_len as u64 {
+            if accepted.checked_add(dropped) != Some(batch_len as u64) {
                 return Delivery::Terminal(format!(
-                    "receipt accounts for {} of {batch_len} events",
-                    accepted + dropped
+                    "the receipt ({accepted} accepted, {dropped} dropped) does not account for the {batch_len} events sent"
                 ));
             }
             if dropped > 0 {
@@ -235,7 +236,13 @@ pub struct Telemetry {
     capacity: usize,
     stop: watch::Sender<Option<Instant>>,
     task: tokio::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Dropped events are logged as counted summaries, never one line each.
+    drops: Arc<LogSummary>,
+    summary_timer: tokio::task::JoinHandle<()>,
 }
+
+/// How often dropped telemetry is summarised in the log.
+const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 impl Telemetry {
     /// Starts the background delivery task on the current runtime.
@@ -246,7 +253,22 @@ impl Telemetry {
         let full = Arc::new(tokio::sync::Notify::new());
         let (stop, stop_rx) = watch::channel(None);
         let counters = Arc::new(Counters::default());
+        let drops = Arc::new(LogSummary::new(
+            "telemetry events dropped",
+            DROP_SUMMARY_EVERY,
+        ));
+        let summary_timer = tokio::spawn({
+            let drops = drops.clone();
+            async move {
+                let mut tick = tokio::time::interval(DROP_SUMMARY_EVERY);
+                loop {
+                    tick.tick().await;
+                    drops.flush_if_due();
+                }
+            }
+        });
         let worker = Worker {
+            drops: drops.clone(),
             client,
             settings: settings.clone(),
             counters: counters.clone(),
@@ -268,6 +290,8 @@ impl Telemetry {
             capacity: settings.capacity.max(1),
             stop,
             task: tokio::sync::Mutex::new(Some(task)),
+            drops,
+            summary_timer,
         })
     }
 
@@ -279,13 +303,19 @@ impl Telemetry {
             Ok(e) => e,
             Err(e) => {
                 Counters::add(&self.counters.dropped_invalid, 1);
-                tracing::warn!(interaction_id = %c.interaction_id, error = %e, "no telemetry event for this call");
+                self.drops.add(
+                    match e {
+                        InvalidCompletion::Operation => "invalid_operation",
+                        InvalidCompletion::Outcome => "invalid_outcome",
+                    },
+                    1,
+                );
                 return;
             }
         };
         if self.pending.load(Ordering::SeqCst) >= self.capacity as u64 {
             Counters::add(&self.counters.dropped_queue_full, 1);
-            tracing::warn!(interaction_id = %c.interaction_id, "telemetry queue full; event dropped");
+            self.drops.add("queue_full", 1);
             return;
         }
         *sequence += 1;
@@ -302,6 +332,7 @@ impl Telemetry {
                 self.pending.fetch_sub(1, Ordering::SeqCst);
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 Counters::add(&self.counters.dropped_at_shutdown, 1);
+                self.drops.add("shutdown", 1);
             }
         }
     }
@@ -327,12 +358,16 @@ impl Telemetry {
         let left = self.depth() as u64;
         if left > 0 {
             Counters::add(&self.counters.dropped_at_shutdown, left as usize);
+            self.drops.add("shutdown", left);
         }
+        self.summary_timer.abort();
+        self.drops.flush();
         Counters::get(&self.counters.dropped_at_shutdown)
     }
 }
 
 struct Worker {
+    drops: Arc<LogSummary>,
     client: Arc<EpodeClient>,
     settings: QueueSettings,
     counters: Arc<Counters>,
@@ -399,14 +434,6 @@ impl Worker {
 
     async fn deliver(&mut self, batch: Vec<Value>) {
         let n = batch.len();
-        let ids: Vec<String> = batch
-            .iter()
-            .filter_map(|e| {
-                e.get("interactionId")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned)
-            })
-            .collect();
         let body = json!({ "events": batch });
         self.counters
             .deliveries_in_flight
@@ -429,6 +456,9 @@ impl Worker {
                     .await
                 {
                     Ok(answer) => judge(&answer, n),
+                    Err(EpodeError::TooLarge) => {
+                        Delivery::Terminal("the receipt is not a receipt".to_owned())
+                    }
                     Err(e @ (EpodeError::Timeout(_) | EpodeError::Network(_))) => {
                         Delivery::Retryable {
                             reason: e.to_string(),
@@ -444,13 +474,14 @@ impl Worker {
                     break;
                 }
                 Delivery::Terminal(reason) => {
-                    let counter = if reason.starts_with("Epode dropped") {
-                        &self.counters.dropped_by_epode
+                    let (counter, kind) = if reason.starts_with("Epode dropped") {
+                        (&self.counters.dropped_by_epode, "epode_dropped")
                     } else {
-                        &self.counters.dropped_rejected
+                        (&self.counters.dropped_rejected, "rejected")
                     };
                     Counters::add(counter, n);
-                    tracing::warn!(%reason, interaction_ids = ?ids, "telemetry batch not accepted; not retried");
+                    tracing::debug!(%reason, events = n, "telemetry batch not accepted; not retried");
+                    self.drops.add(kind, n as u64);
                     break;
                 }
                 Delivery::Retryable {
@@ -463,13 +494,17 @@ impl Worker {
                         .unwrap_or(backoff);
                     let past_deadline = self.deadline().is_some_and(|d| Instant::now() + wait >= d);
                     if attempt >= self.settings.max_attempts || past_deadline {
-                        let counter = if past_deadline {
-                            &self.counters.dropped_at_shutdown
+                        let (counter, kind) = if past_deadline {
+                            (&self.counters.dropped_at_shutdown, "shutdown")
                         } else {
-                            &self.counters.dropped_retries_exhausted
+                            (
+                                &self.counters.dropped_retries_exhausted,
+                                "retries_exhausted",
+                            )
                         };
                         Counters::add(counter, n);
-                        tracing::warn!(%reason, attempts = attempt, interaction_ids = ?ids, "telemetry batch given up");
+                        tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up");
+                        self.drops.add(kind, n as u64);
                         break;
                     }
                     Counters::add(&self.counters.retried, 1);
@@ -582,6 +617,13 @@ mod tests {
         ));
         assert!(matches!(
             judge(&answer(202, r#"{"accepted":2,"dropped":0}"#), 3),
+            Delivery::Terminal(_)
+        ));
+        assert!(matches!(
+            judge(
+                &answer(202, r#"{"accepted":18446744073709551615,"dropped":1}"#),
+                3
+            ),
             Delivery::Terminal(_)
         ));
         assert!(matches!(

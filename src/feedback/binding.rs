@@ -50,7 +50,7 @@ impl FeedbackBinding {
     pub fn new(config: FeedbackConfig) -> Result<Arc<Self>, String> {
         let active = match (&config.key, config.mode.is_enabled()) {
             (Some(key), true) => {
-                let client = Arc::new(EpodeClient::new(config.api_url.clone(), key.clone()));
+                let client = Arc::new(EpodeClient::new(config.api_url.clone(), key.clone())?);
                 let settings = QueueSettings {
                     capacity: config.telemetry_queue,
                     ..QueueSettings::default()
@@ -100,11 +100,12 @@ impl FeedbackBinding {
         self.enabled() && tools::is_feedback_tool(name)
     }
 
-    /// Whether the catalog must learn the tool before its result can be decorated.
-    pub fn needs_schema(&self, tool: &str) -> bool {
+    /// Whether the sidecar should list the upstream's tools before this call: the tool is one
+    /// feedback would observe, but the catalog has not seen the upstream list it.
+    pub fn needs_listing(&self, tool: &str) -> bool {
         self.enabled()
-            && self.config.decorates(tool)
-            && self.catalog.output_schema(tool).is_none()
+            && self.config.includes(tool)
+            && self.catalog.listed(tool).is_none()
             && self.catalog.claim_fetch()
     }
 
@@ -119,10 +120,9 @@ impl FeedbackBinding {
         refs
     }
 
-    pub fn list_hook(self: &Arc<Self>, first_page: bool) -> Box<dyn ResultHook> {
+    pub fn list_hook(self: &Arc<Self>) -> Box<dyn ResultHook> {
         Box::new(ListHook {
             binding: self.clone(),
-            first_page,
         })
     }
 
@@ -134,15 +134,16 @@ impl FeedbackBinding {
         Box::new(CallHook {
             binding: self.clone(),
             tool: tool.to_owned(),
-            has_schema: self.catalog.output_schema(tool),
+            listed: self.catalog.listed(tool),
             header_refs,
             started: Instant::now(),
             done: false,
         })
     }
 
-    /// Answers a call of one of the two feedback tools: validated locally, forwarded to Epode
-    /// with only the fields Epode takes, and answered with the reference binding's result.
+    /// Answers a call of one of the two feedback tools: validated locally (arguments, then the
+    /// handle's signature and expiry with the product key), forwarded to Epode with only the
+    /// fields Epode takes, and answered with the reference binding's result.
     pub async fn call_local(&self, name: &str, arguments: &Value) -> Value {
         let Some(active) = &self.active else {
             return json!({"content": [], "isError": true});
@@ -152,6 +153,13 @@ impl FeedbackBinding {
                 Ok(c) => c,
                 Err(invalid) => return invalid.to_result(),
             };
+            if let Err(why) = verify_handle(active, call.handle.as_str()) {
+                tracing::info!(
+                    reason = why,
+                    "consent decision refused locally: bad feedback handle"
+                );
+                return tools::consent_failure(EpodeFailure::InvalidHandle);
+            }
             let sent = active
                 .client
                 .post_with_handle(
@@ -163,7 +171,13 @@ impl FeedbackBinding {
                 .await;
             match sent {
                 Ok(a) if (200..300).contains(&a.status) => {
-                    let body = a.json().unwrap_or_else(|| json!({}));
+                    let Some(body) = a.json().filter(is_consent_answer) else {
+                        tracing::warn!(
+                            status = a.status,
+                            "Epode's consent answer is not a consent state"
+                        );
+                        return tools::consent_failure(EpodeFailure::Unavailable);
+                    };
                     self.remember_decision(active, call.handle.as_str(), &body);
                     tracing::info!(
                         decision = call.decision.as_str(),
@@ -185,14 +199,25 @@ impl FeedbackBinding {
                 Ok(c) => c,
                 Err(invalid) => return invalid.to_result(),
             };
+            if let Err(why) = verify_handle(active, call.handle.as_str()) {
+                tracing::info!(
+                    reason = why,
+                    "feedback report refused locally: bad feedback handle"
+                );
+                return tools::report_failure(EpodeFailure::InvalidHandle);
+            }
             let sent = active
                 .client
                 .post_with_handle(REPORTS_PATH, call.handle.as_str(), &call.body, TOOL_TIMEOUT)
                 .await;
             match sent {
                 Ok(a) if (200..300).contains(&a.status) => {
+                    let Some(body) = a.json().filter(is_report_receipt) else {
+                        tracing::warn!(status = a.status, "Epode's report answer is not a receipt");
+                        return tools::report_failure(EpodeFailure::Unavailable);
+                    };
                     tracing::info!("feedback report accepted");
-                    tools::report_success(a.json().unwrap_or_else(|| json!({})))
+                    tools::report_success(body)
                 }
                 Ok(a) => {
                     tracing::warn!(status = a.status, "Epode refused the feedback report");
@@ -235,12 +260,41 @@ impl FeedbackBinding {
     }
 }
 
+/// Checks a handle an agent sent back before it goes anywhere: bounded, signed by this
+/// product's key, unexpired. Returns the reason (never the handle) when it is not.
+fn verify_handle(active: &Active, handle: &str) -> Result<(), &'static str> {
+    if handle.len() > tools::MAX_HANDLE_LEN {
+        return Err("the handle is too long");
+    }
+    capability::verify(&active.key, handle, SystemTime::now())
+        .map(|_| ())
+        .map_err(|e| match e {
+            capability::VerifyError::Expired => "the handle has expired",
+            capability::VerifyError::KeyMismatch | capability::VerifyError::BadSignature => {
+                "the handle was not signed with this product's key"
+            }
+            _ => "the handle is malformed",
+        })
+}
+
+/// A 2xx consent answer is Epode's consent state: an object whose `state` is one of three.
+fn is_consent_answer(body: &Value) -> bool {
+    matches!(
+        body.get("state").and_then(Value::as_str),
+        Some("approved" | "declined" | "unknown")
+    )
+}
+
+/// A 2xx report answer is Epode's receipt: an object with `accepted: true`.
+fn is_report_receipt(body: &Value) -> bool {
+    body.get("accepted").and_then(Value::as_bool) == Some(true)
+}
+
 /// Reads the `tools/list` answers that pass through: learns each tool's `outputSchema`, hides
 /// upstream tools that shadow the feedback tools, and appends the feedback tools to the last
 /// page.
 struct ListHook {
     binding: Arc<FeedbackBinding>,
-    first_page: bool,
 }
 
 impl ResultHook for ListHook {
@@ -273,7 +327,7 @@ impl ResultHook for ListHook {
             learned.push((name, t.contains_key("outputSchema")));
             kept.push(tool);
         }
-        self.binding.catalog.learn(self.first_page, learned);
+        self.binding.catalog.learn(learned);
         let last_page = result
             .get("nextCursor")
             .is_none_or(|c| c.get().trim() == "null");
@@ -301,7 +355,9 @@ impl ResultHook for ListHook {
 struct CallHook {
     binding: Arc<FeedbackBinding>,
     tool: String,
-    has_schema: Option<bool>,
+    /// `Some(declares outputSchema)` when the upstream lists the tool; an unlisted name is
+    /// not a product operation (no decoration, no telemetry).
+    listed: Option<bool>,
     header_refs: IdentityRefs,
     started: Instant,
     done: bool,
@@ -322,10 +378,12 @@ fn take_identity(result: &mut RawMap) -> Option<Value> {
 impl CallHook {
     fn observed(&self) -> bool {
         self.binding.enabled()
+            && self.listed.is_some()
             && self.binding.config.includes(&self.tool)
             && telemetry::valid_operation(&self.tool)
     }
 
+    /// Enqueues the call's event. `refs` have had the mode's customerRef rule applied.
     fn record(
         &self,
         active: &Active,
@@ -365,7 +423,11 @@ impl ResultHook for CallHook {
             return changed;
         };
         let identity = identity.unwrap_or(Value::Null);
-        let refs = IdentityRefs::from_meta(&identity).or(self.header_refs.clone());
+        let mode = self.binding.config.mode;
+        // customerRef leaves the sidecar only in ask_once, and only without a conflict: the
+        // one rule for the consent subject and for telemetry.
+        let mut refs = IdentityRefs::from_meta(&identity).or(self.header_refs.clone());
+        refs.apply_customer_rule(mode);
         let hint = identity
             .get("runtimeHint")
             .and_then(Value::as_str)
@@ -379,18 +441,10 @@ impl ResultHook for CallHook {
             Outcome::Success
         };
 
-        let mode = self.binding.config.mode;
         let interaction_id = if self.binding.config.decorates(&self.tool) {
             // The consent subject: Ask once with a stable customerRef only.
-            let mut subject_refs = refs.clone();
-            subject_refs.apply_customer_rule(mode);
             let subject = (mode == FeedbackMode::AskOnce)
-                .then(|| {
-                    subject_refs
-                        .customer_ref
-                        .as_deref()
-                        .map(|c| active.key.subject(c))
-                })
+                .then(|| refs.customer_ref.as_deref().map(|c| active.key.subject(c)))
                 .flatten();
             let (cached, revision) = match &subject {
                 Some(s) => active.consent.get(s),
@@ -403,8 +457,7 @@ impl ResultHook for CallHook {
             );
             if let Some(case) = Case::for_product_result(mode, cached) {
                 let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
-                // Unknown schema: the placement that never touches structuredContent.
-                let has_schema = self.has_schema.unwrap_or(true);
+                let has_schema = self.listed.unwrap_or(true);
                 changed |= tools::decorate_raw(
                     result,
                     &env.agent_feedback(),
@@ -430,7 +483,9 @@ impl ResultHook for CallHook {
         self.done = true;
         if let Some(active) = &self.binding.active {
             let id = uuid::Uuid::new_v4().hyphenated().to_string();
-            self.record(active, id, Outcome::Error, &self.header_refs.clone(), None);
+            let mut refs = self.header_refs.clone();
+            refs.apply_customer_rule(self.binding.config.mode);
+            self.record(active, id, Outcome::Error, &refs, None);
         }
     }
 }

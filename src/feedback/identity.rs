@@ -115,19 +115,29 @@ impl IdentityRefs {
         self
     }
 
-    /// `customerRef` is only the durable Ask-once subject: it is kept only in `ask_once`, and,
-    /// as in the reference binding, only when it equals `accountRef` whenever a richer identity
-    /// (`accountRef` or `userRef`) is present. Only `customerRef` is dropped on a conflict.
+    /// The one customerRef rule, for the consent subject and for telemetry alike:
+    /// `customerRef` is the legacy Ask-once subject, so it leaves the sidecar only in
+    /// `ask_once` (the real Epode service records it as a leak on any other interaction), and
+    /// there only without a conflict (see [`IdentityRefs::drop_conflicting_customer`]).
     /// Apply once, after every source has been merged.
     pub fn apply_customer_rule(&mut self, mode: FeedbackMode) {
-        let keep = mode == FeedbackMode::AskOnce
-            && match (&self.customer_ref, &self.account_ref, &self.user_ref) {
-                (Some(customer), Some(account), _) => customer == account,
-                (Some(_), None, Some(_)) => false,
-                (Some(_), None, None) => true,
-                (None, _, _) => false,
-            };
-        if !keep {
+        if mode == FeedbackMode::AskOnce {
+            self.drop_conflicting_customer();
+        } else {
+            self.customer_ref = None;
+        }
+    }
+
+    /// As the reference binding and the protocol's telemetry vectors: when a richer identity
+    /// (`accountRef` or `userRef`) is present, `customerRef` is kept only if it equals
+    /// `accountRef`. Only `customerRef` is dropped on a conflict.
+    pub fn drop_conflicting_customer(&mut self) {
+        let conflict = match (&self.customer_ref, &self.account_ref, &self.user_ref) {
+            (Some(customer), Some(account), _) => customer != account,
+            (Some(_), None, Some(_)) => true,
+            _ => false,
+        };
+        if conflict {
             self.customer_ref = None;
         }
     }

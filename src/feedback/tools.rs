@@ -371,9 +371,18 @@ pub fn report_success(body: Value) -> Value {
 pub enum EpodeFailure {
     /// A response outside 2xx.
     Status(u16),
-    /// No response: connection error or the 10 s timeout.
+    /// No response: connection error or the 10 s timeout (or an answer that is not one).
     Unavailable,
+    /// The handle is not one this product's key signed, or it expired: checked locally,
+    /// never sent to Epode.
+    InvalidHandle,
 }
+
+/// The longest handle the sidecar looks at; one it signs is under 400 characters.
+pub const MAX_HANDLE_LEN: usize = 2048;
+
+pub const INVALID_HANDLE_REPORT_TEXT: &str = "Feedback submission failed: the feedbackHandle is invalid or expired. Do not retry with this handle; use the feedbackHandle from a newer product result.";
+pub const INVALID_HANDLE_CONSENT_TEXT: &str = "Permission could not be recorded: the feedbackHandle is invalid or expired. Do not retry with this handle; use the feedbackHandle from a newer product result. Never assume approval.";
 
 /// What the agent may do after a failure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -467,6 +476,9 @@ pub fn consent_failure(failure: EpodeFailure) -> Value {
             )
         }
         EpodeFailure::Unavailable => failure_result(CONSENT_UNAVAILABLE_TEXT.to_owned(), true),
+        EpodeFailure::InvalidHandle => {
+            failure_result(INVALID_HANDLE_CONSENT_TEXT.to_owned(), false)
+        }
     }
 }
 
@@ -484,6 +496,7 @@ pub fn report_failure(failure: EpodeFailure) -> Value {
             )
         }
         EpodeFailure::Unavailable => failure_result(REPORT_UNAVAILABLE_TEXT.to_owned(), true),
+        EpodeFailure::InvalidHandle => failure_result(INVALID_HANDLE_REPORT_TEXT.to_owned(), false),
     }
 }
 

@@ -5,11 +5,10 @@
 use std::borrow::Cow;
 
 use http::HeaderMap;
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::headers::{self, HeaderRead};
-use super::message::Envelope;
+use super::message::{self, Envelope};
 use super::version::{self, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
 use crate::error::ProxyError;
 
@@ -27,30 +26,8 @@ impl ClientEra {
     }
 }
 
-#[derive(Deserialize)]
-struct ParamsPeek<'a> {
-    #[serde(borrow, default, rename = "_meta")]
-    meta: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    name: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    uri: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct MetaPeek<'a> {
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
-    protocol_version: Option<&'a RawValue>,
-    #[serde(borrow, default, rename = "io.modelcontextprotocol/clientCapabilities")]
-    client_capabilities: Option<&'a RawValue>,
-}
-
-fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
-}
-
 fn is_object(raw: &RawValue) -> bool {
-    raw.get().trim_start().starts_with('{')
+    message::is_object(raw)
 }
 
 /// The name a routing header must mirror, for the methods that have one.
@@ -67,16 +44,9 @@ pub fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<ClientEra, Pr
     let method = env.method.as_deref().unwrap_or_default();
     let header_version = headers::read(headers, headers::PROTOCOL_VERSION);
 
-    let params = env
-        .params
-        .filter(|p| is_object(p))
-        .and_then(|p| serde_json::from_str::<ParamsPeek<'_>>(p.get()).ok());
-    let meta = params
-        .as_ref()
-        .and_then(|p| p.meta)
-        .filter(|m| is_object(m))
-        .and_then(|m| serde_json::from_str::<MetaPeek<'_>>(m.get()).ok());
-    let claims_modern = meta.as_ref().is_some_and(|m| m.protocol_version.is_some());
+    let params = env.has_params_object().then_some(&env.params);
+    let meta = env.has_meta_object().then_some(&env.meta);
+    let claims_modern = meta.is_some_and(|m| m.protocol_version.is_some());
     let header_modern = match &header_version {
         HeaderRead::One(v) => !version::is_legacy(v),
         HeaderRead::Invalid(_) => true,
@@ -117,7 +87,7 @@ pub fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<ClientEra, Pr
         }
         (_, Some(m)) => {
             let mut missing = Vec::new();
-            let version = m.protocol_version.and_then(as_str);
+            let version = m.protocol_version.and_then(message::as_str);
             if version.is_none() {
                 missing.push(META_PROTOCOL_VERSION);
             }
@@ -161,7 +131,7 @@ pub fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<ClientEra, Pr
                 .as_ref()
                 .and_then(|p| if key == "name" { p.name } else { p.uri });
             let body_value = raw
-                .and_then(as_str)
+                .and_then(message::as_str)
                 .map(Cow::into_owned)
                 .unwrap_or_default();
             check_header(headers, headers::NAME, "Mcp-Name", &body_value)?;

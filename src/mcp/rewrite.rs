@@ -93,8 +93,6 @@ pub struct ResultPlan {
     pub force_server_info: bool,
     /// Defaults for `ttlMs` / `cacheScope` on cacheable methods (modern client).
     pub cache: Option<(u64, String)>,
-    /// Sort `tools` by name so the list is the same on every call.
-    pub sort_tools: bool,
     pub hook: Option<Box<dyn ResultHook>>,
 }
 
@@ -106,7 +104,6 @@ impl ResultPlan {
             server_info: None,
             force_server_info: false,
             cache: None,
-            sort_tools: false,
             hook: None,
         }
     }
@@ -134,9 +131,6 @@ impl ResultPlan {
             return false;
         };
         let mut changed = false;
-        if self.sort_tools {
-            changed |= sort_tools(&mut result);
-        }
         if let Some(hook) = self.hook.as_mut() {
             changed |= hook.result(&mut result);
         }
@@ -204,38 +198,6 @@ impl ResultPlan {
         }
         changed
     }
-}
-
-#[derive(Deserialize)]
-struct Named {
-    #[serde(default)]
-    name: Option<String>,
-}
-
-fn tool_name(t: &RawValue) -> String {
-    serde_json::from_str::<Named>(t.get())
-        .ok()
-        .and_then(|n| n.name)
-        .unwrap_or_default()
-}
-
-/// Stable sort of `tools` by name; returns whether the order changed.
-fn sort_tools(result: &mut RawMap) -> bool {
-    let Some(tools) = result
-        .get("tools")
-        .and_then(|t| serde_json::from_str::<Vec<Box<RawValue>>>(t.get()).ok())
-    else {
-        return false;
-    };
-    let mut keyed: Vec<(String, Box<RawValue>)> =
-        tools.into_iter().map(|t| (tool_name(&t), t)).collect();
-    if keyed.windows(2).all(|w| w[0].0 <= w[1].0) {
-        return false;
-    }
-    keyed.sort_by(|a, b| a.0.cmp(&b.0));
-    let sorted: Vec<Box<RawValue>> = keyed.into_iter().map(|(_, t)| t).collect();
-    result.insert("tools".into(), raw(&sorted));
-    true
 }
 
 fn wrap_as_result(v: &RawValue) -> Box<RawValue> {
@@ -390,14 +352,5 @@ mod tests {
             v["result"]["tools"][1]["outputSchema"],
             json!({"type":"object"})
         );
-    }
-
-    #[test]
-    fn sorts_tools() {
-        let mut plan = ResultPlan::new("tools/list", true);
-        plan.sort_tools = true;
-        let mut m = msg(r#"{"id":1,"result":{"tools":[{"name":"b"},{"name":"a"}]}}"#);
-        plan.apply(&mut m);
-        assert_eq!(value(&m)["result"]["tools"][0]["name"], "a");
     }
 }

@@ -132,6 +132,10 @@ struct State<B, F> {
     pending: VecDeque<Bytes>,
     rewrite: F,
     done: bool,
+    /// The request's id, when a stream that breaks before the response should end with a
+    /// JSON-RPC error for it instead of a cut-off body.
+    id: Option<Box<serde_json::value::RawValue>>,
+    saw_response: bool,
 }
 
 /// Reads the upstream's stream until its first event that carries data (a priming event with
@@ -177,11 +181,18 @@ where
     B::Error: Into<BoxError>,
     F: FnMut(&mut RawMap) -> bool + Send + 'static,
 {
-    rewrite_stream_after(Bytes::new(), upstream, rewrite)
+    rewrite_stream_after(Bytes::new(), upstream, None, rewrite)
 }
 
-/// As [`rewrite_stream`], for a stream whose first bytes (`read`) were already taken.
-pub fn rewrite_stream_after<B, F>(read: Bytes, upstream: B, rewrite: F) -> Body
+/// As [`rewrite_stream`], for a stream whose first bytes (`read`) were already taken. With
+/// `id`, a stream that fails or ends before its response event ends instead with a JSON-RPC
+/// error event for that id (passed through `rewrite` like any response), never cut off.
+pub fn rewrite_stream_after<B, F>(
+    read: Bytes,
+    upstream: B,
+    id: Option<Box<serde_json::value::RawValue>>,
+    rewrite: F,
+) -> Body
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -193,12 +204,14 @@ where
         pending: VecDeque::new(),
         rewrite,
         done: false,
+        id,
+        saw_response: false,
     };
     state.splitter.push(&read, &mut state.pending);
     let s = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(block) = st.pending.pop_front() {
-                let block = transform(&block, &mut st.rewrite).unwrap_or(block);
+                let block = transform(&block, &mut st).unwrap_or(block);
                 return Some((Ok::<_, BoxError>(Frame::data(block)), st));
             }
             if st.done {
@@ -215,12 +228,24 @@ where
                 },
                 Some(Err(e)) => {
                     st.done = true;
-                    return Some((Err(e.into()), st));
+                    if st.saw_response {
+                        // The answer is delivered; what broke after it does not matter.
+                        return None;
+                    }
+                    let e: BoxError = e.into();
+                    match broken_event(&mut st, &format!("the event stream broke off ({e})")) {
+                        Some(event) => return Some((Ok(Frame::data(event)), st)),
+                        None => return Some((Err(e), st)),
+                    }
                 }
                 None => {
                     st.done = true;
                     let rest = std::mem::take(&mut st.splitter).finish();
                     st.pending.extend(rest);
+                    if !st.saw_response {
+                        // Decided after the tail is scanned: it may hold the response.
+                        st.pending.push_back(Bytes::new());
+                    }
                 }
             }
         }
@@ -228,10 +253,41 @@ where
     StreamBody::new(s).boxed_unsync()
 }
 
-fn transform<F: FnMut(&mut RawMap) -> bool>(block: &Bytes, f: &mut F) -> Option<Bytes> {
+/// The error event that ends a stream broken before its response (when the id is known).
+fn broken_event<B, F: FnMut(&mut RawMap) -> bool>(
+    st: &mut State<B, F>,
+    why: &str,
+) -> Option<Bytes> {
+    let id = st.id.take()?;
+    st.saw_response = true;
+    let error = crate::error::ProxyError::UpstreamFailed(format!(
+        "{why}, before the response; the request may be sent again"
+    ));
+    let body = crate::error::error_body(Some(&id), error.code(), &error.to_string());
+    let mut msg = rewrite::parse_message(&body)?;
+    (st.rewrite)(&mut msg);
+    let out = rewrite::to_bytes(&msg);
+    let mut event = b"event: message\ndata: ".to_vec();
+    event.extend_from_slice(&out);
+    event.extend_from_slice(b"\n\n");
+    Some(Bytes::from(event))
+}
+
+fn transform<B, F: FnMut(&mut RawMap) -> bool>(
+    block: &Bytes,
+    st: &mut State<B, F>,
+) -> Option<Bytes> {
+    if block.is_empty() {
+        // The end-of-stream marker: the stream ended without a response.
+        if st.saw_response {
+            return None;
+        }
+        return Some(broken_event(st, "the event stream ended").unwrap_or_default());
+    }
     let data = event_data(block)?;
     let mut msg = rewrite::parse_message(data.as_bytes())?;
-    if !f(&mut msg) {
+    st.saw_response |= rewrite::is_response(&msg);
+    if !(st.rewrite)(&mut msg) {
         return None;
     }
     let out = rewrite::to_bytes(&msg);

@@ -191,6 +191,14 @@ pub enum Fault {
     WrongTypedReceipt,
     /// Close the connection without any response.
     Hangup,
+    /// Answer `307 Temporary Redirect` to this path on the fake, without processing: a
+    /// client that follows it shows up as a request to [`Endpoint::Other`].
+    Redirect(String),
+    /// Process normally, but pad a success body with a `padding` field of this many bytes.
+    Oversized(usize),
+    /// Telemetry: process normally, but answer a receipt whose counts overflow a u64 when
+    /// added (`{"accepted":18446744073709551615,"dropped":1}`).
+    ReceiptOverflow,
 }
 
 /// One request as the fake saw it.
@@ -1410,6 +1418,11 @@ async fn serve(
         let reply = match &fault {
             Some(Fault::Status(status)) => fault_reply(*status, None),
             Some(Fault::StatusRetryAfter(status, seconds)) => fault_reply(*status, Some(*seconds)),
+            Some(Fault::Redirect(to)) => {
+                let mut reply = Reply::empty(307);
+                reply.headers.push(("location", to.clone()));
+                reply
+            }
             _ => process(
                 &shared,
                 &mut state,
@@ -1560,6 +1573,15 @@ fn apply_receipt_fault(mut reply: Reply, fault: Option<&Fault>) -> Reply {
         }
         Some(Fault::WrongTypedReceipt) => {
             reply.body = br#"{"accepted":"all","dropped":null}"#.to_vec();
+        }
+        Some(Fault::ReceiptOverflow) => {
+            reply.body = br#"{"accepted":18446744073709551615,"dropped":1}"#.to_vec();
+        }
+        Some(Fault::Oversized(n)) => {
+            if let Ok(Value::Object(mut body)) = serde_json::from_slice::<Value>(&reply.body) {
+                body.insert("padding".into(), Value::String("x".repeat(*n)));
+                reply.body = serde_json::to_vec(&body).unwrap_or_default();
+            }
         }
         _ => {}
     }
