@@ -1,124 +1,193 @@
-//! The one error type of the front door and the upstream hop, and the one place it becomes an
-//! HTTP response: a status plus a JSON-RPC error body that echoes the request id when known.
+//! The one error type of the request path, and the one place it becomes an HTTP response: a
+//! status plus a JSON-RPC error body that echoes the request id when it is known. As in
+//! pingora, an error records what went wrong ([`Kind`]), which side caused it ([`Side`]) and
+//! whether the same request may succeed if sent again; the status and code follow from the
+//! kind alone, so every refusal of one kind looks the same on the wire.
+
+use std::fmt;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use serde_json::value::RawValue;
 
-use crate::body::{full, Body};
+use crate::body::{self, Body, Buffered};
 
-/// Where a failure came from, in the pingora sense.
+/// JSON-RPC error codes the sidecar sends.
+pub(crate) mod code {
+    pub(crate) const PARSE_ERROR: i64 = -32700;
+    pub(crate) const INVALID_REQUEST: i64 = -32600;
+    pub(crate) const METHOD_NOT_FOUND: i64 = -32601;
+    pub(crate) const INVALID_PARAMS: i64 = -32602;
+    pub(crate) const INTERNAL_ERROR: i64 = -32603;
+    /// Implementation-defined server error (the SDKs use it for transport-level refusals).
+    pub(crate) const SERVER_ERROR: i64 = -32000;
+    pub(crate) const HEADER_MISMATCH: i64 = -32020;
+    pub(crate) const MISSING_CLIENT_CAPABILITY: i64 = -32021;
+    pub(crate) const UNSUPPORTED_VERSION: i64 = -32022;
+}
+
+/// Which side of the sidecar a failure came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
+pub(crate) enum Side {
     /// The client sent something the sidecar refuses.
-    Downstream,
-    /// The upstream could not be reached or did not answer in time.
+    Client,
+    /// The upstream could not be reached, did not answer in time, or refused.
     Upstream,
+    /// The sidecar itself.
+    Sidecar,
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum ProxyError {
-    #[error("Invalid Host header: {0}")]
-    BadHost(String),
-    #[error("Invalid Origin header: {0}")]
-    BadOrigin(String),
-    #[error("Request body is larger than the limit of {limit} bytes")]
-    BodyTooLarge { limit: usize },
-    #[error("Could not read the request body: {0}")]
-    BodyRead(String),
-    #[error("Parse error: the request body is not valid JSON ({0})")]
-    Parse(String),
-    #[error("Invalid Request: {0}")]
-    InvalidRequest(String),
-    #[error("Method not allowed: {0}")]
-    MethodNotAllowed(String),
-    #[error("{0}")]
-    InvalidParams(String),
-    #[error("{0}")]
-    HeaderMismatch(String),
-    #[error("Unsupported protocol version: {requested}")]
-    UnsupportedVersion { requested: String },
-    #[error("Method not found: {0}")]
-    MethodNotFound(String),
-    #[error("{0}")]
-    Internal(String),
-    #[error("Upstream MCP server is unreachable: {0}")]
-    UpstreamUnreachable(String),
-    #[error("Upstream MCP server did not answer within {0:?}")]
-    UpstreamTimeout(std::time::Duration),
-    #[error("Upstream MCP server failed: {0}")]
-    UpstreamFailed(String),
-}
-
-impl ProxyError {
-    pub fn source_side(&self) -> Source {
+impl Side {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
-            ProxyError::UpstreamUnreachable(_)
-            | ProxyError::UpstreamTimeout(_)
-            | ProxyError::UpstreamFailed(_) => Source::Upstream,
-            _ => Source::Downstream,
+            Side::Client => "client",
+            Side::Upstream => "upstream",
+            Side::Sidecar => "sidecar",
+        }
+    }
+}
+
+/// What went wrong. Each kind has one HTTP status and one JSON-RPC code.
+#[derive(Debug)]
+pub(crate) enum Kind {
+    BadHost,
+    BadOrigin,
+    BodyTooLarge {
+        limit: usize,
+    },
+    BodyRead,
+    Parse,
+    InvalidRequest,
+    MethodNotAllowed,
+    InvalidParams,
+    HeaderMismatch,
+    UnsupportedVersion {
+        requested: String,
+        supported: &'static [&'static str],
+    },
+    MethodNotFound {
+        method: String,
+    },
+    UpstreamUnreachable,
+    UpstreamTimeout(Duration),
+    UpstreamFailed,
+    /// The upstream's own refusal (its 401, its 5xx, …), passed to the client as it was.
+    UpstreamRefused(Box<Buffered>),
+    Internal,
+}
+
+#[derive(Debug)]
+pub(crate) struct Error {
+    kind: Kind,
+    /// What a person needs to act on it (never a secret, a handle or a body).
+    cause: String,
+}
+
+impl Error {
+    pub(crate) fn new(kind: Kind, cause: impl Into<String>) -> Self {
+        Error {
+            kind,
+            cause: cause.into(),
         }
     }
 
-    /// Whether the same request may succeed if sent again unchanged.
-    pub fn retryable(&self) -> bool {
-        self.source_side() == Source::Upstream
+    /// The upstream's answer, to pass on unchanged.
+    pub(crate) fn upstream_refused(answer: Buffered) -> Self {
+        let cause = format!("the upstream answered {}", answer.status);
+        Error::new(Kind::UpstreamRefused(Box::new(answer)), cause)
     }
 
-    pub fn status(&self) -> StatusCode {
-        match self {
-            ProxyError::BadHost(_) | ProxyError::BadOrigin(_) => StatusCode::FORBIDDEN,
-            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BodyRead(_)
-            | ProxyError::Parse(_)
-            | ProxyError::InvalidRequest(_)
-            | ProxyError::InvalidParams(_)
-            | ProxyError::HeaderMismatch(_)
-            | ProxyError::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
-            ProxyError::MethodNotFound(_) => StatusCode::NOT_FOUND,
-            ProxyError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ProxyError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::UpstreamUnreachable(_) | ProxyError::UpstreamFailed(_) => {
-                StatusCode::BAD_GATEWAY
+    pub(crate) fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    pub(crate) fn side(&self) -> Side {
+        match self.kind {
+            Kind::UpstreamUnreachable
+            | Kind::UpstreamTimeout(_)
+            | Kind::UpstreamFailed
+            | Kind::UpstreamRefused(_) => Side::Upstream,
+            Kind::Internal => Side::Sidecar,
+            _ => Side::Client,
+        }
+    }
+
+    /// Whether the same request, sent again unchanged, may succeed.
+    pub(crate) fn retryable(&self) -> bool {
+        match &self.kind {
+            Kind::UpstreamUnreachable | Kind::UpstreamTimeout(_) | Kind::UpstreamFailed => true,
+            Kind::UpstreamRefused(answer) => {
+                answer.status.is_server_error() || answer.status == StatusCode::TOO_MANY_REQUESTS
             }
-            ProxyError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            _ => false,
         }
     }
 
-    pub fn code(&self) -> i64 {
-        match self {
-            ProxyError::Parse(_) => -32700,
-            ProxyError::InvalidRequest(_) => -32600,
-            ProxyError::InvalidParams(_) => -32602,
-            ProxyError::HeaderMismatch(_) => -32020,
-            ProxyError::UnsupportedVersion { .. } => -32022,
-            ProxyError::MethodNotFound(_) => -32601,
-            ProxyError::Internal(_) => -32603,
-            ProxyError::UpstreamUnreachable(_)
-            | ProxyError::UpstreamTimeout(_)
-            | ProxyError::UpstreamFailed(_) => -32603,
-            _ => -32000,
+    pub(crate) fn status(&self) -> StatusCode {
+        match &self.kind {
+            Kind::BadHost | Kind::BadOrigin => StatusCode::FORBIDDEN,
+            Kind::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::BodyRead
+            | Kind::Parse
+            | Kind::InvalidRequest
+            | Kind::InvalidParams
+            | Kind::HeaderMismatch
+            | Kind::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
+            Kind::MethodNotFound { .. } => StatusCode::NOT_FOUND,
+            Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Kind::UpstreamUnreachable | Kind::UpstreamFailed => StatusCode::BAD_GATEWAY,
+            Kind::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Kind::UpstreamRefused(answer) => answer.status,
+            Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
+    }
+
+    pub(crate) fn code(&self) -> i64 {
+        match &self.kind {
+            Kind::Parse => code::PARSE_ERROR,
+            Kind::InvalidRequest => code::INVALID_REQUEST,
+            Kind::InvalidParams => code::INVALID_PARAMS,
+            Kind::HeaderMismatch => code::HEADER_MISMATCH,
+            Kind::UnsupportedVersion { .. } => code::UNSUPPORTED_VERSION,
+            Kind::MethodNotFound { .. } => code::METHOD_NOT_FOUND,
+            Kind::UpstreamUnreachable
+            | Kind::UpstreamTimeout(_)
+            | Kind::UpstreamFailed
+            | Kind::Internal => code::INTERNAL_ERROR,
+            Kind::BadHost
+            | Kind::BadOrigin
+            | Kind::BodyTooLarge { .. }
+            | Kind::BodyRead
+            | Kind::MethodNotAllowed
+            | Kind::UpstreamRefused(_) => code::SERVER_ERROR,
+        }
+    }
+
+    fn data(&self) -> Option<serde_json::Value> {
+        match &self.kind {
+            Kind::UnsupportedVersion {
+                requested,
+                supported,
+            } => Some(serde_json::json!({"supported": supported, "requested": requested})),
+            Kind::MethodNotFound { method } => Some(serde_json::Value::String(method.clone())),
+            _ => None,
+        }
+    }
+
+    /// The JSON-RPC error message for `id` (`null` when unknown).
+    pub(crate) fn body(&self, id: Option<&RawValue>) -> Bytes {
+        error_body(id, self.code(), &self.to_string(), self.data().as_ref())
     }
 
     /// The HTTP response for this error; `id` is the request's id when it could be read.
-    pub fn into_response(self, id: Option<&RawValue>) -> Response<Body> {
+    pub(crate) fn into_response(self, id: Option<&RawValue>) -> Response<Body> {
         let status = self.status();
-        let data = match &self {
-            ProxyError::UnsupportedVersion { requested } => Some(serde_json::json!({
-                "supported": crate::mcp::version::MODERN_VERSIONS,
-                "requested": requested,
-            })),
-            ProxyError::MethodNotFound(m) => Some(serde_json::Value::String(m.clone())),
-            _ => None,
-        };
-        let body = error_body_with_data(id, self.code(), &self.to_string(), data.as_ref());
-        let mut resp = Response::new(full(body));
-        *resp.status_mut() = status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
+        let body = self.body(id);
+        if let Kind::UpstreamRefused(answer) = self.kind {
+            return answer.into_response();
+        }
+        let mut resp = body::json(status, body);
         if status == StatusCode::METHOD_NOT_ALLOWED {
             resp.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
@@ -127,12 +196,39 @@ impl ProxyError {
     }
 }
 
-/// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…}}`, with `id: null` when unknown.
-pub fn error_body(id: Option<&RawValue>, code: i64, message: &str) -> Bytes {
-    error_body_with_data(id, code, message, None)
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.cause;
+        match &self.kind {
+            Kind::BadHost => write!(f, "Invalid Host header: {c}"),
+            Kind::BadOrigin => write!(f, "Invalid Origin header: {c}"),
+            Kind::BodyTooLarge { limit } => {
+                write!(f, "Request body is larger than the limit of {limit} bytes")
+            }
+            Kind::BodyRead => write!(f, "Could not read the request body: {c}"),
+            Kind::Parse => write!(f, "Parse error: the request body is not valid JSON ({c})"),
+            Kind::InvalidRequest => write!(f, "Invalid Request: {c}"),
+            Kind::MethodNotAllowed => write!(f, "Method not allowed: {c}"),
+            Kind::InvalidParams | Kind::HeaderMismatch | Kind::Internal => f.write_str(c),
+            Kind::UnsupportedVersion { requested, .. } => {
+                write!(f, "Unsupported protocol version: {requested}")
+            }
+            Kind::MethodNotFound { method } => write!(f, "Method not found: {method}"),
+            Kind::UpstreamUnreachable => write!(f, "Upstream MCP server is unreachable: {c}"),
+            Kind::UpstreamTimeout(d) => {
+                write!(f, "Upstream MCP server did not answer within {d:?}")
+            }
+            Kind::UpstreamFailed => write!(f, "Upstream MCP server failed: {c}"),
+            Kind::UpstreamRefused(_) => write!(f, "Upstream MCP server refused: {c}"),
+        }
+    }
 }
 
-pub fn error_body_with_data(
+impl std::error::Error for Error {}
+
+/// `{"jsonrpc":"2.0","id":…,"error":{"code":…,"message":…[,"data":…]}}`, `id: null` when
+/// unknown.
+pub(crate) fn error_body(
     id: Option<&RawValue>,
     code: i64,
     message: &str,
@@ -153,24 +249,44 @@ mod tests {
     #[test]
     fn error_body_echoes_id_and_escapes_message() {
         let id = RawValue::from_string("\"abc\"".to_owned()).unwrap();
-        let body = error_body(Some(&id), -32700, "bad \"json\"\n");
+        let body = error_body(Some(&id), -32700, "bad \"json\"\n", None);
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["id"], "abc");
         assert_eq!(v["error"]["code"], -32700);
         assert_eq!(v["error"]["message"], "bad \"json\"\n");
-        let v: serde_json::Value = serde_json::from_slice(&error_body(None, -1, "x")).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_slice(&error_body(None, -1, "x", None)).unwrap();
         assert!(v["id"].is_null());
     }
 
     #[test]
-    fn statuses() {
-        assert_eq!(ProxyError::BodyTooLarge { limit: 1 }.status(), 413);
-        assert_eq!(ProxyError::UpstreamUnreachable("x".into()).status(), 502);
+    fn kinds_map_to_one_status_and_code() {
+        let e = Error::new(Kind::BodyTooLarge { limit: 1 }, "");
         assert_eq!(
-            ProxyError::UpstreamTimeout(std::time::Duration::from_secs(1)).status(),
-            504
+            (e.status(), e.side()),
+            (StatusCode::PAYLOAD_TOO_LARGE, Side::Client)
         );
-        assert!(ProxyError::UpstreamTimeout(std::time::Duration::from_secs(1)).retryable());
-        assert!(!ProxyError::BadOrigin("x".into()).retryable());
+        let e = Error::new(Kind::UpstreamUnreachable, "refused");
+        assert_eq!((e.status().as_u16(), e.code()), (502, -32603));
+        assert!(e.retryable() && e.side() == Side::Upstream);
+        let e = Error::new(Kind::UpstreamTimeout(Duration::from_secs(1)), "");
+        assert_eq!(e.status(), 504);
+        assert!(!Error::new(Kind::BadOrigin, "x").retryable());
+        let e = Error::new(
+            Kind::UnsupportedVersion {
+                requested: "1".into(),
+                supported: &["2026-07-28"],
+            },
+            "",
+        );
+        let v: serde_json::Value = serde_json::from_slice(&e.body(None)).unwrap();
+        assert_eq!(v["error"]["data"]["supported"][0], "2026-07-28");
+        let passed = Error::upstream_refused(Buffered {
+            status: StatusCode::UNAUTHORIZED,
+            headers: Default::default(),
+            bytes: Bytes::from_static(b"no"),
+        });
+        assert_eq!(passed.status(), 401);
+        assert!(!passed.retryable());
     }
 }

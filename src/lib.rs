@@ -1,16 +1,29 @@
 //! epode-sidecar: a reverse proxy that sits beside an MCP server and gives it a stateless MCP
-//! 2026-07-28 front and the Epode agent-feedback binding. The request path, in the order a
-//! request travels it: `server` (listener) → `proxy` (routing) → `frontdoor` (checks) →
-//! `upstream` (the hop) → back through `proxy`.
+//! 2026-07-28 front and the Epode agent-feedback binding.
+//!
+//! The request path, in the order a request travels it: `server` (listeners, workers, routes)
+//! → `frontdoor` (head, body, message, era ladder) → `dispatch` (the method table) →
+//! `upstream` (the hop, in the upstream's era) → back through `mcp::rewrite` with the
+//! `binding`'s hooks. Below them: `feedback` (the protocol's pure pieces), `epode` (the Epode
+//! API, the consent cache, the telemetry queue), `mcp` (the wire), `config`, `error`, `body`.
+//! Every import points down this list.
 
-pub mod body;
-pub mod config;
-pub mod epode;
-pub mod error;
-pub mod feedback;
-pub mod frontdoor;
-pub mod log_summary;
-pub mod mcp;
-pub mod proxy;
-pub mod server;
-pub mod upstream;
+// No function in src/ over 80 lines, unit tests included (clippy.toml sets the threshold).
+#![warn(clippy::too_many_lines)]
+
+mod binding;
+mod body;
+mod cli;
+mod config;
+mod dispatch;
+mod epode;
+mod error;
+mod feedback;
+mod frontdoor;
+mod log_summary;
+mod mcp;
+mod metrics;
+mod server;
+mod upstream;
+
+pub use cli::main;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// One kind of repeated warning, counted by reason.
-pub struct LogSummary {
+pub(crate) struct LogSummary {
     what: &'static str,
     interval: Duration,
     inner: Mutex<Inner>,
@@ -22,7 +22,7 @@ struct Inner {
 }
 
 impl LogSummary {
-    pub fn new(what: &'static str, interval: Duration) -> Self {
+    pub(crate) fn new(what: &'static str, interval: Duration) -> Self {
         LogSummary {
             what,
             interval,
@@ -35,21 +35,21 @@ impl LogSummary {
     }
 
     /// Counts `n` occurrences of `reason`, logging now or folding them into the next summary.
-    pub fn add(&self, reason: &'static str, n: u64) {
+    pub(crate) fn add(&self, reason: &'static str, n: u64) {
         if let Some(line) = self.add_at(reason, n, Instant::now()) {
             tracing::warn!("{line}");
         }
     }
 
     /// Logs what was counted since the last line, if anything (call at shutdown).
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         if let Some(line) = self.summary(&mut self.lock(), Instant::now()) {
             tracing::warn!("{line}");
         }
     }
 
     /// Logs the summary when its interval has passed (call from a timer).
-    pub fn flush_if_due(&self) {
+    pub(crate) fn flush_if_due(&self) {
         let now = Instant::now();
         let mut inner = self.lock();
         match inner.window {

@@ -326,9 +326,17 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
         let up = fast_upstream();
         let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
         epode.inject(Endpoint::Telemetry, fault.clone());
-        let sc = sidecar(&up, &epode, &[]);
+        // A retry would come 50 ms after the answer; 500 ms without one shows there is none.
+        let sc = sidecar(
+            &up,
+            &epode,
+            &[
+                ("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms"),
+                ("EPODE_SIDECAR_TELEMETRY_RETRY_BASE", "50ms"),
+            ],
+        );
         call(&http(), &sc, "work", 1).await;
-        tokio::time::sleep(Duration::from_millis(2500)).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(
             epode.request_count(Endpoint::Telemetry),
             1,
@@ -370,7 +378,8 @@ async fn a_full_queue_drops_and_counts() {
     )
     .await;
     assert!(dropped >= 20, "only {dropped} dropped");
-    assert!(metric(&sc, "epode_sidecar_telemetry_queue_depth").await <= 5);
+    // The bound: 5 queued, plus the batch in delivery (at most 5: it came from the queue).
+    assert!(metric(&sc, "epode_sidecar_telemetry_queue_depth").await <= 10);
 }
 
 #[tokio::test]
@@ -407,7 +416,19 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
 async fn epode_down_never_delays_product_calls() {
     let up = fast_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let sc = sidecar(&up, &epode, &[]);
+    // The queue's clock, scaled down 25 times (flush, first retry) and a small queue, so the
+    // seconds Epode is down cover many complete retry cycles, full queues and given-up
+    // batches: what a minute of the default settings would show.
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms"),
+            ("EPODE_SIDECAR_TELEMETRY_RETRY_BASE", "20ms"),
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "10"),
+            ("EPODE_SIDECAR_TELEMETRY_QUEUE", "50"),
+        ],
+    );
     let c = http();
     let measure = |secs: u64| {
         let c = c.clone();
@@ -437,9 +458,9 @@ async fn epode_down_never_delays_product_calls() {
             lat
         }
     };
-    let up_lat = measure(10).await;
+    let up_lat = measure(2).await;
     drop(epode); // Epode is gone: connections are refused from now on.
-    let down_lat = measure(60).await;
+    let down_lat = measure(4).await;
     let (p50_up, p99_up) = (
         percentile(up_lat.clone(), 0.5),
         percentile(up_lat.clone(), 0.99),
@@ -449,20 +470,27 @@ async fn epode_down_never_delays_product_calls() {
         percentile(down_lat.clone(), 0.99),
     );
     eprintln!(
-        "product calls: Epode up {} calls p50 {p50_up:?} p99 {p99_up:?}; Epode down 60 s {} calls p50 {p50_down:?} p99 {p99_down:?}",
+        "product calls: Epode up {} calls p50 {p50_up:?} p99 {p99_up:?}; Epode down 4 s {} calls p50 {p50_down:?} p99 {p99_down:?}",
         up_lat.len(),
         down_lat.len()
     );
     let _ = std::fs::create_dir_all(repo_root().join("target"));
     let _ = std::fs::write(
         repo_root().join("target/telemetry-latency.txt"),
-        format!("Epode up: p50 {p50_up:?} p99 {p99_up:?}; Epode down (60 s): p50 {p50_down:?} p99 {p99_down:?}\n"),
+        format!("Epode up: p50 {p50_up:?} p99 {p99_up:?}; Epode down (4 s, queue clock x25): p50 {p50_down:?} p99 {p99_down:?}\n"),
     );
     assert!(
         p99_down <= p99_up * 2 + Duration::from_millis(3),
         "Epode down slowed product calls: p99 {p99_down:?} vs {p99_up:?}"
     );
     assert!(metric(&sc, "epode_sidecar_telemetry_retries_total").await > 0);
+    for reason in ["retries_exhausted", "queue_full"] {
+        let name = format!("epode_sidecar_telemetry_dropped_total{{reason=\"{reason}\"}}");
+        assert!(
+            metric(&sc, &name).await > 0,
+            "{reason}: the down phase did not reach it"
+        );
+    }
 }
 
 /// A receipt whose counts overflow when added is a malformed receipt (counted, not retried),

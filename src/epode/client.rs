@@ -1,5 +1,7 @@
-//! The Epode API client. Agent-side calls carry the feedback handle as Bearer; product calls
-//! (telemetry, consent state) carry the product key. Neither ever reaches a log.
+//! The Epode API client: the four endpoints the sidecar calls. Agent-side calls (consent
+//! decisions, reports) carry the feedback handle as Bearer; product calls (telemetry, consent
+//! state) carry the product key. Neither ever reaches a log. Nothing Epode sends is trusted:
+//! redirects are not followed and at most [`MAX_ANSWER_BYTES`] of an answer is read.
 
 use std::time::Duration;
 
@@ -10,14 +12,19 @@ use url::Url;
 
 use crate::feedback::capability::ProductKey;
 
+pub(crate) const DECISIONS_PATH: &str = "/api/v2/consent/decisions";
+pub(crate) const REPORTS_PATH: &str = "/api/v2/reports";
+pub(crate) const STATE_PATH: &str = "/api/v2/consent/state";
+pub(crate) const BATCHES_PATH: &str = "/api/v2/telemetry/batches";
+
 /// The most of an Epode answer the sidecar reads: its answers are small JSON objects (a
 /// receipt, a consent state, a stored report of at most a few KiB).
-pub const MAX_ANSWER_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// A call that produced no usable HTTP answer: the network failed, the deadline passed, or
 /// the answer was larger than any answer Epode gives.
 #[derive(Debug, thiserror::Error)]
-pub enum EpodeError {
+pub(crate) enum EpodeError {
     #[error("Epode did not answer within {0:?}")]
     Timeout(Duration),
     #[error("Epode could not be reached: {0}")]
@@ -28,19 +35,19 @@ pub enum EpodeError {
 
 /// An HTTP answer from Epode.
 #[derive(Debug)]
-pub struct Answer {
-    pub status: u16,
-    pub headers: HeaderMap,
-    pub body: Bytes,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
 impl Answer {
-    pub fn json(&self) -> Option<Value> {
+    pub(crate) fn json(&self) -> Option<Value> {
         serde_json::from_slice(&self.body).ok()
     }
 }
 
-pub struct EpodeClient {
+pub(crate) struct EpodeClient {
     http: reqwest::Client,
     base: Url,
     key: ProductKey,
@@ -49,7 +56,7 @@ pub struct EpodeClient {
 impl EpodeClient {
     /// Builds the client. Redirects are never followed (an agent-side call carries a bearer
     /// credential, and Epode never redirects its API; a 3xx is a failure like any non-2xx).
-    pub fn new(base: Url, key: ProductKey) -> Result<Self, String> {
+    pub(crate) fn new(base: Url, key: ProductKey) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .user_agent(concat!("epode-sidecar/", env!("CARGO_PKG_VERSION")))
             .pool_idle_timeout(Duration::from_secs(30))
@@ -59,12 +66,8 @@ impl EpodeClient {
         Ok(EpodeClient { http, base, key })
     }
 
-    pub fn key(&self) -> &ProductKey {
-        &self.key
-    }
-
     /// `<base>/api/v2/…`
-    pub fn url(&self, path: &str) -> String {
+    fn url(&self, path: &str) -> String {
         let base = self.base.as_str().trim_end_matches('/');
         format!("{base}{path}")
     }
@@ -107,25 +110,44 @@ impl EpodeClient {
         })
     }
 
-    /// An agent-side call authorised by a feedback handle.
-    pub async fn post_with_handle(
+    /// Records a consent decision (agent-side: the handle is the credential).
+    pub(crate) async fn post_decision(
         &self,
-        path: &str,
         handle: &str,
         body: &Value,
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
-        self.post(path, handle, body, timeout).await
+        self.post(DECISIONS_PATH, handle, body, timeout).await
     }
 
-    /// A product call authorised by the product key.
-    pub async fn post_with_key(
+    /// Submits a feedback report (agent-side: the handle is the credential).
+    pub(crate) async fn post_report(
         &self,
-        path: &str,
+        handle: &str,
         body: &Value,
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
-        self.post(path, self.key.expose_secret(), body, timeout)
+        self.post(REPORTS_PATH, handle, body, timeout).await
+    }
+
+    /// Looks up an Ask-once consent subject's state (product key).
+    pub(crate) async fn consent_state(
+        &self,
+        subject: &str,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        let body = serde_json::json!({ "subject": subject });
+        self.post(STATE_PATH, self.key.expose_secret(), &body, timeout)
+            .await
+    }
+
+    /// Delivers a telemetry batch (product key).
+    pub(crate) async fn post_batch(
+        &self,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        self.post(BATCHES_PATH, self.key.expose_secret(), body, timeout)
             .await
     }
 }

@@ -1,7 +1,6 @@
-//! Talking to Epode: the HTTP client for the agent-side calls (consent decisions, reports,
-//! consent state) and the telemetry queue that delivers confirmed events in the background.
+//! Talking to Epode: the API client, the Ask-once consent cache (a read-through view of what
+//! Epode remembers) and the telemetry queue that delivers confirmed events in the background.
 
-pub mod client;
-pub mod telemetry;
-
-pub use client::{EpodeClient, EpodeError};
+pub(crate) mod client;
+pub(crate) mod consent;
+pub(crate) mod telemetry;

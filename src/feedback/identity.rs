@@ -10,13 +10,13 @@ use serde_json::Value;
 use super::FeedbackMode;
 
 /// The private `_meta` key the upstream puts its identity object under.
-pub const META_KEY: &str = "ai.epode/identity";
+pub(crate) const META_KEY: &str = "ai.epode/identity";
 /// Longest accepted reference, in (ASCII) characters.
-pub const MAX_REF_LEN: usize = 160;
+pub(crate) const MAX_REF_LEN: usize = 160;
 
 /// One kind of reference.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum RefKind {
+pub(crate) enum RefKind {
     Account,
     User,
     Anonymous,
@@ -26,7 +26,7 @@ pub enum RefKind {
 
 impl RefKind {
     /// Every kind, in telemetry field order.
-    pub const ALL: [RefKind; 5] = [
+    pub(crate) const ALL: [RefKind; 5] = [
         RefKind::Account,
         RefKind::User,
         RefKind::Anonymous,
@@ -35,7 +35,7 @@ impl RefKind {
     ];
 
     /// The JSON field name, in telemetry and in the `_meta` identity object.
-    pub fn key(self) -> &'static str {
+    pub(crate) fn key(self) -> &'static str {
         match self {
             RefKind::Account => "accountRef",
             RefKind::User => "userRef",
@@ -48,24 +48,24 @@ impl RefKind {
 
 /// The validated references of one product tool call.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct IdentityRefs {
-    pub account_ref: Option<String>,
-    pub user_ref: Option<String>,
-    pub anonymous_ref: Option<String>,
-    pub customer_ref: Option<String>,
-    pub session_ref: Option<String>,
+pub(crate) struct IdentityRefs {
+    pub(crate) account_ref: Option<String>,
+    pub(crate) user_ref: Option<String>,
+    pub(crate) anonymous_ref: Option<String>,
+    pub(crate) customer_ref: Option<String>,
+    pub(crate) session_ref: Option<String>,
 }
 
 impl IdentityRefs {
     /// Reads `_meta["ai.epode/identity"]`: an object whose string fields are the references.
     /// Anything else (not an object, a non-string field, an invalid value) contributes nothing.
-    pub fn from_meta(identity: &Value) -> Self {
+    pub(crate) fn from_meta(identity: &Value) -> Self {
         let object = identity.as_object();
         Self::from_values(|kind| object?.get(kind.key())?.as_str())
     }
 
     /// Reads raw values from any source, such as the configured request or response headers.
-    pub fn from_values<'a>(mut raw: impl FnMut(RefKind) -> Option<&'a str>) -> Self {
+    pub(crate) fn from_values<'a>(mut raw: impl FnMut(RefKind) -> Option<&'a str>) -> Self {
         let mut refs = IdentityRefs::default();
         for kind in RefKind::ALL {
             if let Some(value) = raw(kind) {
@@ -75,13 +75,13 @@ impl IdentityRefs {
         refs
     }
 
-    pub fn get(&self, kind: RefKind) -> Option<&str> {
+    pub(crate) fn get(&self, kind: RefKind) -> Option<&str> {
         self.slot(kind).as_deref()
     }
 
     /// Sets `kind` from a raw value if it is valid; returns whether it was kept. An invalid value
     /// leaves any earlier valid one in place.
-    pub fn set(&mut self, kind: RefKind, raw: &str) -> bool {
+    pub(crate) fn set(&mut self, kind: RefKind, raw: &str) -> bool {
         match sanitize_ref(raw) {
             Some(value) => {
                 *self.slot_mut(kind) = Some(value);
@@ -93,7 +93,7 @@ impl IdentityRefs {
 
     /// Fills the references this one lacks from `fallback` (e.g. upstream `_meta` first, then
     /// gateway headers).
-    pub fn or(mut self, fallback: IdentityRefs) -> Self {
+    pub(crate) fn or(mut self, fallback: IdentityRefs) -> Self {
         let IdentityRefs {
             account_ref,
             user_ref,
@@ -120,7 +120,7 @@ impl IdentityRefs {
     /// `ask_once` (the real Epode service records it as a leak on any other interaction), and
     /// there only without a conflict (see [`IdentityRefs::drop_conflicting_customer`]).
     /// Apply once, after every source has been merged.
-    pub fn apply_customer_rule(&mut self, mode: FeedbackMode) {
+    pub(crate) fn apply_customer_rule(&mut self, mode: FeedbackMode) {
         if mode == FeedbackMode::AskOnce {
             self.drop_conflicting_customer();
         } else {
@@ -131,7 +131,7 @@ impl IdentityRefs {
     /// As the reference binding and the protocol's telemetry vectors: when a richer identity
     /// (`accountRef` or `userRef`) is present, `customerRef` is kept only if it equals
     /// `accountRef`. Only `customerRef` is dropped on a conflict.
-    pub fn drop_conflicting_customer(&mut self) {
+    pub(crate) fn drop_conflicting_customer(&mut self) {
         let conflict = match (&self.customer_ref, &self.account_ref, &self.user_ref) {
             (Some(customer), Some(account), _) => customer != account,
             (Some(_), None, Some(_)) => true,
@@ -143,14 +143,10 @@ impl IdentityRefs {
     }
 
     /// The present references, in telemetry field order.
-    pub fn iter(&self) -> impl Iterator<Item = (RefKind, &str)> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (RefKind, &str)> + '_ {
         RefKind::ALL
             .into_iter()
             .filter_map(|kind| self.get(kind).map(|value| (kind, value)))
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.iter().next().is_none()
     }
 
     fn slot(&self, kind: RefKind) -> &Option<String> {
@@ -176,7 +172,7 @@ impl IdentityRefs {
 
 /// Trims ASCII whitespace (U+0009–U+000D, U+0020; not Unicode spaces) from both ends, then
 /// accepts 1–160 characters of `^[A-Za-z0-9_.:-]+$`.
-pub fn sanitize_ref(raw: &str) -> Option<String> {
+pub(crate) fn sanitize_ref(raw: &str) -> Option<String> {
     let trimmed = raw.trim_matches(|c| matches!(c, '\t'..='\r' | ' '));
     let valid = (1..=MAX_REF_LEN).contains(&trimmed.len())
         && trimmed
@@ -247,7 +243,10 @@ mod tests {
             }
         );
         for not_object in [json!(null), json!("account_42"), json!(["account_42"])] {
-            assert!(IdentityRefs::from_meta(&not_object).is_empty());
+            assert_eq!(
+                IdentityRefs::from_meta(&not_object),
+                IdentityRefs::default()
+            );
         }
     }
 

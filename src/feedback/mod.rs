@@ -1,38 +1,39 @@
-//! The Epode agent-feedback binding, as pure pieces the proxy assembles:
+//! The Epode agent-feedback protocol, as pure pieces `binding` assembles:
 //!
 //! - [`capability`]: the product key and the `afr2_` feedback handle (HMAC capability signed
 //!   locally, never issued by Epode), its verification, and the Ask-once consent subject;
 //! - [`envelope`]: the feedback envelope for each mode and consent state, its MCP projection
 //!   (`_agentFeedback`), the plain-text restatement and the server-instructions text;
 //! - [`tools`]: the two local tools (`record_product_feedback_consent`,
-//!   `report_product_feedback`): definitions, argument validation, result builders, the failure
-//!   guidance, and the placement of `_agentFeedback` in a product tool result;
-//! - [`identity`]: the telemetry identity references, trimmed and validated.
+//!   `report_product_feedback`): definitions, argument validation, result builders and the
+//!   failure guidance;
+//! - [`placement`]: where `_agentFeedback` goes in a product tool result;
+//! - [`identity`]: the telemetry identity references, trimmed and validated, and the one
+//!   customerRef rule.
 //!
-//! Nothing here performs I/O: the proxy owns the network, this module owns the shapes and texts.
+//! Nothing here performs I/O (`binding` and `epode` own the network); this module owns the
+//! shapes and texts.
 //! Agent-facing texts match the reference binding (open-software-network/os-agent-feedback,
 //! `sdk/node/src/{core,mcp}.ts`) word for word, so an agent meets the same contract whether a
 //! product uses the Node SDK or this sidecar.
 
-pub mod binding;
-pub mod capability;
-pub mod catalog;
-pub mod consent;
-pub mod envelope;
-pub mod identity;
-pub mod tools;
+pub(crate) mod capability;
+pub(crate) mod envelope;
+pub(crate) mod identity;
+pub(crate) mod placement;
+pub(crate) mod tools;
 
 use std::fmt;
 use std::str::FromStr;
 
 /// The local tool that records the user's consent decision.
-pub const CONSENT_TOOL: &str = "record_product_feedback_consent";
+pub(crate) const CONSENT_TOOL: &str = "record_product_feedback_consent";
 /// The local tool that submits the feedback report.
-pub const REPORT_TOOL: &str = "report_product_feedback";
+pub(crate) const REPORT_TOOL: &str = "report_product_feedback";
 
 /// How a product asks for feedback (`AGENT_FEEDBACK_MODE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum FeedbackMode {
+pub(crate) enum FeedbackMode {
     /// Report autonomously after every product result, without asking the user.
     #[default]
     NeverAsk,
@@ -46,7 +47,7 @@ pub enum FeedbackMode {
 
 impl FeedbackMode {
     /// Every mode, in the order the protocol lists them.
-    pub const ALL: [FeedbackMode; 4] = [
+    pub(crate) const ALL: [FeedbackMode; 4] = [
         FeedbackMode::NeverAsk,
         FeedbackMode::AskOnce,
         FeedbackMode::AskAlways,
@@ -54,7 +55,7 @@ impl FeedbackMode {
     ];
 
     /// The protocol's spelling.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             FeedbackMode::NeverAsk => "never_ask",
             FeedbackMode::AskOnce => "ask_once",
@@ -64,7 +65,7 @@ impl FeedbackMode {
     }
 
     /// Whether the feedback tools, envelopes and instructions exist at all.
-    pub fn is_enabled(self) -> bool {
+    pub(crate) fn is_enabled(self) -> bool {
         self != FeedbackMode::Off
     }
 }
@@ -78,7 +79,7 @@ impl fmt::Display for FeedbackMode {
 /// A value that is not one of the four modes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("feedback mode must be never_ask, ask_once, ask_always, or off (got {0:?})")]
-pub struct UnknownFeedbackMode(pub String);
+pub(crate) struct UnknownFeedbackMode(pub String);
 
 impl FromStr for FeedbackMode {
     type Err = UnknownFeedbackMode;

@@ -4,21 +4,21 @@
 use base64::Engine;
 use http::{HeaderMap, HeaderValue};
 
-pub const PROTOCOL_VERSION: &str = "mcp-protocol-version";
-pub const METHOD: &str = "mcp-method";
-pub const NAME: &str = "mcp-name";
-pub const SESSION_ID: &str = "mcp-session-id";
+pub(crate) const PROTOCOL_VERSION: &str = "mcp-protocol-version";
+pub(crate) const METHOD: &str = "mcp-method";
+pub(crate) const NAME: &str = "mcp-name";
+pub(crate) const SESSION_ID: &str = "mcp-session-id";
 
 /// A routing header as the client sent it.
 #[derive(Debug, PartialEq, Eq)]
-pub enum HeaderRead {
+pub(crate) enum HeaderRead {
     Absent,
     One(String),
     /// Repeated, or not valid visible text: either way it cannot be compared with the body.
     Invalid(&'static str),
 }
 
-pub fn read(headers: &HeaderMap, name: &str) -> HeaderRead {
+pub(crate) fn read(headers: &HeaderMap, name: &str) -> HeaderRead {
     let mut all = headers.get_all(name).iter();
     let Some(first) = all.next() else {
         return HeaderRead::Absent;
@@ -33,7 +33,7 @@ pub fn read(headers: &HeaderMap, name: &str) -> HeaderRead {
 }
 
 /// Decodes a header value: plain visible ASCII, or `=?base64?…?=` holding UTF-8.
-pub fn decode(value: &HeaderValue) -> Option<String> {
+pub(crate) fn decode(value: &HeaderValue) -> Option<String> {
     let s = value.to_str().ok()?;
     if let Some(inner) = s
         .strip_prefix("=?base64?")
@@ -51,7 +51,7 @@ pub fn decode(value: &HeaderValue) -> Option<String> {
 }
 
 /// Encodes a value for a header: as is when it is safe plain ASCII, else `=?base64?…?=`.
-pub fn encode(value: &str) -> Option<HeaderValue> {
+pub(crate) fn encode(value: &str) -> Option<HeaderValue> {
     let plain_safe = !value.is_empty()
         && value.bytes().all(|b| (0x20..0x7f).contains(&b))
         && value.trim() == value

@@ -9,99 +9,92 @@ use std::borrow::Cow;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::error::ProxyError;
+use super::raw::{as_str, is_object};
+use crate::error::{Error, Kind};
 
 /// The parts of one JSON-RPC message the front door reads.
 #[derive(Debug, Deserialize)]
-pub struct Envelope<'a> {
+pub(crate) struct Envelope<'a> {
     #[serde(borrow, default)]
-    pub id: Option<&'a RawValue>,
+    pub(crate) id: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    pub method: Option<Cow<'a, str>>,
+    pub(crate) method: Option<Cow<'a, str>>,
     #[serde(borrow, default, rename = "params")]
-    pub params_raw: Option<&'a RawValue>,
+    pub(crate) params_raw: Option<&'a RawValue>,
     /// `params` opened (empty when absent or not an object).
     #[serde(skip)]
-    pub params: Params<'a>,
+    pub(crate) params: Params<'a>,
     /// `params._meta` opened (empty when absent or not an object).
     #[serde(skip)]
-    pub meta: Meta<'a>,
+    pub(crate) meta: Meta<'a>,
 }
 
 /// The keys of `params` the sidecar routes on, each left as raw JSON.
 #[derive(Debug, Default, Deserialize)]
-pub struct Params<'a> {
+pub(crate) struct Params<'a> {
     #[serde(borrow, default, rename = "_meta")]
-    pub meta: Option<&'a RawValue>,
+    pub(crate) meta: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    pub name: Option<&'a RawValue>,
+    pub(crate) name: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    pub uri: Option<&'a RawValue>,
+    pub(crate) uri: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    pub arguments: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    pub cursor: Option<&'a RawValue>,
+    pub(crate) arguments: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "protocolVersion")]
-    pub protocol_version: Option<&'a RawValue>,
+    pub(crate) protocol_version: Option<&'a RawValue>,
 }
 
 /// The 2026-07-28 envelope keys of `params._meta`.
 #[derive(Debug, Default, Deserialize)]
-pub struct Meta<'a> {
+pub(crate) struct Meta<'a> {
     #[serde(borrow, default, rename = "io.modelcontextprotocol/protocolVersion")]
-    pub protocol_version: Option<&'a RawValue>,
+    pub(crate) protocol_version: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "io.modelcontextprotocol/clientCapabilities")]
-    pub client_capabilities: Option<&'a RawValue>,
+    pub(crate) client_capabilities: Option<&'a RawValue>,
 }
 
 impl Envelope<'_> {
     /// `params.name` as a string (the tool or prompt name), when it is one.
-    pub fn name(&self) -> Option<Cow<'_, str>> {
+    pub(crate) fn name(&self) -> Option<Cow<'_, str>> {
         self.params.name.and_then(as_str)
     }
 
     /// Whether `params` is present and a JSON object.
-    pub fn has_params_object(&self) -> bool {
+    pub(crate) fn has_params_object(&self) -> bool {
         self.params_raw.is_some_and(is_object)
     }
 
     /// Whether `params._meta` is present and a JSON object.
-    pub fn has_meta_object(&self) -> bool {
+    pub(crate) fn has_meta_object(&self) -> bool {
         self.params.meta.is_some_and(is_object)
     }
 }
 
-/// A raw value as a string, when it is one.
-pub fn as_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
-}
-
-pub fn is_object(raw: &RawValue) -> bool {
-    raw.get().trim_start().starts_with('{')
-}
-
 #[derive(Debug)]
-pub enum Inbound<'a> {
+pub(crate) enum Inbound<'a> {
     Single(Envelope<'a>),
     /// A JSON array (a 2025-03-26 batch); well-formed JSON, not inspected further.
     Batch,
 }
 
 /// A refused message, with its id when the id could still be read.
-pub type Refusal<'a> = (ProxyError, Option<&'a RawValue>);
+pub(crate) type Refusal<'a> = (Error, Option<&'a RawValue>);
 
 /// Parses a request body: malformed JSON is -32700; JSON that is not an object or array, or a
 /// key the sidecar reads given twice, is -32600. The refusal carries the message's id when it
 /// can be read unambiguously.
-pub fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
+pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     match first {
         Some(b'{') => {
             let mut env = serde_json::from_slice::<Envelope<'_>>(body).map_err(|e| {
                 if e.is_data() {
-                    (ProxyError::InvalidRequest(e.to_string()), salvage_id(body))
+                    (
+                        Error::new(Kind::InvalidRequest, e.to_string()),
+                        salvage_id(body),
+                    )
                 } else {
-                    (ProxyError::Parse(e.to_string()), None)
+                    (Error::new(Kind::Parse, e.to_string()), None)
                 }
             })?;
             if let Some(p) = env.params_raw.filter(|p| is_object(p)) {
@@ -114,13 +107,16 @@ pub fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
         }
         Some(b'[') => serde_json::from_slice::<Vec<&RawValue>>(body)
             .map(|_| Inbound::Batch)
-            .map_err(|e| (ProxyError::Parse(e.to_string()), None)),
+            .map_err(|e| (Error::new(Kind::Parse, e.to_string()), None)),
         _ => match serde_json::from_slice::<&RawValue>(body) {
             Ok(_) => Err((
-                ProxyError::InvalidRequest("a JSON-RPC message must be a JSON object".to_owned()),
+                Error::new(
+                    Kind::InvalidRequest,
+                    "a JSON-RPC message must be a JSON object".to_owned(),
+                ),
                 None,
             )),
-            Err(e) => Err((ProxyError::Parse(e.to_string()), None)),
+            Err(e) => Err((Error::new(Kind::Parse, e.to_string()), None)),
         },
     }
 }
@@ -138,12 +134,15 @@ fn salvage_id(body: &[u8]) -> Option<&RawValue> {
 
 /// Opens an object already known to be well-formed JSON; the only error left is a duplicate
 /// of a key the sidecar reads.
-fn open<'a, T: Deserialize<'a>>(raw: &'a RawValue, what: &str) -> Result<T, ProxyError> {
+fn open<'a, T: Deserialize<'a>>(raw: &'a RawValue, what: &str) -> Result<T, Error> {
     serde_json::from_str(raw.get()).map_err(|e| {
         let e = e.to_string();
         let detail = e.split(" at line").next().unwrap_or(&e);
         let detail = detail.replace("duplicate field", "duplicate key");
-        ProxyError::InvalidRequest(format!("{detail} in {what}; each key may appear only once"))
+        Error::new(
+            Kind::InvalidRequest,
+            format!("{detail} in {what}; each key may appear only once"),
+        )
     })
 }
 
@@ -206,23 +205,18 @@ mod tests {
 
     #[test]
     fn classifies_bad_bodies() {
-        assert!(matches!(
-            parse(b"{\"id\":1,"),
-            Err((ProxyError::Parse(_), None))
-        ));
-        assert!(matches!(parse(b""), Err((ProxyError::Parse(_), None))));
-        assert!(matches!(
-            parse(b"\xff\xfe"),
-            Err((ProxyError::Parse(_), None))
-        ));
-        assert!(matches!(
-            parse(b"42"),
-            Err((ProxyError::InvalidRequest(_), None))
-        ));
-        assert!(matches!(parse(b"[1,2"), Err((ProxyError::Parse(_), None))));
+        fn code(body: &[u8]) -> Refusal<'_> {
+            parse(body).map(|_| 0).unwrap_err()
+        }
+        for bad in [&b"{\"id\":1,"[..], b"", b"\xff\xfe", b"[1,2"] {
+            let (e, id) = code(bad);
+            assert_eq!((e.code(), id.is_none()), (-32700, true));
+        }
+        let (e, id) = code(b"42");
+        assert_eq!((e.code(), id.is_none()), (-32600, true));
         assert!(matches!(parse(b"[{}]"), Ok(Inbound::Batch)));
-        let (e, id) = parse(br#"{"id":"x","method":7}"#).unwrap_err();
-        assert!(matches!(e, ProxyError::InvalidRequest(_)));
+        let (e, id) = code(br#"{"id":"x","method":7}"#);
+        assert_eq!(e.code(), -32600);
         assert_eq!(id.map(RawValue::get), Some(r#""x""#));
     }
 }

@@ -1,9 +1,10 @@
-//! JSON-RPC and MCP wire pieces: reading just enough of a message to route it, the routing
-//! headers, era classification and validation, SSE framing, and result rewriting.
+//! The MCP wire, and nothing else: protocol versions and the per-request envelope keys, the
+//! routing headers, reading a client message, raw JSON maps, SSE framing, and rewriting a
+//! result for the client's era. No I/O, no policy.
 
-pub mod classify;
-pub mod headers;
-pub mod message;
-pub mod rewrite;
-pub mod sse;
-pub mod version;
+pub(crate) mod headers;
+pub(crate) mod message;
+pub(crate) mod raw;
+pub(crate) mod rewrite;
+pub(crate) mod sse;
+pub(crate) mod version;

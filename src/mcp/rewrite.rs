@@ -1,23 +1,21 @@
-//! Rewriting a result for the client's era, touching only the fields it changes. A message is
-//! read as an ordered map of raw JSON values ([`RawMap`]): only the objects on the path to a
-//! changed field are opened, so every other value keeps its exact bytes (numbers beyond f64,
-//! `1e400`, unicode escapes, key order).
+//! Rewriting a result for the client's era, touching only the fields it changes (on
+//! [`RawMap`]s, so every other value keeps its exact bytes), and the [`ResultPlan`] that
+//! carries a request's response through it.
 
-use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::raw::{as_str, is_object, null, open, raw, RawMap};
 use super::version::META_SERVER_INFO;
-
-/// A JSON object whose values are left as raw JSON text until someone opens them. Its keys
-/// come from the upstream and the client, but a map only ever lives for one message, so the
-/// fast hasher (randomly seeded per process) is enough.
-pub type RawMap = IndexMap<String, Box<RawValue>, foldhash::fast::RandomState>;
+use crate::error::code;
 
 /// What a request's response passes through besides the era rewrite: the feedback binding's
 /// decoration and telemetry. Exactly one of `result` or `failed` is called for a request
 /// that completes; neither for one the client abandons.
-pub trait ResultHook: Send {
+pub(crate) trait ResultHook: Send {
     /// The complete result (before the era rewrite); returns whether it changed it.
     fn result(&mut self, result: &mut RawMap) -> bool;
     /// The request failed: a JSON-RPC error, an upstream error status, or no answer.
@@ -26,45 +24,24 @@ pub trait ResultHook: Send {
     fn notification(&mut self, _method: &str) {}
 }
 
-/// Raw JSON for a value the sidecar made.
-pub fn raw<T: Serialize + ?Sized>(v: &T) -> Box<RawValue> {
-    serde_json::value::to_raw_value(v).unwrap_or_else(|_| raw_null())
-}
+/// Set when the client went away before its answer was complete: the request's future or
+/// its response stream was dropped. A plan dropped after that reports nothing.
+#[derive(Clone, Default)]
+pub(crate) struct Abandoned(Arc<AtomicBool>);
 
-fn raw_null() -> Box<RawValue> {
-    RawValue::from_string("null".to_owned()).expect("null is JSON")
-}
-
-/// Opens a raw value as an object; `None` when it is not one.
-pub fn open(v: &RawValue) -> Option<RawMap> {
-    if !is_object(v) {
-        return None;
+impl Abandoned {
+    pub(crate) fn set(&self) {
+        self.0.store(true, Ordering::Relaxed);
     }
-    serde_json::from_str(v.get()).ok()
-}
 
-pub fn is_object(v: &RawValue) -> bool {
-    v.get().trim_start().starts_with('{')
-}
-
-/// The value as a string, when it is one.
-pub fn as_str(v: &RawValue) -> Option<String> {
-    serde_json::from_str::<String>(v.get()).ok()
-}
-
-/// Parses a whole message as a [`RawMap`].
-pub fn parse_message(bytes: &[u8]) -> Option<RawMap> {
-    serde_json::from_slice(bytes).ok()
-}
-
-/// Whether a JSON-RPC message is a response (not a request or notification).
-pub fn is_response(msg: &RawMap) -> bool {
-    !msg.contains_key("method") && (msg.contains_key("result") || msg.contains_key("error"))
+    fn is_set(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 /// The HTTP status 2026-07-28 gives a JSON-RPC error a 2025-era upstream answered with 200:
 /// 404 for an unknown method, 400 for the request-level codes; `None` to keep the status.
-pub fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
+pub(crate) fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
     #[derive(Deserialize)]
     struct Code {
         code: i64,
@@ -73,31 +50,46 @@ pub fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
         .ok()?
         .code;
     match code {
-        -32601 => Some(http::StatusCode::NOT_FOUND),
-        -32700 | -32600 | -32020 | -32021 | -32022 => Some(http::StatusCode::BAD_REQUEST),
+        code::METHOD_NOT_FOUND => Some(http::StatusCode::NOT_FOUND),
+        code::PARSE_ERROR
+        | code::INVALID_REQUEST
+        | code::HEADER_MISMATCH
+        | code::MISSING_CLIENT_CAPABILITY
+        | code::UNSUPPORTED_VERSION => Some(http::StatusCode::BAD_REQUEST),
         _ => None,
     }
 }
 
-pub fn to_bytes(msg: &RawMap) -> bytes::Bytes {
-    bytes::Bytes::from(serde_json::to_vec(msg).unwrap_or_default())
+/// What to do to the response of one request. Its hook hears exactly one outcome: the result
+/// when one arrives, `failed` when the plan is dropped without one (an error answer, an error
+/// status, no answer at all), and nothing when the client abandoned the request.
+pub(crate) struct ResultPlan {
+    method: String,
+    /// The client speaks 2026-07-28: complete `resultType`, serverInfo, cache hints.
+    pub(crate) modern_client: bool,
+    /// Server identity for `_meta` (modern client): set when absent, or always when `force`.
+    pub(crate) server_info: Option<serde_json::Value>,
+    pub(crate) force_server_info: bool,
+    /// Defaults for `ttlMs` / `cacheScope` on cacheable methods (modern client).
+    pub(crate) cache: Option<(u64, &'static str)>,
+    pub(crate) hook: Option<Box<dyn ResultHook>>,
+    settled: bool,
+    abandoned: Abandoned,
 }
 
-/// What to do to the response of one request.
-pub struct ResultPlan {
-    pub method: String,
-    /// The client speaks 2026-07-28: complete `resultType`, serverInfo, cache hints.
-    pub modern_client: bool,
-    /// Server identity for `_meta` (modern client): set when absent, or always when `force`.
-    pub server_info: Option<serde_json::Value>,
-    pub force_server_info: bool,
-    /// Defaults for `ttlMs` / `cacheScope` on cacheable methods (modern client).
-    pub cache: Option<(u64, String)>,
-    pub hook: Option<Box<dyn ResultHook>>,
+impl Drop for ResultPlan {
+    fn drop(&mut self) {
+        if self.settled || self.abandoned.is_set() {
+            return;
+        }
+        if let Some(hook) = self.hook.as_mut() {
+            hook.failed();
+        }
+    }
 }
 
 impl ResultPlan {
-    pub fn new(method: &str, modern_client: bool) -> Self {
+    pub(crate) fn new(method: &str, modern_client: bool, abandoned: Abandoned) -> Self {
         ResultPlan {
             method: method.to_owned(),
             modern_client,
@@ -105,19 +97,28 @@ impl ResultPlan {
             force_server_info: false,
             cache: None,
             hook: None,
+            settled: false,
+            abandoned,
         }
     }
 
-    /// The request failed before or without a result.
-    pub fn failed(&mut self) {
-        if let Some(hook) = self.hook.as_mut() {
-            hook.failed();
+    /// The client went away: nothing is reported for this request.
+    pub(crate) fn abandon(&self) {
+        self.abandoned.set();
+    }
+
+    fn settle_failed(&mut self) {
+        if !self.settled {
+            self.settled = true;
+            if let Some(hook) = self.hook.as_mut() {
+                hook.failed();
+            }
         }
     }
 
     /// Applies the plan to one JSON-RPC message of the response (notifications are only
     /// observed); returns whether anything changed.
-    pub fn apply(&mut self, msg: &mut RawMap) -> bool {
+    pub(crate) fn apply(&mut self, msg: &mut RawMap) -> bool {
         if let Some(method) = msg.get("method").and_then(|m| as_str(m)) {
             if let Some(hook) = self.hook.as_mut() {
                 hook.notification(&method);
@@ -126,13 +127,16 @@ impl ResultPlan {
         }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
             if msg.contains_key("error") {
-                self.failed();
+                self.settle_failed();
             }
             return false;
         };
         let mut changed = false;
-        if let Some(hook) = self.hook.as_mut() {
-            changed |= hook.result(&mut result);
+        if !self.settled {
+            self.settled = true;
+            if let Some(hook) = self.hook.as_mut() {
+                changed |= hook.result(&mut result);
+            }
         }
         if self.modern_client {
             changed |= self.to_modern(&mut result);
@@ -144,7 +148,7 @@ impl ResultPlan {
                     msg.shift_remove("result");
                     msg.insert(
                         "error".into(),
-                        raw(&serde_json::json!({"code": -32603, "message": message})),
+                        raw(&serde_json::json!({"code": code::INTERNAL_ERROR, "message": message})),
                     );
                     return true;
                 }
@@ -201,7 +205,7 @@ impl ResultPlan {
 }
 
 fn wrap_as_result(v: &RawValue) -> Box<RawValue> {
-    RawValue::from_string(format!(r#"{{"result":{}}}"#, v.get())).unwrap_or_else(|_| raw_null())
+    RawValue::from_string(format!(r#"{{"result":{}}}"#, v.get())).unwrap_or_else(|_| null())
 }
 
 /// 2026 shapes to 2025 ones: no `resultType` or cache hints, object-only `structuredContent`
@@ -268,7 +272,7 @@ fn to_legacy(method: &str, result: &mut RawMap) -> Result<bool, String> {
                     r#"{{"type":"object","properties":{{"result":{}}},"required":["result"]}}"#,
                     schema.get()
                 ))
-                .unwrap_or_else(|_| raw_null());
+                .unwrap_or_else(|_| null());
                 t.insert("outputSchema".into(), wrapped);
                 *tool = raw(&t);
                 any = true;
@@ -286,6 +290,7 @@ fn to_legacy(method: &str, result: &mut RawMap) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::raw::{parse_message, to_bytes};
     use serde_json::{json, Value};
 
     fn msg(s: &str) -> RawMap {
@@ -296,11 +301,58 @@ mod tests {
         serde_json::from_slice(&to_bytes(m)).unwrap()
     }
 
+    fn new_plan(method: &str, modern: bool) -> ResultPlan {
+        ResultPlan::new(method, modern, Abandoned::default())
+    }
+
+    struct Count(std::sync::Arc<std::sync::Mutex<(u32, u32)>>);
+
+    impl ResultHook for Count {
+        fn result(&mut self, _: &mut RawMap) -> bool {
+            self.0.lock().unwrap().0 += 1;
+            false
+        }
+        fn failed(&mut self) {
+            self.0.lock().unwrap().1 += 1;
+        }
+    }
+
+    fn counted(modern: bool) -> (ResultPlan, std::sync::Arc<std::sync::Mutex<(u32, u32)>>) {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
+        let mut p = new_plan("tools/call", modern);
+        p.hook = Some(Box::new(Count(seen.clone())));
+        (p, seen)
+    }
+
+    #[test]
+    fn the_hook_hears_exactly_one_outcome() {
+        // A result, then the plan dropped: the result only.
+        let (mut p, seen) = counted(true);
+        p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
+        p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (1, 0));
+        // An error answer: failed once, even when dropped after.
+        let (mut p, seen) = counted(true);
+        p.apply(&mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#));
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 1));
+        // No answer at all (an error status, an unreachable upstream): failed on drop.
+        let (p, seen) = counted(false);
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 1));
+        // The client went away: nothing.
+        let (p, seen) = counted(true);
+        p.abandon();
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 0));
+    }
+
     #[test]
     fn modern_fields_are_added_only_when_missing() {
-        let mut plan = ResultPlan::new("tools/list", true);
+        let mut plan = new_plan("tools/list", true);
         plan.server_info = Some(json!({"name": "up", "version": "1"}));
-        plan.cache = Some((0, "private".into()));
+        plan.cache = Some((0, "private"));
         let mut m = msg(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"ttlMs":5000}}"#);
         assert!(plan.apply(&mut m));
         let v = value(&m);
@@ -315,7 +367,7 @@ mod tests {
     fn untouched_values_survive_exactly() {
         let raw_in = r#"{"jsonrpc":"2.0","id":1,"result":{"z":12345678901234567890,"a":0.1,"big":1e400,"s":"\u00e9\ud83d\ude80","content":[{"type":"text","text":"\u0000x"}]}}"#;
         let mut m = msg(raw_in);
-        let mut plan = ResultPlan::new("tools/call", true);
+        let mut plan = new_plan("tools/call", true);
         assert!(plan.apply(&mut m));
         let out = String::from_utf8(to_bytes(&m).to_vec()).unwrap();
         assert_eq!(
@@ -326,7 +378,7 @@ mod tests {
 
     #[test]
     fn legacy_shapes() {
-        let mut plan = ResultPlan::new("tools/call", false);
+        let mut plan = new_plan("tools/call", false);
         let mut m = msg(
             r#"{"id":1,"result":{"content":[],"structuredContent":[1,2],"resultType":"complete"}}"#,
         );
@@ -338,7 +390,7 @@ mod tests {
         let mut m = msg(r#"{"id":1,"result":{"resultType":"input_required","requestState":"x"}}"#);
         assert!(plan.apply(&mut m));
         assert_eq!(value(&m)["error"]["code"], -32603);
-        let mut plan = ResultPlan::new("tools/list", false);
+        let mut plan = new_plan("tools/list", false);
         let mut m = msg(
             r#"{"id":1,"result":{"tools":[{"name":"n","outputSchema":{"type":"string"}},{"name":"o","outputSchema":{"type":"object"}}]}}"#,
         );

@@ -1,6 +1,8 @@
-//! Server-sent events, streamed: the upstream's body is split into events as bytes arrive; every
-//! event goes on to the client at once, as it was, except the JSON-RPC response, which a
-//! rewrite may change. Dropping the resulting body (the client went away) drops the upstream's.
+//! Server-sent events, streamed: the upstream's body is split into events as bytes arrive (in
+//! linear time: scanning resumes where it stopped); every event goes on to the client at once,
+//! as it was, except the JSON-RPC response, which the request's [`ResultPlan`] may rewrite.
+//! Dropping the resulting body (the client went away) drops the upstream's and abandons the
+//! plan.
 
 use std::collections::VecDeque;
 
@@ -8,71 +10,100 @@ use bytes::{Bytes, BytesMut};
 use futures_util::stream;
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use serde_json::Value;
+use serde_json::value::RawValue;
 
+use super::raw::{self, RawMap};
+use super::rewrite::ResultPlan;
 use crate::body::{Body, BoxError};
+use crate::error::{Error, Kind};
 
 /// Splits a byte stream into SSE event blocks (each with its terminating blank line).
-#[derive(Default)]
-pub struct EventSplitter {
+pub(crate) struct EventSplitter {
     buf: BytesMut,
+    /// How far `buf` has been scanned (bytes before it hold no event end).
+    pos: usize,
+    /// Whether `pos` is at the start of a line.
+    line_start: bool,
+}
+
+impl Default for EventSplitter {
+    fn default() -> Self {
+        EventSplitter {
+            buf: BytesMut::new(),
+            pos: 0,
+            line_start: true,
+        }
+    }
 }
 
 impl EventSplitter {
-    pub fn push(&mut self, chunk: &[u8], out: &mut VecDeque<Bytes>) {
+    pub(crate) fn push(&mut self, chunk: &[u8], out: &mut VecDeque<Bytes>) {
         self.buf.extend_from_slice(chunk);
-        while let Some(end) = find_event_end(&self.buf) {
+        while let Some(end) = self.scan() {
             out.push_back(self.buf.split_to(end).freeze());
+            self.pos = 0;
+            self.line_start = true;
         }
     }
 
     /// Whatever is left when the stream ends (an unterminated last event).
-    pub fn finish(self) -> Option<Bytes> {
+    pub(crate) fn finish(self) -> Option<Bytes> {
         (!self.buf.is_empty()).then(|| self.buf.freeze())
+    }
+
+    /// The end (exclusive) of the first complete event: a line terminator directly after
+    /// another. A `\r` at the very end is not decided yet (it may start `\r\n`).
+    fn scan(&mut self) -> Option<usize> {
+        let buf = &self.buf[..];
+        let mut i = self.pos;
+        while i < buf.len() {
+            let term_len = match buf[i] {
+                b'\n' => 1,
+                b'\r' if i + 1 == buf.len() => break,
+                b'\r' if buf[i + 1] == b'\n' => 2,
+                b'\r' => 1,
+                _ => {
+                    self.line_start = false;
+                    i += 1;
+                    continue;
+                }
+            };
+            if self.line_start && i > 0 {
+                return Some(i + term_len);
+            }
+            self.line_start = true;
+            i += term_len;
+        }
+        self.pos = i;
+        None
     }
 }
 
-/// The end (exclusive) of the first complete event: a line terminator followed directly by
-/// another. A `\r` at the very end is not decided yet (it may start `\r\n`).
-fn find_event_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    let mut line_start = true;
-    while i < buf.len() {
-        let term_len = match buf[i] {
-            b'\n' => 1,
-            b'\r' => {
-                if i + 1 == buf.len() {
-                    return None;
-                }
-                if buf[i + 1] == b'\n' {
+/// The lines of an event block; SSE ends a line with CRLF, LF or a lone CR.
+fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = block;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        match rest.iter().position(|b| *b == b'\n' || *b == b'\r') {
+            None => Some(std::mem::take(&mut rest)),
+            Some(i) => {
+                let line = &rest[..i];
+                let skip = if rest[i] == b'\r' && rest.get(i + 1) == Some(&b'\n') {
                     2
                 } else {
                     1
-                }
+                };
+                rest = &rest[i + skip..];
+                Some(line)
             }
-            _ => {
-                line_start = false;
-                i += 1;
-                continue;
-            }
-        };
-        if line_start && i > 0 {
-            return Some(i + term_len);
         }
-        line_start = true;
-        i += term_len;
-    }
-    None
-}
-
-fn lines(block: &[u8]) -> impl Iterator<Item = &[u8]> {
-    block
-        .split(|b| *b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+    })
 }
 
 /// The event's data (its `data:` lines joined with `\n`), if it has any.
-pub fn event_data(block: &[u8]) -> Option<String> {
+pub(crate) fn event_data(block: &[u8]) -> Option<String> {
     let mut data: Option<String> = None;
     for line in lines(block) {
         let Some(rest) = line.strip_prefix(b"data") else {
@@ -96,7 +127,7 @@ pub fn event_data(block: &[u8]) -> Option<String> {
 }
 
 /// The same event with its data replaced by `data` (one line; compact JSON has no newline).
-pub fn replace_data(block: &[u8], data: &str) -> Bytes {
+pub(crate) fn replace_data(block: &[u8], data: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(block.len() + data.len());
     let mut wrote = false;
     for line in lines(block) {
@@ -106,7 +137,7 @@ pub fn replace_data(block: &[u8], data: &str) -> Bytes {
         if line.starts_with(b"data:") || line == b"data" {
             if !wrote {
                 out.extend_from_slice(b"data: ");
-                out.extend_from_slice(data.as_bytes());
+                out.extend_from_slice(data);
                 out.push(b'\n');
                 wrote = true;
             }
@@ -119,90 +150,97 @@ pub fn replace_data(block: &[u8], data: &str) -> Bytes {
     Bytes::from(out)
 }
 
-/// Whether a JSON-RPC message is a response (not a request or notification).
-pub fn is_response(msg: &Value) -> bool {
-    msg.get("method").is_none() && (msg.get("result").is_some() || msg.get("error").is_some())
+/// An SSE event carrying one JSON-RPC message.
+pub(crate) fn message_event(msg: &[u8]) -> Bytes {
+    let mut event = BytesMut::with_capacity(msg.len() + 24);
+    event.extend_from_slice(b"event: message\ndata: ");
+    event.extend_from_slice(msg);
+    event.extend_from_slice(b"\n\n");
+    event.freeze()
 }
 
-use super::rewrite::{self, RawMap};
-
-struct State<B, F> {
-    body: B,
-    splitter: EventSplitter,
-    pending: VecDeque<Bytes>,
-    rewrite: F,
-    done: bool,
-    /// The request's id, when a stream that breaks before the response should end with a
-    /// JSON-RPC error for it instead of a cut-off body.
-    id: Option<Box<serde_json::value::RawValue>>,
-    saw_response: bool,
+/// Every JSON-RPC message of a whole SSE body, in order.
+pub(crate) fn messages(body: &[u8]) -> Vec<String> {
+    let mut splitter = EventSplitter::default();
+    let mut events = VecDeque::new();
+    splitter.push(body, &mut events);
+    events.extend(splitter.finish());
+    events.iter().filter_map(|e| event_data(e)).collect()
 }
 
 /// Reads the upstream's stream until its first event that carries data (a priming event with
 /// only an id, as some servers send first, is skipped) or its end; returns the bytes read and
 /// that event. Used where the HTTP status depends on the first message.
-pub async fn peek_first_message<B>(upstream: &mut B) -> Result<(Bytes, Option<Bytes>), BoxError>
+pub(crate) async fn peek_first_message<B>(
+    upstream: &mut B,
+) -> Result<(Bytes, Option<Bytes>), BoxError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
     let mut read = BytesMut::new();
-    let mut scanned = 0;
+    let mut splitter = EventSplitter::default();
+    let mut events: VecDeque<Bytes> = VecDeque::new();
     loop {
-        while let Some(end) = find_event_end(&read[scanned..]) {
-            let block = &read[scanned..scanned + end];
-            scanned += end;
-            if event_data(block).is_some_and(|d| !d.trim().is_empty()) {
-                let first = Bytes::copy_from_slice(block);
-                return Ok((read.freeze(), Some(first)));
+        while let Some(block) = events.pop_front() {
+            if event_data(&block).is_some_and(|d| !d.trim().is_empty()) {
+                return Ok((read.freeze(), Some(block)));
             }
         }
         match upstream.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     read.extend_from_slice(&data);
+                    splitter.push(&data, &mut events);
                 }
             }
             Some(Err(e)) => return Err(e.into()),
-            None => {
-                let rest = Bytes::copy_from_slice(&read[scanned..]);
-                let first = (!rest.is_empty()).then_some(rest);
-                return Ok((read.freeze(), first));
-            }
+            None => return Ok((read.freeze(), splitter.finish())),
         }
     }
 }
 
-/// Streams `upstream` through, applying `rewrite` to each JSON-RPC message event. `rewrite`
-/// returns whether it changed the message; an unchanged event is forwarded byte for byte.
-pub fn rewrite_stream<B, F>(upstream: B, rewrite: F) -> Body
-where
-    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-    B::Error: Into<BoxError>,
-    F: FnMut(&mut RawMap) -> bool + Send + 'static,
-{
-    rewrite_stream_after(Bytes::new(), upstream, None, rewrite)
+struct State<B> {
+    body: B,
+    splitter: EventSplitter,
+    pending: VecDeque<Bytes>,
+    plan: ResultPlan,
+    done: bool,
+    /// The request's id, when a stream that breaks before the response should end with a
+    /// JSON-RPC error for it instead of a cut-off body.
+    id: Option<Box<RawValue>>,
+    saw_response: bool,
 }
 
-/// As [`rewrite_stream`], for a stream whose first bytes (`read`) were already taken. With
-/// `id`, a stream that fails or ends before its response event ends instead with a JSON-RPC
-/// error event for that id (passed through `rewrite` like any response), never cut off.
-pub fn rewrite_stream_after<B, F>(
+impl<B> Drop for State<B> {
+    fn drop(&mut self) {
+        if !self.done {
+            // The client stopped reading before the stream ended: cancellation.
+            self.plan.abandon();
+        }
+    }
+}
+
+/// Streams `upstream` through, applying `plan` to each JSON-RPC message event; an event the
+/// plan leaves unchanged is forwarded byte for byte. `read` holds bytes already taken from
+/// the upstream. With `id`, a stream that fails or ends before its response event ends with a
+/// JSON-RPC error event for that id (passed through the plan like any response) rather than
+/// being cut off.
+pub(crate) fn rewrite_stream<B>(
     read: Bytes,
     upstream: B,
-    id: Option<Box<serde_json::value::RawValue>>,
-    rewrite: F,
+    id: Option<Box<RawValue>>,
+    plan: ResultPlan,
 ) -> Body
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
-    F: FnMut(&mut RawMap) -> bool + Send + 'static,
 {
     let mut state = State {
         body: upstream,
         splitter: EventSplitter::default(),
         pending: VecDeque::new(),
-        rewrite,
+        plan,
         done: false,
         id,
         saw_response: false,
@@ -233,10 +271,11 @@ where
                         return None;
                     }
                     let e: BoxError = e.into();
-                    match broken_event(&mut st, &format!("the event stream broke off ({e})")) {
-                        Some(event) => return Some((Ok(Frame::data(event)), st)),
-                        None => return Some((Err(e), st)),
-                    }
+                    let why = format!("the event stream broke off ({e})");
+                    return match broken_event(&mut st, &why) {
+                        Some(event) => Some((Ok(Frame::data(event)), st)),
+                        None => Some((Err(e), st)),
+                    };
                 }
                 None => {
                     st.done = true;
@@ -254,29 +293,19 @@ where
 }
 
 /// The error event that ends a stream broken before its response (when the id is known).
-fn broken_event<B, F: FnMut(&mut RawMap) -> bool>(
-    st: &mut State<B, F>,
-    why: &str,
-) -> Option<Bytes> {
+fn broken_event<B>(st: &mut State<B>, why: &str) -> Option<Bytes> {
     let id = st.id.take()?;
     st.saw_response = true;
-    let error = crate::error::ProxyError::UpstreamFailed(format!(
-        "{why}, before the response; the request may be sent again"
-    ));
-    let body = crate::error::error_body(Some(&id), error.code(), &error.to_string());
-    let mut msg = rewrite::parse_message(&body)?;
-    (st.rewrite)(&mut msg);
-    let out = rewrite::to_bytes(&msg);
-    let mut event = b"event: message\ndata: ".to_vec();
-    event.extend_from_slice(&out);
-    event.extend_from_slice(b"\n\n");
-    Some(Bytes::from(event))
+    let error = Error::new(
+        Kind::UpstreamFailed,
+        format!("{why}, before the response; the request may be sent again"),
+    );
+    let mut msg = raw::parse_message(&error.body(Some(&id)))?;
+    st.plan.apply(&mut msg);
+    Some(message_event(&raw::to_bytes(&msg)))
 }
 
-fn transform<B, F: FnMut(&mut RawMap) -> bool>(
-    block: &Bytes,
-    st: &mut State<B, F>,
-) -> Option<Bytes> {
+fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
     if block.is_empty() {
         // The end-of-stream marker: the stream ended without a response.
         if st.saw_response {
@@ -285,18 +314,18 @@ fn transform<B, F: FnMut(&mut RawMap) -> bool>(
         return Some(broken_event(st, "the event stream ended").unwrap_or_default());
     }
     let data = event_data(block)?;
-    let mut msg = rewrite::parse_message(data.as_bytes())?;
-    st.saw_response |= rewrite::is_response(&msg);
-    if !(st.rewrite)(&mut msg) {
+    let mut msg: RawMap = raw::parse_message(data.as_bytes())?;
+    st.saw_response |= raw::is_response(&msg);
+    if !st.plan.apply(&mut msg) {
         return None;
     }
-    let out = rewrite::to_bytes(&msg);
-    Some(replace_data(block, &String::from_utf8_lossy(&out)))
+    Some(replace_data(block, &raw::to_bytes(&msg)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::rewrite::Abandoned;
 
     fn split(chunks: &[&[u8]]) -> Vec<Bytes> {
         let mut s = EventSplitter::default();
@@ -323,11 +352,39 @@ mod tests {
         let ev = split(&[b"data: a\ndata: b\n\ndata: tail"]);
         assert_eq!(event_data(&ev[0]).as_deref(), Some("a\nb"));
         assert_eq!(&ev[1][..], b"data: tail");
+        // A lone \r ends a line, even when the chunk boundary falls right after it.
+        let ev = split(&[b"data: x\r", b"\r", b"data: y\n\n"]);
+        assert_eq!(ev.len(), 2, "{ev:?}");
+        assert_eq!(event_data(&ev[0]).as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn splitting_byte_by_byte_matches_splitting_whole() {
+        let body: &[u8] = b"id: 1\r\ndata: {\"x\":1}\r\n\r\n: c\n\ndata: a\rdata: b\r\rtail";
+        let whole = split(&[body]);
+        let pieces: Vec<&[u8]> = body.chunks(1).collect();
+        assert_eq!(split(&pieces), whole);
+    }
+
+    #[test]
+    fn scanning_is_linear_in_the_event_size() {
+        // A 16 MiB event in 4 KiB chunks: quadratic rescanning would take minutes.
+        let chunk = vec![b'x'; 4096];
+        let mut s = EventSplitter::default();
+        let mut out = VecDeque::new();
+        let started = std::time::Instant::now();
+        s.push(b"data: ", &mut out);
+        for _ in 0..4096 {
+            s.push(&chunk, &mut out);
+        }
+        s.push(b"\n\n", &mut out);
+        assert_eq!(out.len(), 1);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
     }
 
     #[test]
     fn replaces_only_data() {
-        let out = replace_data(b"event: message\nid: 7\ndata: {\"x\":1}\n\n", "{\"y\":2}");
+        let out = replace_data(b"event: message\nid: 7\ndata: {\"x\":1}\n\n", b"{\"y\":2}");
         assert_eq!(&out[..], b"event: message\nid: 7\ndata: {\"y\":2}\n\n");
     }
 
@@ -336,16 +393,8 @@ mod tests {
         let body = http_body_util::Full::new(Bytes::from_static(
             b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n",
         ));
-        let out = rewrite_stream(body, |m: &mut RawMap| {
-            if !rewrite::is_response(m) {
-                return false;
-            }
-            m.insert(
-                "result".into(),
-                rewrite::raw(&serde_json::json!({"resultType": "complete"})),
-            );
-            true
-        });
+        let plan = ResultPlan::new("tools/call", true, Abandoned::default());
+        let out = rewrite_stream(Bytes::new(), body, None, plan);
         let bytes = out.collect().await.unwrap().to_bytes();
         let text = String::from_utf8(bytes.to_vec()).unwrap();
         assert!(text.starts_with("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n"));

@@ -1,8 +1,9 @@
-//! The upstream hop over Streamable HTTP: one pooled client, header hygiene (hop-by-hop headers
+//! The upstream hop over Streamable HTTP: a connection pool per worker, header hygiene (hop-by-hop headers
 //! dropped, the sidecar's own authority as `Host`, no `Origin`), a deadline for the response
 //! head, and a record of when the upstream last answered (for `/readyz`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -13,7 +14,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
 use crate::config::UpstreamTarget;
-use crate::error::ProxyError;
+use crate::error::{Error, Kind};
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded.
 const HOP_BY_HOP: [&str; 8] = [
@@ -29,7 +30,7 @@ const HOP_BY_HOP: [&str; 8] = [
 
 /// Removes hop-by-hop headers, including any named by `Connection`, and `Transfer-Encoding`
 /// (each hop frames the body itself).
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -46,59 +47,65 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-thread_local! {
-    /// The index of the server worker this thread is, so each worker uses its own pool (a
-    /// pooled connection's task lives on the runtime that opened it).
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Marks the current thread as server worker `index`.
-pub fn set_worker_index(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
 type Pool = Client<HttpConnector, Full<Bytes>>;
 
-pub struct HttpUpstream {
-    /// One connection pool per server worker.
-    clients: Vec<Pool>,
+/// When the upstream last answered, shared by every worker's pool (for readiness).
+#[derive(Debug)]
+struct LastAnswer {
+    started: Instant,
+    /// Milliseconds since `started` of the last answer (any HTTP response), plus one; 0 =
+    /// never.
+    ms: AtomicU64,
+}
+
+/// One worker's connection pool to the upstream. Each server worker has its own (a pooled
+/// connection's task lives on the event loop that opened it); [`HttpUpstream::for_worker`]
+/// makes another that shares what the workers must agree on.
+pub(crate) struct HttpUpstream {
+    pool: Pool,
     target: UpstreamTarget,
     host: HeaderValue,
     timeout: Duration,
-    started: Instant,
-    /// Milliseconds since `started` of the last answer (any HTTP response), plus one; 0 = never.
-    last_answer_ms: AtomicU64,
+    last_answer: Arc<LastAnswer>,
+}
+
+fn pool(timeout: Duration) -> Pool {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
+    Client::builder(TokioExecutor::new())
+        // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled connection
+        // is not reused just as the upstream closes it.
+        .pool_idle_timeout(Duration::from_secs(3))
+        .pool_max_idle_per_host(64)
+        .build(connector)
 }
 
 impl HttpUpstream {
-    pub fn new(target: UpstreamTarget, timeout: Duration, workers: usize) -> Self {
-        let clients = (0..workers.max(1))
-            .map(|_| {
-                let mut connector = HttpConnector::new();
-                connector.set_nodelay(true);
-                connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
-                Client::builder(TokioExecutor::new())
-                    // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled
-                    // connection is not reused just as the upstream closes it.
-                    .pool_idle_timeout(Duration::from_secs(3))
-                    .pool_max_idle_per_host(64)
-                    .build(connector)
-            })
-            .collect();
+    pub(crate) fn new(target: UpstreamTarget, timeout: Duration) -> Self {
         let host = HeaderValue::from_str(&target.authority)
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         HttpUpstream {
-            clients,
+            pool: pool(timeout),
             target,
             host,
             timeout,
-            started: Instant::now(),
-            last_answer_ms: AtomicU64::new(0),
+            last_answer: Arc::new(LastAnswer {
+                started: Instant::now(),
+                ms: AtomicU64::new(0),
+            }),
         }
     }
 
-    pub fn target(&self) -> &UpstreamTarget {
-        &self.target
+    /// The same upstream with a pool of its own, for another worker.
+    pub(crate) fn for_worker(&self) -> Self {
+        HttpUpstream {
+            pool: pool(self.timeout),
+            target: self.target.clone(),
+            host: self.host.clone(),
+            timeout: self.timeout,
+            last_answer: self.last_answer.clone(),
+        }
     }
 
     fn uri(&self, client_query: Option<&str>) -> Uri {
@@ -112,18 +119,13 @@ impl HttpUpstream {
         s.parse().unwrap_or_else(|_| Uri::from_static("/"))
     }
 
-    fn client(&self) -> &Pool {
-        let i = WORKER.with(std::cell::Cell::get);
-        &self.clients[i % self.clients.len()]
-    }
-
-    pub fn timeout(&self) -> Duration {
+    pub(crate) fn timeout(&self) -> Duration {
         self.timeout
     }
 
     /// The client's end-to-end headers as they go upstream: no hop-by-hop headers, no `Origin`
     /// (the sidecar checked it), the upstream's own authority as `Host`.
-    pub fn base_headers(&self, client: &HeaderMap) -> HeaderMap {
+    pub(crate) fn base_headers(&self, client: &HeaderMap) -> HeaderMap {
         let mut headers = client.clone();
         strip_hop_by_hop(&mut headers);
         headers.remove(header::ORIGIN);
@@ -134,12 +136,12 @@ impl HttpUpstream {
 
     /// POSTs a body upstream. The response head must arrive within the configured timeout;
     /// its body then streams for as long as both ends want.
-    pub async fn post(
+    pub(crate) async fn post(
         &self,
         headers: HeaderMap,
         body: Bytes,
         client_query: Option<&str>,
-    ) -> Result<Response<Incoming>, ProxyError> {
+    ) -> Result<Response<Incoming>, Error> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = http::Method::POST;
         *req.uri_mut() = self.uri(client_query);
@@ -147,11 +149,16 @@ impl HttpUpstream {
         self.send(req).await
     }
 
-    pub async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
-        match tokio::time::timeout(self.timeout, self.client().request(req)).await {
-            Err(_) => Err(ProxyError::UpstreamTimeout(self.timeout)),
-            Ok(Err(e)) if e.is_connect() => Err(ProxyError::UpstreamUnreachable(error_chain(&e))),
-            Ok(Err(e)) => Err(ProxyError::UpstreamFailed(error_chain(&e))),
+    pub(crate) async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, Error> {
+        match tokio::time::timeout(self.timeout, self.pool.request(req)).await {
+            Err(_) => Err(Error::new(Kind::UpstreamTimeout(self.timeout), "")),
+            Ok(Err(e)) if e.is_connect() => {
+                Err(Error::new(Kind::UpstreamUnreachable, error_chain(&e)))
+            }
+            Ok(Err(e)) => Err(Error::new(Kind::UpstreamFailed, error_chain(&e))),
             Ok(Ok(mut resp)) => {
                 self.mark_answered();
                 strip_hop_by_hop(resp.headers_mut());
@@ -161,23 +168,25 @@ impl HttpUpstream {
     }
 
     fn mark_answered(&self) {
-        let ms = self.started.elapsed().as_millis() as u64 + 1;
-        self.last_answer_ms.store(ms, Ordering::Relaxed);
+        let a = &self.last_answer;
+        let ms = a.started.elapsed().as_millis() as u64 + 1;
+        a.ms.store(ms, Ordering::Relaxed);
     }
 
     /// Whether the upstream answered within `window`.
-    pub fn answered_within(&self, window: Duration) -> bool {
-        let last = self.last_answer_ms.load(Ordering::Relaxed);
+    pub(crate) fn answered_within(&self, window: Duration) -> bool {
+        let a = &self.last_answer;
+        let last = a.ms.load(Ordering::Relaxed);
         if last == 0 {
             return false;
         }
-        let now = self.started.elapsed().as_millis() as u64 + 1;
+        let now = a.started.elapsed().as_millis() as u64 + 1;
         now.saturating_sub(last) <= window.as_millis() as u64
     }
 
     /// Readiness probe: a POSTed JSON-RPC `ping`, never a GET (a stateless Python upstream
     /// answers GET with a stream that never ends). Any answer below 500 means it is serving.
-    pub async fn probe(&self) -> bool {
+    pub(crate) async fn probe(&self) -> bool {
         let body = Bytes::from_static(
             br#"{"jsonrpc":"2.0","id":"epode-sidecar-readiness","method":"ping"}"#,
         );
@@ -187,7 +196,7 @@ impl HttpUpstream {
             .header(header::ACCEPT, "application/json, text/event-stream")
             .body(Full::new(body));
         let Ok(req) = req else { return false };
-        let probe = tokio::time::timeout(Duration::from_secs(2), self.client().request(req)).await;
+        let probe = tokio::time::timeout(Duration::from_secs(2), self.pool.request(req)).await;
         match probe {
             Ok(Ok(resp)) => {
                 let ok = resp.status().as_u16() < 500;

@@ -5,29 +5,25 @@
 use std::borrow::Cow;
 
 use http::HeaderMap;
-use serde_json::value::RawValue;
 
-use super::headers::{self, HeaderRead};
-use super::message::{self, Envelope};
-use super::version::{self, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
-use crate::error::ProxyError;
+use crate::error::{Error, Kind};
+use crate::mcp::headers::{self, HeaderRead};
+use crate::mcp::message::Envelope;
+use crate::mcp::raw;
+use crate::mcp::version::{self, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClientEra {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClientEra {
     /// A 2026-07-28 request that passed the ladder.
-    Modern { version: String },
-    /// The 2025-era handshake path; `version` is the `MCP-Protocol-Version` header, if any.
-    Legacy { version: Option<String> },
+    Modern,
+    /// The 2025-era handshake path.
+    Legacy,
 }
 
 impl ClientEra {
-    pub fn is_modern(&self) -> bool {
-        matches!(self, ClientEra::Modern { .. })
+    pub(crate) fn is_modern(self) -> bool {
+        self == ClientEra::Modern
     }
-}
-
-fn is_object(raw: &RawValue) -> bool {
-    message::is_object(raw)
 }
 
 /// The name a routing header must mirror, for the methods that have one.
@@ -40,109 +36,124 @@ fn routed_name_key(method: &str) -> Option<&'static str> {
 }
 
 /// Classifies a request or notification and, for a modern one, runs the validation ladder.
-pub fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<ClientEra, ProxyError> {
+pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<ClientEra, Error> {
     let method = env.method.as_deref().unwrap_or_default();
     let header_version = headers::read(headers, headers::PROTOCOL_VERSION);
-
-    let params = env.has_params_object().then_some(&env.params);
-    let meta = env.has_meta_object().then_some(&env.meta);
-    let claims_modern = meta.is_some_and(|m| m.protocol_version.is_some());
+    let claims_modern = env.has_meta_object() && env.meta.protocol_version.is_some();
     let header_modern = match &header_version {
         HeaderRead::One(v) => !version::is_legacy(v),
         HeaderRead::Invalid(_) => true,
         HeaderRead::Absent => false,
     };
-
-    if method == "initialize" && !claims_modern {
+    if method == "initialize" && !claims_modern && header_modern {
         if let HeaderRead::One(v) = &header_version {
-            if header_modern {
-                return Err(ProxyError::HeaderMismatch(format!(
-                    "Header mismatch: MCP-Protocol-Version header value '{v}' is a 2026-era version, but initialize is the 2025-era handshake"
-                )));
-            }
+            return Err(mismatch(format!(
+                "MCP-Protocol-Version header value '{v}' is a 2026-era version, but initialize is the 2025-era handshake"
+            )));
         }
     }
     if !claims_modern && !header_modern {
-        return Ok(ClientEra::Legacy {
-            version: match header_version {
-                HeaderRead::One(v) => Some(v),
-                _ => None,
-            },
-        });
+        return Ok(ClientEra::Legacy);
     }
     let is_notification = env.id.is_none();
-
-    // 1. The envelope.
-    let envelope_version = match (&params, &meta) {
-        (None, _) if !is_notification => {
-            return Err(ProxyError::InvalidParams(
-                "Invalid params: a 2026-07-28 request must carry params._meta with io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities".to_owned(),
-            ))
-        }
-        (Some(p), None) if !is_notification => {
-            let what = if p.meta.is_some() { "must be an object" } else { "is missing" };
-            return Err(ProxyError::InvalidParams(format!(
-                "Invalid params: params._meta {what}; a 2026-07-28 request must carry io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities in it"
-            )));
-        }
-        (_, Some(m)) => {
-            let mut missing = Vec::new();
-            let version = m.protocol_version.and_then(message::as_str);
-            if version.is_none() {
-                missing.push(META_PROTOCOL_VERSION);
-            }
-            if !m.client_capabilities.is_some_and(is_object) {
-                missing.push(META_CLIENT_CAPABILITIES);
-            }
-            if !missing.is_empty() && !is_notification {
-                return Err(ProxyError::InvalidParams(format!(
-                    "Invalid params: params._meta is missing the required envelope key(s) (or they have the wrong type): {}",
-                    missing.join(", ")
-                )));
-            }
-            version.map(Cow::into_owned)
-        }
-        _ => None,
-    };
-
-    // 2. The routing headers against the body.
-    let version = match (&header_version, envelope_version) {
-        (HeaderRead::Invalid(why), _) => {
-            return Err(ProxyError::HeaderMismatch(format!(
-                "Header mismatch: MCP-Protocol-Version header {why}"
-            )))
-        }
-        (HeaderRead::Absent, _) => {
-            return Err(ProxyError::HeaderMismatch(
-                "Header mismatch: the required MCP-Protocol-Version header is absent; it must equal params._meta[\"io.modelcontextprotocol/protocolVersion\"]".to_owned(),
-            ))
-        }
-        (HeaderRead::One(h), Some(b)) if *h != b => {
-            return Err(ProxyError::HeaderMismatch(format!(
-                "Header mismatch: MCP-Protocol-Version header value '{h}' does not match body value '{b}'"
-            )))
-        }
-        (HeaderRead::One(h), _) => h.clone(),
-    };
+    // 1. The envelope; 2. the routing headers against the body; 3. the version.
+    let envelope_version = check_envelope(env, is_notification)?;
+    let version = check_version_header(header_version, envelope_version)?;
     if !is_notification {
         check_header(headers, headers::METHOD, "Mcp-Method", method)?;
         if let Some(key) = routed_name_key(method) {
-            let raw = params
-                .as_ref()
-                .and_then(|p| if key == "name" { p.name } else { p.uri });
+            let raw = if key == "name" {
+                env.params.name
+            } else {
+                env.params.uri
+            };
             let body_value = raw
-                .and_then(message::as_str)
+                .and_then(raw::as_str)
                 .map(Cow::into_owned)
                 .unwrap_or_default();
             check_header(headers, headers::NAME, "Mcp-Name", &body_value)?;
         }
     }
-
-    // 3. The version.
     if !version::is_modern_supported(&version) {
-        return Err(ProxyError::UnsupportedVersion { requested: version });
+        return Err(Error::new(
+            Kind::UnsupportedVersion {
+                requested: version,
+                supported: &version::MODERN_VERSIONS,
+            },
+            "",
+        ));
     }
-    Ok(ClientEra::Modern { version })
+    Ok(ClientEra::Modern)
+}
+
+const ENVELOPE_KEYS: &str =
+    "io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities";
+
+fn invalid_params(detail: String) -> Error {
+    Error::new(Kind::InvalidParams, format!("Invalid params: {detail}"))
+}
+
+fn mismatch(detail: String) -> Error {
+    Error::new(Kind::HeaderMismatch, format!("Header mismatch: {detail}"))
+}
+
+/// The `_meta` envelope of a 2026 request (-32602 when it is incomplete; a notification is
+/// not held to it). Returns the version it names.
+fn check_envelope(env: &Envelope<'_>, is_notification: bool) -> Result<Option<String>, Error> {
+    if !env.has_params_object() {
+        if is_notification {
+            return Ok(None);
+        }
+        return Err(invalid_params(format!(
+            "a 2026-07-28 request must carry params._meta with {ENVELOPE_KEYS}"
+        )));
+    }
+    if !env.has_meta_object() {
+        if is_notification {
+            return Ok(None);
+        }
+        let what = if env.params.meta.is_some() {
+            "must be an object"
+        } else {
+            "is missing"
+        };
+        return Err(invalid_params(format!(
+            "params._meta {what}; a 2026-07-28 request must carry {ENVELOPE_KEYS} in it"
+        )));
+    }
+    let m = &env.meta;
+    let version = m.protocol_version.and_then(raw::as_str);
+    let mut missing = Vec::new();
+    if version.is_none() {
+        missing.push(META_PROTOCOL_VERSION);
+    }
+    if !m.client_capabilities.is_some_and(raw::is_object) {
+        missing.push(META_CLIENT_CAPABILITIES);
+    }
+    if !missing.is_empty() && !is_notification {
+        return Err(invalid_params(format!(
+            "params._meta is missing the required envelope key(s) (or they have the wrong type): {}",
+            missing.join(", ")
+        )));
+    }
+    Ok(version.map(Cow::into_owned))
+}
+
+/// The `MCP-Protocol-Version` header against the envelope's version (-32020); returns the
+/// version the request names.
+fn check_version_header(header: HeaderRead, body: Option<String>) -> Result<String, Error> {
+    match (header, body) {
+        (HeaderRead::Invalid(why), _) => Err(mismatch(format!(
+            "MCP-Protocol-Version header {why}"
+        ))),
+        (HeaderRead::Absent, _) => Err(mismatch(
+            "the required MCP-Protocol-Version header is absent; it must equal params._meta[\"io.modelcontextprotocol/protocolVersion\"]".to_owned(),
+        )),
+        (HeaderRead::One(h), Some(b)) if h != b => Err(mismatch(format!(
+            "MCP-Protocol-Version header value '{h}' does not match body value '{b}'"
+        ))),
+        (HeaderRead::One(h), _) => Ok(h),
+    }
 }
 
 fn check_header(
@@ -150,18 +161,16 @@ fn check_header(
     name: &str,
     display: &str,
     body_value: &str,
-) -> Result<(), ProxyError> {
+) -> Result<(), Error> {
     match headers::read(headers, name) {
         HeaderRead::One(v) if v == body_value => Ok(()),
-        HeaderRead::One(v) => Err(ProxyError::HeaderMismatch(format!(
-            "Header mismatch: {display} header value '{v}' does not match body value '{body_value}'"
+        HeaderRead::One(v) => Err(mismatch(format!(
+            "{display} header value '{v}' does not match body value '{body_value}'"
         ))),
-        HeaderRead::Absent => Err(ProxyError::HeaderMismatch(format!(
-            "Header mismatch: the required {display} header is absent; it must be '{body_value}'"
+        HeaderRead::Absent => Err(mismatch(format!(
+            "the required {display} header is absent; it must be '{body_value}'"
         ))),
-        HeaderRead::Invalid(why) => Err(ProxyError::HeaderMismatch(format!(
-            "Header mismatch: {display} header {why}"
-        ))),
+        HeaderRead::Invalid(why) => Err(mismatch(format!("{display} header {why}"))),
     }
 }
 
@@ -171,7 +180,7 @@ mod tests {
     use crate::mcp::message::{parse, Inbound};
     use http::HeaderValue;
 
-    fn run(headers: &[(&str, &str)], body: &str) -> Result<ClientEra, ProxyError> {
+    fn run(headers: &[(&str, &str)], body: &str) -> Result<ClientEra, Error> {
         let mut h = HeaderMap::new();
         for (k, v) in headers {
             h.append(
@@ -199,7 +208,7 @@ mod tests {
         ("mcp-name", "add"),
     ];
 
-    fn code(r: Result<ClientEra, ProxyError>) -> i64 {
+    fn code(r: Result<ClientEra, Error>) -> i64 {
         r.unwrap_err().code()
     }
 
@@ -211,13 +220,11 @@ mod tests {
     #[test]
     fn legacy_requests() {
         let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#;
-        assert_eq!(run(&[], init).unwrap(), ClientEra::Legacy { version: None });
+        assert_eq!(run(&[], init).unwrap(), ClientEra::Legacy);
         let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
         assert_eq!(
             run(&[("mcp-protocol-version", "2025-06-18")], list).unwrap(),
-            ClientEra::Legacy {
-                version: Some("2025-06-18".into())
-            }
+            ClientEra::Legacy
         );
         assert_eq!(
             code(run(&[("mcp-protocol-version", "2026-07-28")], init)),

@@ -1,5 +1,5 @@
-//! The front door: the checks every request to the MCP path passes before anything goes
-//! upstream. Host (DNS-rebinding protection), Origin, body size, and JSON well-formedness.
+//! The checks on the request head and body before anything is parsed: Host (DNS-rebinding
+//! protection), Origin, and the body size.
 
 use bytes::Bytes;
 use http::{header, request::Parts, HeaderMap};
@@ -8,7 +8,7 @@ use hyper::body::Incoming;
 use url::Url;
 
 use crate::config::{HostPolicy, OriginPolicy};
-use crate::error::ProxyError;
+use crate::error::{Error, Kind};
 
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 
@@ -29,7 +29,7 @@ fn split_host_port(authority: &str) -> (&str, Option<&str>) {
 }
 
 /// Refuses a Host the policy does not allow. HTTP/2 requests carry it as `:authority`.
-pub fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), ProxyError> {
+pub(crate) fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), Error> {
     if *policy == HostPolicy::Any {
         return Ok(());
     }
@@ -38,7 +38,7 @@ pub fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), ProxyError> 
         None => parts.uri.authority().map(|a| a.as_str().to_owned()),
     };
     let Some(host) = host else {
-        return Err(ProxyError::BadHost("(missing)".to_owned()));
+        return Err(Error::new(Kind::BadHost, "(missing)".to_owned()));
     };
     let lower = host.trim().to_ascii_lowercase();
     let (name, _) = split_host_port(&lower);
@@ -56,24 +56,25 @@ pub fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), ProxyError> 
     if ok {
         Ok(())
     } else {
-        Err(ProxyError::BadHost(truncate(&host)))
+        Err(Error::new(Kind::BadHost, truncate(&host)))
     }
 }
 
 /// Refuses a present Origin the policy does not allow; a request without Origin passes.
-pub fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result<(), ProxyError> {
+pub(crate) fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result<(), Error> {
     let mut values = headers.get_all(header::ORIGIN).iter();
     let Some(value) = values.next() else {
         return Ok(());
     };
     if values.next().is_some() {
-        return Err(ProxyError::BadOrigin(
+        return Err(Error::new(
+            Kind::BadOrigin,
             "more than one Origin header".to_owned(),
         ));
     }
     let origin = value
         .to_str()
-        .map_err(|_| ProxyError::BadOrigin("(not ASCII)".to_owned()))?;
+        .map_err(|_| Error::new(Kind::BadOrigin, "(not ASCII)".to_owned()))?;
     let ok = match policy {
         OriginPolicy::Any => true,
         OriginPolicy::RefuseAll => false,
@@ -87,7 +88,7 @@ pub fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result<(), Pr
     if ok {
         Ok(())
     } else {
-        Err(ProxyError::BadOrigin(truncate(origin)))
+        Err(Error::new(Kind::BadOrigin, truncate(origin)))
     }
 }
 
@@ -105,7 +106,7 @@ fn truncate(s: &str) -> String {
 
 /// Reads the whole body, refusing more than `limit` bytes (early, from Content-Length, when it
 /// is declared).
-pub async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<Bytes, ProxyError> {
+pub(crate) async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<Bytes, Error> {
     if let Some(len) = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -113,15 +114,15 @@ pub async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<By
         .and_then(|v| v.parse::<u64>().ok())
     {
         if len > limit as u64 {
-            return Err(ProxyError::BodyTooLarge { limit });
+            return Err(Error::new(Kind::BodyTooLarge { limit }, ""));
         }
     }
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ProxyError::BodyTooLarge { limit })
+            Err(Error::new(Kind::BodyTooLarge { limit }, ""))
         }
-        Err(e) => Err(ProxyError::BodyRead(e.to_string())),
+        Err(e) => Err(Error::new(Kind::BodyRead, e.to_string())),
     }
 }
 

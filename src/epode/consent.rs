@@ -7,20 +7,18 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use super::envelope::CachedConsent;
-use crate::epode::EpodeClient;
-
-pub const STATE_PATH: &str = "/api/v2/consent/state";
+use super::client::EpodeClient;
+use crate::feedback::envelope::CachedConsent;
 const TTL: Duration = Duration::from_secs(300);
 const MAX_LOOKUPS: usize = 8;
 const MAX_ENTRIES: usize = 100_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Decided {
-    pub approved: bool,
-    pub revision: u64,
+pub(crate) struct Decided {
+    pub(crate) approved: bool,
+    pub(crate) revision: u64,
 }
 
 struct Entry {
@@ -28,7 +26,7 @@ struct Entry {
     at: Instant,
 }
 
-pub struct ConsentCache {
+pub(crate) struct ConsentCache {
     client: Arc<EpodeClient>,
     timeout: Duration,
     entries: Mutex<HashMap<String, Entry>>,
@@ -40,7 +38,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl ConsentCache {
-    pub fn new(client: Arc<EpodeClient>, timeout: Duration) -> Arc<Self> {
+    pub(crate) fn new(client: Arc<EpodeClient>, timeout: Duration) -> Arc<Self> {
         Arc::new(ConsentCache {
             client,
             timeout,
@@ -50,7 +48,7 @@ impl ConsentCache {
     }
 
     /// What the cache knows of a subject, and the revision a new handle should carry.
-    pub fn get(&self, subject: &str) -> (CachedConsent, u64) {
+    pub(crate) fn get(&self, subject: &str) -> (CachedConsent, u64) {
         match lock(&self.entries).get(subject) {
             Some(e) if e.at.elapsed() < TTL => (
                 if e.decided.approved {
@@ -65,7 +63,7 @@ impl ConsentCache {
     }
 
     /// Records a decision the consent tool just made.
-    pub fn put(&self, subject: &str, decided: Decided) {
+    pub(crate) fn put(&self, subject: &str, decided: Decided) {
         let mut entries = lock(&self.entries);
         if entries.len() >= MAX_ENTRIES {
             entries.retain(|_, e| e.at.elapsed() < TTL);
@@ -83,7 +81,7 @@ impl ConsentCache {
 
     /// Starts a background lookup unless the subject is fresh, already being looked up, or
     /// too many lookups are running. Never awaited by a product response.
-    pub fn warm(self: &Arc<Self>, subject: &str, force: bool) {
+    pub(crate) fn warm(self: &Arc<Self>, subject: &str, force: bool) {
         if !force
             && lock(&self.entries)
                 .get(subject)
@@ -106,12 +104,7 @@ impl ConsentCache {
     }
 
     async fn lookup(&self, subject: &str) {
-        let body = json!({ "subject": subject });
-        let answer = match self
-            .client
-            .post_with_key(STATE_PATH, &body, self.timeout)
-            .await
-        {
+        let answer = match self.client.consent_state(subject, self.timeout).await {
             Ok(a) if a.status == 200 => a,
             Ok(a) => {
                 tracing::debug!(status = a.status, "consent state lookup refused");

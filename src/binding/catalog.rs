@@ -18,7 +18,7 @@ const MAX_TOOLS: usize = 10_000;
 const REFETCH_AFTER: Duration = Duration::from_secs(30);
 
 #[derive(Default)]
-pub struct ToolCatalog {
+pub(crate) struct ToolCatalog {
     inner: Mutex<Inner>,
 }
 
@@ -37,7 +37,7 @@ impl ToolCatalog {
     }
 
     /// `Some(declares outputSchema)` when the upstream listed `name` within the TTL.
-    pub fn listed(&self, name: &str) -> Option<bool> {
+    pub(crate) fn listed(&self, name: &str) -> Option<bool> {
         self.lock()
             .tools
             .get(name)
@@ -46,7 +46,7 @@ impl ToolCatalog {
     }
 
     /// Learns the tools of one `tools/list` page.
-    pub fn learn(&self, tools: impl IntoIterator<Item = (String, bool)>) {
+    pub(crate) fn learn(&self, tools: impl IntoIterator<Item = (String, bool)>) {
         let mut inner = self.lock();
         let now = Instant::now();
         for (name, has_schema) in tools {
@@ -61,7 +61,7 @@ impl ToolCatalog {
     }
 
     /// Whether the sidecar should list the tools itself now (and, if so, notes that it does).
-    pub fn claim_fetch(&self) -> bool {
+    pub(crate) fn claim_fetch(&self) -> bool {
         let mut inner = self.lock();
         if inner
             .fetched_at
@@ -74,7 +74,7 @@ impl ToolCatalog {
     }
 
     /// The upstream's tool list changed: everything is to be learned again.
-    pub fn invalidate(&self) {
+    pub(crate) fn invalidate(&self) {
         let mut inner = self.lock();
         inner.tools.clear();
         inner.fetched_at = None;

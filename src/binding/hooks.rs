@@ -1,0 +1,229 @@
+//! The response hooks: what the binding does to a `tools/list` answer (learn the tools, hide
+//! upstream tools that shadow the feedback tools, append the feedback tools to the last page)
+//! and to a product `tools/call` answer (remove the private identity, decorate, record one
+//! telemetry event).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use super::{Active, FeedbackBinding};
+use crate::epode::telemetry::{self, McpCompletion, Outcome};
+use crate::feedback::envelope::CachedConsent;
+use crate::feedback::envelope::{Case, Envelope};
+use crate::feedback::identity::{self, IdentityRefs};
+use crate::feedback::{capability, placement, tools, FeedbackMode};
+use crate::mcp::raw::{as_str, is_true, open, raw, RawMap};
+use crate::mcp::rewrite::ResultHook;
+
+pub(super) struct ListHook {
+    pub(super) binding: Arc<FeedbackBinding>,
+}
+
+impl ResultHook for ListHook {
+    fn result(&mut self, result: &mut RawMap) -> bool {
+        let Some(list) = result
+            .get("tools")
+            .and_then(|t| serde_json::from_str::<Vec<Box<RawValue>>>(t.get()).ok())
+        else {
+            return false;
+        };
+        let mut kept = Vec::with_capacity(list.len() + 2);
+        let mut learned = Vec::with_capacity(list.len());
+        let mut changed = false;
+        for tool in list {
+            let Some(t) = open(&tool) else {
+                kept.push(tool);
+                continue;
+            };
+            let name = t
+                .get("name")
+                .and_then(|n| as_str(n))
+                .map(|n| n.into_owned())
+                .unwrap_or_default();
+            if tools::is_feedback_tool(&name) {
+                if !self.binding.warned_shadowing.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(tool = %name, "the upstream has a tool named like an Epode feedback tool; it is hidden, and the sidecar answers that name itself");
+                }
+                changed = true;
+                continue;
+            }
+            learned.push((name, t.contains_key("outputSchema")));
+            kept.push(tool);
+        }
+        self.binding.catalog.learn(learned);
+        let last_page = result
+            .get("nextCursor")
+            .is_none_or(|c| c.get().trim() == "null");
+        if last_page {
+            if let Some(active) = &self.binding.active {
+                kept.extend(active.definitions.iter().cloned());
+                changed = true;
+            }
+        }
+        if changed {
+            result.insert("tools".into(), raw(&kept));
+        }
+        changed
+    }
+
+    fn notification(&mut self, method: &str) {
+        if method == "notifications/tools/list_changed" {
+            self.binding.catalog.invalidate();
+        }
+    }
+}
+
+/// One product `tools/call`.
+pub(super) struct CallHook {
+    binding: Arc<FeedbackBinding>,
+    tool: String,
+    /// `Some(declares outputSchema)` when the upstream lists the tool; an unlisted name is
+    /// not a product operation (no decoration, no telemetry).
+    listed: Option<bool>,
+    header_refs: IdentityRefs,
+    started: Instant,
+}
+
+/// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
+fn take_identity(result: &mut RawMap) -> Option<Value> {
+    let mut meta = result.get("_meta").and_then(|m| open(m))?;
+    let identity = meta.shift_remove(identity::META_KEY)?;
+    if meta.is_empty() {
+        result.shift_remove("_meta");
+    } else {
+        result.insert("_meta".into(), raw(&meta));
+    }
+    Some(serde_json::from_str(identity.get()).unwrap_or(Value::Null))
+}
+
+impl CallHook {
+    pub(super) fn new(
+        binding: Arc<FeedbackBinding>,
+        tool: &str,
+        listed: Option<bool>,
+        header_refs: IdentityRefs,
+    ) -> Self {
+        CallHook {
+            binding,
+            tool: tool.to_owned(),
+            listed,
+            header_refs,
+            started: Instant::now(),
+        }
+    }
+
+    /// The binding's active parts, when this call is a product operation it observes.
+    fn observed(&self) -> Option<&Active> {
+        let observed = self.listed.is_some()
+            && self.binding.config.includes(&self.tool)
+            && telemetry::valid_operation(&self.tool);
+        self.binding.active.as_ref().filter(|_| observed)
+    }
+
+    /// Enqueues the call's event. `refs` have had the mode's customerRef rule applied.
+    fn record(
+        &self,
+        active: &Active,
+        interaction_id: String,
+        outcome: Outcome,
+        refs: IdentityRefs,
+        hint: Option<String>,
+    ) {
+        active.telemetry.record(McpCompletion {
+            interaction_id,
+            operation: self.tool.clone(),
+            outcome: Some(outcome),
+            duration: Some(self.started.elapsed()),
+            refs,
+            runtime_hint: hint,
+        });
+    }
+
+    /// Mints the call's handle and places the action its mode and consent state allow;
+    /// returns the interaction id and whether the result changed.
+    fn decorate(
+        &self,
+        active: &Active,
+        result: &mut RawMap,
+        refs: &IdentityRefs,
+    ) -> (String, bool) {
+        let mode = self.binding.config.mode;
+        // The consent subject: Ask once with a stable customerRef only.
+        let subject = (mode == FeedbackMode::AskOnce)
+            .then(|| refs.customer_ref.as_deref().map(|c| active.key.subject(c)))
+            .flatten();
+        let (cached, revision) = match &subject {
+            Some(s) => active.consent.get(s),
+            None => (CachedConsent::NoSubject, 0),
+        };
+        let minted = capability::mint(
+            &active.key,
+            SystemTime::now(),
+            subject.clone().map(|s| (s, revision)),
+        );
+        let mut changed = false;
+        if let Some(case) = Case::for_product_result(mode, cached) {
+            let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
+            changed = placement::decorate(
+                result,
+                &env.agent_feedback(),
+                &env.restatement(),
+                self.listed.unwrap_or(true),
+            );
+        }
+        if let Some(s) = &subject {
+            active.consent.warm(s, false);
+        }
+        (minted.claims.i, changed)
+    }
+}
+
+impl ResultHook for CallHook {
+    fn result(&mut self, result: &mut RawMap) -> bool {
+        let identity = take_identity(result);
+        let mut changed = identity.is_some();
+        let input_required = result
+            .get("resultType")
+            .and_then(|v| as_str(v))
+            .is_some_and(|t| t == "input_required");
+        let Some(active) = self.observed().filter(|_| !input_required) else {
+            return changed;
+        };
+        let identity = identity.unwrap_or(Value::Null);
+        // customerRef leaves the sidecar only in ask_once, and only without a conflict: the
+        // one rule for the consent subject and for telemetry.
+        let mut refs = IdentityRefs::from_meta(&identity).or(self.header_refs.clone());
+        refs.apply_customer_rule(self.binding.config.mode);
+        let hint = identity
+            .get("runtimeHint")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let outcome = if result.get("isError").is_some_and(|v| is_true(v)) {
+            Outcome::Error
+        } else {
+            Outcome::Success
+        };
+        let interaction_id = if self.binding.config.decorates(&self.tool) {
+            let (id, decorated) = self.decorate(active, result, &refs);
+            changed |= decorated;
+            id
+        } else {
+            uuid::Uuid::new_v4().hyphenated().to_string()
+        };
+        self.record(active, interaction_id, outcome, refs, hint);
+        changed
+    }
+
+    fn failed(&mut self) {
+        if let Some(active) = self.observed() {
+            let id = uuid::Uuid::new_v4().hyphenated().to_string();
+            let mut refs = self.header_refs.clone();
+            refs.apply_customer_rule(self.binding.config.mode);
+            self.record(active, id, Outcome::Error, refs, None);
+        }
+    }
+}

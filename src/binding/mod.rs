@@ -1,0 +1,333 @@
+//! The Epode binding at run time: the pure pieces of `feedback` joined with the Epode client,
+//! the consent cache, the telemetry queue and the tool catalog. The dispatch table asks it
+//! for a hook per `tools/list` and `tools/call` response (`hooks`), and hands it the two
+//! feedback tools' calls.
+
+mod catalog;
+mod hooks;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::HeaderMap;
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use self::catalog::ToolCatalog;
+use self::hooks::{CallHook, ListHook};
+use crate::config::FeedbackConfig;
+use crate::epode::client::{EpodeClient, EpodeError};
+use crate::epode::consent::{ConsentCache, Decided};
+use crate::epode::telemetry::{QueueSettings, Telemetry};
+use crate::error::{Error, Kind};
+use crate::feedback::capability::{self, ProductKey};
+use crate::feedback::envelope;
+use crate::feedback::identity::IdentityRefs;
+use crate::feedback::tools::{self, EpodeFailure, FeedbackTools};
+use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
+use crate::mcp::raw::raw;
+use crate::mcp::rewrite::ResultHook;
+
+/// The parts that exist only when feedback is on.
+struct Active {
+    /// The two tool definitions, serialised once.
+    definitions: Vec<Box<RawValue>>,
+    key: ProductKey,
+    client: Arc<EpodeClient>,
+    consent: Arc<ConsentCache>,
+    telemetry: Arc<Telemetry>,
+    tools: FeedbackTools,
+    /// Deadline of the two feedback tools' calls to Epode.
+    timeout: Duration,
+}
+
+pub(crate) struct FeedbackBinding {
+    config: FeedbackConfig,
+    active: Option<Active>,
+    catalog: ToolCatalog,
+    warned_shadowing: AtomicBool,
+}
+
+impl FeedbackBinding {
+    /// Builds the binding; with feedback on, starts the telemetry task on the current runtime.
+    pub(crate) fn new(config: FeedbackConfig) -> Result<Arc<Self>, Error> {
+        let active = match (&config.key, config.mode.is_enabled()) {
+            (Some(key), true) => {
+                let client = Arc::new(
+                    EpodeClient::new(config.api_url.clone(), key.clone())
+                        .map_err(|e| Error::new(Kind::Internal, e))?,
+                );
+                let settings = QueueSettings {
+                    capacity: config.telemetry_queue,
+                    batch_max: config.telemetry_batch,
+                    flush_every: config.telemetry_flush,
+                    backoff_base: config.telemetry_retry_base,
+                    ..QueueSettings::default()
+                };
+                let tools =
+                    FeedbackTools::new().map_err(|e| Error::new(Kind::Internal, e.to_string()))?;
+                Some(Active {
+                    definitions: tools.definitions().iter().map(raw).collect(),
+                    key: key.clone(),
+                    consent: ConsentCache::new(client.clone(), config.consent_timeout),
+                    telemetry: Telemetry::start(client.clone(), settings),
+                    client,
+                    tools,
+                    timeout: config.tool_timeout,
+                })
+            }
+            _ => None,
+        };
+        Ok(Arc::new(FeedbackBinding {
+            config,
+            active,
+            catalog: ToolCatalog::default(),
+            warned_shadowing: AtomicBool::new(false),
+        }))
+    }
+
+    pub(crate) fn enabled(&self) -> bool {
+        self.active.is_some()
+    }
+
+    pub(crate) fn telemetry(&self) -> Option<&Arc<Telemetry>> {
+        self.active.as_ref().map(|a| &a.telemetry)
+    }
+
+    /// Flushes queued telemetry within the configured deadline; returns the events lost.
+    pub(crate) async fn shutdown(&self) -> u64 {
+        match self.telemetry() {
+            Some(t) => t.shutdown(self.config.telemetry_shutdown).await,
+            None => 0,
+        }
+    }
+
+    /// A discovery result with the feedback rule near the start of its instructions and the
+    /// `tools` capability the feedback tools need (unchanged when feedback is off).
+    pub(crate) fn with_instructions(&self, mut discover: Value) -> Value {
+        if !self.enabled() {
+            return discover;
+        }
+        let upstream = discover
+            .get("instructions")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        let text = envelope::merge_instructions(self.config.mode, upstream.as_deref());
+        if let (Some(obj), Some(text)) = (discover.as_object_mut(), text) {
+            obj.insert("instructions".into(), Value::from(text));
+            let caps = obj.entry("capabilities").or_insert_with(|| json!({}));
+            if let Some(caps) = caps.as_object_mut() {
+                caps.entry("tools").or_insert_with(|| json!({}));
+            }
+        }
+        discover
+    }
+
+    /// Whether a tool call is one of the two feedback tools the sidecar answers itself.
+    pub(crate) fn is_local_tool(&self, name: &str) -> bool {
+        self.enabled() && tools::is_feedback_tool(name)
+    }
+
+    /// Whether the sidecar should list the upstream's tools before this call: the tool is one
+    /// feedback would observe, but the catalog has not seen the upstream list it.
+    pub(crate) fn needs_listing(&self, tool: &str) -> bool {
+        self.enabled()
+            && self.config.includes(tool)
+            && self.catalog.listed(tool).is_none()
+            && self.catalog.claim_fetch()
+    }
+
+    /// Learns tools the sidecar listed itself.
+    pub(crate) fn learn(&self, tools: Vec<(String, bool)>) {
+        self.catalog.learn(tools);
+    }
+
+    /// Identity references from the headers of a trusted gateway, as configured.
+    fn header_refs(&self, headers: &HeaderMap) -> IdentityRefs {
+        let mut refs = IdentityRefs::default();
+        for (kind, name) in &self.config.identity_headers {
+            if let Some(v) = headers.get(name).and_then(|v| v.to_str().ok()) {
+                refs.set(*kind, v);
+            }
+        }
+        refs
+    }
+
+    /// The hook of a `tools/list` response (none when feedback is off).
+    pub(crate) fn list_hook(self: &Arc<Self>) -> Option<Box<dyn ResultHook>> {
+        self.enabled().then(|| {
+            Box::new(ListHook {
+                binding: self.clone(),
+            }) as Box<dyn ResultHook>
+        })
+    }
+
+    /// The hook of a product `tools/call` response: it always removes the upstream's private
+    /// identity; with feedback on it decorates and records telemetry for listed tools.
+    pub(crate) fn call_hook(
+        self: &Arc<Self>,
+        tool: &str,
+        client: &HeaderMap,
+    ) -> Box<dyn ResultHook> {
+        Box::new(CallHook::new(
+            self.clone(),
+            tool,
+            self.catalog.listed(tool),
+            self.header_refs(client),
+        ))
+    }
+
+    /// Answers a call of one of the two feedback tools: validated locally (arguments, then the
+    /// handle's signature and expiry with the product key), forwarded to Epode with only the
+    /// fields Epode takes, and answered with the reference binding's result.
+    pub(crate) async fn call_local(&self, name: &str, arguments: &Value) -> Value {
+        let Some(active) = &self.active else {
+            return json!({"content": [], "isError": true});
+        };
+        match name {
+            CONSENT_TOOL => self.record_consent(active, arguments).await,
+            REPORT_TOOL => report(active, arguments).await,
+            _ => json!({"content": [], "isError": true}),
+        }
+    }
+
+    async fn record_consent(&self, active: &Active, arguments: &Value) -> Value {
+        let call = match active.tools.validate_consent_args(arguments) {
+            Ok(c) => c,
+            Err(invalid) => return invalid.to_result(),
+        };
+        if let Err(why) = verify_handle(active, call.handle.as_str()) {
+            tracing::info!(
+                reason = why,
+                "consent decision refused locally: bad feedback handle"
+            );
+            return tools::consent_failure(EpodeFailure::InvalidHandle);
+        }
+        let sent = active
+            .client
+            .post_decision(call.handle.as_str(), &call.body, active.timeout)
+            .await;
+        match sent {
+            Ok(a) if (200..300).contains(&a.status) => {
+                let Some(body) = a.json().filter(is_consent_answer) else {
+                    tracing::warn!(
+                        status = a.status,
+                        "Epode's consent answer is not a consent state"
+                    );
+                    return tools::consent_failure(EpodeFailure::Unavailable);
+                };
+                self.remember_decision(active, call.handle.as_str(), &body);
+                tracing::info!(
+                    decision = call.decision.as_str(),
+                    "feedback consent recorded"
+                );
+                tools::consent_success(call.decision, body)
+            }
+            Ok(a) => {
+                tracing::warn!(status = a.status, "Epode refused the consent decision");
+                tools::consent_failure(EpodeFailure::Status(a.status))
+            }
+            Err(e) => {
+                log_unavailable(&e, "consent decision not delivered");
+                tools::consent_failure(EpodeFailure::Unavailable)
+            }
+        }
+    }
+
+    /// After an Ask-once decision, the cache learns it at once (the next call must not ask
+    /// again), then checks with Epode in the background. Compare-and-set on the revision:
+    /// a decision made with `r = 0` creates revision 1, one made with `r > 0` makes `r + 1`.
+    fn remember_decision(&self, active: &Active, handle: &str, body: &Value) {
+        let Ok(claims) = capability::verify(&active.key, handle, SystemTime::now()) else {
+            return;
+        };
+        let Some(subject) = claims.s else { return };
+        let approved = match body.get("state").and_then(Value::as_str) {
+            Some("approved") => true,
+            Some("declined") => false,
+            _ => return,
+        };
+        if body.get("changed").and_then(Value::as_bool) == Some(true) {
+            let r = claims.r.unwrap_or(0).max(0) as u64;
+            active.consent.put(
+                &subject,
+                Decided {
+                    approved,
+                    revision: r + 1,
+                },
+            );
+        }
+        active.consent.warm(&subject, true);
+    }
+}
+
+async fn report(active: &Active, arguments: &Value) -> Value {
+    let call = match active.tools.validate_report_args(arguments) {
+        Ok(c) => c,
+        Err(invalid) => return invalid.to_result(),
+    };
+    if let Err(why) = verify_handle(active, call.handle.as_str()) {
+        tracing::info!(
+            reason = why,
+            "feedback report refused locally: bad feedback handle"
+        );
+        return tools::report_failure(EpodeFailure::InvalidHandle);
+    }
+    let sent = active
+        .client
+        .post_report(call.handle.as_str(), &call.body, active.timeout)
+        .await;
+    match sent {
+        Ok(a) if (200..300).contains(&a.status) => {
+            let Some(body) = a.json().filter(is_report_receipt) else {
+                tracing::warn!(status = a.status, "Epode's report answer is not a receipt");
+                return tools::report_failure(EpodeFailure::Unavailable);
+            };
+            tracing::info!("feedback report accepted");
+            tools::report_success(body)
+        }
+        Ok(a) => {
+            tracing::warn!(status = a.status, "Epode refused the feedback report");
+            tools::report_failure(EpodeFailure::Status(a.status))
+        }
+        Err(e) => {
+            log_unavailable(&e, "feedback report not delivered");
+            tools::report_failure(EpodeFailure::Unavailable)
+        }
+    }
+}
+
+fn log_unavailable(e: &EpodeError, what: &'static str) {
+    tracing::warn!(error = %e, "{what}");
+}
+
+/// Checks a handle an agent sent back before it goes anywhere: bounded, signed by this
+/// product's key, unexpired. Returns the reason (never the handle) when it is not.
+fn verify_handle(active: &Active, handle: &str) -> Result<(), &'static str> {
+    if handle.len() > tools::MAX_HANDLE_LEN {
+        return Err("the handle is too long");
+    }
+    capability::verify(&active.key, handle, SystemTime::now())
+        .map(|_| ())
+        .map_err(|e| match e {
+            capability::VerifyError::Expired => "the handle has expired",
+            capability::VerifyError::KeyMismatch | capability::VerifyError::BadSignature => {
+                "the handle was not signed with this product's key"
+            }
+            _ => "the handle is malformed",
+        })
+}
+
+/// A 2xx consent answer is Epode's consent state: an object whose `state` is one of three.
+fn is_consent_answer(body: &Value) -> bool {
+    matches!(
+        body.get("state").and_then(Value::as_str),
+        Some("approved" | "declined" | "unknown")
+    )
+}
+
+/// A 2xx report answer is Epode's receipt: an object with `accepted: true`.
+fn is_report_receipt(body: &Value) -> bool {
+    body.get("accepted").and_then(Value::as_bool) == Some(true)
+}

@@ -1,0 +1,210 @@
+//! The Epode binding's settings, checked together (the key is needed unless feedback is off).
+
+use std::time::Duration;
+
+use url::Url;
+
+use super::settings::{display_name, invalid, lookup, ConfigError};
+use super::{any_duration, duration_in, number, parsed, split_list, value, Scalar};
+use crate::feedback::capability::{ProductKey, ProductKeyError};
+use crate::feedback::identity::RefKind;
+use crate::feedback::FeedbackMode;
+
+/// Glob patterns over tool names, kept with their source text for display.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolPatterns {
+    set: globset::GlobSet,
+    text: Vec<String>,
+}
+
+impl ToolPatterns {
+    fn matches(&self, name: &str) -> bool {
+        self.set.is_match(name)
+    }
+}
+
+/// The Epode binding's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct FeedbackConfig {
+    pub(crate) mode: FeedbackMode,
+    /// Present whenever `mode` is not off.
+    pub(crate) key: Option<ProductKey>,
+    pub(crate) api_url: Url,
+    pub(crate) consent_timeout: Duration,
+    /// Deadline of the feedback tools' calls to Epode.
+    pub(crate) tool_timeout: Duration,
+    include: Option<ToolPatterns>,
+    exclude: Option<ToolPatterns>,
+    feedback_tools: Option<ToolPatterns>,
+    pub(crate) identity_headers: Vec<(RefKind, http::HeaderName)>,
+    pub(crate) telemetry_queue: usize,
+    pub(crate) telemetry_batch: usize,
+    pub(crate) telemetry_flush: Duration,
+    pub(crate) telemetry_retry_base: Duration,
+    pub(crate) telemetry_shutdown: Duration,
+}
+
+impl FeedbackConfig {
+    /// The include, exclude and feedback-tools patterns as configured (for display).
+    pub(super) fn pattern_texts(&self) -> [Option<String>; 3] {
+        [&self.include, &self.exclude, &self.feedback_tools]
+            .map(|p| p.as_ref().map(|p| p.text.join(",")))
+    }
+
+    /// Whether a tool is a product tool: telemetry, and the feedback action when `decorates`.
+    pub(crate) fn includes(&self, tool: &str) -> bool {
+        self.mode.is_enabled()
+            && self.include.as_ref().is_none_or(|p| p.matches(tool))
+            && !self.exclude.as_ref().is_some_and(|p| p.matches(tool))
+    }
+
+    pub(crate) fn decorates(&self, tool: &str) -> bool {
+        self.includes(tool) && self.feedback_tools.as_ref().is_none_or(|p| p.matches(tool))
+    }
+}
+
+/// The feedback settings, taken out of [`RawConfig`] to be checked together.
+pub(super) struct RawFeedback {
+    pub(super) feedback_mode: Option<Scalar>,
+    pub(super) feedback_enabled: Option<Scalar>,
+    pub(super) api_key: Option<Scalar>,
+    pub(super) api_url: Option<Scalar>,
+    pub(super) consent_timeout_ms: Option<Scalar>,
+    pub(super) feedback_timeout: Option<Scalar>,
+    pub(super) include_tools: Option<Scalar>,
+    pub(super) exclude_tools: Option<Scalar>,
+    pub(super) feedback_tools: Option<Scalar>,
+    pub(super) identity_headers: Option<Scalar>,
+    pub(super) telemetry_queue: Option<Scalar>,
+    pub(super) telemetry_batch: Option<Scalar>,
+    pub(super) telemetry_flush: Option<Scalar>,
+    pub(super) telemetry_retry_base: Option<Scalar>,
+    pub(super) telemetry_shutdown: Option<Scalar>,
+}
+
+impl FeedbackConfig {
+    pub(super) fn try_from_raw(raw: &mut RawFeedback) -> Result<FeedbackConfig, ConfigError> {
+        let mut mode: FeedbackMode = parsed(raw.feedback_mode.take(), "feedback_mode", |m| {
+            m.parse().ok()
+        })?;
+        let enabled = parsed(raw.feedback_enabled.take(), "feedback_enabled", |e| match e
+            .to_ascii_lowercase()
+            .as_str()
+        {
+            "true" | "1" | "yes" | "on" => Some(true),
+            "false" | "0" | "no" | "off" => Some(false),
+            _ => None,
+        })?;
+        if !enabled {
+            mode = FeedbackMode::Off;
+        }
+        let key = parse_product_key(value(raw.api_key.take()))?;
+        if key.is_none() && mode.is_enabled() {
+            let s = lookup("api_key");
+            return Err(ConfigError::Missing {
+                name: format!(
+                    "{} (or AGENT_FEEDBACK_MODE=off to run without feedback)",
+                    display_name(s)
+                ),
+                accepts: s.accepts,
+            });
+        }
+        Ok(FeedbackConfig {
+            mode,
+            key,
+            api_url: parsed(raw.api_url.take(), "api_url", parse_api_url)?,
+            consent_timeout: Duration::from_millis(number(
+                raw.consent_timeout_ms.take(),
+                "consent_timeout_ms",
+                1..=60_000,
+            )?),
+            tool_timeout: duration_in(
+                raw.feedback_timeout.take(),
+                "feedback_timeout",
+                Duration::from_millis(1)..=Duration::from_secs(60),
+            )?,
+            include: parse_patterns("include_tools", value(raw.include_tools.take()))?,
+            exclude: parse_patterns("exclude_tools", value(raw.exclude_tools.take()))?,
+            feedback_tools: parse_patterns("feedback_tools", value(raw.feedback_tools.take()))?,
+            identity_headers: parse_identity_headers(value(raw.identity_headers.take()))?,
+            telemetry_queue: number(raw.telemetry_queue.take(), "telemetry_queue", 1..=1_000_000)?,
+            telemetry_batch: number(raw.telemetry_batch.take(), "telemetry_batch", 1..=100)?,
+            telemetry_flush: duration_in(
+                raw.telemetry_flush.take(),
+                "telemetry_flush",
+                Duration::from_millis(1)..=Duration::from_secs(60),
+            )?,
+            telemetry_retry_base: duration_in(
+                raw.telemetry_retry_base.take(),
+                "telemetry_retry_base",
+                Duration::from_millis(1)..=Duration::from_secs(60),
+            )?,
+            telemetry_shutdown: any_duration(raw.telemetry_shutdown.take(), "telemetry_shutdown")?,
+        })
+    }
+}
+
+fn parse_product_key(raw: Option<String>) -> Result<Option<ProductKey>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    match ProductKey::parse(&raw) {
+        Ok(k) => Ok(Some(k)),
+        Err(ProductKeyError::ReadKey) => Err(ConfigError::Invalid {
+            name: display_name(lookup("api_key")),
+            value: "<redacted: a read key (af_read_…), which cannot sign or send telemetry>"
+                .to_owned(),
+            accepts: lookup("api_key").accepts,
+        }),
+        Err(_) => Err(invalid("api_key", &raw)),
+    }
+}
+
+/// An `https://` Epode origin, or `http://` for a loopback host; no query.
+fn parse_api_url(raw: &str) -> Option<Url> {
+    let url = Url::parse(raw).ok()?;
+    let loopback = match url.host()? {
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
+        url::Host::Domain(d) => d == "localhost",
+    };
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
+    (scheme_ok && url.query().is_none()).then_some(url)
+}
+
+fn parse_patterns(key: &str, raw: Option<String>) -> Result<Option<ToolPatterns>, ConfigError> {
+    let Some(raw) = raw else { return Ok(None) };
+    let text = split_list(&raw);
+    let mut builder = globset::GlobSetBuilder::new();
+    for p in &text {
+        // `*` stays within one `/` segment and `**` crosses them, as the reference binding's
+        // patterns do.
+        let glob = globset::GlobBuilder::new(p)
+            .literal_separator(true)
+            .build()
+            .map_err(|_| invalid(key, p))?;
+        builder.add(glob);
+    }
+    let set = builder.build().map_err(|_| invalid(key, &raw))?;
+    Ok(Some(ToolPatterns { set, text }))
+}
+
+fn parse_identity_headers(
+    raw: Option<String>,
+) -> Result<Vec<(RefKind, http::HeaderName)>, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(Vec::new());
+    };
+    split_list(&raw)
+        .iter()
+        .map(|pair| {
+            let bad = || invalid("identity_headers", pair);
+            let (kind, header) = pair.split_once('=').ok_or_else(bad)?;
+            let kind = RefKind::ALL
+                .into_iter()
+                .find(|k| k.key() == kind.trim())
+                .ok_or_else(bad)?;
+            let header =
+                http::HeaderName::from_bytes(header.trim().as_bytes()).map_err(|_| bad())?;
+            Ok((kind, header))
+        })
+        .collect()
+}

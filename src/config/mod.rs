@@ -1,0 +1,419 @@
+//! The configuration: one table of settings ([`SETTINGS`], the single source for the README's
+//! settings table and for `--check-config`), layered with figment (built-in defaults, then an
+//! optional TOML file, then environment variables, then command-line flags) into a
+//! `#[derive(Deserialize)]` [`RawConfig`], then checked into the typed [`Config`] by
+//! `TryFrom`, so an error names the setting and what it accepts.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use figment::providers::{Format, Serialized, Toml};
+use figment::Figment;
+use serde::Deserialize;
+use url::Url;
+
+mod feedback;
+mod settings;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use self::feedback::FeedbackConfig;
+use self::feedback::RawFeedback;
+pub(crate) use self::settings::settings_markdown;
+pub(crate) use self::settings::ConfigError;
+use self::settings::{invalid, missing, CONFIG_FILE_ENV, SETTINGS};
+
+/// Which `Origin` values are accepted. A request without `Origin` always passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OriginPolicy {
+    /// `http(s)://localhost`, `127.0.0.1` or `[::1]`, any port (the default on a loopback
+    /// listener).
+    Loopback,
+    /// Every present Origin is refused (the default on any other listener).
+    RefuseAll,
+    Any,
+    Exact(Vec<String>),
+}
+
+/// Which `Host` values are accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HostPolicy {
+    Loopback,
+    Any,
+    /// Entries are `name` (any port) or `name:port`, compared case-insensitively.
+    List(Vec<String>),
+}
+
+/// Which era the upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamProtocol {
+    Auto,
+    /// 2026-07-28.
+    Modern,
+    /// 2025-11-25 (the `initialize` handshake).
+    Legacy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+/// The upstream MCP endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct UpstreamTarget {
+    pub(crate) url: Url,
+    /// `host:port` as sent in the `Host` header.
+    pub(crate) authority: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) listen: SocketAddr,
+    pub(crate) upstream: UpstreamTarget,
+    pub(crate) path: String,
+    pub(crate) allowed_origins: OriginPolicy,
+    pub(crate) allowed_hosts: HostPolicy,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) upstream_timeout: Duration,
+    pub(crate) shutdown_grace: Duration,
+    /// Server worker threads (each a single-threaded event loop with its own listener).
+    pub(crate) workers: usize,
+    pub(crate) upstream_protocol: UpstreamProtocol,
+    pub(crate) server_name: Option<String>,
+    pub(crate) server_version: Option<String>,
+    pub(crate) cache_ttl_ms: u64,
+    /// `private` or `public`.
+    pub(crate) cache_scope: &'static str,
+    pub(crate) feedback: FeedbackConfig,
+    pub(crate) log: String,
+    pub(crate) log_format: LogFormat,
+}
+
+/// Values given on the command line; absent ones leave the lower layers in force.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FlagValues {
+    pub(crate) config_file: Option<PathBuf>,
+    pub(crate) values: BTreeMap<&'static str, String>,
+}
+
+/// A setting's value as any layer gives it: a string (environment, flags), or a TOML string,
+/// number, boolean, or list of those (a list means the comma-separated form).
+#[derive(Debug, Clone)]
+pub(super) struct Scalar(String);
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Any {
+            S(String),
+            I(i64),
+            F(f64),
+            B(bool),
+            L(Vec<Scalar>),
+        }
+        Ok(Scalar(match Any::deserialize(d)? {
+            Any::S(s) => s,
+            Any::I(i) => i.to_string(),
+            Any::F(f) => f.to_string(),
+            Any::B(b) => b.to_string(),
+            Any::L(items) => items.into_iter().map(|s| s.0).collect::<Vec<_>>().join(","),
+        }))
+    }
+}
+
+/// Every setting as the merged layers give it, before it is checked.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<Scalar>,
+    upstream: Option<Scalar>,
+    path: Option<Scalar>,
+    allowed_origins: Option<Scalar>,
+    allowed_hosts: Option<Scalar>,
+    max_body_bytes: Option<Scalar>,
+    upstream_timeout: Option<Scalar>,
+    upstream_protocol: Option<Scalar>,
+    shutdown_grace: Option<Scalar>,
+    workers: Option<Scalar>,
+    server_name: Option<Scalar>,
+    server_version: Option<Scalar>,
+    cache_ttl_ms: Option<Scalar>,
+    cache_scope: Option<Scalar>,
+    api_key: Option<Scalar>,
+    api_url: Option<Scalar>,
+    feedback_mode: Option<Scalar>,
+    feedback_enabled: Option<Scalar>,
+    consent_timeout_ms: Option<Scalar>,
+    feedback_timeout: Option<Scalar>,
+    include_tools: Option<Scalar>,
+    exclude_tools: Option<Scalar>,
+    feedback_tools: Option<Scalar>,
+    identity_headers: Option<Scalar>,
+    telemetry_queue: Option<Scalar>,
+    telemetry_batch: Option<Scalar>,
+    telemetry_flush: Option<Scalar>,
+    telemetry_retry_base: Option<Scalar>,
+    telemetry_shutdown: Option<Scalar>,
+    log: Option<Scalar>,
+    log_format: Option<Scalar>,
+}
+
+/// A raw value, trimmed; blank counts as unset.
+pub(super) fn value(raw: Option<Scalar>) -> Option<String> {
+    raw.map(|s| s.0.trim().to_owned()).filter(|s| !s.is_empty())
+}
+
+pub(super) fn required(raw: Option<Scalar>, key: &str) -> Result<String, ConfigError> {
+    value(raw).ok_or_else(|| missing(key))
+}
+
+/// A required value converted by `parse`; `None` from it names the setting.
+pub(super) fn parsed<T>(
+    raw: Option<Scalar>,
+    key: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> Result<T, ConfigError> {
+    let v = required(raw, key)?;
+    parse(&v).ok_or_else(|| invalid(key, &v))
+}
+
+pub(super) fn number<T: std::str::FromStr + PartialOrd>(
+    raw: Option<Scalar>,
+    key: &str,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, ConfigError> {
+    parsed(raw, key, |v| v.parse().ok().filter(|n| range.contains(n)))
+}
+
+pub(super) fn duration_in(
+    raw: Option<Scalar>,
+    key: &str,
+    range: std::ops::RangeInclusive<Duration>,
+) -> Result<Duration, ConfigError> {
+    parsed(raw, key, |v| {
+        humantime::parse_duration(v)
+            .ok()
+            .filter(|d| range.contains(d))
+    })
+}
+
+pub(super) fn any_duration(raw: Option<Scalar>, key: &str) -> Result<Duration, ConfigError> {
+    duration_in(raw, key, Duration::ZERO..=Duration::MAX)
+}
+
+pub(super) fn split_list(raw: &str) -> Vec<String> {
+    raw.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+impl Config {
+    /// Builds the configuration from an environment (any iterator of name/value pairs, so tests
+    /// never touch the process environment) and the flags.
+    pub(crate) fn from_layers<I, K, V>(env: I, flags: &FlagValues) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let env: BTreeMap<String, String> = env
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+            .collect();
+        let defaults: BTreeMap<&str, &str> = SETTINGS
+            .iter()
+            .filter_map(|s| s.default.map(|d| (s.key, d)))
+            .collect();
+        let mut figment = Figment::new().merge(Serialized::defaults(defaults));
+        let file = flags
+            .config_file
+            .clone()
+            .or_else(|| env.get(CONFIG_FILE_ENV).map(PathBuf::from));
+        if let Some(path) = &file {
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
+            figment = figment.merge(Toml::string(&text));
+        }
+        // Within the environment, the documented name wins over an alias.
+        let from_env: BTreeMap<&str, &String> = SETTINGS
+            .iter()
+            .filter_map(|s| Some((s.key, s.env.iter().find_map(|name| env.get(*name))?)))
+            .collect();
+        let raw: RawConfig = figment
+            .merge(Serialized::defaults(from_env))
+            .merge(Serialized::defaults(&flags.values))
+            .extract()
+            .map_err(|e| ConfigError::File {
+                path: file.unwrap_or_else(|| PathBuf::from("<settings>")),
+                message: e.to_string(),
+            })?;
+        Config::try_from(raw)
+    }
+
+    /// The effective configuration as TOML-like lines, secrets redacted (`--check-config`).
+    pub(crate) fn describe(&self) -> String {
+        let mut out = String::new();
+        for s in SETTINGS {
+            let value = (s.show)(self);
+            let shown = match (s.secret, value.as_str()) {
+                (true, "<unset>") | (false, _) => value,
+                (true, _) => "<set, redacted>".to_owned(),
+            };
+            out.push_str(&format!("{} = {shown:?}    # {}\n", s.key, s.env[0]));
+        }
+        out
+    }
+}
+
+impl fmt::Display for Config {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+impl TryFrom<RawConfig> for Config {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawConfig) -> Result<Config, ConfigError> {
+        let listen: SocketAddr = parsed(raw.listen, "listen", |v| v.parse().ok())?;
+        let loopback = listen.ip().is_loopback();
+        let upstream = parsed(raw.upstream, "upstream", parse_upstream)?;
+        Ok(Config {
+            listen,
+            upstream,
+            path: parsed(raw.path, "path", |p| {
+                (p.starts_with('/') && !p.contains(['?', '#', ' '])).then(|| p.to_owned())
+            })?,
+            allowed_origins: origins(value(raw.allowed_origins), loopback)?,
+            allowed_hosts: hosts(value(raw.allowed_hosts), loopback)?,
+            max_body_bytes: number(raw.max_body_bytes, "max_body_bytes", 1..=1 << 30)?,
+            upstream_timeout: any_duration(raw.upstream_timeout, "upstream_timeout")?,
+            shutdown_grace: any_duration(raw.shutdown_grace, "shutdown_grace")?,
+            workers: parsed(raw.workers, "workers", |w| match w {
+                "auto" => Some(std::thread::available_parallelism().map_or(2, |n| n.get())),
+                n => n.parse().ok().filter(|n| (1..=256).contains(n)),
+            })?,
+            upstream_protocol: parsed(raw.upstream_protocol, "upstream_protocol", |p| match p {
+                "auto" => Some(UpstreamProtocol::Auto),
+                "2026-07-28" => Some(UpstreamProtocol::Modern),
+                "2025-11-25" => Some(UpstreamProtocol::Legacy),
+                _ => None,
+            })?,
+            server_name: value(raw.server_name),
+            server_version: value(raw.server_version),
+            cache_ttl_ms: number(raw.cache_ttl_ms, "cache_ttl_ms", 0..=u64::MAX)?,
+            cache_scope: parsed(raw.cache_scope, "cache_scope", |s| match s {
+                "private" => Some("private"),
+                "public" => Some("public"),
+                _ => None,
+            })?,
+            feedback: FeedbackConfig::try_from_raw(&mut RawFeedback {
+                feedback_mode: raw.feedback_mode,
+                feedback_enabled: raw.feedback_enabled,
+                api_key: raw.api_key,
+                api_url: raw.api_url,
+                consent_timeout_ms: raw.consent_timeout_ms,
+                feedback_timeout: raw.feedback_timeout,
+                include_tools: raw.include_tools,
+                exclude_tools: raw.exclude_tools,
+                feedback_tools: raw.feedback_tools,
+                identity_headers: raw.identity_headers,
+                telemetry_queue: raw.telemetry_queue,
+                telemetry_batch: raw.telemetry_batch,
+                telemetry_flush: raw.telemetry_flush,
+                telemetry_retry_base: raw.telemetry_retry_base,
+                telemetry_shutdown: raw.telemetry_shutdown,
+            })?,
+            log: {
+                let log = required(raw.log, "log")?;
+                if tracing_subscriber::EnvFilter::builder()
+                    .parse(&log)
+                    .is_err()
+                {
+                    return Err(invalid("log", &log));
+                }
+                log
+            },
+            log_format: parsed(raw.log_format, "log_format", |f| {
+                match f.to_ascii_lowercase().as_str() {
+                    "text" => Some(LogFormat::Text),
+                    "json" => Some(LogFormat::Json),
+                    _ => None,
+                }
+            })?,
+        })
+    }
+}
+
+fn origins(raw: Option<String>, loopback: bool) -> Result<OriginPolicy, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(if loopback {
+            OriginPolicy::Loopback
+        } else {
+            OriginPolicy::RefuseAll
+        });
+    };
+    let list = split_list(&raw);
+    if list.iter().any(|o| o == "*") {
+        return Ok(OriginPolicy::Any);
+    }
+    for o in &list {
+        // An origin is scheme://host[:port] with nothing after it.
+        let ok = Url::parse(o).is_ok_and(|u| {
+            u.host().is_some()
+                && u.path() == "/"
+                && !o.ends_with('/')
+                && u.query().is_none()
+                && u.fragment().is_none()
+                && u.username().is_empty()
+        });
+        if !ok {
+            return Err(invalid("allowed_origins", o));
+        }
+    }
+    Ok(OriginPolicy::Exact(list))
+}
+
+fn hosts(raw: Option<String>, loopback: bool) -> Result<HostPolicy, ConfigError> {
+    let Some(raw) = raw else {
+        return Ok(if loopback {
+            HostPolicy::Loopback
+        } else {
+            HostPolicy::Any
+        });
+    };
+    let list: Vec<String> = split_list(&raw)
+        .into_iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    if list.iter().any(|h| h == "*") {
+        return Ok(HostPolicy::Any);
+    }
+    if let Some(bad) = list.iter().find(|h| h.contains(['/', ' ', '@'])) {
+        return Err(invalid("allowed_hosts", bad));
+    }
+    Ok(HostPolicy::List(list))
+}
+
+fn parse_upstream(raw: &str) -> Option<UpstreamTarget> {
+    let url = Url::parse(raw).ok()?;
+    if url.scheme() != "http" || url.fragment().is_some() {
+        return None;
+    }
+    let host = url.host_str()?.to_owned();
+    let authority = match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    };
+    Some(UpstreamTarget { url, authority })
+}

@@ -1,0 +1,409 @@
+//! The settings table: every setting's key, environment variables, default, what it accepts,
+//! what it does and how its effective value is shown. It is the one source for the README's
+//! settings table (`--settings-markdown`), `--check-config` and the errors that name a
+//! setting.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::{Config, HostPolicy, LogFormat, OriginPolicy, UpstreamProtocol};
+
+/// One setting: its TOML key, its environment variable(s), its default, what it accepts, what
+/// it does, and how its effective value is shown.
+pub(crate) struct Setting {
+    pub(crate) key: &'static str,
+    /// The first name is the documented one; the others are accepted aliases.
+    pub(crate) env: &'static [&'static str],
+    pub(crate) default: Option<&'static str>,
+    pub(crate) accepts: &'static str,
+    pub(crate) help: &'static str,
+    pub(crate) secret: bool,
+    pub(super) show: fn(&Config) -> String,
+}
+
+const fn setting(
+    key: &'static str,
+    env: &'static [&'static str],
+    default: Option<&'static str>,
+    accepts: &'static str,
+    help: &'static str,
+    show: fn(&Config) -> String,
+) -> Setting {
+    Setting {
+        key,
+        env,
+        default,
+        accepts,
+        help,
+        secret: false,
+        show,
+    }
+}
+
+fn duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+/// One of the configured pattern lists (include, exclude, feedback tools), or `none`.
+fn globs(c: &Config, which: usize, none: &str) -> String {
+    c.feedback.pattern_texts()[which]
+        .clone()
+        .unwrap_or_else(|| none.to_owned())
+}
+
+/// Every setting the sidecar reads, in the order the README lists them.
+pub(crate) const SETTINGS: &[Setting] = &[
+    setting(
+        "upstream",
+        &["EPODE_SIDECAR_UPSTREAM"],
+        None,
+        "an http:// URL of the upstream MCP endpoint, such as http://127.0.0.1:8000/mcp",
+        "The upstream MCP server's Streamable HTTP endpoint (required).",
+        |c| c.upstream.url.to_string(),
+    ),
+    setting(
+        "listen",
+        &["EPODE_SIDECAR_LISTEN"],
+        Some("127.0.0.1:8080"),
+        "a socket address such as 127.0.0.1:8080 or [::]:8080",
+        "Address to listen on.",
+        |c| c.listen.to_string(),
+    ),
+    setting(
+        "path",
+        &["EPODE_SIDECAR_PATH"],
+        Some("/mcp"),
+        "a URL path starting with /",
+        "The path clients post MCP messages to.",
+        |c| c.path.clone(),
+    ),
+    setting(
+        "allowed_origins",
+        &["EPODE_SIDECAR_ALLOWED_ORIGINS"],
+        None,
+        "comma-separated exact origins such as https://app.example.com, or *",
+        "Origins allowed to call the sidecar (`*` for any). A request carrying another `Origin` gets 403; a request without `Origin` passes. Unset: loopback origins (`http://localhost:*`, `http://127.0.0.1:*`, `http://[::1]:*`) on a loopback listener; on any other listener every present `Origin` is refused until you list the allowed ones.",
+        |c| match &c.allowed_origins {
+            OriginPolicy::Loopback => "<loopback origins>".to_owned(),
+            OriginPolicy::RefuseAll => "<none: every present Origin is refused>".to_owned(),
+            OriginPolicy::Any => "*".to_owned(),
+            OriginPolicy::Exact(l) => l.join(","),
+        },
+    ),
+    setting(
+        "allowed_hosts",
+        &["EPODE_SIDECAR_ALLOWED_HOSTS"],
+        None,
+        "comma-separated host names, each optionally with :port, or *",
+        "`Host` values accepted, each `name` (any port) or `name:port` (`*` for any). Unset: on a loopback listener only loopback names are accepted (DNS-rebinding protection, as the official SDKs do); otherwise no `Host` check. Refusals get 403.",
+        |c| match &c.allowed_hosts {
+            HostPolicy::Loopback => "<loopback names>".to_owned(),
+            HostPolicy::Any => "<no Host check>".to_owned(),
+            HostPolicy::List(l) => l.join(","),
+        },
+    ),
+    setting(
+        "max_body_bytes",
+        &["EPODE_SIDECAR_MAX_BODY_BYTES"],
+        Some("4194304"),
+        "a whole number of bytes from 1 to 1073741824",
+        "Largest request body; larger gets 413.",
+        |c| c.max_body_bytes.to_string(),
+    ),
+    setting(
+        "upstream_timeout",
+        &["EPODE_SIDECAR_UPSTREAM_TIMEOUT"],
+        Some("30s"),
+        "a duration such as 30s, 500ms or 2m",
+        "How long the upstream may take to begin its answer; then 504. A streamed (SSE) answer may then last as long as both ends want.",
+        |c| duration(c.upstream_timeout),
+    ),
+    setting(
+        "upstream_protocol",
+        &["EPODE_SIDECAR_UPSTREAM_PROTOCOL"],
+        Some("auto"),
+        "auto, 2026-07-28 or 2025-11-25",
+        "The upstream's era: `auto` probes with `server/discover` (with the calling request's credentials) and falls back to the `initialize` handshake; `2026-07-28` or `2025-11-25` fix it.",
+        |c| {
+            match c.upstream_protocol {
+                UpstreamProtocol::Auto => "auto",
+                UpstreamProtocol::Modern => "2026-07-28",
+                UpstreamProtocol::Legacy => "2025-11-25",
+            }
+            .to_owned()
+        },
+    ),
+    setting(
+        "shutdown_grace",
+        &["EPODE_SIDECAR_SHUTDOWN_GRACE"],
+        Some("10s"),
+        "a duration such as 10s, 500ms or 2m",
+        "On SIGTERM/SIGINT, how long in-flight requests may take to finish.",
+        |c| duration(c.shutdown_grace),
+    ),
+    setting(
+        "workers",
+        &["EPODE_SIDECAR_WORKERS"],
+        Some("auto"),
+        "auto (one per CPU core) or a whole number from 1 to 256",
+        "Server worker threads, `auto` being one per CPU core. Each serves its own connections start to finish on its own event loop, with its own upstream connection pool.",
+        |c| c.workers.to_string(),
+    ),
+    setting(
+        "server_name",
+        &["EPODE_SIDECAR_SERVER_NAME"],
+        None,
+        "a non-empty name",
+        "Server name clients see instead of the upstream's (in `_meta[\"io.modelcontextprotocol/serverInfo\"]` and `initialize`).",
+        |c| c.server_name.clone().unwrap_or_else(|| "<the upstream's>".into()),
+    ),
+    setting(
+        "server_version",
+        &["EPODE_SIDECAR_SERVER_VERSION"],
+        None,
+        "a non-empty version string",
+        "Server version clients see instead of the upstream's.",
+        |c| c.server_version.clone().unwrap_or_else(|| "<the upstream's>".into()),
+    ),
+    setting(
+        "cache_ttl_ms",
+        &["EPODE_SIDECAR_CACHE_TTL_MS"],
+        Some("0"),
+        "a whole number of milliseconds, 0 or more",
+        "`ttlMs` on cacheable 2026 results (`server/discover`, the four lists, `resources/read`) when the upstream gives none.",
+        |c| c.cache_ttl_ms.to_string(),
+    ),
+    setting(
+        "cache_scope",
+        &["EPODE_SIDECAR_CACHE_SCOPE"],
+        Some("private"),
+        "private or public",
+        "`cacheScope` on those results when the upstream gives none.",
+        |c| c.cache_scope.to_owned(),
+    ),
+    Setting {
+        key: "api_key",
+        env: &["EPODE_API_KEY", "AGENT_FEEDBACK_KEY"],
+        default: None,
+        accepts: "an Epode product (write) key af_live_<32 hex>_[<32 hex>_]<secret of 20+ characters>",
+        help: "The Epode product key `af_live_…`: signs feedback handles and authorises telemetry. Required unless feedback is off. Never printed.",
+        secret: true,
+        show: |c| if c.feedback.key.is_some() { "<set>" } else { "<unset>" }.to_owned(),
+    },
+    setting(
+        "api_url",
+        &["EPODE_API_URL", "AGENT_FEEDBACK_URL"],
+        Some("https://app.epode.ai"),
+        "an https:// URL (http:// only for a loopback host)",
+        "The Epode API origin; `http://` only for a loopback host.",
+        |c| c.feedback.api_url.to_string(),
+    ),
+    setting(
+        "feedback_mode",
+        &["AGENT_FEEDBACK_MODE"],
+        Some("never_ask"),
+        "never_ask, ask_once, ask_always or off",
+        "`never_ask`, `ask_once`, `ask_always` or `off`.",
+        |c| c.feedback.mode.to_string(),
+    ),
+    setting(
+        "feedback_enabled",
+        &["AGENT_FEEDBACK_ENABLED"],
+        Some("true"),
+        "true or false",
+        "Kill switch: `false` is the same as `AGENT_FEEDBACK_MODE=off`.",
+        |c| c.feedback.mode.is_enabled().to_string(),
+    ),
+    setting(
+        "consent_timeout_ms",
+        &["AGENT_FEEDBACK_CONSENT_TIMEOUT_MS"],
+        Some("750"),
+        "a whole number of milliseconds from 1 to 60000",
+        "Deadline of the background Ask-once consent-state lookup.",
+        |c| c.feedback.consent_timeout.as_millis().to_string(),
+    ),
+    setting(
+        "feedback_timeout",
+        &["EPODE_SIDECAR_FEEDBACK_TIMEOUT"],
+        Some("10s"),
+        "a duration from 1ms to 1m, such as 10s",
+        "Deadline of the two feedback tools' calls to Epode; past it the tool answers a retryable failure.",
+        |c| duration(c.feedback.tool_timeout),
+    ),
+    setting(
+        "include_tools",
+        &["EPODE_SIDECAR_INCLUDE_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names, such as search_*,get_order",
+        "Comma-separated glob patterns (`*` within a `/` segment, `**` across) of product tools that get telemetry and feedback. Unset: every tool.",
+        |c| globs(c, 0, "<all>"),
+    ),
+    setting(
+        "exclude_tools",
+        &["EPODE_SIDECAR_EXCLUDE_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names",
+        "Patterns of tools that never get telemetry or feedback; wins over the include list.",
+        |c| globs(c, 1, "<none>"),
+    ),
+    setting(
+        "feedback_tools",
+        &["EPODE_SIDECAR_FEEDBACK_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names",
+        "Of the included tools, those whose results carry `_agentFeedback`; the others get telemetry only. Unset: every included tool.",
+        |c| globs(c, 2, "<all included>"),
+    ),
+    setting(
+        "identity_headers",
+        &["EPODE_SIDECAR_IDENTITY_HEADERS"],
+        None,
+        "comma-separated ref=Header pairs, refs being accountRef, userRef, anonymousRef, customerRef, sessionRef",
+        "`ref=Header` pairs, such as `accountRef=X-Auth-Request-User`, naming request headers a trusted gateway sets.",
+        |c| {
+            c.feedback
+                .identity_headers
+                .iter()
+                .map(|(k, h)| format!("{}={}", k.key(), h))
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    ),
+    setting(
+        "telemetry_queue",
+        &["EPODE_SIDECAR_TELEMETRY_QUEUE"],
+        Some("1000"),
+        "a whole number of events from 1 to 1000000",
+        "Telemetry queue capacity; events beyond it are dropped and counted. One batch more (at most this many events) may be in delivery.",
+        |c| c.feedback.telemetry_queue.to_string(),
+    ),
+    setting(
+        "telemetry_batch",
+        &["EPODE_SIDECAR_TELEMETRY_BATCH"],
+        Some("50"),
+        "a whole number of events from 1 to 100",
+        "Most events per telemetry batch (Epode takes up to 100).",
+        |c| c.feedback.telemetry_batch.to_string(),
+    ),
+    setting(
+        "telemetry_flush",
+        &["EPODE_SIDECAR_TELEMETRY_FLUSH"],
+        Some("500ms"),
+        "a duration from 1ms to 1m, such as 500ms",
+        "How long the first event of a batch waits for others before the batch is sent.",
+        |c| duration(c.feedback.telemetry_flush),
+    ),
+    setting(
+        "telemetry_retry_base",
+        &["EPODE_SIDECAR_TELEMETRY_RETRY_BASE"],
+        Some("500ms"),
+        "a duration from 1ms to 1m, such as 500ms",
+        "First retry delay of a failed batch; it doubles for each of the at most 6 attempts (Epode's `Retry-After` wins).",
+        |c| duration(c.feedback.telemetry_retry_base),
+    ),
+    setting(
+        "telemetry_shutdown",
+        &["EPODE_SIDECAR_TELEMETRY_SHUTDOWN"],
+        Some("10s"),
+        "a duration such as 10s, 500ms or 2m",
+        "On shutdown, how long queued telemetry may take to be delivered.",
+        |c| duration(c.feedback.telemetry_shutdown),
+    ),
+    setting(
+        "log",
+        &["EPODE_SIDECAR_LOG"],
+        Some("info"),
+        "a tracing filter such as info, debug or epode_sidecar=debug,warn",
+        "Log filter (`debug`, `epode_sidecar=debug,warn`, …). Logs go to stderr.",
+        |c| c.log.clone(),
+    ),
+    setting(
+        "log_format",
+        &["EPODE_SIDECAR_LOG_FORMAT"],
+        Some("text"),
+        "text or json",
+        "`text` or `json`.",
+        |c| {
+            match c.log_format {
+                LogFormat::Text => "text",
+                LogFormat::Json => "json",
+            }
+            .to_owned()
+        },
+    ),
+];
+
+/// The file named by `--config` or this variable is read as TOML, with the keys above.
+pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
+
+pub(super) fn lookup(key: &str) -> &'static Setting {
+    SETTINGS
+        .iter()
+        .find(|s| s.key == key)
+        .unwrap_or_else(|| unreachable!("every key the configuration reads is in SETTINGS"))
+}
+
+/// The README's settings table, generated from [`SETTINGS`] (`--settings-markdown`).
+pub(crate) fn settings_markdown() -> String {
+    let mut out = String::from("| Variable | Key | Default | Meaning |\n|---|---|---|---|\n");
+    for s in SETTINGS {
+        let mut variable = format!("`{}`", s.env[0]);
+        if s.env.len() > 1 {
+            let aliases: Vec<String> = s.env[1..].iter().map(|e| format!("`{e}`")).collect();
+            variable.push_str(&format!(" (or {})", aliases.join(", ")));
+        }
+        let default = match s.default {
+            Some(d) => format!("`{d}`"),
+            None if s.key == "upstream" => "(required)".to_owned(),
+            None => "unset".to_owned(),
+        };
+        out.push_str(&format!(
+            "| {variable} | `{}` | {default} | {} Accepts {}. |\n",
+            s.key, s.help, s.accepts
+        ));
+    }
+    out.push_str(&format!(
+        "| `{CONFIG_FILE_ENV}` | | unset | A TOML file with the keys above (also `--config FILE`). Unknown keys are refused. |\n"
+    ));
+    out
+}
+
+/// A setting that could not be used, naming it and what it accepts. Secret values are not shown.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConfigError {
+    #[error("{name}: `{value}` is not valid; expected {accepts}")]
+    Invalid {
+        name: String,
+        value: String,
+        accepts: &'static str,
+    },
+    #[error("{name} is required: {accepts}")]
+    Missing { name: String, accepts: &'static str },
+    #[error("configuration file {path}: {message}")]
+    File { path: PathBuf, message: String },
+}
+
+pub(super) fn display_name(s: &Setting) -> String {
+    format!("{} (config key `{}`)", s.env[0], s.key)
+}
+
+pub(super) fn invalid(key: &str, value: &str) -> ConfigError {
+    let s = lookup(key);
+    ConfigError::Invalid {
+        name: display_name(s),
+        value: if s.secret {
+            "<redacted>".to_owned()
+        } else {
+            value.to_owned()
+        },
+        accepts: s.accepts,
+    }
+}
+
+pub(super) fn missing(key: &str) -> ConfigError {
+    let s = lookup(key);
+    ConfigError::Missing {
+        name: display_name(s),
+        accepts: s.accepts,
+    }
+}

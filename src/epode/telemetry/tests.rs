@@ -1,0 +1,145 @@
+//! Unit tests of `telemetry`.
+use super::*;
+
+fn vectors() -> Value {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/epode-protocol-v1/conformance.json"
+    );
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn completion(input: &Value) -> McpCompletion {
+    let s = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_owned);
+    McpCompletion {
+        interaction_id: "018f1f2e-7b4a-4c12-9c8d-123456789abc".into(),
+        operation: s("operation").unwrap_or_default(),
+        outcome: match input["outcome"].as_str() {
+            Some("success") => Some(Outcome::Success),
+            Some("error") => Some(Outcome::Error),
+            _ => None,
+        },
+        duration: None,
+        refs: IdentityRefs::from_meta(input),
+        runtime_hint: s("runtimeHint"),
+    }
+}
+
+/// Every `mcpCompletion` vector: the event, less the generated fields, equals the expected
+/// event exactly; invalid inputs produce no event and the expected error kind.
+#[test]
+fn conformance_mcp_completion_vectors() {
+    let v = vectors();
+    let cases = v["mcpCompletion"]["vectors"].as_array().unwrap();
+    assert!(cases.len() >= 11);
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let got = build_event(&completion(&case["input"]), SystemTime::now());
+        match case.get("expectedErrorKind").and_then(Value::as_str) {
+            Some(kind) => {
+                let err = got.expect_err(name);
+                assert!(err.to_string().starts_with(kind), "{name}: {err}");
+            }
+            None => {
+                let mut obj = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+                for generated in ["interactionId", "occurredAt"] {
+                    assert!(obj.remove(generated).is_some(), "{name}: {generated}");
+                }
+                assert_eq!(&Value::Object(obj), &case["expectedEvent"], "{name}");
+            }
+        }
+    }
+}
+
+#[test]
+fn events_validate_against_the_batch_schema() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/epode-protocol-v1/telemetry-batch.schema.json"
+    );
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let mut c = completion(
+        &json!({"operation":"get_summary","outcome":"error","accountRef":"a_1","sessionRef":"s:1","runtimeHint":"x 1"}),
+    );
+    c.duration = Some(Duration::from_millis(12));
+    let mut event = build_event(&c, SystemTime::now()).unwrap();
+    event.insert("sequence".into(), Value::from(1));
+    let batch = json!({"events": [event]});
+    assert!(validator.is_valid(&batch), "{batch}");
+    assert_eq!(batch["events"][0]["durationMs"], 12);
+}
+
+fn answer(status: u16, body: &str) -> Answer {
+    Answer {
+        status,
+        headers: Default::default(),
+        body: bytes::Bytes::from(body.to_owned()),
+    }
+}
+
+#[test]
+fn receipts_are_judged() {
+    assert_eq!(
+        judge(&answer(202, r#"{"accepted":3,"dropped":0}"#), 3),
+        Delivery::Delivered
+    );
+    assert_eq!(
+        judge(&answer(202, r#"{"accepted":2,"dropped":1}"#), 3),
+        Delivery::Terminal(Terminal::EpodeDropped { dropped: 1, of: 3 })
+    );
+    assert!(matches!(
+        judge(&answer(202, r#"{"accepted":2,"dropped":0}"#), 3),
+        Delivery::Terminal(_)
+    ));
+    assert!(matches!(
+        judge(
+            &answer(202, r#"{"accepted":18446744073709551615,"dropped":1}"#),
+            3
+        ),
+        Delivery::Terminal(_)
+    ));
+    assert!(matches!(
+        judge(&answer(202, "ok"), 3),
+        Delivery::Terminal(_)
+    ));
+    assert!(matches!(
+        judge(&answer(202, r#"{"accepted":"3","dropped":0}"#), 3),
+        Delivery::Terminal(_)
+    ));
+    assert!(matches!(
+        judge(&answer(200, r#"{"accepted":3,"dropped":0}"#), 3),
+        Delivery::Terminal(_)
+    ));
+    for s in [408, 429, 500, 503] {
+        assert!(
+            matches!(judge(&answer(s, ""), 3), Delivery::Retryable { .. }),
+            "{s}"
+        );
+    }
+    for s in [400, 401, 413] {
+        assert!(
+            matches!(judge(&answer(s, ""), 3), Delivery::Terminal(_)),
+            "{s}"
+        );
+    }
+    let mut a = answer(429, "");
+    a.headers
+        .insert(reqwest::header::RETRY_AFTER, "2".parse().unwrap());
+    assert_eq!(
+        judge(&a, 1),
+        Delivery::Retryable {
+            reason: "HTTP 429".into(),
+            retry_after: Some(Duration::from_secs(2))
+        }
+    );
+}
+
+#[test]
+fn operations() {
+    assert!(valid_operation("tools/get_summary"));
+    assert!(!valid_operation("get_summary?customer=42"));
+    assert!(!valid_operation("https://customer.example/tool"));
+    assert!(!valid_operation(""));
+    assert!(!valid_operation(&"x".repeat(161)));
+}

@@ -1,0 +1,91 @@
+//! The front door: everything a message to the MCP path passes before the dispatch table sees
+//! it, in the order it is checked. The head (Host, Origin, method), the body (size), the
+//! message (well-formed JSON-RPC, one message, no duplicated routing keys), and for a 2026
+//! request the validation ladder. What comes out is a [`Request`] whose era is known and whose
+//! headers agree with its body; everything refused gets its status and JSON-RPC error here.
+
+mod checks;
+mod ladder;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::Method;
+use serde_json::value::RawValue;
+
+pub(crate) use self::checks::read_body;
+pub(crate) use self::ladder::ClientEra;
+use crate::config::Config;
+use crate::error::{Error, Kind};
+use crate::mcp::message::{self, Envelope, Inbound};
+
+/// A validated request: its era is known and its routing headers agree with its body.
+pub(crate) struct Request<'a> {
+    pub(crate) parts: &'a Parts,
+    /// The body exactly as the client sent it.
+    pub(crate) bytes: &'a Bytes,
+    pub(crate) id: &'a RawValue,
+    pub(crate) env: Envelope<'a>,
+    pub(crate) era: ClientEra,
+}
+
+impl Request<'_> {
+    pub(crate) fn method(&self) -> &str {
+        self.env.method.as_deref().unwrap_or_default()
+    }
+}
+
+/// The head checks: Host, Origin, and POST only.
+pub(crate) fn check_head(config: &Config, parts: &Parts) -> Result<(), Error> {
+    checks::check_host(&config.allowed_hosts, parts)?;
+    checks::check_origin(&config.allowed_origins, &parts.headers)?;
+    if parts.method != Method::POST {
+        return Err(Error::new(
+            Kind::MethodNotAllowed,
+            format!(
+                "{} is not served: this MCP endpoint is stateless; POST one JSON-RPC message per request",
+                parts.method
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Reads and validates the message in `bytes`: the request, or `None` for a notification
+/// (or a 2025 client's response to a server request), which is accepted with 202 since a
+/// stateless front has nothing to do with it. A refusal carries the message's id when it
+/// could be read.
+pub(crate) fn admit<'a>(
+    parts: &'a Parts,
+    bytes: &'a Bytes,
+) -> Result<Option<Request<'a>>, (Error, Option<&'a RawValue>)> {
+    let env = match message::parse(bytes)? {
+        Inbound::Single(env) => env,
+        Inbound::Batch => {
+            return Err((
+                Error::new(
+                    Kind::InvalidRequest,
+                    "JSON-RPC batches are not supported; send one message per POST",
+                ),
+                None,
+            ))
+        }
+    };
+    if env.method.is_none() {
+        // A 2025-era client may post a response to a server request; with no sessions there
+        // is nothing it can answer, so it is accepted and dropped.
+        return Ok(None);
+    }
+    let era = ladder::classify(&parts.headers, &env).map_err(|e| (e, env.id))?;
+    let Some(id) = env.id else {
+        // 2026 defines no client notifications over HTTP; 2025's (initialized, cancelled)
+        // mean nothing to a stateless front.
+        return Ok(None);
+    };
+    Ok(Some(Request {
+        parts,
+        bytes,
+        id,
+        env,
+        era,
+    }))
+}

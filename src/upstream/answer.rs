@@ -1,0 +1,173 @@
+//! The upstream's answer on its way back: read whole when the sidecar needs all of it (a
+//! handshake, a probe, a refusal to look into), or finished for the client — a JSON result
+//! rewritten whole, an SSE stream rewritten event by event, an error status passed on as it
+//! was.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde_json::value::RawValue;
+use serde_json::Value;
+
+use crate::body::{self, Body, Buffered};
+use crate::error::{Error, Kind};
+use crate::mcp::headers::SESSION_ID;
+use crate::mcp::raw;
+use crate::mcp::rewrite::{self, ResultPlan};
+use crate::mcp::sse;
+
+/// Upper bound on bodies the sidecar reads whole (handshakes, probes, rewritten JSON results).
+pub(crate) const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+
+/// A complete upstream answer the sidecar read whole: what it needs to either use it or pass
+/// it to the client exactly as it was.
+pub(crate) struct ReadAnswer {
+    pub(crate) answer: Buffered,
+    /// The JSON-RPC response in it (the last one of an SSE answer), when there is one.
+    pub(crate) message: Option<Value>,
+}
+
+impl ReadAnswer {
+    pub(crate) fn status(&self) -> StatusCode {
+        self.answer.status
+    }
+
+    pub(crate) fn result(&self) -> Option<&Value> {
+        self.message.as_ref().and_then(|m| m.get("result"))
+    }
+
+    /// The answer as an error that passes it on to the client unchanged (less the upstream's
+    /// session id, which never leaves).
+    pub(crate) fn into_refusal(mut self) -> Error {
+        self.answer.headers.remove(SESSION_ID);
+        Error::upstream_refused(self.answer)
+    }
+}
+
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"))
+}
+
+/// Reads an upstream answer whole (JSON, or an SSE stream to its end) within `timeout`.
+pub(crate) async fn read_answer(
+    resp: Response<Incoming>,
+    timeout: Duration,
+) -> Result<ReadAnswer, Error> {
+    let (parts, body) = resp.into_parts();
+    let bytes = read_body(body, timeout).await?;
+    let message = parse_message(&parts.headers, &bytes);
+    Ok(ReadAnswer {
+        answer: Buffered {
+            status: parts.status,
+            headers: parts.headers,
+            bytes,
+        },
+        message,
+    })
+}
+
+async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, Error> {
+    match tokio::time::timeout(timeout, Limited::new(body, MAX_UPSTREAM_BODY).collect()).await {
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+        Ok(Err(e)) => Err(Error::new(
+            Kind::UpstreamFailed,
+            format!("reading the answer: {e}"),
+        )),
+        Err(_) => Err(Error::new(Kind::UpstreamTimeout(timeout), "")),
+    }
+}
+
+/// The JSON-RPC response of a whole answer: the body, or the last response of an SSE stream.
+fn parse_message(headers: &HeaderMap, bytes: &Bytes) -> Option<Value> {
+    if is_event_stream(headers) {
+        sse::messages(bytes)
+            .iter()
+            .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+            .rfind(|m| {
+                m.get("method").is_none() && (m.get("result").is_some() || m.get("error").is_some())
+            })
+    } else {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
+/// The upstream's answer for the client: error statuses as they were; a JSON result rewritten
+/// whole; an SSE stream event by event, only the response event rewritten. `fix_status`: the
+/// upstream speaks 2025 and the client 2026, so a JSON-RPC error the upstream sent with 200
+/// gets the status 2026 gives it (404 for an unknown method). Errors name the request `id`.
+pub(crate) async fn finish(
+    resp: Response<Incoming>,
+    id: &RawValue,
+    mut plan: ResultPlan,
+    fix_status: bool,
+    timeout: Duration,
+) -> Result<Response<Body>, Error> {
+    let (mut parts, mut body) = resp.into_parts();
+    parts.headers.remove(SESSION_ID);
+    if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
+        // No result: the plan, dropped here, reports a failure.
+        return Ok(Response::from_parts(
+            parts,
+            body.map_err(Into::into).boxed_unsync(),
+        ));
+    }
+    if is_event_stream(&parts.headers) {
+        parts.headers.remove(header::CONTENT_LENGTH);
+        parts
+            .headers
+            .insert("x-accel-buffering", HeaderValue::from_static("no"));
+        let mut read = Bytes::new();
+        if fix_status {
+            // The status goes out with the head, so wait for the first event: when it is
+            // already the (error) response, answer it as JSON with its status.
+            let (bytes, first) = sse::peek_first_message(&mut body).await.map_err(|e| {
+                Error::new(Kind::UpstreamFailed, format!("reading the answer: {e}"))
+            })?;
+            let msg = first
+                .as_deref()
+                .and_then(sse::event_data)
+                .and_then(|d| raw::parse_message(d.as_bytes()))
+                .filter(raw::is_response);
+            if let Some(mut msg) = msg {
+                if let Some(status) = rewrite::modern_error_status(&msg) {
+                    plan.apply(&mut msg);
+                    return Ok(body::json(status, raw::to_bytes(&msg)));
+                }
+            }
+            read = bytes;
+        }
+        let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan);
+        return Ok(Response::from_parts(parts, body));
+    }
+    let bytes = read_body(body, timeout).await?;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    let out = match raw::parse_message(&bytes) {
+        Some(mut msg) if raw::is_response(&msg) || msg.contains_key("method") => {
+            if fix_status {
+                if let Some(status) = rewrite::modern_error_status(&msg) {
+                    parts.status = status;
+                }
+            }
+            if plan.apply(&mut msg) {
+                raw::to_bytes(&msg)
+            } else {
+                bytes
+            }
+        }
+        _ => bytes,
+    };
+    Ok(Response::from_parts(parts, body::full(out)))
+}
+
+/// The upstream's response as it is (less its session id), streamed frame by frame.
+pub(crate) fn stream_back(resp: Response<Incoming>) -> Response<Body> {
+    let (mut parts, body) = resp.into_parts();
+    parts.headers.remove(SESSION_ID);
+    Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
+}

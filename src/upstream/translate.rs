@@ -1,0 +1,200 @@
+//! Requests and discovery results between the eras. A 2026 request for a 2025-era upstream
+//! loses the 2026 envelope keys from `params._meta`; a 2025 request for a 2026 upstream gains
+//! them and the routing headers; a 2025 `initialize` result becomes a 2026 discovery. Request
+//! bodies are rewritten as raw JSON maps, so every value the translation does not touch
+//! keeps its exact bytes.
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::{json, Value};
+
+use crate::mcp::headers;
+use crate::mcp::raw::{self, RawMap};
+use crate::mcp::version::{self, MODERN};
+
+/// The sidecar's own identity in the requests it makes itself.
+pub(crate) fn sidecar_info() -> Value {
+    json!({"name": "epode-sidecar", "version": env!("CARGO_PKG_VERSION")})
+}
+
+/// A modern request for a 2025-era upstream: the 2026 envelope keys leave `params._meta` (the
+/// rest, such as `progressToken`, stays; an emptied `_meta` goes).
+pub(crate) fn to_legacy(bytes: &Bytes) -> Bytes {
+    let Some(mut msg) = raw::parse_message(bytes) else {
+        return bytes.clone();
+    };
+    let Some(mut params) = msg.get("params").and_then(|p| raw::open(p)) else {
+        return bytes.clone();
+    };
+    let Some(mut meta) = params.get("_meta").and_then(|m| raw::open(m)) else {
+        return bytes.clone();
+    };
+    let before = meta.len();
+    for key in version::ENVELOPE_KEYS {
+        meta.shift_remove(key);
+    }
+    if meta.len() == before {
+        return bytes.clone();
+    }
+    if meta.is_empty() {
+        params.shift_remove("_meta");
+    } else {
+        params.insert("_meta".into(), raw::raw(&meta));
+    }
+    msg.insert("params".into(), raw::raw(&params));
+    raw::to_bytes(&msg)
+}
+
+/// A 2025-era request for a 2026-07-28 upstream: the `_meta` envelope added (the client's
+/// capabilities were told to `initialize`, which the sidecar does not keep: none are
+/// claimed), and the name the `Mcp-Name` header must mirror.
+pub(crate) fn to_modern(bytes: &Bytes, method: &str) -> (Bytes, Option<String>) {
+    let Some(mut msg) = raw::parse_message(bytes) else {
+        return (bytes.clone(), None);
+    };
+    let mut params = match msg.get("params") {
+        None => RawMap::default(),
+        Some(p) => match raw::open(p) {
+            Some(p) => p,
+            None => return (bytes.clone(), None),
+        },
+    };
+    let name_key = match method {
+        "tools/call" | "prompts/get" => Some("name"),
+        "resources/read" => Some("uri"),
+        _ => None,
+    };
+    let name = name_key
+        .and_then(|k| params.get(k))
+        .and_then(|v| raw::as_str(v))
+        .map(|n| n.into_owned());
+    let mut meta = params
+        .get("_meta")
+        .and_then(|m| raw::open(m))
+        .unwrap_or_default();
+    meta.insert(version::META_PROTOCOL_VERSION.into(), raw::raw(MODERN));
+    meta.entry(version::META_CLIENT_CAPABILITIES.into())
+        .or_insert_with(|| raw::raw(&json!({})));
+    meta.entry(version::META_CLIENT_INFO.into())
+        .or_insert_with(|| raw::raw(&sidecar_info()));
+    params.insert("_meta".into(), raw::raw(&meta));
+    msg.insert("params".into(), raw::raw(&params));
+    (raw::to_bytes(&msg), name)
+}
+
+/// Sets the 2026-07-28 routing headers for `method` (and `Mcp-Name` when given).
+pub(crate) fn set_modern_headers(headers: &mut HeaderMap, method: &str, name: Option<&str>) {
+    headers.insert(headers::PROTOCOL_VERSION, HeaderValue::from_static(MODERN));
+    if let Some(v) = headers::encode(method) {
+        headers.insert(headers::METHOD, v);
+    }
+    if let Some(v) = name.and_then(headers::encode) {
+        headers.insert(HeaderName::from_static(headers::NAME), v);
+    }
+}
+
+/// Capabilities a stateless 2026 front cannot deliver for a 2025-era upstream: change
+/// notifications would need the upstream's session stream.
+fn without_push_capabilities(caps: &Value) -> Value {
+    let mut caps = caps.clone();
+    if let Some(obj) = caps.as_object_mut() {
+        for key in ["tools", "prompts", "resources"] {
+            if let Some(Value::Object(c)) = obj.get_mut(key) {
+                c.remove("listChanged");
+                c.remove("subscribe");
+            }
+        }
+        obj.remove("tasks");
+    }
+    caps
+}
+
+/// A `server/discover` result built from a 2025-era `initialize` result.
+pub(crate) fn discover_from_init(init: &Value) -> Value {
+    let mut r = serde_json::Map::new();
+    r.insert("resultType".into(), "complete".into());
+    r.insert("supportedVersions".into(), json!([MODERN]));
+    r.insert(
+        "capabilities".into(),
+        without_push_capabilities(init.get("capabilities").unwrap_or(&json!({}))),
+    );
+    if let Some(i) = init.get("instructions").filter(|i| i.is_string()) {
+        r.insert("instructions".into(), i.clone());
+    }
+    if let Some(info) = init.get("serverInfo") {
+        r.insert("_meta".into(), json!({ version::META_SERVER_INFO: info }));
+    }
+    Value::Object(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modern_to_legacy_drops_only_the_envelope() {
+        let body = Bytes::from_static(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"add","arguments":{"n":1e400},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"progressToken":"p1"}}}"#);
+        assert_eq!(
+            &to_legacy(&body)[..],
+            br#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"add","arguments":{"n":1e400},"_meta":{"progressToken":"p1"}}}"#
+        );
+        let only_envelope = Bytes::from_static(br#"{"id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#);
+        assert_eq!(
+            &to_legacy(&only_envelope)[..],
+            br#"{"id":1,"method":"tools/list","params":{}}"#
+        );
+        let untouched = Bytes::from_static(br#"{"id":1,"method":"x","params":[1]}"#);
+        assert_eq!(to_legacy(&untouched), untouched);
+    }
+
+    #[test]
+    fn legacy_to_modern_adds_the_envelope_and_the_name() {
+        let body = Bytes::from_static(
+            br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"h\u00e9","arguments":{"big":12345678901234567890},"_meta":{"progressToken":3}}}"#,
+        );
+        let (out, name) = to_modern(&body, "tools/call");
+        assert_eq!(name.as_deref(), Some("hé"));
+        let text = std::str::from_utf8(&out).unwrap();
+        assert!(text.contains(r#""name":"h\u00e9""#), "{text}");
+        assert!(text.contains(r#""big":12345678901234567890"#), "{text}");
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        let meta = &v["params"]["_meta"];
+        assert_eq!(meta["progressToken"], 3);
+        assert_eq!(
+            meta["io.modelcontextprotocol/protocolVersion"],
+            "2026-07-28"
+        );
+        assert_eq!(
+            meta["io.modelcontextprotocol/clientCapabilities"],
+            json!({})
+        );
+        let (out, name) = to_modern(
+            &Bytes::from_static(br#"{"id":1,"method":"tools/list"}"#),
+            "tools/list",
+        );
+        assert_eq!(name, None);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert!(v["params"]["_meta"]["io.modelcontextprotocol/clientInfo"].is_object());
+        let mut h = HeaderMap::new();
+        set_modern_headers(&mut h, "tools/call", Some("hé"));
+        assert_eq!(h["mcp-method"], "tools/call");
+        assert!(h["mcp-name"].to_str().unwrap().starts_with("=?base64?"));
+    }
+
+    #[test]
+    fn discovery_from_a_2025_handshake() {
+        let d = discover_from_init(&json!({
+            "protocolVersion": "2025-11-25",
+            "capabilities": {"tools": {"listChanged": true}, "tasks": {}},
+            "serverInfo": {"name": "s", "version": "1"},
+            "instructions": "hi",
+        }));
+        assert_eq!(d["supportedVersions"], json!(["2026-07-28"]));
+        assert_eq!(d["capabilities"], json!({"tools": {}}));
+        assert_eq!(
+            d["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
+            "s"
+        );
+        assert_eq!(d["instructions"], "hi");
+    }
+}
