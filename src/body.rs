@@ -1,9 +1,15 @@
 //! The response body type shared by every path (bytes the sidecar made, or the upstream's body
 //! streamed through frame by frame), and a whole answer kept to be passed on as it was.
 
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http_body::Frame;
 use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Empty, Full};
+
+use crate::budget::Reservation;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub(crate) type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -12,6 +18,44 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
         .boxed_unsync()
+}
+
+/// Bytes the sidecar made, still counted in the memory budget until they are sent.
+pub(crate) fn held(bytes: Bytes, reservation: Reservation) -> Body {
+    Held {
+        bytes: Some(bytes),
+        reservation: Some(reservation),
+    }
+    .boxed_unsync()
+}
+
+struct Held {
+    bytes: Option<Bytes>,
+    reservation: Option<Reservation>,
+}
+
+impl http_body::Body for Held {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let frame = self.bytes.take().map(|b| Ok(Frame::data(b)));
+        if frame.is_none() {
+            self.reservation = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.bytes.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.bytes.as_ref().map_or(0, |b| b.len() as u64))
+    }
 }
 
 pub(crate) fn empty() -> Body {

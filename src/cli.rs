@@ -7,7 +7,10 @@ use std::sync::Arc;
 
 use clap::Parser;
 
-use crate::config::{self, Config, FlagValues, LogFormat};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::{self, Config, ConnectionCap, FlagValues, LogFormat};
 use crate::dispatch::Dispatcher;
 use crate::server;
 
@@ -79,7 +82,6 @@ fn init_logging(config: &Config) {
 }
 
 async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
     let term = signal(SignalKind::terminate());
     let mut term = match term {
         Ok(t) => t,
@@ -130,6 +132,54 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(Arc::new(config)))
 }
 
+/// The connection cap: as configured, or 80% of the file-descriptor limit (first raised to
+/// its hard limit), so upstream and Epode connections always find a descriptor.
+fn connection_cap(cap: ConnectionCap) -> usize {
+    let limit = rlimit::increase_nofile_limit(u64::MAX)
+        .or_else(|_| rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft))
+        .unwrap_or(1024);
+    let auto = usize::try_from(limit.saturating_mul(8) / 10).unwrap_or(usize::MAX);
+    let cap = match cap {
+        ConnectionCap::Auto => auto.max(1),
+        ConnectionCap::Fixed(n) => n,
+    };
+    tracing::info!(fd_limit = limit, max_connections = cap, "connection cap");
+    cap
+}
+
+/// The listener's TLS, and the task that reloads its certificate when the files change or
+/// on SIGHUP.
+fn listener_tls(config: &Config) -> Result<Option<TlsAcceptor>, String> {
+    let Some(tls) = &config.tls else {
+        return Ok(None);
+    };
+    let (server, cert) = crate::tls::server_config(tls)?;
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(cert.reload_every());
+        let mut hup = signal(SignalKind::hangup()).ok();
+        loop {
+            let forced = tokio::select! {
+                _ = tick.tick() => false,
+                Some(()) = async { match &mut hup { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
+            };
+            cert.reload(forced);
+        }
+    });
+    Ok(Some(TlsAcceptor::from(server)))
+}
+
+/// Housekeeping every 30 s: idle upstream sessions closed, recovered rate-limit entries
+/// forgotten.
+fn spawn_sweeper(dispatcher: Arc<Dispatcher>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+        loop {
+            tick.tick().await;
+            dispatcher.sweep();
+        }
+    })
+}
+
 async fn run(config: Arc<Config>) -> ExitCode {
     let listeners = match server::bind(config.listen, config.workers) {
         Ok(l) => l,
@@ -138,29 +188,71 @@ async fn run(config: Arc<Config>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let Ok(admin_listener) = config
+        .admin_listen
+        .map(std::net::TcpListener::bind)
+        .transpose()
+        .inspect_err(|e| eprintln!("epode-sidecar: cannot listen on the admin address: {e}"))
+    else {
+        return ExitCode::FAILURE;
+    };
     let local = listeners.local_addr;
-    let dispatcher = match Dispatcher::new(config.clone()) {
-        Ok(d) => d,
+    let (cut, cut_rx) = tokio::sync::watch::channel(false);
+    let dispatcher = match Dispatcher::new(config.clone(), cut_rx) {
+        Ok(d) => Arc::new(d),
         Err(e) => {
             eprintln!("epode-sidecar: cannot start: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let tls = match listener_tls(&config) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("epode-sidecar: cannot start TLS on the listener: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let shared = server::Shared::new(
+        &dispatcher,
+        connection_cap(config.limits.max_connections),
+        tls,
+    );
     // One line on stdout, so scripts and tests started with port 0 learn the address.
     println!("epode-sidecar listening on {local}");
-    tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, workers = config.workers, "epode-sidecar serving");
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    let serving = server::serve(listeners, &dispatcher, stopped);
+    if let Some(listener) = admin_listener {
+        if let Ok(addr) = listener.local_addr() {
+            println!("epode-sidecar admin listening on {addr}");
+        }
+        tokio::spawn(server::admin(listener, dispatcher.clone(), stopped.clone()));
+    }
+    tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, workers = config.workers, tls = config.tls.is_some(), "epode-sidecar serving");
+    let sweeper = spawn_sweeper(dispatcher.clone());
+    let serving = server::serve(listeners, &dispatcher, shared, stopped);
     tokio::pin!(serving);
-    tokio::select! {
-        _ = &mut serving => {}
+    let mut cut_short = false;
+    let drained = tokio::select! {
+        drained = &mut serving => drained,
         () = shutdown_signal() => {
             tracing::info!("shutting down: no new connections; waiting for in-flight requests");
             let _ = stop.send(true);
-            serving.await;
+            tokio::select! {
+                drained = &mut serving => drained,
+                () = tokio::time::sleep(config.shutdown_grace) => {
+                    tracing::warn!("the shutdown grace period is over: in-flight requests are answered with an error and closed");
+                    cut_short = true;
+                    let _ = cut.send(true);
+                    serving.await
+                }
+            }
         }
-    }
+    };
+    sweeper.abort();
     // Queued telemetry is delivered within its own deadline before the process exits.
     dispatcher.binding().shutdown().await;
+    if cut_short || !drained {
+        tracing::warn!("requests were cut short at shutdown; exiting with status 3");
+        return ExitCode::from(3);
+    }
     ExitCode::SUCCESS
 }

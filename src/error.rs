@@ -69,6 +69,23 @@ pub(crate) enum Kind {
     MethodNotFound {
         method: String,
     },
+    /// The request's head or body did not arrive in time.
+    RequestTimeout,
+    /// Too many requests from this client (or for this tool); retry after this many seconds.
+    RateLimited {
+        retry_after: u64,
+    },
+    /// The sidecar is at a limit (requests in flight, memory budget); retry after this many
+    /// seconds.
+    Overloaded {
+        retry_after: u64,
+    },
+    /// The sidecar is shutting down and cut the request short.
+    ShuttingDown,
+    /// The upstream's answer is larger than the sidecar reads.
+    UpstreamTooLarge {
+        limit: usize,
+    },
     UpstreamUnreachable,
     UpstreamTimeout(Duration),
     UpstreamFailed,
@@ -107,8 +124,9 @@ impl Error {
             Kind::UpstreamUnreachable
             | Kind::UpstreamTimeout(_)
             | Kind::UpstreamFailed
+            | Kind::UpstreamTooLarge { .. }
             | Kind::UpstreamRefused(_) => Side::Upstream,
-            Kind::Internal => Side::Sidecar,
+            Kind::Internal | Kind::Overloaded { .. } | Kind::ShuttingDown => Side::Sidecar,
             _ => Side::Client,
         }
     }
@@ -116,7 +134,13 @@ impl Error {
     /// Whether the same request, sent again unchanged, may succeed.
     pub(crate) fn retryable(&self) -> bool {
         match &self.kind {
-            Kind::UpstreamUnreachable | Kind::UpstreamTimeout(_) | Kind::UpstreamFailed => true,
+            Kind::UpstreamUnreachable
+            | Kind::UpstreamTimeout(_)
+            | Kind::UpstreamFailed
+            | Kind::RateLimited { .. }
+            | Kind::Overloaded { .. }
+            | Kind::ShuttingDown
+            | Kind::RequestTimeout => true,
             Kind::UpstreamRefused(answer) => {
                 answer.status.is_server_error() || answer.status == StatusCode::TOO_MANY_REQUESTS
             }
@@ -136,7 +160,12 @@ impl Error {
             | Kind::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
             Kind::MethodNotFound { .. } => StatusCode::NOT_FOUND,
             Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Kind::UpstreamUnreachable | Kind::UpstreamFailed => StatusCode::BAD_GATEWAY,
+            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Kind::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            Kind::Overloaded { .. } | Kind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::UpstreamUnreachable | Kind::UpstreamFailed | Kind::UpstreamTooLarge { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             Kind::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Kind::UpstreamRefused(answer) => answer.status,
             Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -154,12 +183,17 @@ impl Error {
             Kind::UpstreamUnreachable
             | Kind::UpstreamTimeout(_)
             | Kind::UpstreamFailed
+            | Kind::UpstreamTooLarge { .. }
             | Kind::Internal => code::INTERNAL_ERROR,
             Kind::BadHost
             | Kind::BadOrigin
             | Kind::BodyTooLarge { .. }
             | Kind::BodyRead
             | Kind::MethodNotAllowed
+            | Kind::RequestTimeout
+            | Kind::RateLimited { .. }
+            | Kind::Overloaded { .. }
+            | Kind::ShuttingDown
             | Kind::UpstreamRefused(_) => code::SERVER_ERROR,
         }
     }
@@ -180,10 +214,22 @@ impl Error {
         error_body(id, self.code(), &self.to_string(), self.data().as_ref())
     }
 
+    /// Seconds after which the same request may succeed, for `Retry-After`.
+    pub(crate) fn retry_after(&self) -> Option<u64> {
+        match self.kind {
+            Kind::RateLimited { retry_after } | Kind::Overloaded { retry_after } => {
+                Some(retry_after)
+            }
+            Kind::ShuttingDown => Some(1),
+            _ => None,
+        }
+    }
+
     /// The HTTP response for this error; `id` is the request's id when it could be read.
     pub(crate) fn into_response(self, id: Option<&RawValue>) -> Response<Body> {
         let status = self.status();
         let body = self.body(id);
+        let retry_after = self.retry_after();
         if let Kind::UpstreamRefused(answer) = self.kind {
             return answer.into_response();
         }
@@ -191,6 +237,14 @@ impl Error {
         if status == StatusCode::METHOD_NOT_ALLOWED {
             resp.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        }
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if status == StatusCode::REQUEST_TIMEOUT || matches!(self.kind, Kind::ShuttingDown) {
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         resp
     }
@@ -214,6 +268,24 @@ impl fmt::Display for Error {
                 write!(f, "Unsupported protocol version: {requested}")
             }
             Kind::MethodNotFound { method } => write!(f, "Method not found: {method}"),
+            Kind::RequestTimeout => write!(f, "Request timeout: {c}"),
+            Kind::RateLimited { retry_after } => {
+                write!(f, "Too many requests: {c}; retry after {retry_after} s")
+            }
+            Kind::Overloaded { retry_after } => {
+                write!(
+                    f,
+                    "The sidecar is at a limit: {c}; retry after {retry_after} s"
+                )
+            }
+            Kind::ShuttingDown => write!(
+                f,
+                "The sidecar is shutting down and cut this request short; send it again"
+            ),
+            Kind::UpstreamTooLarge { limit } => write!(
+                f,
+                "Upstream MCP server's answer is larger than the {limit} bytes the sidecar reads"
+            ),
             Kind::UpstreamUnreachable => write!(f, "Upstream MCP server is unreachable: {c}"),
             Kind::UpstreamTimeout(d) => {
                 write!(f, "Upstream MCP server did not answer within {d:?}")

@@ -13,6 +13,7 @@
 
 mod binding;
 mod body;
+mod budget;
 mod cli;
 mod config;
 mod dispatch;
@@ -20,10 +21,12 @@ mod epode;
 mod error;
 mod feedback;
 mod frontdoor;
+mod limits;
 mod log_summary;
 mod mcp;
 mod metrics;
 mod server;
+mod tls;
 mod upstream;
 
 pub use cli::main;

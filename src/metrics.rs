@@ -1,67 +1,199 @@
-//! `/metrics` in the Prometheus text format, rendered from counter snapshots.
+//! What an operator sees on `/metrics`: the sidecar's metric families (prometheus-client), in
+//! the Prometheus text format with `HELP` lines. Label values come from fixed sets (method
+//! names the sidecar knows, statuses, modes), so no client can grow the number of series.
 
-use std::fmt::Write as _;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
 
-use crate::epode::telemetry::{Counters, Telemetry};
+use crate::epode::telemetry::Counters;
 
-/// The exposition of everything the sidecar counts.
-pub(crate) fn render(telemetry: Option<&Telemetry>) -> String {
-    let mut out = String::new();
-    if let Some(t) = telemetry {
-        let c = &t.counters;
-        let rows: [(&str, &str, &str, u64); 5] = [
-            (
-                "epode_sidecar_telemetry_enqueued_total",
-                "counter",
-                "Telemetry events accepted into the queue.",
-                Counters::get(&c.enqueued),
-            ),
-            (
-                "epode_sidecar_telemetry_delivered_total",
-                "counter",
-                "Telemetry events Epode confirmed.",
-                Counters::get(&c.delivered),
-            ),
-            (
-                "epode_sidecar_telemetry_retries_total",
-                "counter",
-                "Telemetry batch deliveries retried.",
-                Counters::get(&c.retried),
-            ),
-            (
-                "epode_sidecar_telemetry_queue_depth",
-                "gauge",
-                "Telemetry events queued or in delivery.",
-                t.depth(),
-            ),
-            (
-                "epode_sidecar_telemetry_deliveries_in_flight",
-                "gauge",
-                "Telemetry batch deliveries in flight (at most one).",
-                Counters::get(&c.deliveries_in_flight),
-            ),
-        ];
-        for (name, kind, help, v) in rows {
-            let _ = write!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}\n"
-            );
+pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RequestLabels {
+    pub(crate) method: &'static str,
+    pub(crate) era: &'static str,
+    pub(crate) status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct MethodLabels {
+    pub(crate) method: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DecorationLabels {
+    pub(crate) mode: &'static str,
+    pub(crate) state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FeedbackCallLabels {
+    pub(crate) tool: &'static str,
+    pub(crate) outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct LimitLabels {
+    pub(crate) kind: &'static str,
+}
+
+/// Every limit that can refuse something, shown from the start (at 0).
+const LIMIT_KINDS: [&str; 12] = [
+    "connections",
+    "header_timeout",
+    "idle_timeout",
+    "body_timeout",
+    "body_size",
+    "body_read",
+    "in_flight",
+    "memory_budget",
+    "client_rate",
+    "tool_rate",
+    "upstream_answer_size",
+    "sse_event_size",
+];
+
+fn latency() -> Histogram {
+    // 100 µs to about 26 s.
+    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+}
+
+/// Every metric family of the sidecar.
+pub(crate) struct Metrics {
+    registry: Registry,
+    pub(crate) requests: Family<RequestLabels, Counter>,
+    pub(crate) request_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    pub(crate) upstream_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    pub(crate) decorations: Family<DecorationLabels, Counter>,
+    pub(crate) feedback_calls: Family<FeedbackCallLabels, Counter>,
+    pub(crate) limits_hit: Family<LimitLabels, Counter>,
+    pub(crate) open_connections: Gauge,
+    pub(crate) in_flight: Gauge,
+    pub(crate) buffered_bytes: Gauge,
+    pub(crate) upstream_sessions: Gauge,
+}
+
+impl Metrics {
+    /// The families, with the telemetry queue's counters registered beside them.
+    pub(crate) fn new(telemetry: &Counters) -> Self {
+        let mut m = Metrics {
+            registry: Registry::with_prefix("epode_sidecar"),
+            requests: Family::default(),
+            request_seconds: Family::new_with_constructor(latency),
+            upstream_seconds: Family::new_with_constructor(latency),
+            decorations: Family::default(),
+            feedback_calls: Family::default(),
+            limits_hit: Family::default(),
+            open_connections: Gauge::default(),
+            in_flight: Gauge::default(),
+            buffered_bytes: Gauge::default(),
+            upstream_sessions: Gauge::default(),
+        };
+        let r = &mut m.registry;
+        r.register(
+            "requests",
+            "MCP requests answered, by method, client era and HTTP status.",
+            m.requests.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from a request's arrival to its response head, by method.",
+            m.request_seconds.clone(),
+        );
+        r.register(
+            "upstream_duration_seconds",
+            "Time the upstream took to begin its answer, by method.",
+            m.upstream_seconds.clone(),
+        );
+        r.register(
+            "decorations",
+            "Product tool results that carried _agentFeedback, by mode and state.",
+            m.decorations.clone(),
+        );
+        r.register(
+            "feedback_tool_calls",
+            "Calls of the two feedback tools, by tool and outcome.",
+            m.feedback_calls.clone(),
+        );
+        r.register(
+            "limits_hit",
+            "Requests and connections refused by a limit, by kind.",
+            m.limits_hit.clone(),
+        );
+        r.register(
+            "open_connections",
+            "Client connections open now.",
+            m.open_connections.clone(),
+        );
+        r.register(
+            "in_flight_requests",
+            "MCP requests being served now.",
+            m.in_flight.clone(),
+        );
+        r.register(
+            "buffered_bytes",
+            "Bytes held against the memory budget now.",
+            m.buffered_bytes.clone(),
+        );
+        r.register(
+            "upstream_sessions",
+            "2025-era upstream sessions open now.",
+            m.upstream_sessions.clone(),
+        );
+        telemetry.register(r.sub_registry_with_prefix("telemetry"));
+        for kind in LIMIT_KINDS {
+            drop(m.limits_hit.get_or_create(&LimitLabels { kind }));
         }
-        out.push_str("# HELP epode_sidecar_telemetry_dropped_total Telemetry events not delivered, by reason.\n# TYPE epode_sidecar_telemetry_dropped_total counter\n");
-        for (reason, v) in [
-            ("queue_full", &c.dropped_queue_full),
-            ("invalid", &c.dropped_invalid),
-            ("epode_dropped", &c.dropped_by_epode),
-            ("rejected", &c.dropped_rejected),
-            ("retries_exhausted", &c.dropped_retries_exhausted),
-            ("shutdown", &c.dropped_at_shutdown),
-        ] {
-            let _ = writeln!(
-                out,
-                "epode_sidecar_telemetry_dropped_total{{reason=\"{reason}\"}} {}",
-                Counters::get(v)
-            );
-        }
+        m
     }
-    out
+
+    /// A limit refused something.
+    pub(crate) fn limit(&self, kind: &'static str) {
+        self.limits_hit.get_or_create(&LimitLabels { kind }).inc();
+    }
+
+    /// The exposition, in the Prometheus text format.
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// The label for a method: the method itself when it is one the sidecar knows, else `other`
+/// (any client can invent method names; they must not become series).
+pub(crate) fn method_label(method: &str) -> &'static str {
+    const KNOWN: [&str; 20] = [
+        "initialize",
+        "ping",
+        "server/discover",
+        "tools/list",
+        "tools/call",
+        "prompts/list",
+        "prompts/get",
+        "resources/list",
+        "resources/read",
+        "resources/templates/list",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+        "logging/setLevel",
+        "subscriptions/listen",
+        "notifications/initialized",
+        "notifications/cancelled",
+        "notifications/progress",
+        "notifications/roots/list_changed",
+        "tasks/get",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| **k == method)
+        .copied()
+        .unwrap_or("other")
 }

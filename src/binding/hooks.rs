@@ -18,6 +18,7 @@ use crate::feedback::identity::{self, IdentityRefs};
 use crate::feedback::{capability, placement, tools, FeedbackMode};
 use crate::mcp::raw::{as_str, is_true, open, raw, RawMap};
 use crate::mcp::rewrite::ResultHook;
+use crate::metrics::DecorationLabels;
 
 pub(super) struct ListHook {
     pub(super) binding: Arc<FeedbackBinding>,
@@ -167,6 +168,14 @@ impl CallHook {
         );
         let mut changed = false;
         if let Some(case) = Case::for_product_result(mode, cached) {
+            self.binding
+                .metrics
+                .decorations
+                .get_or_create(&DecorationLabels {
+                    mode: mode.as_str(),
+                    state: case.stage().as_str(),
+                })
+                .inc();
             let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
             changed = placement::decorate(
                 result,

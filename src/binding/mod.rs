@@ -19,7 +19,7 @@ use self::hooks::{CallHook, ListHook};
 use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
 use crate::epode::consent::{ConsentCache, Decided};
-use crate::epode::telemetry::{QueueSettings, Telemetry};
+use crate::epode::telemetry::{Counters, QueueSettings, Telemetry};
 use crate::error::{Error, Kind};
 use crate::feedback::capability::{self, ProductKey};
 use crate::feedback::envelope;
@@ -28,6 +28,7 @@ use crate::feedback::tools::{self, EpodeFailure, FeedbackTools};
 use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
 use crate::mcp::raw::raw;
 use crate::mcp::rewrite::ResultHook;
+use crate::metrics::{FeedbackCallLabels, Metrics};
 
 /// The parts that exist only when feedback is on.
 struct Active {
@@ -47,11 +48,16 @@ pub(crate) struct FeedbackBinding {
     active: Option<Active>,
     catalog: ToolCatalog,
     warned_shadowing: AtomicBool,
+    metrics: Arc<Metrics>,
 }
 
 impl FeedbackBinding {
     /// Builds the binding; with feedback on, starts the telemetry task on the current runtime.
-    pub(crate) fn new(config: FeedbackConfig) -> Result<Arc<Self>, Error> {
+    pub(crate) fn new(
+        config: FeedbackConfig,
+        counters: Counters,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, Error> {
         let active = match (&config.key, config.mode.is_enabled()) {
             (Some(key), true) => {
                 let client = Arc::new(
@@ -71,7 +77,7 @@ impl FeedbackBinding {
                     definitions: tools.definitions().iter().map(raw).collect(),
                     key: key.clone(),
                     consent: ConsentCache::new(client.clone(), config.consent_timeout),
-                    telemetry: Telemetry::start(client.clone(), settings),
+                    telemetry: Telemetry::start(client.clone(), settings, counters),
                     client,
                     tools,
                     timeout: config.tool_timeout,
@@ -84,6 +90,7 @@ impl FeedbackBinding {
             active,
             catalog: ToolCatalog::default(),
             warned_shadowing: AtomicBool::new(false),
+            metrics,
         }))
     }
 
@@ -185,24 +192,32 @@ impl FeedbackBinding {
         let Some(active) = &self.active else {
             return json!({"content": [], "isError": true});
         };
-        match name {
-            CONSENT_TOOL => self.record_consent(active, arguments).await,
-            REPORT_TOOL => report(active, arguments).await,
-            _ => json!({"content": [], "isError": true}),
-        }
+        let (tool, (result, outcome)) = match name {
+            CONSENT_TOOL => (CONSENT_TOOL, self.record_consent(active, arguments).await),
+            REPORT_TOOL => (REPORT_TOOL, report(active, arguments).await),
+            _ => return json!({"content": [], "isError": true}),
+        };
+        self.metrics
+            .feedback_calls
+            .get_or_create(&FeedbackCallLabels { tool, outcome })
+            .inc();
+        result
     }
 
-    async fn record_consent(&self, active: &Active, arguments: &Value) -> Value {
+    async fn record_consent(&self, active: &Active, arguments: &Value) -> (Value, &'static str) {
         let call = match active.tools.validate_consent_args(arguments) {
             Ok(c) => c,
-            Err(invalid) => return invalid.to_result(),
+            Err(invalid) => return (invalid.to_result(), "invalid_arguments"),
         };
         if let Err(why) = verify_handle(active, call.handle.as_str()) {
             tracing::info!(
                 reason = why,
                 "consent decision refused locally: bad feedback handle"
             );
-            return tools::consent_failure(EpodeFailure::InvalidHandle);
+            return (
+                tools::consent_failure(EpodeFailure::InvalidHandle),
+                "invalid_handle",
+            );
         }
         let sent = active
             .client
@@ -215,22 +230,34 @@ impl FeedbackBinding {
                         status = a.status,
                         "Epode's consent answer is not a consent state"
                     );
-                    return tools::consent_failure(EpodeFailure::Unavailable);
+                    return (
+                        tools::consent_failure(EpodeFailure::Unavailable),
+                        "unavailable",
+                    );
                 };
                 self.remember_decision(active, call.handle.as_str(), &body);
                 tracing::info!(
                     decision = call.decision.as_str(),
                     "feedback consent recorded"
                 );
-                tools::consent_success(call.decision, body)
+                (
+                    tools::consent_success(call.decision, body),
+                    call.decision.as_str(),
+                )
             }
             Ok(a) => {
                 tracing::warn!(status = a.status, "Epode refused the consent decision");
-                tools::consent_failure(EpodeFailure::Status(a.status))
+                (
+                    tools::consent_failure(EpodeFailure::Status(a.status)),
+                    "refused",
+                )
             }
             Err(e) => {
                 log_unavailable(&e, "consent decision not delivered");
-                tools::consent_failure(EpodeFailure::Unavailable)
+                (
+                    tools::consent_failure(EpodeFailure::Unavailable),
+                    "unavailable",
+                )
             }
         }
     }
@@ -262,17 +289,20 @@ impl FeedbackBinding {
     }
 }
 
-async fn report(active: &Active, arguments: &Value) -> Value {
+async fn report(active: &Active, arguments: &Value) -> (Value, &'static str) {
     let call = match active.tools.validate_report_args(arguments) {
         Ok(c) => c,
-        Err(invalid) => return invalid.to_result(),
+        Err(invalid) => return (invalid.to_result(), "invalid_arguments"),
     };
     if let Err(why) = verify_handle(active, call.handle.as_str()) {
         tracing::info!(
             reason = why,
             "feedback report refused locally: bad feedback handle"
         );
-        return tools::report_failure(EpodeFailure::InvalidHandle);
+        return (
+            tools::report_failure(EpodeFailure::InvalidHandle),
+            "invalid_handle",
+        );
     }
     let sent = active
         .client
@@ -282,18 +312,27 @@ async fn report(active: &Active, arguments: &Value) -> Value {
         Ok(a) if (200..300).contains(&a.status) => {
             let Some(body) = a.json().filter(is_report_receipt) else {
                 tracing::warn!(status = a.status, "Epode's report answer is not a receipt");
-                return tools::report_failure(EpodeFailure::Unavailable);
+                return (
+                    tools::report_failure(EpodeFailure::Unavailable),
+                    "unavailable",
+                );
             };
             tracing::info!("feedback report accepted");
-            tools::report_success(body)
+            (tools::report_success(body), "accepted")
         }
         Ok(a) => {
             tracing::warn!(status = a.status, "Epode refused the feedback report");
-            tools::report_failure(EpodeFailure::Status(a.status))
+            (
+                tools::report_failure(EpodeFailure::Status(a.status)),
+                "refused",
+            )
         }
         Err(e) => {
             log_unavailable(&e, "feedback report not delivered");
-            tools::report_failure(EpodeFailure::Unavailable)
+            (
+                tools::report_failure(EpodeFailure::Unavailable),
+                "unavailable",
+            )
         }
     }
 }

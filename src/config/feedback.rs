@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use url::Url;
 
-use super::settings::{display_name, invalid, lookup, ConfigError};
+use super::settings::{display_name, duration, invalid, lookup, setting, ConfigError, Setting};
+use super::Config;
 use super::{any_duration, duration_in, number, parsed, split_list, value, Scalar};
 use crate::feedback::capability::{ProductKey, ProductKeyError};
 use crate::feedback::identity::RefKind;
@@ -208,3 +209,141 @@ fn parse_identity_headers(
         })
         .collect()
 }
+
+/// One of the configured pattern lists (include, exclude, feedback tools), or `none`.
+fn globs(c: &Config, which: usize, none: &str) -> String {
+    c.feedback.pattern_texts()[which]
+        .clone()
+        .unwrap_or_else(|| none.to_owned())
+}
+
+pub(super) const FEEDBACK: &[Setting] = &[
+    Setting {
+        key: "api_key",
+        env: &["EPODE_API_KEY", "AGENT_FEEDBACK_KEY"],
+        default: None,
+        accepts: "an Epode product (write) key af_live_<32 hex>_[<32 hex>_]<secret of 20+ characters>",
+        help: "The Epode product key `af_live_…`: signs feedback handles and authorises telemetry. Required unless feedback is off. Never printed.",
+        secret: true,
+        show: |c| if c.feedback.key.is_some() { "<set>" } else { "<unset>" }.to_owned(),
+    },
+    setting(
+        "api_url",
+        &["EPODE_API_URL", "AGENT_FEEDBACK_URL"],
+        Some("https://app.epode.ai"),
+        "an https:// URL (http:// only for a loopback host)",
+        "The Epode API origin; `http://` only for a loopback host.",
+        |c| c.feedback.api_url.to_string(),
+    ),
+    setting(
+        "feedback_mode",
+        &["AGENT_FEEDBACK_MODE"],
+        Some("never_ask"),
+        "never_ask, ask_once, ask_always or off",
+        "`never_ask`, `ask_once`, `ask_always` or `off`.",
+        |c| c.feedback.mode.to_string(),
+    ),
+    setting(
+        "feedback_enabled",
+        &["AGENT_FEEDBACK_ENABLED"],
+        Some("true"),
+        "true or false",
+        "Kill switch: `false` is the same as `AGENT_FEEDBACK_MODE=off`.",
+        |c| c.feedback.mode.is_enabled().to_string(),
+    ),
+    setting(
+        "consent_timeout_ms",
+        &["AGENT_FEEDBACK_CONSENT_TIMEOUT_MS"],
+        Some("750"),
+        "a whole number of milliseconds from 1 to 60000",
+        "Deadline of the background Ask-once consent-state lookup.",
+        |c| c.feedback.consent_timeout.as_millis().to_string(),
+    ),
+    setting(
+        "feedback_timeout",
+        &["EPODE_SIDECAR_FEEDBACK_TIMEOUT"],
+        Some("10s"),
+        "a duration from 1ms to 1m, such as 10s",
+        "Deadline of the two feedback tools' calls to Epode; past it the tool answers a retryable failure.",
+        |c| duration(c.feedback.tool_timeout),
+    ),
+    setting(
+        "include_tools",
+        &["EPODE_SIDECAR_INCLUDE_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names, such as search_*,get_order",
+        "Comma-separated glob patterns (`*` within a `/` segment, `**` across) of product tools that get telemetry and feedback. Unset: every tool.",
+        |c| globs(c, 0, "<all>"),
+    ),
+    setting(
+        "exclude_tools",
+        &["EPODE_SIDECAR_EXCLUDE_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names",
+        "Patterns of tools that never get telemetry or feedback; wins over the include list.",
+        |c| globs(c, 1, "<none>"),
+    ),
+    setting(
+        "feedback_tools",
+        &["EPODE_SIDECAR_FEEDBACK_TOOLS"],
+        None,
+        "comma-separated glob patterns of tool names",
+        "Of the included tools, those whose results carry `_agentFeedback`; the others get telemetry only. Unset: every included tool.",
+        |c| globs(c, 2, "<all included>"),
+    ),
+    setting(
+        "identity_headers",
+        &["EPODE_SIDECAR_IDENTITY_HEADERS"],
+        None,
+        "comma-separated ref=Header pairs, refs being accountRef, userRef, anonymousRef, customerRef, sessionRef",
+        "`ref=Header` pairs, such as `accountRef=X-Auth-Request-User`, naming request headers a trusted gateway sets.",
+        |c| {
+            c.feedback
+                .identity_headers
+                .iter()
+                .map(|(k, h)| format!("{}={}", k.key(), h))
+                .collect::<Vec<_>>()
+                .join(",")
+        },
+    ),
+    setting(
+        "telemetry_queue",
+        &["EPODE_SIDECAR_TELEMETRY_QUEUE"],
+        Some("1000"),
+        "a whole number of events from 1 to 1000000",
+        "Telemetry queue capacity; events beyond it are dropped and counted. One batch more (at most this many events) may be in delivery.",
+        |c| c.feedback.telemetry_queue.to_string(),
+    ),
+    setting(
+        "telemetry_batch",
+        &["EPODE_SIDECAR_TELEMETRY_BATCH"],
+        Some("50"),
+        "a whole number of events from 1 to 100",
+        "Most events per telemetry batch (Epode takes up to 100).",
+        |c| c.feedback.telemetry_batch.to_string(),
+    ),
+    setting(
+        "telemetry_flush",
+        &["EPODE_SIDECAR_TELEMETRY_FLUSH"],
+        Some("500ms"),
+        "a duration from 1ms to 1m, such as 500ms",
+        "How long the first event of a batch waits for others before the batch is sent.",
+        |c| duration(c.feedback.telemetry_flush),
+    ),
+    setting(
+        "telemetry_retry_base",
+        &["EPODE_SIDECAR_TELEMETRY_RETRY_BASE"],
+        Some("500ms"),
+        "a duration from 1ms to 1m, such as 500ms",
+        "First retry delay of a failed batch; it doubles for each of the at most 6 attempts (Epode's `Retry-After` wins).",
+        |c| duration(c.feedback.telemetry_retry_base),
+    ),
+    setting(
+        "telemetry_shutdown",
+        &["EPODE_SIDECAR_TELEMETRY_SHUTDOWN"],
+        Some("10s"),
+        "a duration such as 10s, 500ms or 2m",
+        "On shutdown, how long queued telemetry may take to be delivered.",
+        |c| duration(c.feedback.telemetry_shutdown),
+    ),
+];

@@ -1,5 +1,5 @@
-//! The configuration: one table of settings ([`SETTINGS`], the single source for the README's
-//! settings table and for `--check-config`), layered with figment (built-in defaults, then an
+//! The configuration: one table of settings (`settings`, in groups, the single source for the
+//! README's settings tables and for `--check-config`), layered with figment (built-in defaults, then an
 //! optional TOML file, then environment variables, then command-line flags) into a
 //! `#[derive(Deserialize)]` [`RawConfig`], then checked into the typed [`Config`] by
 //! `TryFrom`, so an error names the setting and what it accepts.
@@ -16,15 +16,21 @@ use serde::Deserialize;
 use url::Url;
 
 mod feedback;
+mod limits;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 pub(crate) use self::feedback::FeedbackConfig;
 use self::feedback::RawFeedback;
+use self::limits::RawLimits;
+pub(crate) use self::limits::{ConnectionCap, Limits, Rate};
 pub(crate) use self::settings::settings_markdown;
 pub(crate) use self::settings::ConfigError;
-use self::settings::{invalid, missing, CONFIG_FILE_ENV, SETTINGS};
+use self::settings::{invalid, missing, CONFIG_FILE_ENV};
+use self::tls::RawTls;
+pub(crate) use self::tls::{ListenerTls, UpstreamTls};
 
 /// Which `Origin` values are accepted. A request without `Origin` always passes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,6 +96,12 @@ pub(crate) struct Config {
     /// `private` or `public`.
     pub(crate) cache_scope: &'static str,
     pub(crate) feedback: FeedbackConfig,
+    pub(crate) limits: Limits,
+    /// HTTPS on the listener, when set.
+    pub(crate) tls: Option<ListenerTls>,
+    pub(crate) upstream_tls: UpstreamTls,
+    /// The admin listener (metrics and probes), when set.
+    pub(crate) admin_listen: Option<SocketAddr>,
     pub(crate) log: String,
     pub(crate) log_format: LogFormat,
 }
@@ -162,6 +174,29 @@ struct RawConfig {
     telemetry_shutdown: Option<Scalar>,
     log: Option<Scalar>,
     log_format: Option<Scalar>,
+    max_header_bytes: Option<Scalar>,
+    max_headers: Option<Scalar>,
+    header_timeout: Option<Scalar>,
+    body_timeout: Option<Scalar>,
+    idle_timeout: Option<Scalar>,
+    max_connections: Option<Scalar>,
+    max_in_flight: Option<Scalar>,
+    memory_budget_bytes: Option<Scalar>,
+    max_upstream_answer_bytes: Option<Scalar>,
+    max_sse_event_bytes: Option<Scalar>,
+    upstream_sessions: Option<Scalar>,
+    upstream_session_idle: Option<Scalar>,
+    rate_limit: Option<Scalar>,
+    rate_burst: Option<Scalar>,
+    tool_rate_limits: Option<Scalar>,
+    trusted_proxies: Option<Scalar>,
+    tls_cert: Option<Scalar>,
+    tls_key: Option<Scalar>,
+    tls_reload: Option<Scalar>,
+    ca_file: Option<Scalar>,
+    upstream_client_cert: Option<Scalar>,
+    upstream_client_key: Option<Scalar>,
+    admin_listen: Option<Scalar>,
 }
 
 /// A raw value, trimmed; blank counts as unset.
@@ -228,8 +263,7 @@ impl Config {
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        let defaults: BTreeMap<&str, &str> = SETTINGS
-            .iter()
+        let defaults: BTreeMap<&str, &str> = settings::all()
             .filter_map(|s| s.default.map(|d| (s.key, d)))
             .collect();
         let mut figment = Figment::new().merge(Serialized::defaults(defaults));
@@ -245,8 +279,7 @@ impl Config {
             figment = figment.merge(Toml::string(&text));
         }
         // Within the environment, the documented name wins over an alias.
-        let from_env: BTreeMap<&str, &String> = SETTINGS
-            .iter()
+        let from_env: BTreeMap<&str, &String> = settings::all()
             .filter_map(|s| Some((s.key, s.env.iter().find_map(|name| env.get(*name))?)))
             .collect();
         let raw: RawConfig = figment
@@ -263,7 +296,7 @@ impl Config {
     /// The effective configuration as TOML-like lines, secrets redacted (`--check-config`).
     pub(crate) fn describe(&self) -> String {
         let mut out = String::new();
-        for s in SETTINGS {
+        for s in settings::all() {
             let value = (s.show)(self);
             let shown = match (s.secret, value.as_str()) {
                 (true, "<unset>") | (false, _) => value,
@@ -281,16 +314,78 @@ impl fmt::Display for Config {
     }
 }
 
+impl RawConfig {
+    fn take_tls(&mut self) -> RawTls {
+        RawTls {
+            tls_cert: self.tls_cert.take(),
+            tls_key: self.tls_key.take(),
+            tls_reload: self.tls_reload.take(),
+            ca_file: self.ca_file.take(),
+            upstream_client_cert: self.upstream_client_cert.take(),
+            upstream_client_key: self.upstream_client_key.take(),
+            admin_listen: self.admin_listen.take(),
+        }
+    }
+
+    fn take_limits(&mut self) -> RawLimits {
+        RawLimits {
+            max_header_bytes: self.max_header_bytes.take(),
+            max_headers: self.max_headers.take(),
+            header_timeout: self.header_timeout.take(),
+            body_timeout: self.body_timeout.take(),
+            idle_timeout: self.idle_timeout.take(),
+            max_connections: self.max_connections.take(),
+            max_in_flight: self.max_in_flight.take(),
+            memory_budget_bytes: self.memory_budget_bytes.take(),
+            max_upstream_answer_bytes: self.max_upstream_answer_bytes.take(),
+            max_sse_event_bytes: self.max_sse_event_bytes.take(),
+            upstream_sessions: self.upstream_sessions.take(),
+            upstream_session_idle: self.upstream_session_idle.take(),
+            rate_limit: self.rate_limit.take(),
+            rate_burst: self.rate_burst.take(),
+            tool_rate_limits: self.tool_rate_limits.take(),
+            trusted_proxies: self.trusted_proxies.take(),
+        }
+    }
+
+    fn take_feedback(&mut self) -> RawFeedback {
+        RawFeedback {
+            feedback_mode: self.feedback_mode.take(),
+            feedback_enabled: self.feedback_enabled.take(),
+            api_key: self.api_key.take(),
+            api_url: self.api_url.take(),
+            consent_timeout_ms: self.consent_timeout_ms.take(),
+            feedback_timeout: self.feedback_timeout.take(),
+            include_tools: self.include_tools.take(),
+            exclude_tools: self.exclude_tools.take(),
+            feedback_tools: self.feedback_tools.take(),
+            identity_headers: self.identity_headers.take(),
+            telemetry_queue: self.telemetry_queue.take(),
+            telemetry_batch: self.telemetry_batch.take(),
+            telemetry_flush: self.telemetry_flush.take(),
+            telemetry_retry_base: self.telemetry_retry_base.take(),
+            telemetry_shutdown: self.telemetry_shutdown.take(),
+        }
+    }
+}
+
 impl TryFrom<RawConfig> for Config {
     type Error = ConfigError;
 
-    fn try_from(raw: RawConfig) -> Result<Config, ConfigError> {
+    fn try_from(mut raw: RawConfig) -> Result<Config, ConfigError> {
+        let (tls, upstream_tls, admin_listen) = tls::check(raw.take_tls())?;
+        let limits = Limits::try_from_raw(raw.take_limits())?;
+        let mut raw_feedback = raw.take_feedback();
         let listen: SocketAddr = parsed(raw.listen, "listen", |v| v.parse().ok())?;
         let loopback = listen.ip().is_loopback();
         let upstream = parsed(raw.upstream, "upstream", parse_upstream)?;
         Ok(Config {
             listen,
             upstream,
+            limits,
+            tls,
+            upstream_tls,
+            admin_listen,
             path: parsed(raw.path, "path", |p| {
                 (p.starts_with('/') && !p.contains(['?', '#', ' '])).then(|| p.to_owned())
             })?,
@@ -317,23 +412,7 @@ impl TryFrom<RawConfig> for Config {
                 "public" => Some("public"),
                 _ => None,
             })?,
-            feedback: FeedbackConfig::try_from_raw(&mut RawFeedback {
-                feedback_mode: raw.feedback_mode,
-                feedback_enabled: raw.feedback_enabled,
-                api_key: raw.api_key,
-                api_url: raw.api_url,
-                consent_timeout_ms: raw.consent_timeout_ms,
-                feedback_timeout: raw.feedback_timeout,
-                include_tools: raw.include_tools,
-                exclude_tools: raw.exclude_tools,
-                feedback_tools: raw.feedback_tools,
-                identity_headers: raw.identity_headers,
-                telemetry_queue: raw.telemetry_queue,
-                telemetry_batch: raw.telemetry_batch,
-                telemetry_flush: raw.telemetry_flush,
-                telemetry_retry_base: raw.telemetry_retry_base,
-                telemetry_shutdown: raw.telemetry_shutdown,
-            })?,
+            feedback: FeedbackConfig::try_from_raw(&mut raw_feedback)?,
             log: {
                 let log = required(raw.log, "log")?;
                 if tracing_subscriber::EnvFilter::builder()
@@ -407,7 +486,7 @@ fn hosts(raw: Option<String>, loopback: bool) -> Result<HostPolicy, ConfigError>
 
 fn parse_upstream(raw: &str) -> Option<UpstreamTarget> {
     let url = Url::parse(raw).ok()?;
-    if url.scheme() != "http" || url.fragment().is_some() {
+    if !matches!(url.scheme(), "http" | "https") || url.fragment().is_some() {
         return None;
     }
     let host = url.host_str()?.to_owned();

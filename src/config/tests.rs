@@ -68,7 +68,7 @@ fn bad_values_name_the_setting_and_what_it_accepts() {
         assert!(err.contains(expect), "{err}");
     }
     let err = Config::from_layers(
-        env(&[("EPODE_SIDECAR_UPSTREAM", "https://x.example/mcp"), OFF]),
+        env(&[("EPODE_SIDECAR_UPSTREAM", "ftp://x.example/mcp"), OFF]),
         &FlagValues::default(),
     )
     .unwrap_err();

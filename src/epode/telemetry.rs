@@ -5,11 +5,15 @@
 //! failures, timeouts, 408, 429 and 5xx are retried, with exponential backoff (`backon`) or
 //! the `Retry-After` Epode gives.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch, Notify};
 
@@ -153,28 +157,88 @@ pub(crate) fn build_event(
     Ok(e)
 }
 
-/// Counters for operators (exposed on `/metrics`).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub(crate) enqueued: AtomicU64,
-    pub(crate) delivered: AtomicU64,
-    pub(crate) retried: AtomicU64,
-    pub(crate) dropped_queue_full: AtomicU64,
-    pub(crate) dropped_invalid: AtomicU64,
-    pub(crate) dropped_by_epode: AtomicU64,
-    pub(crate) dropped_rejected: AtomicU64,
-    pub(crate) dropped_retries_exhausted: AtomicU64,
-    pub(crate) dropped_at_shutdown: AtomicU64,
-    pub(crate) deliveries_in_flight: AtomicU64,
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct DropReason {
+    reason: &'static str,
 }
 
+/// What the queue counts for operators (registered on `/metrics`).
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Counters {
+    enqueued: Counter,
+    delivered: Counter,
+    retried: Counter,
+    dropped: Family<DropReason, Counter>,
+    /// Events accepted and not yet delivered or given up.
+    depth: Gauge,
+    deliveries_in_flight: Gauge,
+}
+
+/// Every reason an event may be dropped for.
+const DROP_REASONS: [&str; 6] = [
+    "queue_full",
+    "invalid",
+    "epode_dropped",
+    "rejected",
+    "retries_exhausted",
+    "shutdown",
+];
+
 impl Counters {
-    fn add(c: &AtomicU64, n: usize) {
-        c.fetch_add(n as u64, Ordering::Relaxed);
+    /// The counters, every drop reason shown from the start (at 0).
+    pub(crate) fn new() -> Self {
+        let c = Counters::default();
+        for reason in DROP_REASONS {
+            drop(c.dropped.get_or_create(&DropReason { reason }));
+        }
+        c
     }
 
-    pub(crate) fn get(c: &AtomicU64) -> u64 {
-        c.load(Ordering::Relaxed)
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "enqueued",
+            "Telemetry events accepted into the queue.",
+            self.enqueued.clone(),
+        );
+        registry.register(
+            "delivered",
+            "Telemetry events Epode confirmed.",
+            self.delivered.clone(),
+        );
+        registry.register(
+            "retries",
+            "Telemetry batch deliveries retried.",
+            self.retried.clone(),
+        );
+        registry.register(
+            "dropped",
+            "Telemetry events not delivered, by reason.",
+            self.dropped.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Telemetry events queued or in delivery.",
+            self.depth.clone(),
+        );
+        registry.register(
+            "deliveries_in_flight",
+            "Telemetry batch deliveries in flight (at most one).",
+            self.deliveries_in_flight.clone(),
+        );
+    }
+
+    fn drop_n(&self, reason: &'static str, n: usize) {
+        self.dropped
+            .get_or_create(&DropReason { reason })
+            .inc_by(n as u64);
+    }
+
+    pub(crate) fn dropped(&self, reason: &'static str) -> u64 {
+        self.dropped.get_or_create(&DropReason { reason }).get()
+    }
+
+    pub(crate) fn delivered(&self) -> u64 {
+        self.delivered.get()
     }
 }
 
@@ -242,9 +306,7 @@ pub(crate) struct Telemetry {
     /// Told when the queue holds a full batch (the worker otherwise sleeps until the flush).
     batch_ready: Arc<Notify>,
     full_batch: usize,
-    /// Events in the batch being delivered.
-    in_flight: Arc<AtomicU64>,
-    pub(crate) counters: Arc<Counters>,
+    counters: Counters,
     stop: watch::Sender<Option<Instant>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Dropped events are logged as counted summaries, never one line each.
@@ -254,11 +316,14 @@ pub(crate) struct Telemetry {
 
 impl Telemetry {
     /// Starts the background delivery task on the current runtime.
-    pub(crate) fn start(client: Arc<EpodeClient>, settings: QueueSettings) -> Arc<Telemetry> {
+    pub(crate) fn start(
+        client: Arc<EpodeClient>,
+        settings: QueueSettings,
+        counters: Counters,
+    ) -> Arc<Telemetry> {
         let capacity = settings.capacity.max(1);
         let (tx, rx) = mpsc::channel(capacity);
         let (stop, stop_rx) = watch::channel(None);
-        let counters = Arc::new(Counters::default());
         let drops = Arc::new(LogSummary::new(
             "telemetry events dropped",
             DROP_SUMMARY_EVERY,
@@ -274,7 +339,6 @@ impl Telemetry {
             }
         });
         let batch_ready = Arc::new(Notify::new());
-        let in_flight = Arc::new(AtomicU64::new(0));
         // A batch is at most the queue's size, so memory holds at most two queues' worth.
         let full_batch = settings.batch_max.clamp(1, capacity);
         let worker = Worker {
@@ -286,7 +350,6 @@ impl Telemetry {
             counters: counters.clone(),
             drops: drops.clone(),
             batch_ready: batch_ready.clone(),
-            in_flight: in_flight.clone(),
             rx,
             stop: stop_rx,
             sequence: 0,
@@ -295,7 +358,6 @@ impl Telemetry {
             tx,
             batch_ready,
             full_batch,
-            in_flight,
             counters,
             stop,
             task: Mutex::new(Some(tokio::spawn(worker.run()))),
@@ -310,24 +372,25 @@ impl Telemetry {
         let event = match build_event(&c, SystemTime::now()) {
             Ok(e) => e,
             Err(e) => {
-                Counters::add(&self.counters.dropped_invalid, 1);
+                self.counters.drop_n("invalid", 1);
                 self.drops.add(e.reason(), 1);
                 return;
             }
         };
         match self.tx.try_send(event) {
             Ok(()) => {
-                Counters::add(&self.counters.enqueued, 1);
+                self.counters.enqueued.inc();
+                self.counters.depth.inc();
                 if self.tx.max_capacity() - self.tx.capacity() == self.full_batch {
                     self.batch_ready.notify_one();
                 }
             }
             Err(mpsc::error::TrySendError::Full(_)) => {
-                Counters::add(&self.counters.dropped_queue_full, 1);
+                self.counters.drop_n("queue_full", 1);
                 self.drops.add("queue_full", 1);
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
-                Counters::add(&self.counters.dropped_at_shutdown, 1);
+                self.counters.drop_n("shutdown", 1);
                 self.drops.add("shutdown", 1);
             }
         }
@@ -336,12 +399,11 @@ impl Telemetry {
     /// Events accepted and not yet delivered or given up (queued, or in the batch being
     /// delivered).
     pub(crate) fn depth(&self) -> u64 {
-        (self.tx.max_capacity() - self.tx.capacity()) as u64
-            + self.in_flight.load(Ordering::Relaxed)
+        u64::try_from(self.counters.depth.get()).unwrap_or(0)
     }
 
     /// Flushes what is queued within `within`, then stops the task. Returns how many events
-    /// could not be delivered in time.
+    /// could not be delivered.
     pub(crate) async fn shutdown(&self, within: Duration) -> u64 {
         let deadline = Instant::now() + within;
         let _ = self.stop.send(Some(deadline));
@@ -355,27 +417,28 @@ impl Telemetry {
         }
         let left = self.depth();
         if left > 0 {
-            Counters::add(&self.counters.dropped_at_shutdown, left as usize);
+            self.counters.drop_n("shutdown", left as usize);
+            self.counters.depth.set(0);
             self.drops.add("shutdown", left);
         }
         self.summary_timer.abort();
         self.drops.flush();
+        let lost = self.counters.dropped("shutdown");
         tracing::info!(
-            delivered = Counters::get(&self.counters.delivered),
-            lost = Counters::get(&self.counters.dropped_at_shutdown),
+            delivered = self.counters.delivered(),
+            lost,
             "telemetry flushed"
         );
-        Counters::get(&self.counters.dropped_at_shutdown)
+        lost
     }
 }
 
 struct Worker {
     client: Arc<EpodeClient>,
     settings: QueueSettings,
-    counters: Arc<Counters>,
+    counters: Counters,
     drops: Arc<LogSummary>,
     batch_ready: Arc<Notify>,
-    in_flight: Arc<AtomicU64>,
     rx: mpsc::Receiver<Map<String, Value>>,
     stop: watch::Receiver<Option<Instant>>,
     /// The last sequence number given: events are numbered in queue order.
@@ -422,9 +485,8 @@ impl Worker {
                 event.insert("sequence".into(), Value::from(self.sequence));
             }
             let n = batch.len();
-            self.in_flight.store(n as u64, Ordering::Relaxed);
             self.deliver(std::mem::take(&mut batch)).await;
-            self.in_flight.store(0, Ordering::Relaxed);
+            self.counters.depth.dec_by(n as i64);
             if self.deadline().is_some_and(|d| Instant::now() >= d) {
                 return;
             }
@@ -460,17 +522,15 @@ impl Worker {
         }
     }
 
-    fn given_up(&self, counter: &AtomicU64, reason: &'static str, n: usize) {
-        Counters::add(counter, n);
+    fn given_up(&self, reason: &'static str, n: usize) {
+        self.counters.drop_n(reason, n);
         self.drops.add(reason, n as u64);
     }
 
     async fn deliver(&mut self, batch: Vec<Map<String, Value>>) {
         let n = batch.len();
         let body = json!({ "events": batch });
-        self.counters
-            .deliveries_in_flight
-            .fetch_add(1, Ordering::Relaxed);
+        self.counters.deliveries_in_flight.inc();
         let mut delays = ExponentialBuilder::new()
             .with_min_delay(self.settings.backoff_base)
             .with_factor(2.0)
@@ -481,7 +541,7 @@ impl Worker {
         loop {
             match self.attempt(&body, n).await {
                 Delivery::Delivered => {
-                    Counters::add(&self.counters.delivered, n);
+                    self.counters.delivered.inc_by(n as u64);
                     tracing::debug!(events = n, attempt, "telemetry batch delivered");
                     break;
                 }
@@ -492,12 +552,8 @@ impl Worker {
                         "telemetry batch not accepted; not retried"
                     );
                     match terminal {
-                        Terminal::EpodeDropped { .. } => {
-                            self.given_up(&self.counters.dropped_by_epode, "epode_dropped", n)
-                        }
-                        Terminal::Rejected(_) => {
-                            self.given_up(&self.counters.dropped_rejected, "rejected", n)
-                        }
+                        Terminal::EpodeDropped { .. } => self.given_up("epode_dropped", n),
+                        Terminal::Rejected(_) => self.given_up("rejected", n),
                     }
                     break;
                 }
@@ -507,11 +563,7 @@ impl Worker {
                 } => {
                     let Some(backoff) = delays.next() else {
                         tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up");
-                        self.given_up(
-                            &self.counters.dropped_retries_exhausted,
-                            "retries_exhausted",
-                            n,
-                        );
+                        self.given_up("retries_exhausted", n);
                         break;
                     };
                     let wait = retry_after
@@ -519,19 +571,17 @@ impl Worker {
                         .unwrap_or(backoff);
                     if self.deadline().is_some_and(|d| Instant::now() + wait >= d) {
                         tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up at shutdown");
-                        self.given_up(&self.counters.dropped_at_shutdown, "shutdown", n);
+                        self.given_up("shutdown", n);
                         break;
                     }
-                    Counters::add(&self.counters.retried, 1);
+                    self.counters.retried.inc();
                     tracing::debug!(%reason, attempt, ?wait, "telemetry batch will be retried");
                     tokio::time::sleep(wait).await;
                     attempt += 1;
                 }
             }
         }
-        self.counters
-            .deliveries_in_flight
-            .fetch_sub(1, Ordering::Relaxed);
+        self.counters.deliveries_in_flight.dec();
     }
 }
 

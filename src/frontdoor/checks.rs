@@ -1,11 +1,15 @@
 //! The checks on the request head and body before anything is parsed: Host (DNS-rebinding
 //! protection), Origin, and the body size.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::{header, request::Parts, HeaderMap};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use url::Url;
+
+use crate::budget::{self, Collect, MemoryBudget, Reservation};
 
 use crate::config::{HostPolicy, OriginPolicy};
 use crate::error::{Error, Kind};
@@ -104,9 +108,15 @@ fn truncate(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-/// Reads the whole body, refusing more than `limit` bytes (early, from Content-Length, when it
-/// is declared).
-pub(crate) async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Result<Bytes, Error> {
+/// Reads the whole body within `within`, refusing more than `limit` bytes (early, from
+/// Content-Length, when it is declared), each byte counted in the memory budget.
+pub(crate) async fn read_body(
+    parts: &Parts,
+    body: Incoming,
+    limit: usize,
+    budget: &Arc<MemoryBudget>,
+    within: Duration,
+) -> Result<(Bytes, Reservation), Error> {
     if let Some(len) = parts
         .headers
         .get(header::CONTENT_LENGTH)
@@ -117,12 +127,21 @@ pub(crate) async fn read_body(parts: &Parts, body: Incoming, limit: usize) -> Re
             return Err(Error::new(Kind::BodyTooLarge { limit }, ""));
         }
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(Error::new(Kind::BodyTooLarge { limit }, ""))
-        }
-        Err(e) => Err(Error::new(Kind::BodyRead, e.to_string())),
+    match budget::collect(body, limit, budget, within).await {
+        Ok(read) => Ok(read),
+        Err(Collect::TooLarge) => Err(Error::new(Kind::BodyTooLarge { limit }, "")),
+        Err(Collect::OverBudget) => Err(Error::new(
+            Kind::Overloaded { retry_after: 1 },
+            "its memory budget for request bodies and answers is spent",
+        )),
+        Err(Collect::TimedOut) => Err(Error::new(
+            Kind::RequestTimeout,
+            format!(
+                "the request body did not arrive within {}",
+                humantime::format_duration(within)
+            ),
+        )),
+        Err(Collect::Failed(e)) => Err(Error::new(Kind::BodyRead, e)),
     }
 }
 

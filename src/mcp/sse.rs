@@ -15,6 +15,7 @@ use serde_json::value::RawValue;
 use super::raw::{self, RawMap};
 use super::rewrite::ResultPlan;
 use crate::body::{Body, BoxError};
+use crate::budget::Reservation;
 use crate::error::{Error, Kind};
 
 /// Splits a byte stream into SSE event blocks (each with its terminating blank line).
@@ -44,6 +45,11 @@ impl EventSplitter {
             self.pos = 0;
             self.line_start = true;
         }
+    }
+
+    /// Bytes of the event being assembled (not yet complete).
+    pub(crate) fn held(&self) -> usize {
+        self.buf.len()
     }
 
     /// Whatever is left when the stream ends (an unterminated last event).
@@ -173,6 +179,7 @@ pub(crate) fn messages(body: &[u8]) -> Vec<String> {
 /// that event. Used where the HTTP status depends on the first message.
 pub(crate) async fn peek_first_message<B>(
     upstream: &mut B,
+    max_event: usize,
 ) -> Result<(Bytes, Option<Bytes>), BoxError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
@@ -192,6 +199,12 @@ where
                 if let Ok(data) = frame.into_data() {
                     read.extend_from_slice(&data);
                     splitter.push(&data, &mut events);
+                    if splitter.held() > max_event {
+                        return Err(format!(
+                            "an SSE event larger than the {max_event} bytes the sidecar holds"
+                        )
+                        .into());
+                    }
                 }
             }
             Some(Err(e)) => return Err(e.into()),
@@ -200,11 +213,24 @@ where
     }
 }
 
+/// What bounds a stream the sidecar rewrites.
+pub(crate) struct StreamBounds {
+    /// The largest event held to be rewritten.
+    pub(crate) max_event: usize,
+    /// The bytes held, counted in the memory budget.
+    pub(crate) held: Reservation,
+    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
+    pub(crate) cut: Option<tokio::sync::watch::Receiver<bool>>,
+    /// Told the kind of a limit the stream hit (`sse_event_size`, `memory_budget`).
+    pub(crate) on_limit: Option<std::sync::Arc<dyn Fn(&'static str) + Send + Sync>>,
+}
+
 struct State<B> {
     body: B,
     splitter: EventSplitter,
     pending: VecDeque<Bytes>,
     plan: ResultPlan,
+    bounds: StreamBounds,
     done: bool,
     /// The request's id, when a stream that breaks before the response should end with a
     /// JSON-RPC error for it instead of a cut-off body.
@@ -223,14 +249,15 @@ impl<B> Drop for State<B> {
 
 /// Streams `upstream` through, applying `plan` to each JSON-RPC message event; an event the
 /// plan leaves unchanged is forwarded byte for byte. `read` holds bytes already taken from
-/// the upstream. With `id`, a stream that fails or ends before its response event ends with a
-/// JSON-RPC error event for that id (passed through the plan like any response) rather than
-/// being cut off.
+/// the upstream. With `id`, a stream that fails, ends before its response event, holds an
+/// event larger than its bounds allow, or is cut at shutdown, ends with a JSON-RPC error
+/// event for that id (passed through the plan like any response) rather than being cut off.
 pub(crate) fn rewrite_stream<B>(
     read: Bytes,
     upstream: B,
     id: Option<Box<RawValue>>,
     plan: ResultPlan,
+    bounds: StreamBounds,
 ) -> Body
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
@@ -241,6 +268,7 @@ where
         splitter: EventSplitter::default(),
         pending: VecDeque::new(),
         plan,
+        bounds,
         done: false,
         id,
         saw_response: false,
@@ -255,7 +283,23 @@ where
             if st.done {
                 return None;
             }
-            match st.body.frame().await {
+            if let Some(why) = st.over_bounds() {
+                return st.end(&why, None);
+            }
+            let frame = match &mut st.bounds.cut {
+                Some(cut) => tokio::select! {
+                    f = st.body.frame() => Some(f),
+                    _ = cut.wait_for(|c| *c) => None,
+                },
+                None => Some(st.body.frame().await),
+            };
+            let Some(frame) = frame else {
+                return st.end(
+                    "the sidecar is shutting down and cut the stream short",
+                    None,
+                );
+            };
+            match frame {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => st.splitter.push(&data, &mut st.pending),
                     Err(frame) => {
@@ -265,17 +309,13 @@ where
                     }
                 },
                 Some(Err(e)) => {
-                    st.done = true;
                     if st.saw_response {
                         // The answer is delivered; what broke after it does not matter.
                         return None;
                     }
                     let e: BoxError = e.into();
                     let why = format!("the event stream broke off ({e})");
-                    return match broken_event(&mut st, &why) {
-                        Some(event) => Some((Ok(Frame::data(event)), st)),
-                        None => Some((Err(e), st)),
-                    };
+                    return st.end(&why, Some(e));
                 }
                 None => {
                     st.done = true;
@@ -290,6 +330,49 @@ where
         }
     });
     StreamBody::new(s).boxed_unsync()
+}
+
+impl<B> State<B> {
+    /// Why the event being assembled cannot be held: too large, or past the memory budget.
+    fn over_bounds(&mut self) -> Option<String> {
+        let held = self.splitter.held();
+        let hit = |kind| {
+            if let Some(on_limit) = &self.bounds.on_limit {
+                on_limit(kind);
+            }
+        };
+        if held > self.bounds.max_event {
+            hit("sse_event_size");
+            return Some(format!(
+                "the upstream sent an SSE event larger than the {} bytes the sidecar holds to rewrite",
+                self.bounds.max_event
+            ));
+        }
+        if !self.bounds.held.resize(held) {
+            hit("memory_budget");
+            return Some("the sidecar's memory budget is spent".to_owned());
+        }
+        None
+    }
+
+    /// Ends the stream: with an error event for the request when its id is known (and the
+    /// response has not gone out), else with `error` (or quietly).
+    fn end(
+        mut self,
+        why: &str,
+        error: Option<BoxError>,
+    ) -> Option<(Result<Frame<Bytes>, BoxError>, Self)> {
+        self.done = true;
+        self.bounds.held.resize(0);
+        if self.saw_response {
+            return None;
+        }
+        match (broken_event(&mut self, why), error) {
+            (Some(event), _) => Some((Ok(Frame::data(event)), self)),
+            (None, Some(e)) => Some((Err(e), self)),
+            (None, None) => None,
+        }
+    }
 }
 
 /// The error event that ends a stream broken before its response (when the id is known).
@@ -394,7 +477,13 @@ mod tests {
             b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n",
         ));
         let plan = ResultPlan::new("tools/call", true, Abandoned::default());
-        let out = rewrite_stream(Bytes::new(), body, None, plan);
+        let bounds = StreamBounds {
+            max_event: 1 << 20,
+            held: crate::budget::MemoryBudget::new(1 << 20).start(),
+            cut: None,
+            on_limit: None,
+        };
+        let out = rewrite_stream(Bytes::new(), body, None, plan, bounds);
         let bytes = out.collect().await.unwrap().to_bytes();
         let text = String::from_utf8(bytes.to_vec()).unwrap();
         assert!(text.starts_with("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n"));
@@ -411,7 +500,7 @@ mod tests {
         let mut body = http_body_util::Full::new(Bytes::from_static(
             b"id: abc\ndata: \n\nevent: message\ndata: {\"id\":1,\"error\":{\"code\":-32601}}\n\nrest",
         ));
-        let (read, first) = peek_first_message(&mut body).await.unwrap();
+        let (read, first) = peek_first_message(&mut body, 1 << 20).await.unwrap();
         assert!(read.ends_with(b"rest"));
         assert_eq!(
             event_data(&first.unwrap()).as_deref(),

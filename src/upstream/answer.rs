@@ -3,24 +3,37 @@
 //! rewritten whole, an SSE stream rewritten event by event, an error status passed on as it
 //! was.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
 use crate::body::{self, Body, Buffered};
+use crate::budget::{self, Collect, MemoryBudget, Reservation};
 use crate::error::{Error, Kind};
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw;
 use crate::mcp::rewrite::{self, ResultPlan};
 use crate::mcp::sse;
 
-/// Upper bound on bodies the sidecar reads whole (handshakes, probes, rewritten JSON results).
-pub(crate) const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+/// What bounds the reading of upstream answers.
+#[derive(Clone)]
+pub(crate) struct AnswerBounds {
+    pub(crate) budget: Arc<MemoryBudget>,
+    /// The largest answer read whole.
+    pub(crate) max_answer: usize,
+    /// The largest SSE event held to be rewritten.
+    pub(crate) max_event: usize,
+    /// How long the rest of an answer may take once its head arrived.
+    pub(crate) timeout: Duration,
+    /// Told the kind of a limit an answer hit.
+    pub(crate) on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+}
 
 /// A complete upstream answer the sidecar read whole: what it needs to either use it or pass
 /// it to the client exactly as it was.
@@ -54,13 +67,13 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
-/// Reads an upstream answer whole (JSON, or an SSE stream to its end) within `timeout`.
+/// Reads an upstream answer whole (JSON, or an SSE stream to its end) within its bounds.
 pub(crate) async fn read_answer(
     resp: Response<Incoming>,
-    timeout: Duration,
+    bounds: &AnswerBounds,
 ) -> Result<ReadAnswer, Error> {
     let (parts, body) = resp.into_parts();
-    let bytes = read_body(body, timeout).await?;
+    let (bytes, _held) = read_body(body, bounds).await?;
     let message = parse_message(&parts.headers, &bytes);
     Ok(ReadAnswer {
         answer: Buffered {
@@ -72,14 +85,30 @@ pub(crate) async fn read_answer(
     })
 }
 
-async fn read_body(body: Incoming, timeout: Duration) -> Result<Bytes, Error> {
-    match tokio::time::timeout(timeout, Limited::new(body, MAX_UPSTREAM_BODY).collect()).await {
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) => Err(Error::new(
+async fn read_body(body: Incoming, bounds: &AnswerBounds) -> Result<(Bytes, Reservation), Error> {
+    match budget::collect(body, bounds.max_answer, &bounds.budget, bounds.timeout).await {
+        Ok(read) => Ok(read),
+        Err(Collect::TooLarge) => Err({
+            (bounds.on_limit)("upstream_answer_size");
+            Error::new(
+                Kind::UpstreamTooLarge {
+                    limit: bounds.max_answer,
+                },
+                "",
+            )
+        }),
+        Err(Collect::OverBudget) => Err({
+            (bounds.on_limit)("memory_budget");
+            Error::new(
+                Kind::Overloaded { retry_after: 1 },
+                "its memory budget is spent",
+            )
+        }),
+        Err(Collect::TimedOut) => Err(Error::new(Kind::UpstreamTimeout(bounds.timeout), "")),
+        Err(Collect::Failed(e)) => Err(Error::new(
             Kind::UpstreamFailed,
             format!("reading the answer: {e}"),
         )),
-        Err(_) => Err(Error::new(Kind::UpstreamTimeout(timeout), "")),
     }
 }
 
@@ -106,7 +135,8 @@ pub(crate) async fn finish(
     id: &RawValue,
     mut plan: ResultPlan,
     fix_status: bool,
-    timeout: Duration,
+    bounds: &AnswerBounds,
+    cut: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Result<Response<Body>, Error> {
     let (mut parts, mut body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
@@ -126,9 +156,11 @@ pub(crate) async fn finish(
         if fix_status {
             // The status goes out with the head, so wait for the first event: when it is
             // already the (error) response, answer it as JSON with its status.
-            let (bytes, first) = sse::peek_first_message(&mut body).await.map_err(|e| {
-                Error::new(Kind::UpstreamFailed, format!("reading the answer: {e}"))
-            })?;
+            let (bytes, first) = sse::peek_first_message(&mut body, bounds.max_event)
+                .await
+                .map_err(|e| {
+                    Error::new(Kind::UpstreamFailed, format!("reading the answer: {e}"))
+                })?;
             let msg = first
                 .as_deref()
                 .and_then(sse::event_data)
@@ -142,10 +174,16 @@ pub(crate) async fn finish(
             }
             read = bytes;
         }
-        let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan);
+        let stream_bounds = sse::StreamBounds {
+            max_event: bounds.max_event,
+            held: bounds.budget.start(),
+            cut,
+            on_limit: Some(bounds.on_limit.clone()),
+        };
+        let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan, stream_bounds);
         return Ok(Response::from_parts(parts, body));
     }
-    let bytes = read_body(body, timeout).await?;
+    let (bytes, held) = read_body(body, bounds).await?;
     parts.headers.remove(header::CONTENT_LENGTH);
     let out = match raw::parse_message(&bytes) {
         Some(mut msg) if raw::is_response(&msg) || msg.contains_key("method") => {
@@ -162,7 +200,7 @@ pub(crate) async fn finish(
         }
         _ => bytes,
     };
-    Ok(Response::from_parts(parts, body::full(out)))
+    Ok(Response::from_parts(parts, body::held(out, held)))
 }
 
 /// The upstream's response as it is (less its session id), streamed frame by frame.

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
@@ -47,7 +48,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-type Pool = Client<HttpConnector, Full<Bytes>>;
+type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// When the upstream last answered, shared by every worker's pool (for readiness).
 #[derive(Debug)]
@@ -61,18 +62,26 @@ struct LastAnswer {
 /// One worker's connection pool to the upstream. Each server worker has its own (a pooled
 /// connection's task lives on the event loop that opened it); [`HttpUpstream::for_worker`]
 /// makes another that shares what the workers must agree on.
+#[derive(Clone)]
 pub(crate) struct HttpUpstream {
     pool: Pool,
+    tls: Arc<rustls::ClientConfig>,
     target: UpstreamTarget,
     host: HeaderValue,
     timeout: Duration,
     last_answer: Arc<LastAnswer>,
 }
 
-fn pool(timeout: Duration) -> Pool {
+fn pool(timeout: Duration, tls: &rustls::ClientConfig) -> Pool {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
+    connector.enforce_http(false);
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls.clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     Client::builder(TokioExecutor::new())
         // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled connection
         // is not reused just as the upstream closes it.
@@ -82,11 +91,16 @@ fn pool(timeout: Duration) -> Pool {
 }
 
 impl HttpUpstream {
-    pub(crate) fn new(target: UpstreamTarget, timeout: Duration) -> Self {
+    pub(crate) fn new(
+        target: UpstreamTarget,
+        timeout: Duration,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Self {
         let host = HeaderValue::from_str(&target.authority)
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         HttpUpstream {
-            pool: pool(timeout),
+            pool: pool(timeout, &tls),
+            tls,
             target,
             host,
             timeout,
@@ -100,7 +114,8 @@ impl HttpUpstream {
     /// The same upstream with a pool of its own, for another worker.
     pub(crate) fn for_worker(&self) -> Self {
         HttpUpstream {
-            pool: pool(self.timeout),
+            pool: pool(self.timeout, &self.tls),
+            tls: self.tls.clone(),
             target: self.target.clone(),
             host: self.host.clone(),
             timeout: self.timeout,
@@ -117,10 +132,6 @@ impl HttpUpstream {
             s.push_str(q);
         }
         s.parse().unwrap_or_else(|_| Uri::from_static("/"))
-    }
-
-    pub(crate) fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     /// The client's end-to-end headers as they go upstream: no hop-by-hop headers, no `Origin`
@@ -147,6 +158,15 @@ impl HttpUpstream {
         *req.uri_mut() = self.uri(client_query);
         *req.headers_mut() = headers;
         self.send(req).await
+    }
+
+    /// DELETEs the upstream's session (a 2025-era upstream's way to close one).
+    pub(crate) async fn delete(&self, headers: HeaderMap) -> Result<http::StatusCode, Error> {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.method_mut() = http::Method::DELETE;
+        *req.uri_mut() = self.uri(None);
+        *req.headers_mut() = headers;
+        Ok(self.send(req).await?.status())
     }
 
     pub(crate) async fn send(

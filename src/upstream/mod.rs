@@ -18,16 +18,18 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use serde_json::{json, Value};
 
-use self::answer::{read_answer, ReadAnswer};
+use self::answer::{read_answer, AnswerBounds, ReadAnswer};
 pub(crate) use self::era::Era;
 use self::era::{is_final_refusal, supports_modern, Verdict};
 use self::http::HttpUpstream;
-use self::session::Sessions;
+use self::session::{close_upstream, Sessions};
 use self::translate::{discover_from_init, set_modern_headers, sidecar_info};
+use crate::budget::MemoryBudget;
 use crate::config::Config;
 use crate::error::{Error, Kind};
 use crate::mcp::headers as mcp_headers;
 use crate::mcp::version::{self, MODERN};
+use crate::metrics::{method_label, MethodLabels, Metrics};
 
 /// How recently the upstream must have answered for readiness to hold without a probe.
 const READY_WINDOW: Duration = Duration::from_secs(10);
@@ -70,19 +72,49 @@ struct Shared {
 pub(crate) struct Upstream {
     http: HttpUpstream,
     shared: Arc<Shared>,
+    bounds: AnswerBounds,
+    metrics: Arc<Metrics>,
 }
 
 impl Upstream {
-    pub(crate) fn new(config: &Config) -> Self {
-        Upstream {
-            http: HttpUpstream::new(config.upstream.clone(), config.upstream_timeout),
+    pub(crate) fn new(
+        config: &Config,
+        budget: Arc<MemoryBudget>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, Error> {
+        let tls = crate::tls::client_config(&config.upstream_tls).map_err(|e| {
+            Error::new(
+                Kind::Internal,
+                format!("the upstream TLS configuration: {e}"),
+            )
+        })?;
+        Ok(Upstream {
+            http: HttpUpstream::new(
+                config.upstream.clone(),
+                config.upstream_timeout,
+                Arc::new(tls),
+            ),
             shared: Arc::new(Shared {
                 verdict: Verdict::new(config.upstream_protocol),
-                sessions: Sessions::default(),
+                sessions: Sessions::new(
+                    config.limits.upstream_sessions,
+                    config.limits.upstream_session_idle,
+                ),
                 server_info: Mutex::new(None),
                 counter: AtomicU64::new(0),
             }),
-        }
+            bounds: AnswerBounds {
+                budget,
+                max_answer: config.limits.max_upstream_answer,
+                max_event: config.limits.max_sse_event,
+                timeout: config.upstream_timeout,
+                on_limit: {
+                    let metrics = metrics.clone();
+                    Arc::new(move |kind| metrics.limit(kind))
+                },
+            },
+            metrics,
+        })
     }
 
     /// The same upstream for another worker: its own pool, the same knowledge.
@@ -90,11 +122,21 @@ impl Upstream {
         Upstream {
             http: self.http.for_worker(),
             shared: self.shared.clone(),
+            bounds: self.bounds.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 
-    pub(crate) fn timeout(&self) -> Duration {
-        self.http.timeout()
+    pub(crate) fn bounds(&self) -> &AnswerBounds {
+        &self.bounds
+    }
+
+    /// Closes upstream the sessions unused for the idle time (call now and then).
+    pub(crate) fn sweep_sessions(&self) {
+        close_upstream(&self.http, self.shared.sessions.sweep());
+        self.metrics
+            .upstream_sessions
+            .set(self.shared.sessions.len() as i64);
     }
 
     fn next_id(&self, what: &str) -> String {
@@ -126,7 +168,7 @@ impl Upstream {
     /// it may come back as another build).
     pub(crate) fn forget(&self) {
         self.shared.verdict.forget();
-        self.shared.sessions.clear();
+        close_upstream(&self.http, self.shared.sessions.clear());
     }
 
     /// Whether the upstream answered recently, or answers a POSTed `ping` now.
@@ -172,7 +214,7 @@ impl Upstream {
     /// Sends one request and reads its answer whole.
     async fn exchange(&self, headers: HeaderMap, body: Bytes) -> Result<ReadAnswer, Error> {
         let resp = self.post(headers, body, None).await?;
-        read_answer(resp, self.http.timeout()).await
+        read_answer(resp, &self.bounds).await
     }
 
     /// The era of the upstream, probing with `server/discover` (with the caller's
@@ -283,11 +325,11 @@ impl Upstream {
                         set_modern_headers(&mut headers, method, name.as_deref());
                         (body, headers)
                     };
+                    let started = std::time::Instant::now();
                     let response = self.post(headers, body, query).await?;
+                    self.observe(method, started);
                     if response.status() == ::http::StatusCode::BAD_REQUEST {
-                        return Err(read_answer(response, self.http.timeout())
-                            .await?
-                            .into_refusal());
+                        return Err(read_answer(response, &self.bounds).await?.into_refusal());
                     }
                     Ok(Sent {
                         response,
@@ -301,7 +343,9 @@ impl Upstream {
                     } else {
                         bytes.clone()
                     };
+                    let started = std::time::Instant::now();
                     let (response, session) = self.send_legacy(client, body).await?;
+                    self.observe(method, started);
                     Ok(Sent {
                         response,
                         era,
@@ -311,6 +355,18 @@ impl Upstream {
             }
         })
         .await
+    }
+
+    fn observe(&self, method: &str, started: std::time::Instant) {
+        self.metrics
+            .upstream_seconds
+            .get_or_create(&MethodLabels {
+                method: method_label(method),
+            })
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics
+            .upstream_sessions
+            .set(self.shared.sessions.len() as i64);
     }
 
     /// A modern client's headers for a modern upstream: its routing headers were validated
@@ -344,7 +400,7 @@ impl Upstream {
             else {
                 break;
             };
-            let Ok(answer) = read_answer(sent.response, self.http.timeout()).await else {
+            let Ok(answer) = read_answer(sent.response, &self.bounds).await else {
                 break;
             };
             let Some(result) = answer.result() else { break };

@@ -1,11 +1,14 @@
 //! A 2025-era upstream's sessions: the sidecar performs the `initialize` handshake itself,
 //! keeps one session per distinct client credential, and initialises again once when the
-//! upstream forgets a session (it restarted).
+//! upstream forgets a session (it restarted). The table is bounded: the least recently used
+//! session makes room for a new one, and a session unused for the idle time goes; either way
+//! it is closed upstream with a `DELETE` carrying its `Mcp-Session-Id`.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
@@ -13,17 +16,15 @@ use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use super::answer::read_answer;
+use super::http::HttpUpstream;
 use super::translate::sidecar_info;
 use super::Upstream;
 use crate::error::{Error, Kind};
 use crate::mcp::headers;
 use crate::mcp::version::{self, LEGACY_LATEST};
 
-/// Legacy sessions kept (one per distinct client credential).
-const MAX_SESSIONS: usize = 1024;
-
 /// Headers that identify the caller to the upstream; a legacy session is kept per distinct
-/// set.
+/// set, and closed with them.
 const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "x-api-key"];
 
 /// A 2025-era upstream's session, opened by the sidecar's own handshake.
@@ -47,24 +48,61 @@ impl LegacySession {
     }
 }
 
-/// The open sessions, by a hash of the client's credentials.
-#[derive(Default)]
+struct Entry {
+    session: Arc<LegacySession>,
+    /// The credentials the session was opened with (to close it with them).
+    credentials: HeaderMap,
+    used: Instant,
+}
+
+/// A session the table let go, to be closed upstream.
+pub(crate) struct Closed {
+    session: Arc<LegacySession>,
+    credentials: HeaderMap,
+}
+
+/// The open sessions, by a hash of the client's credentials; bounded.
 pub(crate) struct Sessions {
-    table: Mutex<HashMap<u64, Arc<LegacySession>>>,
+    table: Mutex<HashMap<u64, Entry>>,
     hasher: RandomState,
+    cap: usize,
+    idle: Duration,
 }
 
 impl Sessions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<LegacySession>>> {
+    pub(crate) fn new(cap: usize, idle: Duration) -> Self {
+        Sessions {
+            table: Mutex::new(HashMap::new()),
+            hasher: RandomState::new(),
+            cap: cap.max(1),
+            idle,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn key(&self, client: &HeaderMap) -> u64 {
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn credentials(client: &HeaderMap) -> HeaderMap {
+        let mut out = HeaderMap::new();
+        for name in CREDENTIAL_HEADERS {
+            for v in client.get_all(name) {
+                out.append(name, v.clone());
+            }
+        }
+        out
+    }
+
+    fn key(&self, credentials: &HeaderMap) -> u64 {
         self.hasher.hash_one(
             CREDENTIAL_HEADERS
                 .iter()
                 .map(|n| {
-                    client
+                    credentials
                         .get_all(*n)
                         .iter()
                         .map(|v| v.as_bytes().to_vec())
@@ -75,22 +113,104 @@ impl Sessions {
     }
 
     fn get(&self, client: &HeaderMap) -> Option<Arc<LegacySession>> {
-        self.lock().get(&self.key(client)).cloned()
+        let key = self.key(&Self::credentials(client));
+        let mut table = self.lock();
+        let entry = table.get_mut(&key)?;
+        if entry.used.elapsed() >= self.idle {
+            return None; // the next sweep or insert closes it
+        }
+        entry.used = Instant::now();
+        Some(entry.session.clone())
     }
 
-    fn insert(&self, client: &HeaderMap, session: Arc<LegacySession>) {
-        let key = self.key(client);
+    /// Keeps `session` for these credentials; returns the sessions it displaced (the one it
+    /// replaces, idle ones, and the least recently used when the table is full).
+    fn insert(&self, client: &HeaderMap, session: Arc<LegacySession>) -> Vec<Closed> {
+        let credentials = Self::credentials(client);
+        let key = self.key(&credentials);
         let mut table = self.lock();
-        if table.len() >= MAX_SESSIONS && !table.contains_key(&key) {
-            if let Some(k) = table.keys().next().copied() {
-                table.remove(&k);
+        let mut closed = Self::sweep_locked(&mut table, self.idle);
+        if let Some(old) = table.remove(&key) {
+            closed.push(Closed {
+                session: old.session,
+                credentials: old.credentials,
+            });
+        }
+        while table.len() >= self.cap {
+            let Some(oldest) = table.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| *k) else {
+                break;
+            };
+            if let Some(e) = table.remove(&oldest) {
+                closed.push(Closed {
+                    session: e.session,
+                    credentials: e.credentials,
+                });
             }
         }
-        table.insert(key, session);
+        table.insert(
+            key,
+            Entry {
+                session,
+                credentials,
+                used: Instant::now(),
+            },
+        );
+        closed
     }
 
-    pub(crate) fn clear(&self) {
-        self.lock().clear();
+    fn sweep_locked(table: &mut HashMap<u64, Entry>, idle: Duration) -> Vec<Closed> {
+        let stale: Vec<u64> = table
+            .iter()
+            .filter(|(_, e)| e.used.elapsed() >= idle)
+            .map(|(k, _)| *k)
+            .collect();
+        stale
+            .into_iter()
+            .filter_map(|k| table.remove(&k))
+            .map(|e| Closed {
+                session: e.session,
+                credentials: e.credentials,
+            })
+            .collect()
+    }
+
+    /// Lets go of the sessions unused for the idle time.
+    pub(crate) fn sweep(&self) -> Vec<Closed> {
+        Self::sweep_locked(&mut self.lock(), self.idle)
+    }
+
+    /// Lets go of every session (the upstream is gone, or changed era).
+    pub(crate) fn clear(&self) -> Vec<Closed> {
+        self.lock()
+            .drain()
+            .map(|(_, e)| Closed {
+                session: e.session,
+                credentials: e.credentials,
+            })
+            .collect()
+    }
+}
+
+/// Closes sessions upstream in the background: `DELETE` with the session's id and the
+/// credentials it was opened with. A session without an id (a stateless upstream) needs
+/// nothing.
+pub(crate) fn close_upstream(http: &HttpUpstream, closed: Vec<Closed>) {
+    for c in closed {
+        let Some(id) = c.session.id.clone() else {
+            continue;
+        };
+        let mut headers = http.base_headers(&c.credentials);
+        headers.insert(headers::SESSION_ID, id);
+        if let Ok(v) = HeaderValue::from_str(&c.session.version) {
+            headers.insert(headers::PROTOCOL_VERSION, v);
+        }
+        let http = http.clone();
+        tokio::spawn(async move {
+            match http.delete(headers).await {
+                Ok(status) => tracing::debug!(%status, "upstream session closed"),
+                Err(e) => tracing::debug!(error = %e, "closing an upstream session failed"),
+            }
+        });
     }
 }
 
@@ -148,7 +268,8 @@ impl Upstream {
             }
             Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
         }
-        self.shared.sessions.insert(client, session.clone());
+        let closed = self.shared.sessions.insert(client, session.clone());
+        close_upstream(&self.http, closed);
         Ok(session)
     }
 
@@ -182,7 +303,7 @@ impl Upstream {
                 }
                 StatusCode::BAD_REQUEST => {
                     // Some servers answer 400 naming the session; read it to be sure.
-                    let answer = read_answer(resp, self.http.timeout()).await?;
+                    let answer = read_answer(resp, &self.bounds).await?;
                     if !mentions_session(&answer.answer.bytes) {
                         return Err(answer.into_refusal());
                     }
@@ -200,4 +321,52 @@ fn mentions_session(bytes: &[u8]) -> bool {
     String::from_utf8_lossy(bytes)
         .to_ascii_lowercase()
         .contains("session")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(id: &str) -> Arc<LegacySession> {
+        Arc::new(LegacySession {
+            id: Some(HeaderValue::from_str(id).unwrap()),
+            version: "2025-11-25".into(),
+            init: json!({}),
+        })
+    }
+
+    fn creds(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_str(token).unwrap());
+        h
+    }
+
+    #[test]
+    fn the_table_is_bounded_least_recently_used_first() {
+        let t = Sessions::new(2, Duration::from_secs(600));
+        assert!(t.insert(&creds("a"), session("s1")).is_empty());
+        assert!(t.insert(&creds("b"), session("s2")).is_empty());
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(t.get(&creds("a")).is_some()); // a is now the most recently used
+        let closed = t.insert(&creds("c"), session("s3"));
+        assert_eq!(closed.len(), 1);
+        assert_eq!(closed[0].session.id.as_ref().unwrap(), "s2");
+        assert_eq!(
+            closed[0].credentials["authorization"], "b",
+            "closed with its own credentials"
+        );
+        assert_eq!(t.len(), 2);
+        let replaced = t.insert(&creds("a"), session("s4"));
+        assert_eq!(replaced[0].session.id.as_ref().unwrap(), "s1");
+    }
+
+    #[test]
+    fn idle_sessions_go() {
+        let t = Sessions::new(10, Duration::from_millis(1));
+        t.insert(&creds("a"), session("s1"));
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(t.get(&creds("a")).is_none());
+        assert_eq!(t.sweep().len(), 1);
+        assert_eq!(t.len(), 0);
+    }
 }

@@ -4,6 +4,8 @@
 //! bodies are rewritten as raw JSON maps, so every value the translation does not touch
 //! keeps its exact bytes.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Value};
@@ -80,6 +82,84 @@ pub(crate) fn to_modern(bytes: &Bytes, method: &str) -> (Bytes, Option<String>) 
     params.insert("_meta".into(), raw::raw(&meta));
     msg.insert("params".into(), raw::raw(&params));
     (raw::to_bytes(&msg), name)
+}
+
+const TRACEPARENT: &str = "traceparent";
+
+/// Whether a value is a W3C `traceparent`: `version-traceid-parentid-flags` in lowercase hex,
+/// version not `ff`, neither id all zeros.
+pub(crate) fn valid_traceparent(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let zeros = |s: &str| s.bytes().all(|b| b == b'0');
+    parts.len() >= 4
+        && hex(parts[0], 2)
+        && parts[0] != "ff"
+        && hex(parts[1], 32)
+        && !zeros(parts[1])
+        && hex(parts[2], 16)
+        && !zeros(parts[2])
+        && hex(parts[3], 2)
+        && (parts[0] != "00" || parts.len() == 4)
+}
+
+fn meta_traceparent(msg: &RawMap) -> Option<String> {
+    let params = raw::open(msg.get("params")?)?;
+    let meta = raw::open(params.get("_meta")?)?;
+    raw::as_str(meta.get(TRACEPARENT)?).map(|t| t.into_owned())
+}
+
+/// A W3C `traceparent` the client sent in only one place, copied to the other: the header
+/// into `params._meta` (where the MCP OpenTelemetry conventions put it), or `_meta` into the
+/// header. Without one (the common case), nothing is copied or parsed.
+pub(crate) fn with_traceparent<'a>(
+    headers: &'a HeaderMap,
+    bytes: &'a Bytes,
+) -> (Cow<'a, HeaderMap>, Cow<'a, Bytes>) {
+    let header = headers
+        .get(TRACEPARENT)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| valid_traceparent(v));
+    let mentions = bytes
+        .windows(TRACEPARENT.len())
+        .any(|w| w == TRACEPARENT.as_bytes());
+    if header.is_none() && !mentions {
+        return (Cow::Borrowed(headers), Cow::Borrowed(bytes));
+    }
+    let Some(mut msg) = raw::parse_message(bytes) else {
+        return (Cow::Borrowed(headers), Cow::Borrowed(bytes));
+    };
+    let in_meta = meta_traceparent(&msg);
+    match (header, in_meta) {
+        (Some(tp), None) => {
+            let Some(mut params) = msg
+                .get("params")
+                .map_or(Some(RawMap::default()), |p| raw::open(p))
+            else {
+                return (Cow::Borrowed(headers), Cow::Borrowed(bytes));
+            };
+            let mut meta = params
+                .get("_meta")
+                .and_then(|m| raw::open(m))
+                .unwrap_or_default();
+            meta.insert(TRACEPARENT.into(), raw::raw(tp));
+            params.insert("_meta".into(), raw::raw(&meta));
+            msg.insert("params".into(), raw::raw(&params));
+            (Cow::Borrowed(headers), Cow::Owned(raw::to_bytes(&msg)))
+        }
+        (None, Some(tp)) if valid_traceparent(&tp) && !headers.contains_key(TRACEPARENT) => {
+            let mut h = headers.clone();
+            if let Ok(v) = HeaderValue::from_str(&tp) {
+                h.insert(TRACEPARENT, v);
+            }
+            (Cow::Owned(h), Cow::Borrowed(bytes))
+        }
+        _ => (Cow::Borrowed(headers), Cow::Borrowed(bytes)),
+    }
 }
 
 /// Sets the 2026-07-28 routing headers for `method` (and `Mcp-Name` when given).
@@ -179,6 +259,40 @@ mod tests {
         set_modern_headers(&mut h, "tools/call", Some("hé"));
         assert_eq!(h["mcp-method"], "tools/call");
         assert!(h["mcp-name"].to_str().unwrap().starts_with("=?base64?"));
+    }
+
+    #[test]
+    fn traceparent_goes_both_ways() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert!(valid_traceparent(tp));
+        for bad in [
+            "",
+            "00-0000000000000000000000000000000-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(!valid_traceparent(bad), "{bad}");
+        }
+        let mut h = HeaderMap::new();
+        h.insert("traceparent", HeaderValue::from_static(tp));
+        let body =
+            Bytes::from_static(br#"{"id":1,"method":"tools/list","params":{"_meta":{"x":1}}}"#);
+        let (headers, out) = with_traceparent(&h, &body);
+        assert!(matches!(headers, Cow::Borrowed(_)));
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["params"]["_meta"]["traceparent"], tp);
+        assert_eq!(v["params"]["_meta"]["x"], 1);
+        let none = HeaderMap::new();
+        let with_meta = out.into_owned();
+        let (headers, out) = with_traceparent(&none, &with_meta);
+        assert_eq!(headers["traceparent"], tp);
+        assert!(matches!(out, Cow::Borrowed(_)));
+        let plain = Bytes::from_static(br#"{"id":1,"method":"tools/list"}"#);
+        let (headers, out) = with_traceparent(&none, &plain);
+        assert!(matches!(
+            (headers, out),
+            (Cow::Borrowed(_), Cow::Borrowed(_))
+        ));
     }
 
     #[test]

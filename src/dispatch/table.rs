@@ -4,7 +4,6 @@
 //! era has none, and the two feedback tools. Rewritten: `tools/list` and product `tools/call`.
 //! Everything else goes to the upstream in its era and comes back in the client's.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,108 +11,25 @@ use futures_util::stream;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 
-use crate::binding::FeedbackBinding;
+use super::Dispatcher;
 use crate::body::{self, Body, BoxError};
-use crate::config::Config;
-use crate::error::{Error, Kind, Side};
-use crate::frontdoor::{self, Request};
+use crate::error::{Error, Kind};
+use crate::frontdoor::Request;
+use crate::limits::retry_after_secs;
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::upstream::answer;
-use crate::upstream::{Era, Upstream};
+use crate::upstream::{translate, Era};
 
 /// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
 const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
-/// One worker's request path: the configuration, its view of the upstream, the binding.
-pub(crate) struct Dispatcher {
-    config: Arc<Config>,
-    upstream: Upstream,
-    binding: Arc<FeedbackBinding>,
-}
-
 impl Dispatcher {
-    /// Builds the request path; with feedback on, this starts the telemetry task, so it must
-    /// run inside the runtime.
-    pub(crate) fn new(config: Arc<Config>) -> Result<Self, Error> {
-        let binding = FeedbackBinding::new(config.feedback.clone())?;
-        Ok(Dispatcher {
-            upstream: Upstream::new(&config),
-            config,
-            binding,
-        })
-    }
-
-    /// The same request path for another worker (its own upstream connection pool).
-    pub(crate) fn for_worker(&self) -> Self {
-        Dispatcher {
-            config: self.config.clone(),
-            upstream: self.upstream.for_worker(),
-            binding: self.binding.clone(),
-        }
-    }
-
-    pub(crate) fn config(&self) -> &Config {
-        &self.config
-    }
-
-    pub(crate) fn binding(&self) -> &FeedbackBinding {
-        &self.binding
-    }
-
-    /// Whether the upstream answers (readiness).
-    pub(crate) async fn ready(&self) -> bool {
-        self.upstream.ready().await
-    }
-
-    /// One message to the MCP path, from the front door to the answer.
-    pub(crate) async fn mcp(
-        &self,
-        req: http::Request<Incoming>,
-        abandoned: Abandoned,
-    ) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        if let Err(e) = frontdoor::check_head(&self.config, &parts) {
-            tracing::warn!(error = %e, "refused at the front door");
-            return e.into_response(None);
-        }
-        let bytes = match frontdoor::read_body(&parts, body, self.config.max_body_bytes).await {
-            Ok(b) => b,
-            Err(e) => return e.into_response(None),
-        };
-        let request = match frontdoor::admit(&parts, &bytes) {
-            Ok(Some(r)) => r,
-            Ok(None) => {
-                let mut resp = Response::new(body::empty());
-                *resp.status_mut() = StatusCode::ACCEPTED;
-                return resp;
-            }
-            Err((e, id)) => {
-                tracing::debug!(error = %e, "refused at the front door");
-                return e.into_response(id);
-            }
-        };
-        match self.dispatch(&request, abandoned).await {
-            Ok(resp) => resp,
-            Err(e) => {
-                let side = e.side().as_str();
-                match e.side() {
-                    Side::Client => tracing::debug!(error = %e, side, "request refused"),
-                    _ => {
-                        tracing::warn!(error = %e, side, retryable = e.retryable(), "request failed")
-                    }
-                }
-                e.into_response(Some(request.id))
-            }
-        }
-    }
-
-    async fn dispatch(
+    pub(super) async fn dispatch(
         &self,
         req: &Request<'_>,
         abandoned: Abandoned,
@@ -127,6 +43,13 @@ impl Dispatcher {
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
         let plan = self.plan(method, modern, abandoned);
+        if method == "tools/call" {
+            let name = req.env.name().unwrap_or_default();
+            if let Err(wait) = self.rates.check_tool(&name) {
+                self.metrics.limit("tool_rate");
+                return Ok(local_result(req.id, tool_rate_limited(&name, wait), plan));
+            }
+        }
         match route(method, modern, feedback_tool) {
             Route::Removed => Err(Error::new(
                 Kind::MethodNotFound {
@@ -140,7 +63,7 @@ impl Dispatcher {
                 Ok(local_result(req.id, json!({}), plan))
             }
             Route::Listen if self.upstream.era(client).await? == Era::Legacy => {
-                Ok(local_listen(req.id))
+                Ok(local_listen(req.id, self.cut.clone()))
             }
             Route::FeedbackTool => self.feedback_tool(req, plan).await,
             Route::ToolCall => self.tool_call(req, plan).await,
@@ -267,7 +190,9 @@ impl Dispatcher {
         self.forward(req, plan).await
     }
 
-    /// Sends the request upstream in its era and finishes its answer for the client.
+    /// Sends the request upstream in its era and finishes its answer for the client. A W3C
+    /// `traceparent` the client sent in one place (header or `params._meta`) goes upstream in
+    /// both.
     async fn forward(
         &self,
         req: &Request<'_>,
@@ -275,15 +200,10 @@ impl Dispatcher {
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
         let modern = req.era.is_modern();
+        let (headers, bytes) = translate::with_traceparent(&req.parts.headers, req.bytes);
         let sent = self
             .upstream
-            .forward(
-                &req.parts.headers,
-                req.parts.uri.query(),
-                req.bytes,
-                method,
-                modern,
-            )
+            .forward(&headers, req.parts.uri.query(), &bytes, method, modern)
             .await?;
         if method == "subscriptions/listen" {
             return Ok(answer::stream_back(sent.response));
@@ -297,10 +217,23 @@ impl Dispatcher {
             req.id,
             plan,
             fix_status,
-            self.upstream.timeout(),
+            self.upstream.bounds(),
+            Some(self.cut.clone()),
         )
         .await
     }
+}
+
+/// The answer to a `tools/call` over its tool's rate limit: a tool result an agent can act
+/// on, not a protocol error.
+fn tool_rate_limited(name: &str, wait: Duration) -> Value {
+    let secs = retry_after_secs(wait);
+    json!({
+        "content": [{"type": "text", "text": format!(
+            "The tool {name} is over its rate limit. Retry this call after {secs} seconds."
+        )}],
+        "isError": true,
+    })
 }
 
 /// Where the table sends a request.
@@ -351,20 +284,24 @@ fn local_result(id: &RawValue, result: Value, mut plan: ResultPlan) -> Response<
 /// A `subscriptions/listen` stream for a 2025-era upstream: acknowledged with no
 /// notification types honoured (the sidecar has no session stream to relay them from), then
 /// kept open with comments until the client leaves.
-fn local_listen(id: &RawValue) -> Response<Body> {
+fn local_listen(id: &RawValue, cut: tokio::sync::watch::Receiver<bool>) -> Response<Body> {
     let ack = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{{"notifications":{{}},"_meta":{{"io.modelcontextprotocol/subscriptionId":{}}}}}}}"#,
         id.get()
     );
     let first = Bytes::from(format!("event: message\ndata: {ack}\n\n"));
-    let s = stream::unfold(Some(first), |first| async move {
+    let s = stream::unfold((Some(first), cut), |(first, mut cut)| async move {
         match first {
-            Some(b) => Some((Ok::<_, BoxError>(Frame::data(b)), None)),
+            Some(b) => Some((Ok::<_, BoxError>(Frame::data(b)), (None, cut))),
             None => {
-                tokio::time::sleep(LISTEN_KEEPALIVE).await;
+                tokio::select! {
+                    () = tokio::time::sleep(LISTEN_KEEPALIVE) => {}
+                    // The sidecar is shutting down: the stream ends; the client listens again.
+                    _ = cut.wait_for(|c| *c) => return None,
+                }
                 Some((
                     Ok(Frame::data(Bytes::from_static(b": keep-alive\n\n"))),
-                    None,
+                    (None, cut),
                 ))
             }
         }

@@ -1,0 +1,190 @@
+//! One memory budget for everything the sidecar buffers at once (request bodies, upstream
+//! answers it must parse, SSE events it must rewrite, Epode answers), so no combination of
+//! clients and upstream answers can push the process past it. Bytes are taken from the budget
+//! as they arrive and given back when the holder is dropped.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+
+/// One budget of bytes for everything the sidecar holds at once.
+#[derive(Debug)]
+pub(crate) struct MemoryBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+/// Bytes taken from the budget; given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Reservation {
+    budget: Arc<MemoryBudget>,
+    held: usize,
+}
+
+impl MemoryBudget {
+    pub(crate) fn new(limit: usize) -> Arc<Self> {
+        Arc::new(MemoryBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// An empty reservation that grows as bytes arrive.
+    pub(crate) fn start(self: &Arc<Self>) -> Reservation {
+        Reservation {
+            budget: self.clone(),
+            held: 0,
+        }
+    }
+
+    fn take(&self, n: usize) -> bool {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n).filter(|total| *total <= self.limit)
+            })
+            .is_ok()
+    }
+}
+
+impl Reservation {
+    /// Holds exactly `n` bytes (growing or giving back); false (changing nothing) when the
+    /// budget would be passed.
+    pub(crate) fn resize(&mut self, n: usize) -> bool {
+        if n <= self.held {
+            self.budget.used.fetch_sub(self.held - n, Ordering::AcqRel);
+            self.held = n;
+            return true;
+        }
+        self.grow(n - self.held)
+    }
+
+    /// Takes `n` more bytes; false (taking nothing) when the budget would be passed.
+    pub(crate) fn grow(&mut self, n: usize) -> bool {
+        if self.budget.take(n) {
+            self.held += n;
+            true
+        } else {
+            false
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.held
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.held, Ordering::AcqRel);
+    }
+}
+
+/// Why a body could not be read whole.
+#[derive(Debug)]
+pub(crate) enum Collect {
+    /// Larger than its own cap.
+    TooLarge,
+    /// The memory budget is spent.
+    OverBudget,
+    /// Not complete within the deadline.
+    TimedOut,
+    Failed(String),
+}
+
+/// Reads a body whole, at most `cap` bytes, each byte counted in the budget, within `within`.
+/// The bytes come back with their reservation, which the caller holds as long as the bytes.
+pub(crate) async fn collect<B>(
+    body: B,
+    cap: usize,
+    budget: &Arc<MemoryBudget>,
+    within: Duration,
+) -> Result<(Bytes, Reservation), Collect>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let mut reservation = budget.start();
+    let read = read_all(body, cap, &mut reservation);
+    match tokio::time::timeout(within, read).await {
+        Ok(Ok(bytes)) => Ok((bytes, reservation)),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(Collect::TimedOut),
+    }
+}
+
+async fn read_all<B>(
+    mut body: B,
+    cap: usize,
+    reservation: &mut Reservation,
+) -> Result<Bytes, Collect>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| Collect::Failed(e.to_string()))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > cap {
+            return Err(Collect::TooLarge);
+        }
+        if !reservation.grow(data.len()) {
+            return Err(Collect::OverBudget);
+        }
+        buf.extend_from_slice(&data);
+    }
+    Ok(buf.freeze())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_shared_and_given_back() {
+        let budget = MemoryBudget::new(100);
+        let mut a = budget.start();
+        let mut b = budget.start();
+        assert!(a.grow(60));
+        assert!(!b.grow(50), "the sum may not pass the budget");
+        assert!(b.grow(40));
+        assert_eq!(budget.used(), 100);
+        drop(a);
+        assert_eq!(budget.used(), 40);
+        assert!(b.grow(60));
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[tokio::test]
+    async fn collect_honours_cap_and_budget() {
+        let budget = MemoryBudget::new(1024);
+        let body = http_body_util::Full::new(Bytes::from(vec![b'x'; 512]));
+        let (bytes, r) = collect(body, 600, &budget, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!((bytes.len(), r.held(), budget.used()), (512, 512, 512));
+        let too_big = http_body_util::Full::new(Bytes::from(vec![b'x'; 700]));
+        assert!(matches!(
+            collect(too_big, 600, &budget, Duration::from_secs(1)).await,
+            Err(Collect::TooLarge)
+        ));
+        let over = http_body_util::Full::new(Bytes::from(vec![b'x'; 600]));
+        assert!(matches!(
+            collect(over, 1000, &budget, Duration::from_secs(1)).await,
+            Err(Collect::OverBudget)
+        ));
+        drop(r);
+        assert_eq!(budget.used(), 0);
+    }
+}

@@ -1,0 +1,237 @@
+//! One worker's request path for the MCP endpoint: the limits that are cheap to check before a
+//! body is read (rate, requests in flight), the front door, the method table (`table`), and the
+//! accounting of every request (metrics, one log line). A request still running when the
+//! sidecar cuts in-flight work at shutdown gets a JSON-RPC error, not a closed connection.
+
+mod table;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::{Response, StatusCode};
+use hyper::body::Incoming;
+use tokio::sync::watch;
+
+use crate::binding::FeedbackBinding;
+use crate::body::{self, Body};
+use crate::budget::MemoryBudget;
+use crate::config::Config;
+use crate::epode::telemetry::Counters;
+use crate::error::{Error, Kind, Side};
+use crate::frontdoor;
+use crate::limits::{retry_after_secs, InFlight, RateLimits};
+use crate::mcp::rewrite::Abandoned;
+use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
+use crate::upstream::Upstream;
+
+/// One worker's request path: the configuration, its view of the upstream, the binding, and
+/// the limits and metrics every worker shares.
+pub(crate) struct Dispatcher {
+    config: Arc<Config>,
+    upstream: Upstream,
+    binding: Arc<FeedbackBinding>,
+    metrics: Arc<Metrics>,
+    budget: Arc<MemoryBudget>,
+    in_flight: Arc<InFlight>,
+    rates: Arc<RateLimits>,
+    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
+    cut: watch::Receiver<bool>,
+}
+
+/// What is known of a request for its accounting, as it travels.
+struct Seen {
+    method: &'static str,
+    era: &'static str,
+}
+
+impl Dispatcher {
+    /// Builds the request path; with feedback on, this starts the telemetry task, so it must
+    /// run inside the runtime.
+    pub(crate) fn new(config: Arc<Config>, cut: watch::Receiver<bool>) -> Result<Self, Error> {
+        let counters = Counters::new();
+        let metrics = Arc::new(Metrics::new(&counters));
+        let budget = MemoryBudget::new(config.limits.memory_budget);
+        let binding = FeedbackBinding::new(config.feedback.clone(), counters, metrics.clone())?;
+        Ok(Dispatcher {
+            upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
+            in_flight: InFlight::new(config.limits.max_in_flight),
+            rates: RateLimits::new(&config.limits),
+            config,
+            binding,
+            metrics,
+            budget,
+            cut,
+        })
+    }
+
+    /// The same request path for another worker (its own upstream connection pool).
+    pub(crate) fn for_worker(&self) -> Self {
+        Dispatcher {
+            config: self.config.clone(),
+            upstream: self.upstream.for_worker(),
+            binding: self.binding.clone(),
+            metrics: self.metrics.clone(),
+            budget: self.budget.clone(),
+            in_flight: self.in_flight.clone(),
+            rates: self.rates.clone(),
+            cut: self.cut.clone(),
+        }
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    pub(crate) fn binding(&self) -> &FeedbackBinding {
+        &self.binding
+    }
+
+    pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Whether the upstream answers (readiness).
+    pub(crate) async fn ready(&self) -> bool {
+        self.upstream.ready().await
+    }
+
+    /// Housekeeping for the shared state (call now and then): idle upstream sessions closed,
+    /// recovered rate-limit entries forgotten.
+    pub(crate) fn sweep(&self) {
+        self.upstream.sweep_sessions();
+        self.rates.sweep();
+    }
+
+    /// `/metrics`, with the gauges read now.
+    pub(crate) fn render_metrics(&self) -> String {
+        self.metrics.in_flight.set(self.in_flight.current() as i64);
+        self.metrics.buffered_bytes.set(self.budget.used() as i64);
+        self.metrics.render()
+    }
+
+    /// One message to the MCP path, from the limits and the front door to the answer, counted
+    /// and logged.
+    pub(crate) async fn mcp(
+        &self,
+        req: http::Request<Incoming>,
+        peer: SocketAddr,
+        abandoned: Abandoned,
+    ) -> Response<Body> {
+        let started = Instant::now();
+        let mut seen = Seen {
+            method: "-",
+            era: "-",
+        };
+        let resp = self.serve(req, peer, abandoned, &mut seen).await;
+        let status = resp.status();
+        let elapsed = started.elapsed();
+        self.metrics
+            .requests
+            .get_or_create(&RequestLabels {
+                method: seen.method,
+                era: seen.era,
+                status: status.as_u16(),
+            })
+            .inc();
+        self.metrics
+            .request_seconds
+            .get_or_create(&MethodLabels {
+                method: seen.method,
+            })
+            .observe(elapsed.as_secs_f64());
+        tracing::info!(
+            target: "epode_sidecar::access",
+            method = seen.method,
+            era = seen.era,
+            status = status.as_u16(),
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            "request"
+        );
+        resp
+    }
+
+    async fn serve(
+        &self,
+        req: http::Request<Incoming>,
+        peer: SocketAddr,
+        abandoned: Abandoned,
+        seen: &mut Seen,
+    ) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        if let Err(e) = frontdoor::check_head(&self.config, &parts) {
+            tracing::warn!(error = %e, "refused at the front door");
+            return e.into_response(None);
+        }
+        let client = self.rates.client_address(peer, &parts.headers);
+        if let Err(wait) = self.rates.check_client(client) {
+            self.metrics.limit("client_rate");
+            let retry_after = retry_after_secs(wait);
+            return Error::new(
+                Kind::RateLimited { retry_after },
+                "this client sent more requests than its rate limit allows",
+            )
+            .into_response(None);
+        }
+        let Some(_in_flight) = self.in_flight.enter() else {
+            self.metrics.limit("in_flight");
+            return Error::new(
+                Kind::Overloaded { retry_after: 1 },
+                "it is serving as many requests as it may at once",
+            )
+            .into_response(None);
+        };
+        let limits = &self.config.limits;
+        let read = frontdoor::read_body(
+            &parts,
+            body,
+            self.config.max_body_bytes,
+            &self.budget,
+            limits.body_timeout,
+        )
+        .await;
+        let (bytes, _held) = match read {
+            Ok(b) => b,
+            Err(e) => {
+                self.metrics.limit(match e.kind() {
+                    Kind::BodyTooLarge { .. } => "body_size",
+                    Kind::RequestTimeout => "body_timeout",
+                    Kind::Overloaded { .. } => "memory_budget",
+                    _ => "body_read",
+                });
+                return e.into_response(None);
+            }
+        };
+        let request = match frontdoor::admit(&parts, &bytes) {
+            Ok(Some(r)) => r,
+            Ok(None) => {
+                let mut resp = Response::new(body::empty());
+                *resp.status_mut() = StatusCode::ACCEPTED;
+                return resp;
+            }
+            Err((e, id)) => {
+                tracing::debug!(error = %e, "refused at the front door");
+                return e.into_response(id);
+            }
+        };
+        seen.method = method_label(request.method());
+        seen.era = if request.era.is_modern() {
+            "2026-07-28"
+        } else {
+            "2025"
+        };
+        let mut cut = self.cut.clone();
+        let answered = tokio::select! {
+            answered = self.dispatch(&request, abandoned) => answered,
+            _ = cut.wait_for(|c| *c) => Err(Error::new(Kind::ShuttingDown, "")),
+        };
+        answered.unwrap_or_else(|e| {
+            let side = e.side().as_str();
+            match e.side() {
+                Side::Client => tracing::debug!(error = %e, side, "request refused"),
+                _ => tracing::warn!(error = %e, side, retryable = e.retryable(), "request failed"),
+            }
+            e.into_response(Some(request.id))
+        })
+    }
+}
