@@ -1,7 +1,9 @@
 //! One memory budget for everything the sidecar buffers at once (request bodies, upstream
 //! answers it must parse, SSE events it must rewrite, Epode answers), so no combination of
 //! clients and upstream answers can push the process past it. Bytes are taken from the budget
-//! as they arrive and given back when the holder is dropped.
+//! as they arrive and given back when the holder is dropped. A holder past [`SMALL`] bytes may
+//! use only three quarters of the budget: a crowd of large bodies cannot starve the small
+//! requests and answers that make up normal traffic.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -9,6 +11,9 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
+
+/// What a holder may take from the whole budget; past it, only three quarters.
+pub(crate) const SMALL: usize = 64 * 1024;
 
 /// One budget of bytes for everything the sidecar holds at once.
 #[derive(Debug)]
@@ -44,10 +49,16 @@ impl MemoryBudget {
         }
     }
 
-    fn take(&self, n: usize) -> bool {
+    /// Takes `n` bytes for a holder that will then hold `held` in all.
+    fn take(&self, n: usize, held: usize) -> bool {
+        let ceiling = if held > SMALL {
+            self.limit / 4 * 3
+        } else {
+            self.limit
+        };
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(n).filter(|total| *total <= self.limit)
+                used.checked_add(n).filter(|total| *total <= ceiling)
             })
             .is_ok()
     }
@@ -67,7 +78,7 @@ impl Reservation {
 
     /// Takes `n` more bytes; false (taking nothing) when the budget would be passed.
     pub(crate) fn grow(&mut self, n: usize) -> bool {
-        if self.budget.take(n) {
+        if self.budget.take(n, self.held + n) {
             self.held += n;
             true
         } else {
@@ -129,17 +140,34 @@ where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: std::fmt::Display,
 {
-    let mut buf = BytesMut::new();
+    // A declared length is checked and reserved before anything is read, and the buffer is
+    // allocated once; otherwise the buffer's capacity, not just its length, is counted.
+    let mut buf = match body.size_hint().exact() {
+        Some(n) if n > cap as u64 => return Err(Collect::TooLarge),
+        Some(n) => {
+            let n = n as usize;
+            if !reservation.grow(n) {
+                return Err(Collect::OverBudget);
+            }
+            BytesMut::with_capacity(n)
+        }
+        None => BytesMut::new(),
+    };
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(|e| Collect::Failed(e.to_string()))?;
         let Ok(data) = frame.into_data() else {
             continue;
         };
-        if buf.len() + data.len() > cap {
+        let len = buf.len() + data.len();
+        if len > cap {
             return Err(Collect::TooLarge);
         }
-        if !reservation.grow(data.len()) {
-            return Err(Collect::OverBudget);
+        if len > buf.capacity() {
+            let grown = len.max(buf.capacity().saturating_mul(2)).min(cap);
+            if !reservation.resize(grown.max(reservation.held)) {
+                return Err(Collect::OverBudget);
+            }
+            buf.reserve(grown - buf.len());
         }
         buf.extend_from_slice(&data);
     }
@@ -164,6 +192,26 @@ mod tests {
         assert!(b.grow(60));
         drop(b);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn large_holders_leave_a_quarter_for_small_ones() {
+        let budget = MemoryBudget::new(4 * SMALL * 4);
+        let mut large = Vec::new();
+        loop {
+            let mut r = budget.start();
+            if !r.grow(SMALL * 2) {
+                break;
+            }
+            large.push(r);
+        }
+        assert_eq!(
+            budget.used(),
+            4 * SMALL * 3,
+            "large holders stop at three quarters"
+        );
+        let mut small = budget.start();
+        assert!(small.grow(SMALL), "a small holder still fits");
     }
 
     #[tokio::test]

@@ -168,11 +168,14 @@ fn listener_tls(config: &Config) -> Result<Option<TlsAcceptor>, String> {
     Ok(Some(TlsAcceptor::from(server)))
 }
 
-/// Housekeeping every 30 s: idle upstream sessions closed, recovered rate-limit entries
-/// forgotten.
+/// Housekeeping every 30 s (sooner when sessions idle out sooner): idle upstream sessions
+/// closed, recovered rate-limit entries forgotten.
 fn spawn_sweeper(dispatcher: Arc<Dispatcher>) -> tokio::task::JoinHandle<()> {
+    let every = std::time::Duration::from_secs(30)
+        .min(dispatcher.config().limits.upstream_session_idle / 2)
+        .max(std::time::Duration::from_millis(100));
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+        let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
             dispatcher.sweep();

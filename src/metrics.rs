@@ -58,6 +58,17 @@ const LIMIT_KINDS: [&str; 12] = [
     "sse_event_size",
 ];
 
+/// How a feedback tool call can end.
+const FEEDBACK_OUTCOMES: [&str; 7] = [
+    "accepted",
+    "approved",
+    "declined",
+    "refused",
+    "unavailable",
+    "invalid_arguments",
+    "invalid_handle",
+];
+
 fn latency() -> Histogram {
     // 100 µs to about 26 s.
     Histogram::new(exponential_buckets(0.0001, 2.0, 19))
@@ -97,55 +108,63 @@ impl Metrics {
         let r = &mut m.registry;
         r.register(
             "requests",
-            "MCP requests answered, by method, client era and HTTP status.",
+            "MCP requests answered, by method, client era and HTTP status",
             m.requests.clone(),
         );
         r.register(
             "request_duration_seconds",
-            "Time from a request's arrival to its response head, by method.",
+            "Time from a request's arrival to its response head, by method",
             m.request_seconds.clone(),
         );
         r.register(
             "upstream_duration_seconds",
-            "Time the upstream took to begin its answer, by method.",
+            "Time the upstream took to begin its answer, by method",
             m.upstream_seconds.clone(),
         );
         r.register(
             "decorations",
-            "Product tool results that carried _agentFeedback, by mode and state.",
+            "Product tool results that carried _agentFeedback, by mode and state",
             m.decorations.clone(),
         );
         r.register(
             "feedback_tool_calls",
-            "Calls of the two feedback tools, by tool and outcome.",
+            "Calls of the two feedback tools, by tool and outcome",
             m.feedback_calls.clone(),
         );
         r.register(
             "limits_hit",
-            "Requests and connections refused by a limit, by kind.",
+            "Requests and connections refused by a limit, by kind",
             m.limits_hit.clone(),
         );
         r.register(
             "open_connections",
-            "Client connections open now.",
+            "Client connections open now",
             m.open_connections.clone(),
         );
         r.register(
             "in_flight_requests",
-            "MCP requests being served now.",
+            "MCP requests being served now",
             m.in_flight.clone(),
         );
         r.register(
             "buffered_bytes",
-            "Bytes held against the memory budget now.",
+            "Bytes held against the memory budget now",
             m.buffered_bytes.clone(),
         );
         r.register(
             "upstream_sessions",
-            "2025-era upstream sessions open now.",
+            "2025-era upstream sessions open now",
             m.upstream_sessions.clone(),
         );
         telemetry.register(r.sub_registry_with_prefix("telemetry"));
+        for tool in ["record_product_feedback_consent", "report_product_feedback"] {
+            for outcome in FEEDBACK_OUTCOMES {
+                drop(
+                    m.feedback_calls
+                        .get_or_create(&FeedbackCallLabels { tool, outcome }),
+                );
+            }
+        }
         for kind in LIMIT_KINDS {
             drop(m.limits_hit.get_or_create(&LimitLabels { kind }));
         }

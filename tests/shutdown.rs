@@ -1,4 +1,5 @@
-//! SIGTERM: stop accepting, let in-flight requests finish within the grace, exit 0.
+//! SIGTERM: stop accepting, let in-flight requests finish within the grace, exit 0; past the
+//! grace, answer what is left with an error and exit 3.
 
 mod support;
 
@@ -54,9 +55,22 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     assert_eq!(code, Some(0));
 }
 
+/// Work still running when the grace period ends is answered before its connection closes:
+/// a JSON call gets 503 with a JSON-RPC error naming it, a stream gets an error event naming
+/// it, and the exit status (3) says that work was cut.
 #[tokio::test]
-async fn shutdown_grace_bounds_the_wait() {
-    let up = slow_upstream(Duration::from_secs(30));
+async fn work_past_the_grace_period_is_answered_and_the_exit_says_so() {
+    // `json` hangs before answering; `sse` sends a progress event and then hangs.
+    let up = RawUpstream::start(|mut s: TcpStream| {
+        use std::io::Write as _;
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+            if req["id"] == "sse" {
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n");
+            }
+            std::thread::sleep(Duration::from_secs(30));
+        }
+    });
     let mut sc = Sidecar::start(
         &up.url(),
         &[
@@ -64,17 +78,49 @@ async fn shutdown_grace_bounds_the_wait() {
             ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
         ],
     );
-    let url = sc.url();
-    let _stuck = tokio::spawn(async move { http().post(url).body("{}").send().await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let call = |id: &'static str| {
+        let url = sc.url();
+        tokio::spawn(async move {
+            let body = modern_body(serde_json::json!(id), "tools/list", serde_json::json!({}));
+            let resp = post_modern(&url, "tools/list", None, &body).await;
+            let status = resp.status().as_u16();
+            let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+            (status, ct, resp.text().await.unwrap())
+        })
+    };
+    let (json_call, sse_call) = (call("json"), call("sse"));
+    tokio::time::sleep(Duration::from_millis(400)).await;
     let started = Instant::now();
     sc.terminate();
-    let code = tokio::task::spawn_blocking(move || sc.wait_exit(Duration::from_secs(5)))
+    let (status, ct, body) = json_call.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let v = last_message(&ct, &body);
+    assert_eq!(v["id"], "json", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{v}"
+    );
+    let (status, ct, body) = sse_call.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("notifications/progress"), "{body}");
+    let v = last_message(&ct, &body);
+    assert_eq!(v["id"], "sse", "{body}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("shutting down"),
+        "{v}"
+    );
+    let code = tokio::task::spawn_blocking(move || sc.wait_exit(Duration::from_secs(8)))
         .await
         .unwrap();
-    assert_eq!(code, Some(0));
+    assert_eq!(code, Some(3), "the exit status says work was cut");
     assert!(
-        started.elapsed() < Duration::from_secs(3),
+        started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );

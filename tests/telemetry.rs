@@ -193,15 +193,6 @@ async fn upstream_failures_are_500_events() {
     assert_eq!(events[0]["operation"], "work");
 }
 
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// 2,000 rapid calls: every event arrives, in order, never more than one delivery at a time,
 /// and the sidecar's memory stays flat.
 #[tokio::test]

@@ -197,32 +197,32 @@ impl Counters {
     pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "enqueued",
-            "Telemetry events accepted into the queue.",
+            "Telemetry events accepted into the queue",
             self.enqueued.clone(),
         );
         registry.register(
             "delivered",
-            "Telemetry events Epode confirmed.",
+            "Telemetry events Epode confirmed",
             self.delivered.clone(),
         );
         registry.register(
             "retries",
-            "Telemetry batch deliveries retried.",
+            "Telemetry batch deliveries retried",
             self.retried.clone(),
         );
         registry.register(
             "dropped",
-            "Telemetry events not delivered, by reason.",
+            "Telemetry events not delivered, by reason",
             self.dropped.clone(),
         );
         registry.register(
             "queue_depth",
-            "Telemetry events queued or in delivery.",
+            "Telemetry events queued or in delivery",
             self.depth.clone(),
         );
         registry.register(
             "deliveries_in_flight",
-            "Telemetry batch deliveries in flight (at most one).",
+            "Telemetry batch deliveries in flight (at most one)",
             self.deliveries_in_flight.clone(),
         );
     }

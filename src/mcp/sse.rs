@@ -284,7 +284,7 @@ where
                 return None;
             }
             if let Some(why) = st.over_bounds() {
-                return st.end(&why, None);
+                return st.end(upstream_broke(&why), None);
             }
             let frame = match &mut st.bounds.cut {
                 Some(cut) => tokio::select! {
@@ -294,10 +294,7 @@ where
                 None => Some(st.body.frame().await),
             };
             let Some(frame) = frame else {
-                return st.end(
-                    "the sidecar is shutting down and cut the stream short",
-                    None,
-                );
+                return st.end(Error::new(Kind::ShuttingDown, ""), None);
             };
             match frame {
                 Some(Ok(frame)) => match frame.into_data() {
@@ -315,7 +312,7 @@ where
                     }
                     let e: BoxError = e.into();
                     let why = format!("the event stream broke off ({e})");
-                    return st.end(&why, Some(e));
+                    return st.end(upstream_broke(&why), Some(e));
                 }
                 None => {
                     st.done = true;
@@ -359,7 +356,7 @@ impl<B> State<B> {
     /// response has not gone out), else with `error` (or quietly).
     fn end(
         mut self,
-        why: &str,
+        why: Error,
         error: Option<BoxError>,
     ) -> Option<(Result<Frame<Bytes>, BoxError>, Self)> {
         self.done = true;
@@ -375,14 +372,18 @@ impl<B> State<B> {
     }
 }
 
-/// The error event that ends a stream broken before its response (when the id is known).
-fn broken_event<B>(st: &mut State<B>, why: &str) -> Option<Bytes> {
-    let id = st.id.take()?;
-    st.saw_response = true;
-    let error = Error::new(
+/// The upstream's stream failed the request, for `why`.
+fn upstream_broke(why: &str) -> Error {
+    Error::new(
         Kind::UpstreamFailed,
         format!("{why}, before the response; the request may be sent again"),
-    );
+    )
+}
+
+/// The error event that ends a stream broken before its response (when the id is known).
+fn broken_event<B>(st: &mut State<B>, error: Error) -> Option<Bytes> {
+    let id = st.id.take()?;
+    st.saw_response = true;
     let mut msg = raw::parse_message(&error.body(Some(&id)))?;
     st.plan.apply(&mut msg);
     Some(message_event(&raw::to_bytes(&msg)))
@@ -394,7 +395,8 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
         if st.saw_response {
             return None;
         }
-        return Some(broken_event(st, "the event stream ended").unwrap_or_default());
+        let error = upstream_broke("the event stream ended");
+        return Some(broken_event(st, error).unwrap_or_default());
     }
     let data = event_data(block)?;
     let mut msg: RawMap = raw::parse_message(data.as_bytes())?;

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::task::AtomicWaker;
 use http_body::{Body as HttpBody, Frame};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
@@ -72,6 +73,8 @@ pub(crate) struct ConnState {
     head_started: AtomicU64,
     /// Milliseconds after `born` when the connection last became idle.
     idle_since: AtomicU64,
+    /// The connection's reader, woken when a request ends so its idle deadline is armed.
+    reader: AtomicWaker,
 }
 
 impl ConnState {
@@ -95,6 +98,7 @@ impl Drop for RequestGuard {
         let s = &self.0;
         s.idle_since.store(s.ms(), Ordering::Release);
         s.in_progress.fetch_sub(1, Ordering::AcqRel);
+        s.reader.wake();
     }
 }
 
@@ -165,6 +169,7 @@ impl<IO> Watched<IO> {
                 in_progress: AtomicUsize::new(0),
                 head_started: AtomicU64::new(0),
                 idle_since: AtomicU64::new(0),
+                reader: AtomicWaker::new(),
             }),
             deadlines,
             sleep: Box::pin(tokio::time::sleep_until(now + deadlines.idle)),
@@ -220,6 +225,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
         if read.is_ready() {
             return read;
         }
+        self.state.reader.register(cx.waker());
         let Some((at, head)) = self.deadline() else {
             return Poll::Pending;
         };

@@ -17,6 +17,7 @@ Usage (run with the venv python from scripts/install-peers.sh):
   --json                 json_response=True: never SSE (mid-call progress is dropped)
   --require-token TOKEN  every HTTP request must carry `Authorization: Bearer TOKEN`,
                          otherwise 401 + WWW-Authenticate + a JSON error body
+  --tls-cert PEM --tls-key PEM  serve HTTPS (for the sidecar's https:// upstream tests)
 
 Readiness: once uvicorn accepts connections the server prints exactly one line
 `READY <port>` to stdout (flushed); with --port 0 that is the port it got.
@@ -150,6 +151,8 @@ def main() -> None:
     p.add_argument("--json", action="store_true", help="json_response=True (never SSE)")
     p.add_argument("--require-token", metavar="TOKEN", help="require Authorization: Bearer TOKEN")
     p.add_argument("--identity", action="store_true", help="also serve the `account` tool, whose result carries _meta identity")
+    p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     args = p.parse_args()
     if args.identity:
         add_identity_tools()
@@ -168,7 +171,8 @@ def main() -> None:
     sock.listen(128)
     port = sock.getsockname()[1]
 
-    config = uvicorn.Config(asgi, log_level="warning", lifespan="on", access_log=False)
+    tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key} if args.tls_cert else {}
+    config = uvicorn.Config(asgi, log_level="warning", lifespan="on", access_log=False, **tls)
     server = ReadyServer(config, port)
     try:
         asyncio.run(server.serve(sockets=[sock]))

@@ -159,13 +159,58 @@ impl Upstream {
 /// The sidecar binary, started with only the given environment.
 pub struct Sidecar {
     pub addr: SocketAddr,
+    /// The admin listener, when `EPODE_SIDECAR_ADMIN_LISTEN` was set.
+    pub admin: Option<SocketAddr>,
     proc: Proc,
     stderr: mpsc::Receiver<String>,
 }
 
+/// The resident set size of a process, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// The CPU time (user + system) a process has used, in milliseconds.
+pub fn cpu_ms(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    ticks * 10 // USER_HZ is 100 on Linux
+}
+
+/// The open file descriptors of a process.
+pub fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
 impl Sidecar {
     pub fn start(upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"));
+        Self::start_in(None, upstream_url, env)
+    }
+
+    /// Started through `sh -c "<prelude> && exec sidecar"`, such as `ulimit -n 256`.
+    pub fn start_with_prelude(prelude: &str, upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
+        Self::start_in(Some(prelude), upstream_url, env)
+    }
+
+    fn start_in(prelude: Option<&str>, upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
+        let bin = env!("CARGO_BIN_EXE_epode-sidecar");
+        let mut cmd = match prelude {
+            None => Command::new(bin),
+            Some(p) => {
+                let mut c = Command::new("sh");
+                c.arg("-c").arg(format!("{p} && exec \"$0\"")).arg(bin);
+                c
+            }
+        };
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("EPODE_SIDECAR_LISTEN", "127.0.0.1:0")
@@ -195,10 +240,21 @@ impl Sidecar {
                 }
             }
         });
+        let mut stdout = BufReader::new(stdout);
         let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("read sidecar stdout");
+        stdout.read_line(&mut first).expect("read sidecar stdout");
+        let admin = env
+            .iter()
+            .any(|(k, _)| *k == "EPODE_SIDECAR_ADMIN_LISTEN")
+            .then(|| {
+                let mut line = String::new();
+                stdout.read_line(&mut line).expect("read sidecar stdout");
+                line.trim()
+                    .strip_prefix("epode-sidecar admin listening on ")
+                    .unwrap_or_else(|| panic!("no admin line: {line:?}"))
+                    .parse()
+                    .unwrap()
+            });
         let addr = first
             .trim()
             .strip_prefix("epode-sidecar listening on ")
@@ -210,6 +266,7 @@ impl Sidecar {
             .unwrap();
         Sidecar {
             addr,
+            admin,
             proc: Proc {
                 child,
                 name: "epode-sidecar".into(),
@@ -434,8 +491,20 @@ pub fn path_exists(p: &Path) -> bool {
 /// One operation with the official TypeScript client (`tests/peers/ts_call.mjs`): `list`, or
 /// `call` of `tool` with `args`. Extras are HTTP headers (`K: V`).
 pub fn ts_call(url: &str, mode: &str, tool: Option<(&str, &Value)>, headers: &[&str]) -> Value {
+    ts_call_env(url, mode, tool, headers, &[])
+}
+
+/// [`ts_call`] with extra environment for node (such as `NODE_EXTRA_CA_CERTS`).
+pub fn ts_call_env(
+    url: &str,
+    mode: &str,
+    tool: Option<(&str, &Value)>,
+    headers: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
     let script = peers_dir().join("ts/ts_call.mjs");
     let mut cmd = Command::new("node");
+    cmd.envs(env.iter().copied());
     cmd.arg(script).arg(url).arg(mode);
     match tool {
         Some((name, args)) => {
