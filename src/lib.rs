@@ -30,3 +30,6 @@ mod tls;
 mod upstream;
 
 pub use cli::main;
+
+#[doc(hidden)]
+pub mod fuzzing;
