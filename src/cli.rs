@@ -13,6 +13,8 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::{self, Config, ConnectionCap, FlagValues, LogFormat};
 use crate::dispatch::Dispatcher;
 use crate::server;
+use crate::trial::bus::Bus;
+use crate::trial::Trial;
 
 /// A reverse proxy beside an MCP server: a stateless MCP 2026-07-28 front and Epode feedback.
 /// Every setting is also an environment variable (see README.md); flags win over the
@@ -38,12 +40,20 @@ struct Cli {
     /// Log format, text or json (EPODE_SIDECAR_LOG_FORMAT).
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<String>,
+    /// The local trial: an embedded Epode with an ephemeral key, and a live console at
+    /// /_dev/ (EPODE_SIDECAR_DEV).
+    #[arg(long)]
+    dev: bool,
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     check_config: bool,
     /// Print the settings table (Markdown, as in the README) and exit.
     #[arg(long, hide = true)]
     settings_markdown: bool,
+    /// A stdio MCP server to run and speak to over stdin/stdout, after `--`:
+    /// `epode-sidecar -- python server.py` (EPODE_SIDECAR_UPSTREAM_COMMAND).
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
 }
 
 impl Cli {
@@ -60,9 +70,13 @@ impl Cli {
                 values.insert(key, v.clone());
             }
         }
+        if self.dev {
+            values.insert("dev", "true".to_owned());
+        }
         FlagValues {
             config_file: self.config.clone(),
             values,
+            command: self.command.clone(),
         }
     }
 }
@@ -129,7 +143,7 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(run(Arc::new(config)))
+    runtime.block_on(run(config))
 }
 
 /// The connection cap: as configured, or 80% of the file-descriptor limit (first raised to
@@ -183,43 +197,80 @@ fn spawn_sweeper(dispatcher: Arc<Dispatcher>) -> tokio::task::JoinHandle<()> {
     })
 }
 
-async fn run(config: Arc<Config>) -> ExitCode {
-    let listeners = match server::bind(config.listen, config.workers) {
-        Ok(l) => l,
+/// The local trial's console bus, when `--dev` is on (its embedded Epode is started, and the
+/// binding pointed at it).
+fn start_trial(config: &mut Config) -> Result<Option<Arc<Bus>>, ExitCode> {
+    if config.dev.is_none() {
+        return Ok(None);
+    }
+    match Trial::start(config) {
+        Ok(t) => Ok(Some(t.bus)),
         Err(e) => {
-            eprintln!("epode-sidecar: cannot listen on {}: {e}", config.listen);
-            return ExitCode::FAILURE;
+            eprintln!("epode-sidecar: cannot start the local trial: {e}");
+            Err(ExitCode::FAILURE)
         }
-    };
-    let Ok(admin_listener) = config
+    }
+}
+
+/// Everything bound and built before serving starts.
+struct Prepared {
+    listeners: server::Listeners,
+    admin: Option<std::net::TcpListener>,
+    dispatcher: Arc<Dispatcher>,
+    shared: server::Shared,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+fn failed(what: &str, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("epode-sidecar: {what}: {e}");
+    ExitCode::FAILURE
+}
+
+/// Binds the listeners and builds the request path; a failure is reported and ends the process.
+fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, ExitCode> {
+    let listeners = server::bind(config.listen, config.workers)
+        .map_err(|e| failed(&format!("cannot listen on {}", config.listen), e))?;
+    let admin = config
         .admin_listen
         .map(std::net::TcpListener::bind)
         .transpose()
-        .inspect_err(|e| eprintln!("epode-sidecar: cannot listen on the admin address: {e}"))
-    else {
-        return ExitCode::FAILURE;
-    };
-    let local = listeners.local_addr;
+        .map_err(|e| failed("cannot listen on the admin address", e))?;
     let (cut, cut_rx) = tokio::sync::watch::channel(false);
-    let dispatcher = match Dispatcher::new(config.clone(), cut_rx) {
-        Ok(d) => Arc::new(d),
-        Err(e) => {
-            eprintln!("epode-sidecar: cannot start: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let tls = match listener_tls(&config) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("epode-sidecar: cannot start TLS on the listener: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let dispatcher = Dispatcher::new(config.clone(), cut_rx, bus)
+        .map(Arc::new)
+        .map_err(|e| failed("cannot start", e))?;
+    let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
     let shared = server::Shared::new(
         &dispatcher,
         connection_cap(config.limits.max_connections),
         tls,
     );
+    Ok(Prepared {
+        listeners,
+        admin,
+        dispatcher,
+        shared,
+        cut,
+    })
+}
+
+async fn run(mut config: Config) -> ExitCode {
+    let bus = match start_trial(&mut config) {
+        Ok(bus) => bus,
+        Err(code) => return code,
+    };
+    let config = Arc::new(config);
+    let Prepared {
+        listeners,
+        admin: admin_listener,
+        dispatcher,
+        shared,
+        cut,
+    } = match prepare(&config, bus.clone()) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let local = listeners.local_addr;
     // One line on stdout, so scripts and tests started with port 0 learn the address.
     println!("epode-sidecar listening on {local}");
     let (stop, stopped) = tokio::sync::watch::channel(false);
@@ -229,7 +280,7 @@ async fn run(config: Arc<Config>) -> ExitCode {
         }
         tokio::spawn(server::admin(listener, dispatcher.clone(), stopped.clone()));
     }
-    tracing::info!(listen = %local, upstream = %config.upstream.url, path = %config.path, workers = config.workers, tls = config.tls.is_some(), "epode-sidecar serving");
+    tracing::info!(listen = %local, upstream = %config.upstream.shown(), path = %config.path, workers = config.workers, tls = config.tls.is_some(), "epode-sidecar serving");
     let sweeper = spawn_sweeper(dispatcher.clone());
     let serving = server::serve(listeners, &dispatcher, shared, stopped);
     tokio::pin!(serving);
@@ -239,6 +290,9 @@ async fn run(config: Arc<Config>) -> ExitCode {
         () = shutdown_signal() => {
             tracing::info!("shutting down: no new connections; waiting for in-flight requests");
             let _ = stop.send(true);
+            if let Some(bus) = &bus {
+                bus.close();
+            }
             tokio::select! {
                 drained = &mut serving => drained,
                 () = tokio::time::sleep(config.shutdown_grace) => {
@@ -251,6 +305,7 @@ async fn run(config: Arc<Config>) -> ExitCode {
         }
     };
     sweeper.abort();
+    dispatcher.stop_upstream().await;
     // Queued telemetry is delivered within its own deadline before the process exits.
     dispatcher.binding().shutdown().await;
     if cut_short || !drained {

@@ -119,6 +119,11 @@ impl Error {
         &self.kind
     }
 
+    /// What a person needs to act on it, without the kind's wording.
+    pub(crate) fn cause(&self) -> &str {
+        &self.cause
+    }
+
     pub(crate) fn side(&self) -> Side {
         match self.kind {
             Kind::UpstreamUnreachable

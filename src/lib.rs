@@ -27,6 +27,7 @@ mod mcp;
 mod metrics;
 mod server;
 mod tls;
+mod trial;
 mod upstream;
 
 pub use cli::main;

@@ -232,8 +232,10 @@ async fn an_https_upstream_is_verified_against_the_ca_file() {
             &[],
         );
         assert_eq!(
-            out["result"]["structuredContent"]["sum"], 42,
-            "{mode}: {out}"
+            out["result"]["structuredContent"]["sum"],
+            42,
+            "{mode}: {out}\n{}",
+            sc.logs().join("\n")
         );
     }
     // Without the CA file, the upstream's certificate is not trusted: 502, with the id.

@@ -1,6 +1,8 @@
 """An example product MCP server, written with the official Python SDK (mcp==2.3.0) and knowing
-nothing of the sidecar. `scripts/demo.sh` runs it on 127.0.0.1:8000 with epode-sidecar in front.
+nothing of the sidecar. Over stdio (the SDK's default transport) epode-sidecar runs it as its
+child; over HTTP it listens on 127.0.0.1:8000 with the sidecar in front.
 
+    epode-sidecar --dev -- python server.py --stdio
     python server.py [--port 8000]
 """
 
@@ -59,6 +61,10 @@ async def export_orders(ctx: Context, batches: int = 3) -> str:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--stdio", action="store_true", help="speak MCP over stdin/stdout")
+    parser.add_argument("--port", type=int, default=8000, help="the HTTP port (without --stdio)")
     args = parser.parse_args()
-    mcp.run("streamable-http", host="127.0.0.1", port=args.port, stateless_http=True)
+    if args.stdio:
+        mcp.run("stdio")
+    else:
+        mcp.run("streamable-http", host="127.0.0.1", port=args.port, stateless_http=True)

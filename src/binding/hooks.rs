@@ -176,6 +176,12 @@ impl CallHook {
                     state: case.stage().as_str(),
                 })
                 .inc();
+            if let Some(bus) = &self.binding.bus {
+                bus.publish(
+                    "feedback",
+                    serde_json::json!({"tool": self.tool, "state": case.stage().as_str(), "mode": mode.as_str(), "interactionId": minted.claims.i}),
+                );
+            }
             let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
             changed = placement::decorate(
                 result,

@@ -29,6 +29,7 @@ use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
 use crate::mcp::raw::raw;
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::{FeedbackCallLabels, Metrics};
+use crate::trial::bus::Bus;
 
 /// The parts that exist only when feedback is on.
 struct Active {
@@ -49,6 +50,8 @@ pub(crate) struct FeedbackBinding {
     catalog: ToolCatalog,
     warned_shadowing: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The local trial's console, when `--dev` is on.
+    bus: Option<Arc<Bus>>,
 }
 
 impl FeedbackBinding {
@@ -57,6 +60,7 @@ impl FeedbackBinding {
         config: FeedbackConfig,
         counters: Counters,
         metrics: Arc<Metrics>,
+        bus: Option<Arc<Bus>>,
     ) -> Result<Arc<Self>, Error> {
         let active = match (&config.key, config.mode.is_enabled()) {
             (Some(key), true) => {
@@ -91,6 +95,7 @@ impl FeedbackBinding {
             catalog: ToolCatalog::default(),
             warned_shadowing: AtomicBool::new(false),
             metrics,
+            bus,
         }))
     }
 

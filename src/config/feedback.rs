@@ -84,7 +84,11 @@ pub(super) struct RawFeedback {
 }
 
 impl FeedbackConfig {
-    pub(super) fn try_from_raw(raw: &mut RawFeedback) -> Result<FeedbackConfig, ConfigError> {
+    /// `dev`: the local trial, which makes its own ephemeral key and refuses a real one.
+    pub(super) fn try_from_raw(
+        raw: &mut RawFeedback,
+        dev: bool,
+    ) -> Result<FeedbackConfig, ConfigError> {
         let mut mode: FeedbackMode = parsed(raw.feedback_mode.take(), "feedback_mode", |m| {
             m.parse().ok()
         })?;
@@ -99,15 +103,22 @@ impl FeedbackConfig {
         if !enabled {
             mode = FeedbackMode::Off;
         }
-        let key = parse_product_key(value(raw.api_key.take()))?;
+        let mut key = parse_product_key(value(raw.api_key.take()))?;
+        if dev {
+            if key.is_some() {
+                return Err(ConfigError::Invalid {
+                    name: display_name(lookup("api_key")),
+                    value: "<set, while --dev is on>".to_owned(),
+                    accepts: "no key with --dev (EPODE_SIDECAR_DEV): the local trial makes an ephemeral key for its embedded Epode and never talks to the real service; unset EPODE_API_KEY, or drop --dev to use it",
+                });
+            }
+            key = Some(ProductKey::ephemeral());
+        }
         if key.is_none() && mode.is_enabled() {
             let s = lookup("api_key");
             return Err(ConfigError::Missing {
-                name: format!(
-                    "{} (or AGENT_FEEDBACK_MODE=off to run without feedback)",
-                    display_name(s)
-                ),
-                accepts: s.accepts,
+                name: display_name(s),
+                accepts: "an Epode product key af_live_… from your Epode workspace. To try the sidecar without an Epode account, run it with --dev (or EPODE_SIDECAR_DEV=1): an embedded Epode on this machine, with a live console. To run without feedback, set AGENT_FEEDBACK_MODE=off",
             });
         }
         Ok(FeedbackConfig {

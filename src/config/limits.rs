@@ -25,7 +25,7 @@ pub(crate) struct Rate {
 }
 
 impl Rate {
-    fn parse(raw: &str) -> Option<Rate> {
+    pub(super) fn parse(raw: &str) -> Option<Rate> {
         let (count, unit) = raw.trim().split_once('/')?;
         let count = NonZeroU32::new(count.trim().parse().ok()?)?;
         let per = match unit.trim() {
@@ -37,7 +37,7 @@ impl Rate {
         Some(Rate { count, per })
     }
 
-    fn shown(&self) -> String {
+    pub(super) fn shown(&self) -> String {
         let unit = match self.per.as_secs() {
             1 => "s",
             60 => "m",

@@ -15,13 +15,17 @@ use figment::Figment;
 use serde::Deserialize;
 use url::Url;
 
+mod dev;
 mod feedback;
 mod limits;
 mod settings;
+mod stdio;
 #[cfg(test)]
 mod tests;
 mod tls;
 
+pub(crate) use self::dev::DevConfig;
+use self::dev::RawDev;
 pub(crate) use self::feedback::FeedbackConfig;
 use self::feedback::RawFeedback;
 use self::limits::RawLimits;
@@ -29,6 +33,8 @@ pub(crate) use self::limits::{ConnectionCap, Limits, Rate};
 pub(crate) use self::settings::settings_markdown;
 pub(crate) use self::settings::ConfigError;
 use self::settings::{invalid, missing, CONFIG_FILE_ENV};
+use self::stdio::RawStdio;
+pub(crate) use self::stdio::StdioCommand;
 use self::tls::RawTls;
 pub(crate) use self::tls::{ListenerTls, UpstreamTls};
 
@@ -69,6 +75,25 @@ pub(crate) enum LogFormat {
     Json,
 }
 
+/// How the sidecar reaches the upstream MCP server.
+#[derive(Debug, Clone)]
+pub(crate) enum Transport {
+    /// A Streamable HTTP endpoint.
+    Http(UpstreamTarget),
+    /// A child process spoken to over stdin/stdout.
+    Stdio(StdioCommand),
+}
+
+impl Transport {
+    /// How logs show the upstream (a URL, or the program the sidecar runs).
+    pub(crate) fn shown(&self) -> String {
+        match self {
+            Transport::Http(t) => t.url.to_string(),
+            Transport::Stdio(c) => format!("stdio: {}", c.shown()),
+        }
+    }
+}
+
 /// The upstream MCP endpoint.
 #[derive(Debug, Clone)]
 pub(crate) struct UpstreamTarget {
@@ -80,7 +105,7 @@ pub(crate) struct UpstreamTarget {
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) listen: SocketAddr,
-    pub(crate) upstream: UpstreamTarget,
+    pub(crate) upstream: Transport,
     pub(crate) path: String,
     pub(crate) allowed_origins: OriginPolicy,
     pub(crate) allowed_hosts: HostPolicy,
@@ -104,6 +129,8 @@ pub(crate) struct Config {
     pub(crate) admin_listen: Option<SocketAddr>,
     pub(crate) log: String,
     pub(crate) log_format: LogFormat,
+    /// The local trial (`--dev`), when on.
+    pub(crate) dev: Option<DevConfig>,
 }
 
 /// Values given on the command line; absent ones leave the lower layers in force.
@@ -111,6 +138,8 @@ pub(crate) struct Config {
 pub(crate) struct FlagValues {
     pub(crate) config_file: Option<PathBuf>,
     pub(crate) values: BTreeMap<&'static str, String>,
+    /// A stdio MCP server's command line, as given after `--`.
+    pub(crate) command: Vec<String>,
 }
 
 /// A setting's value as any layer gives it: a string (environment, flags), or a TOML string,
@@ -197,6 +226,19 @@ struct RawConfig {
     upstream_client_cert: Option<Scalar>,
     upstream_client_key: Option<Scalar>,
     admin_listen: Option<Scalar>,
+    upstream_command: Option<Scalar>,
+    upstream_cwd: Option<Scalar>,
+    upstream_env: Option<Scalar>,
+    upstream_stop_grace: Option<Scalar>,
+    upstream_restart_max_delay: Option<Scalar>,
+    upstream_stdin_queue: Option<Scalar>,
+    upstream_stderr_rate: Option<Scalar>,
+    dev: Option<Scalar>,
+    dev_log: Option<Scalar>,
+    dev_log_max_bytes: Option<Scalar>,
+    /// The command line after `--` (not a layer's key).
+    #[serde(skip)]
+    argv: Vec<String>,
 }
 
 /// A raw value, trimmed; blank counts as unset.
@@ -282,7 +324,7 @@ impl Config {
         let from_env: BTreeMap<&str, &String> = settings::all()
             .filter_map(|s| Some((s.key, s.env.iter().find_map(|name| env.get(*name))?)))
             .collect();
-        let raw: RawConfig = figment
+        let mut raw: RawConfig = figment
             .merge(Serialized::defaults(from_env))
             .merge(Serialized::defaults(&flags.values))
             .extract()
@@ -290,7 +332,12 @@ impl Config {
                 path: file.unwrap_or_else(|| PathBuf::from("<settings>")),
                 message: e.to_string(),
             })?;
-        Config::try_from(raw)
+        raw.argv.clone_from(&flags.command);
+        let mut config = Config::try_from(raw)?;
+        if let Transport::Stdio(command) = &mut config.upstream {
+            command.select_env(&env);
+        }
+        Ok(config)
     }
 
     /// The effective configuration as TOML-like lines, secrets redacted (`--check-config`).
@@ -348,6 +395,27 @@ impl RawConfig {
         }
     }
 
+    fn take_stdio(&mut self) -> RawStdio {
+        RawStdio {
+            upstream: self.upstream.take(),
+            upstream_command: self.upstream_command.take(),
+            upstream_cwd: self.upstream_cwd.take(),
+            upstream_env: self.upstream_env.take(),
+            upstream_stop_grace: self.upstream_stop_grace.take(),
+            upstream_restart_max_delay: self.upstream_restart_max_delay.take(),
+            upstream_stdin_queue: self.upstream_stdin_queue.take(),
+            upstream_stderr_rate: self.upstream_stderr_rate.take(),
+        }
+    }
+
+    fn take_dev(&mut self) -> RawDev {
+        RawDev {
+            dev: self.dev.take(),
+            dev_log: self.dev_log.take(),
+            dev_log_max_bytes: self.dev_log_max_bytes.take(),
+        }
+    }
+
     fn take_feedback(&mut self) -> RawFeedback {
         RawFeedback {
             feedback_mode: self.feedback_mode.take(),
@@ -376,9 +444,11 @@ impl TryFrom<RawConfig> for Config {
         let (tls, upstream_tls, admin_listen) = tls::check(raw.take_tls())?;
         let limits = Limits::try_from_raw(raw.take_limits())?;
         let mut raw_feedback = raw.take_feedback();
+        let upstream = stdio::check(raw.take_stdio(), &raw.argv)?;
+        let raw_dev = raw.take_dev();
         let listen: SocketAddr = parsed(raw.listen, "listen", |v| v.parse().ok())?;
         let loopback = listen.ip().is_loopback();
-        let upstream = parsed(raw.upstream, "upstream", parse_upstream)?;
+        let dev = dev::check(raw_dev, loopback)?;
         Ok(Config {
             listen,
             upstream,
@@ -412,7 +482,8 @@ impl TryFrom<RawConfig> for Config {
                 "public" => Some("public"),
                 _ => None,
             })?,
-            feedback: FeedbackConfig::try_from_raw(&mut raw_feedback)?,
+            feedback: FeedbackConfig::try_from_raw(&mut raw_feedback, dev.is_some())?,
+            dev,
             log: {
                 let log = required(raw.log, "log")?;
                 if tracing_subscriber::EnvFilter::builder()
@@ -484,7 +555,7 @@ fn hosts(raw: Option<String>, loopback: bool) -> Result<HostPolicy, ConfigError>
     Ok(HostPolicy::List(list))
 }
 
-fn parse_upstream(raw: &str) -> Option<UpstreamTarget> {
+pub(super) fn parse_upstream(raw: &str) -> Option<UpstreamTarget> {
     let url = Url::parse(raw).ok()?;
     if !matches!(url.scheme(), "http" | "https") || url.fragment().is_some() {
         return None;

@@ -51,8 +51,11 @@ pub(super) const CORE: &[Setting] = &[
         &["EPODE_SIDECAR_UPSTREAM"],
         None,
         "an http:// or https:// URL of the upstream MCP endpoint, such as http://127.0.0.1:8000/mcp",
-        "The upstream MCP server's Streamable HTTP endpoint (required).",
-        |c| c.upstream.url.to_string(),
+        "The upstream MCP server's Streamable HTTP endpoint. Required, unless the upstream is a stdio MCP server the sidecar runs (`EPODE_SIDECAR_UPSTREAM_COMMAND`, or a command after `--`).",
+        |c| match &c.upstream {
+            super::Transport::Http(t) => t.url.to_string(),
+            super::Transport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
+        },
     ),
     setting(
         "listen",
@@ -204,10 +207,12 @@ pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
 /// Every setting the sidecar reads, in groups, in the order the README lists them.
 pub(super) const GROUPS: &[(&str, &[Setting])] = &[
     ("Upstream, listener and MCP front", CORE),
+    ("A stdio upstream", super::stdio::STDIO),
     ("Limits", super::limits::LIMITS),
     ("TLS and the admin listener", super::tls::TLS),
     ("Rate limits", super::limits::RATES),
     ("Epode feedback", super::feedback::FEEDBACK),
+    ("The local trial (--dev)", super::dev::DEV),
 ];
 
 /// Every setting.
@@ -229,7 +234,7 @@ fn markdown_row(s: &Setting) -> String {
     }
     let default = match s.default {
         Some(d) => format!("`{d}`"),
-        None if s.key == "upstream" => "(required)".to_owned(),
+        None if s.key == "upstream" => "(required, or a command)".to_owned(),
         None => "unset".to_owned(),
     };
     format!(

@@ -24,7 +24,10 @@ fn defaults_apply() {
     assert_eq!(c.shutdown_grace, Duration::from_secs(10));
     assert_eq!(c.allowed_origins, OriginPolicy::Loopback);
     assert_eq!(c.allowed_hosts, HostPolicy::Loopback);
-    assert_eq!(c.upstream.authority, "127.0.0.1:8000");
+    let Transport::Http(target) = &c.upstream else {
+        panic!("an HTTP upstream")
+    };
+    assert_eq!(target.authority, "127.0.0.1:8000");
     assert_eq!(c.log_format, LogFormat::Text);
 }
 
@@ -87,6 +90,7 @@ fn layers_override_in_order() {
     let flags = FlagValues {
         config_file: Some(file),
         values: [("path", "/flag".to_owned())].into_iter().collect(),
+        command: Vec::new(),
     };
     let c = Config::from_layers(
         env(&[
@@ -97,7 +101,10 @@ fn layers_override_in_order() {
         &flags,
     )
     .unwrap();
-    assert_eq!(c.upstream.url.as_str(), "http://127.0.0.1:1/mcp");
+    let Transport::Http(target) = &c.upstream else {
+        panic!("an HTTP upstream")
+    };
+    assert_eq!(target.url.as_str(), "http://127.0.0.1:1/mcp");
     assert_eq!(c.max_body_bytes, 20);
     assert_eq!(c.path, "/flag");
     assert_eq!(
@@ -220,4 +227,158 @@ fn tool_selection() {
     assert!(!f.includes("browser_a/b"), "* does not cross /");
     assert!(f.includes("get_order"));
     assert_eq!(f.identity_headers.len(), 1);
+}
+
+fn stdio_config(pairs: &[(&str, &str)], command: &[&str]) -> Result<Config, ConfigError> {
+    let flags = FlagValues {
+        command: command.iter().map(|s| (*s).to_owned()).collect(),
+        ..FlagValues::default()
+    };
+    Config::from_layers(env(pairs), &flags)
+}
+
+#[test]
+fn a_command_after_the_separator_or_in_the_setting_is_a_stdio_upstream() {
+    let c = stdio_config(&[OFF], &["python", "server.py", "--stdio"]).unwrap();
+    let Transport::Stdio(cmd) = &c.upstream else {
+        panic!("stdio")
+    };
+    assert_eq!(cmd.program, "python");
+    assert_eq!(cmd.args, ["server.py", "--stdio"]);
+    let c = stdio_config(
+        &[
+            OFF,
+            (
+                "EPODE_SIDECAR_UPSTREAM_COMMAND",
+                r#"uv run "my server.py" --name 'a b'"#,
+            ),
+        ],
+        &[],
+    )
+    .unwrap();
+    let Transport::Stdio(cmd) = &c.upstream else {
+        panic!("stdio")
+    };
+    assert_eq!(cmd.program, "uv");
+    assert_eq!(cmd.args, ["run", "my server.py", "--name", "a b"]);
+    // The command line wins over the setting.
+    let c = stdio_config(
+        &[OFF, ("EPODE_SIDECAR_UPSTREAM_COMMAND", "other")],
+        &["mine"],
+    )
+    .unwrap();
+    let Transport::Stdio(cmd) = &c.upstream else {
+        panic!("stdio")
+    };
+    assert_eq!(cmd.program, "mine");
+}
+
+#[test]
+fn an_upstream_is_one_url_or_one_command() {
+    let both = stdio_config(&[UP, OFF], &["python", "server.py"])
+        .unwrap_err()
+        .to_string();
+    assert!(both.contains("give one of them"), "{both}");
+    let neither = stdio_config(&[OFF], &[]).unwrap_err().to_string();
+    assert!(
+        neither.contains("--") && neither.contains("EPODE_SIDECAR_UPSTREAM"),
+        "{neither}"
+    );
+    let unbalanced = stdio_config(
+        &[OFF, ("EPODE_SIDECAR_UPSTREAM_COMMAND", "python 'server.py")],
+        &[],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        unbalanced.contains("EPODE_SIDECAR_UPSTREAM_COMMAND"),
+        "{unbalanced}"
+    );
+}
+
+#[test]
+fn the_child_sees_only_the_allowed_environment_and_never_the_key() {
+    let c = stdio_config(
+        &[
+            ("EPODE_API_KEY", KEY),
+            ("AGENT_FEEDBACK_KEY", KEY),
+            ("EPODE_SIDECAR_LOG", "debug"),
+            ("EPODE_SIDECAR_UPSTREAM_ENV", "PATH,MYAPP_*,EPODE_*,AGENT_*"),
+            ("PATH", "/usr/bin"),
+            ("MYAPP_TOKEN", "t"),
+            ("OTHER_SECRET", "s"),
+            ("HOME", "/root"),
+        ],
+        &["server"],
+    )
+    .unwrap();
+    let Transport::Stdio(cmd) = &c.upstream else {
+        panic!("stdio")
+    };
+    let names: Vec<&str> = cmd.env.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["MYAPP_TOKEN", "PATH"]);
+    // The default list passes the usual variables, and never the key.
+    let c = stdio_config(
+        &[
+            ("EPODE_API_KEY", KEY),
+            ("HOME", "/h"),
+            ("LC_ALL", "C"),
+            ("PYTHONPATH", "/p"),
+            ("SECRET", "x"),
+        ],
+        &["server"],
+    )
+    .unwrap();
+    let Transport::Stdio(cmd) = &c.upstream else {
+        panic!("stdio")
+    };
+    let names: Vec<&str> = cmd.env.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, ["HOME", "LC_ALL", "PYTHONPATH"]);
+    assert!(
+        !format!("{cmd:?}").contains("/p"),
+        "Debug never shows values"
+    );
+}
+
+#[test]
+fn dev_needs_no_key_refuses_one_and_stays_on_loopback() {
+    let c = Config::from_layers(
+        env(&[UP, ("EPODE_SIDECAR_DEV", "1")]),
+        &FlagValues::default(),
+    )
+    .unwrap();
+    assert!(c.dev.is_some());
+    assert!(c.feedback.key.is_some(), "an ephemeral key");
+    assert_eq!(c.feedback.mode, FeedbackMode::NeverAsk);
+    let with_key = Config::from_layers(
+        env(&[UP, ("EPODE_SIDECAR_DEV", "true"), ("EPODE_API_KEY", KEY)]),
+        &FlagValues::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        with_key.contains("--dev") && !with_key.contains("secret"),
+        "{with_key}"
+    );
+    let public = Config::from_layers(
+        env(&[
+            UP,
+            ("EPODE_SIDECAR_DEV", "1"),
+            ("EPODE_SIDECAR_LISTEN", "0.0.0.0:8080"),
+        ]),
+        &FlagValues::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(public.contains("loopback"), "{public}");
+}
+
+#[test]
+fn without_a_key_the_error_says_how_to_try_or_turn_feedback_off() {
+    let msg = Config::from_layers(env(&[UP]), &FlagValues::default())
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("EPODE_API_KEY"), "{msg}");
+    assert!(msg.contains("--dev"), "{msg}");
+    assert!(msg.contains("AGENT_FEEDBACK_MODE=off"), "{msg}");
 }

@@ -23,6 +23,7 @@ use crate::frontdoor;
 use crate::limits::{retry_after_secs, InFlight, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
+use crate::trial::bus::Bus;
 use crate::upstream::Upstream;
 
 /// One worker's request path: the configuration, its view of the upstream, the binding, and
@@ -37,22 +38,35 @@ pub(crate) struct Dispatcher {
     rates: Arc<RateLimits>,
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
     cut: watch::Receiver<bool>,
+    /// The local trial's console, when `--dev` is on.
+    bus: Option<Arc<Bus>>,
 }
 
 /// What is known of a request for its accounting, as it travels.
 struct Seen {
     method: &'static str,
     era: &'static str,
+    /// The tool of a `tools/call`, noted only for the local trial's console.
+    tool: Option<String>,
 }
 
 impl Dispatcher {
     /// Builds the request path; with feedback on, this starts the telemetry task, so it must
     /// run inside the runtime.
-    pub(crate) fn new(config: Arc<Config>, cut: watch::Receiver<bool>) -> Result<Self, Error> {
+    pub(crate) fn new(
+        config: Arc<Config>,
+        cut: watch::Receiver<bool>,
+        bus: Option<Arc<Bus>>,
+    ) -> Result<Self, Error> {
         let counters = Counters::new();
         let metrics = Arc::new(Metrics::new(&counters));
         let budget = MemoryBudget::new(config.limits.memory_budget);
-        let binding = FeedbackBinding::new(config.feedback.clone(), counters, metrics.clone())?;
+        let binding = FeedbackBinding::new(
+            config.feedback.clone(),
+            counters,
+            metrics.clone(),
+            bus.clone(),
+        )?;
         Ok(Dispatcher {
             upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
             in_flight: InFlight::new(config.limits.max_in_flight),
@@ -62,6 +76,7 @@ impl Dispatcher {
             metrics,
             budget,
             cut,
+            bus,
         })
     }
 
@@ -76,7 +91,13 @@ impl Dispatcher {
             in_flight: self.in_flight.clone(),
             rates: self.rates.clone(),
             cut: self.cut.clone(),
+            bus: self.bus.clone(),
         }
+    }
+
+    /// The local trial's console, when `--dev` is on.
+    pub(crate) fn console(&self) -> Option<&Arc<Bus>> {
+        self.bus.as_ref()
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -89,6 +110,11 @@ impl Dispatcher {
 
     pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
         self.metrics.clone()
+    }
+
+    /// Stops a stdio upstream's child process (after the last request) and waits for it.
+    pub(crate) async fn stop_upstream(&self) {
+        self.upstream.shutdown().await;
     }
 
     /// Whether the upstream answers (readiness).
@@ -122,6 +148,7 @@ impl Dispatcher {
         let mut seen = Seen {
             method: "-",
             era: "-",
+            tool: None,
         };
         let resp = self.serve(req, peer, abandoned, &mut seen).await;
         let status = resp.status();
@@ -148,7 +175,26 @@ impl Dispatcher {
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             "request"
         );
+        if let Some(bus) = &self.bus {
+            bus.publish(
+                "call",
+                serde_json::json!({"method": seen.method, "tool": seen.tool, "era": seen.era, "status": status.as_u16(), "durationMs": elapsed.as_millis() as u64}),
+            );
+        }
         resp
+    }
+
+    /// What the accounting of a request needs to know of it.
+    fn note(&self, seen: &mut Seen, request: &frontdoor::Request<'_>) {
+        seen.method = method_label(request.method());
+        if self.bus.is_some() && request.method() == "tools/call" {
+            seen.tool = request.env.name().map(|n| n.into_owned());
+        }
+        seen.era = if request.era.is_modern() {
+            "2026-07-28"
+        } else {
+            "2025"
+        };
     }
 
     async fn serve(
@@ -205,6 +251,7 @@ impl Dispatcher {
         let request = match frontdoor::admit(&parts, &bytes) {
             Ok(Some(r)) => r,
             Ok(None) => {
+                self.upstream.tell(&parts.headers, &bytes).await;
                 let mut resp = Response::new(body::empty());
                 *resp.status_mut() = StatusCode::ACCEPTED;
                 return resp;
@@ -214,12 +261,7 @@ impl Dispatcher {
                 return e.into_response(id);
             }
         };
-        seen.method = method_label(request.method());
-        seen.era = if request.era.is_modern() {
-            "2026-07-28"
-        } else {
-            "2025"
-        };
+        self.note(seen, &request);
         let mut cut = self.cut.clone();
         let answered = tokio::select! {
             answered = self.dispatch(&request, abandoned) => answered,

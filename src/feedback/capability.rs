@@ -82,6 +82,23 @@ impl ProductKey {
         })
     }
 
+    /// A fresh random write key for a local trial (`--dev`): it is only ever shown to the
+    /// embedded Epode in the same process.
+    pub(crate) fn ephemeral() -> Self {
+        use rand::Rng as _;
+        let mut rng = rand::rng();
+        let hex = |rng: &mut rand::rngs::ThreadRng| -> String {
+            (0..HEX_ID_LEN)
+                .map(|_| char::from(b"0123456789abcdef"[rng.random_range(0..16)]))
+                .collect()
+        };
+        let secret: String = (0..40)
+            .map(|_| char::from(rng.sample(rand::distr::Alphanumeric)))
+            .collect();
+        let key = format!("{LIVE_PREFIX}{}_{}_{secret}", hex(&mut rng), hex(&mut rng));
+        Self::parse(&key).unwrap_or_else(|_| unreachable!("a key built in the parsed form"))
+    }
+
     /// The key id, lowercase, as it appears in every handle.
     #[cfg(test)]
     pub(crate) fn key_id(&self) -> &str {

@@ -18,7 +18,7 @@ use super::capability::FeedbackHandle;
 use super::{FeedbackMode, CONSENT_TOOL, REPORT_TOOL};
 
 /// Epode's default origin (`AGENT_FEEDBACK_URL` overrides it).
-#[cfg_attr(not(test), allow(dead_code))] // the embedded --dev Epode will answer approvals with the HTTP envelope
+#[cfg(test)]
 pub(crate) const DEFAULT_ENDPOINT: &str = "https://app.epode.ai";
 
 /// The privacy rule every envelope carries.
@@ -144,8 +144,6 @@ pub(crate) enum Case {
     /// The contract Epode returns once consent is approved (Ask always or Ask once).
     /// `protocol_tool` mirrors Epode's claim that MCP telemetry for the interaction arrived;
     /// `flipped_from_declined` adds its caution text.
-    #[cfg_attr(not(test), allow(dead_code))]
-    // the embedded --dev Epode will answer approvals with the HTTP envelope
     ApprovedAfterConsent {
         configured: FeedbackMode,
         protocol_tool: bool,
@@ -229,7 +227,6 @@ impl Case {
 
     /// Reliability as the HTTP envelope states it; the MCP projection always says
     /// `protocol_tool`, since there the tools are registered.
-    #[cfg_attr(not(test), allow(dead_code))] // the embedded --dev Epode will answer approvals with the HTTP envelope
     fn http_reliability(self) -> &'static str {
         match self {
             Case::ApprovedAfterConsent {
@@ -299,7 +296,6 @@ impl Envelope {
 
     /// The protocol (HTTP) envelope, as `envelope.schema.json` describes it; `endpoint` is
     /// Epode's origin, for the `url` fields.
-    #[cfg_attr(not(test), allow(dead_code))] // the embedded --dev Epode will answer approvals with the HTTP envelope
     pub(crate) fn http(&self, endpoint: &str) -> Value {
         let endpoint = endpoint.trim_end_matches('/');
         let case = self.case;

@@ -34,10 +34,15 @@ impl Request<'_> {
     }
 }
 
+/// Host and Origin (DNS-rebinding protection), for every page the sidecar serves.
+pub(crate) fn check_host_and_origin(config: &Config, parts: &Parts) -> Result<(), Error> {
+    checks::check_host(&config.allowed_hosts, parts)?;
+    checks::check_origin(&config.allowed_origins, &parts.headers)
+}
+
 /// The head checks: Host, Origin, and POST only.
 pub(crate) fn check_head(config: &Config, parts: &Parts) -> Result<(), Error> {
-    checks::check_host(&config.allowed_hosts, parts)?;
-    checks::check_origin(&config.allowed_origins, &parts.headers)?;
+    check_host_and_origin(config, parts)?;
     if parts.method != Method::POST {
         return Err(Error::new(
             Kind::MethodNotAllowed,

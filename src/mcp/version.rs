@@ -14,6 +14,7 @@ pub(crate) const META_CLIENT_CAPABILITIES: &str = "io.modelcontextprotocol/clien
 pub(crate) const META_CLIENT_INFO: &str = "io.modelcontextprotocol/clientInfo";
 pub(crate) const META_LOG_LEVEL: &str = "io.modelcontextprotocol/logLevel";
 pub(crate) const META_SERVER_INFO: &str = "io.modelcontextprotocol/serverInfo";
+pub(crate) const META_SUBSCRIPTION_ID: &str = "io.modelcontextprotocol/subscriptionId";
 
 /// Envelope keys a 2025-era upstream does not know; removed before a request goes to one.
 pub(crate) const ENVELOPE_KEYS: [&str; 4] = [

@@ -317,6 +317,18 @@ async fn route(
         let abandoned = Abandoned::default();
         return OnAbandon::new(dispatcher.mcp(req, peer, abandoned.clone()), abandoned).await;
     }
+    if let Some(bus) = dispatcher.console() {
+        if req.uri().path().starts_with("/_dev") {
+            let (parts, _) = req.into_parts();
+            if let Err(e) = crate::frontdoor::check_host_and_origin(dispatcher.config(), &parts) {
+                return e.into_response(None);
+            }
+            if let Some(resp) = crate::trial::console::route(bus, &parts.method, parts.uri.path()) {
+                return resp;
+            }
+            return operations(dispatcher, &Request::from_parts(parts, ()), false).await;
+        }
+    }
     let metrics_here = dispatcher.config().admin_listen.is_none();
     operations(dispatcher, &req, metrics_here).await
 }

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::UpstreamBody;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
@@ -69,7 +69,7 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
 
 /// Reads an upstream answer whole (JSON, or an SSE stream to its end) within its bounds.
 pub(crate) async fn read_answer(
-    resp: Response<Incoming>,
+    resp: Response<UpstreamBody>,
     bounds: &AnswerBounds,
 ) -> Result<ReadAnswer, Error> {
     let (parts, body) = resp.into_parts();
@@ -85,7 +85,10 @@ pub(crate) async fn read_answer(
     })
 }
 
-async fn read_body(body: Incoming, bounds: &AnswerBounds) -> Result<(Bytes, Reservation), Error> {
+async fn read_body(
+    body: UpstreamBody,
+    bounds: &AnswerBounds,
+) -> Result<(Bytes, Reservation), Error> {
     match budget::collect(body, bounds.max_answer, &bounds.budget, bounds.timeout).await {
         Ok(read) => Ok(read),
         Err(Collect::TooLarge) => Err({
@@ -131,7 +134,7 @@ fn parse_message(headers: &HeaderMap, bytes: &Bytes) -> Option<Value> {
 /// upstream speaks 2025 and the client 2026, so a JSON-RPC error the upstream sent with 200
 /// gets the status 2026 gives it (404 for an unknown method). Errors name the request `id`.
 pub(crate) async fn finish(
-    resp: Response<Incoming>,
+    resp: Response<UpstreamBody>,
     id: &RawValue,
     mut plan: ResultPlan,
     fix_status: bool,
@@ -142,10 +145,7 @@ pub(crate) async fn finish(
     parts.headers.remove(SESSION_ID);
     if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
         // No result: the plan, dropped here, reports a failure.
-        return Ok(Response::from_parts(
-            parts,
-            body.map_err(Into::into).boxed_unsync(),
-        ));
+        return Ok(Response::from_parts(parts, body.boxed_unsync()));
     }
     if is_event_stream(&parts.headers) {
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -204,8 +204,8 @@ pub(crate) async fn finish(
 }
 
 /// The upstream's response as it is (less its session id), streamed frame by frame.
-pub(crate) fn stream_back(resp: Response<Incoming>) -> Response<Body> {
+pub(crate) fn stream_back(resp: Response<UpstreamBody>) -> Response<Body> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
-    Response::from_parts(parts, body.map_err(Into::into).boxed_unsync())
+    Response::from_parts(parts, body.boxed_unsync())
 }

@@ -5,34 +5,35 @@
 
 pub(crate) mod answer;
 pub(crate) mod era;
+mod hop;
 pub(crate) mod http;
 mod session;
+mod stdio;
 pub(crate) mod translate;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ::http::{header, HeaderMap, HeaderValue, Response};
 use bytes::Bytes;
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use self::answer::{read_answer, AnswerBounds, ReadAnswer};
 pub(crate) use self::era::Era;
 use self::era::{is_final_refusal, supports_modern, Verdict};
+use self::hop::Hop;
+pub(crate) use self::hop::UpstreamBody;
 use self::http::HttpUpstream;
 use self::session::{close_upstream, Sessions};
+use self::stdio::{StdioBounds, StdioUpstream};
 use self::translate::{discover_from_init, set_modern_headers, sidecar_info};
 use crate::budget::MemoryBudget;
-use crate::config::Config;
+use crate::config::{Config, Transport};
 use crate::error::{Error, Kind};
 use crate::mcp::headers as mcp_headers;
 use crate::mcp::version::{self, MODERN};
 use crate::metrics::{method_label, MethodLabels, Metrics};
 
-/// How recently the upstream must have answered for readiness to hold without a probe.
-const READY_WINDOW: Duration = Duration::from_secs(10);
 /// Pages of `tools/list` the sidecar reads when it lists the tools itself.
 const MAX_LIST_PAGES: usize = 20;
 
@@ -53,7 +54,7 @@ pub(crate) struct Discovery {
 
 /// A request sent upstream: the response head, and what the sidecar learned on the way.
 pub(crate) struct Sent {
-    pub(crate) response: Response<Incoming>,
+    pub(crate) response: Response<UpstreamBody>,
     pub(crate) era: Era,
     /// The upstream's identity from a 2025-era handshake (2026 results carry their own).
     pub(crate) server_info: Option<Value>,
@@ -68,9 +69,10 @@ struct Shared {
     counter: AtomicU64,
 }
 
-/// One worker's view of the upstream: its own connection pool, shared knowledge.
+/// One worker's view of the upstream: its own connection pool (or the shared child process),
+/// shared knowledge.
 pub(crate) struct Upstream {
-    http: HttpUpstream,
+    hop: Hop,
     shared: Arc<Shared>,
     bounds: AnswerBounds,
     metrics: Arc<Metrics>,
@@ -88,12 +90,28 @@ impl Upstream {
                 format!("the upstream TLS configuration: {e}"),
             )
         })?;
-        Ok(Upstream {
-            http: HttpUpstream::new(
-                config.upstream.clone(),
+        let on_limit: Arc<dyn Fn(&'static str) + Send + Sync> = {
+            let metrics = metrics.clone();
+            Arc::new(move |kind| metrics.limit(kind))
+        };
+        let hop = match &config.upstream {
+            Transport::Http(target) => Hop::Http(HttpUpstream::new(
+                target.clone(),
                 config.upstream_timeout,
                 Arc::new(tls),
-            ),
+            )),
+            Transport::Stdio(command) => Hop::Stdio(StdioUpstream::start(
+                command,
+                StdioBounds {
+                    timeout: config.upstream_timeout,
+                    budget: budget.clone(),
+                    max_line: config.limits.max_upstream_answer,
+                    on_limit: on_limit.clone(),
+                },
+            )?),
+        };
+        Ok(Upstream {
+            hop,
             shared: Arc::new(Shared {
                 verdict: Verdict::new(config.upstream_protocol),
                 sessions: Sessions::new(
@@ -108,10 +126,7 @@ impl Upstream {
                 max_answer: config.limits.max_upstream_answer,
                 max_event: config.limits.max_sse_event,
                 timeout: config.upstream_timeout,
-                on_limit: {
-                    let metrics = metrics.clone();
-                    Arc::new(move |kind| metrics.limit(kind))
-                },
+                on_limit,
             },
             metrics,
         })
@@ -120,7 +135,7 @@ impl Upstream {
     /// The same upstream for another worker: its own pool, the same knowledge.
     pub(crate) fn for_worker(&self) -> Self {
         Upstream {
-            http: self.http.for_worker(),
+            hop: self.hop.for_worker(),
             shared: self.shared.clone(),
             bounds: self.bounds.clone(),
             metrics: self.metrics.clone(),
@@ -133,7 +148,7 @@ impl Upstream {
 
     /// Closes upstream the sessions unused for the idle time (call now and then).
     pub(crate) fn sweep_sessions(&self) {
-        close_upstream(&self.http, self.shared.sessions.sweep());
+        close_upstream(&self.hop, self.shared.sessions.sweep());
         self.metrics
             .upstream_sessions
             .set(self.shared.sessions.len() as i64);
@@ -168,18 +183,47 @@ impl Upstream {
     /// it may come back as another build).
     pub(crate) fn forget(&self) {
         self.shared.verdict.forget();
-        close_upstream(&self.http, self.shared.sessions.clear());
+        close_upstream(&self.hop, self.shared.sessions.clear());
     }
 
-    /// Whether the upstream answered recently, or answers a POSTed `ping` now.
+    /// Whether the upstream answered recently, or answers a POSTed `ping` now (a stdio
+    /// child: whether it runs).
     pub(crate) async fn ready(&self) -> bool {
-        self.http.answered_within(READY_WINDOW) || self.http.probe().await
+        self.hop.ready().await
+    }
+
+    /// A client's message that needs no answer: its answer to a server request, or a
+    /// `notifications/cancelled`. A stdio child is told (the sidecar routes them); an HTTP
+    /// upstream has no session of the client's to tell, so nothing goes.
+    pub(crate) async fn tell(&self, client: &HeaderMap, bytes: &Bytes) {
+        if !self.hop.takes_client_notes() {
+            return;
+        }
+        let Some(msg) = crate::mcp::raw::parse_message(bytes) else {
+            return;
+        };
+        let relevant = match msg.get("method") {
+            None => msg.contains_key("id"),
+            Some(m) => m.get() == r#""notifications/cancelled""#,
+        };
+        if !relevant {
+            return;
+        }
+        let headers = self.hop.base_headers(client);
+        if let Err(e) = self.hop.post(headers, bytes.clone(), None, true).await {
+            tracing::debug!(error = %e, "a client's message did not reach the upstream");
+        }
+    }
+
+    /// Stops a stdio upstream's child process and waits until it is gone.
+    pub(crate) async fn shutdown(&self) {
+        self.hop.shutdown().await;
     }
 
     /// The client's end-to-end headers for an upstream MCP request, without the routing
     /// headers the sidecar sets itself.
     fn base_headers(&self, client: &HeaderMap) -> HeaderMap {
-        let mut h = self.http.base_headers(client);
+        let mut h = self.hop.base_headers(client);
         for name in MCP_ROUTING {
             h.remove(name);
         }
@@ -195,14 +239,15 @@ impl Upstream {
     }
 
     /// POSTs upstream; an unreachable upstream is forgotten (it may come back as another
-    /// build).
+    /// build). `answers`: the client may be sent the server's own requests.
     async fn post(
         &self,
         headers: HeaderMap,
         body: Bytes,
         query: Option<&str>,
-    ) -> Result<Response<Incoming>, Error> {
-        let resp = self.http.post(headers, body, query).await;
+        answers: bool,
+    ) -> Result<Response<UpstreamBody>, Error> {
+        let resp = self.hop.post(headers, body, query, answers).await;
         if let Err(e) = &resp {
             if matches!(e.kind(), Kind::UpstreamUnreachable) {
                 self.forget();
@@ -213,7 +258,7 @@ impl Upstream {
 
     /// Sends one request and reads its answer whole.
     async fn exchange(&self, headers: HeaderMap, body: Bytes) -> Result<ReadAnswer, Error> {
-        let resp = self.post(headers, body, None).await?;
+        let resp = self.post(headers, body, None, false).await?;
         read_answer(resp, &self.bounds).await
     }
 
@@ -326,7 +371,7 @@ impl Upstream {
                         (body, headers)
                     };
                     let started = std::time::Instant::now();
-                    let response = self.post(headers, body, query).await?;
+                    let response = self.post(headers, body, query, false).await?;
                     self.observe(method, started);
                     if response.status() == ::http::StatusCode::BAD_REQUEST {
                         return Err(read_answer(response, &self.bounds).await?.into_refusal());
@@ -344,7 +389,8 @@ impl Upstream {
                         bytes.clone()
                     };
                     let started = std::time::Instant::now();
-                    let (response, session) = self.send_legacy(client, body).await?;
+                    let (response, session) =
+                        self.send_legacy(client, body, !modern_client).await?;
                     self.observe(method, started);
                     Ok(Sent {
                         response,
@@ -372,7 +418,7 @@ impl Upstream {
     /// A modern client's headers for a modern upstream: its routing headers were validated
     /// against the body, so they go as they are (less any session id).
     fn base_headers_modern(&self, client: &HeaderMap) -> HeaderMap {
-        let mut headers = self.http.base_headers(client);
+        let mut headers = self.hop.base_headers(client);
         headers.remove(mcp_headers::SESSION_ID);
         headers
     }

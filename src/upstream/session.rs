@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
-use hyper::body::Incoming;
 use serde_json::{json, Value};
 
 use super::answer::read_answer;
-use super::http::HttpUpstream;
+use super::hop::{Hop, UpstreamBody};
 use super::translate::sidecar_info;
 use super::Upstream;
 use crate::error::{Error, Kind};
@@ -194,19 +193,19 @@ impl Sessions {
 /// Closes sessions upstream in the background: `DELETE` with the session's id and the
 /// credentials it was opened with. A session without an id (a stateless upstream) needs
 /// nothing.
-pub(crate) fn close_upstream(http: &HttpUpstream, closed: Vec<Closed>) {
+pub(crate) fn close_upstream(hop: &Hop, closed: Vec<Closed>) {
     for c in closed {
         let Some(id) = c.session.id.clone() else {
             continue;
         };
-        let mut headers = http.base_headers(&c.credentials);
+        let mut headers = hop.base_headers(&c.credentials);
         headers.insert(headers::SESSION_ID, id);
         if let Ok(v) = HeaderValue::from_str(&c.session.version) {
             headers.insert(headers::PROTOCOL_VERSION, v);
         }
-        let http = http.clone();
+        let hop = hop.clone();
         tokio::spawn(async move {
-            match http.delete(headers).await {
+            match hop.delete(headers).await {
                 Ok(status) => tracing::debug!(%status, "upstream session closed"),
                 Err(e) => tracing::debug!(error = %e, "closing an upstream session failed"),
             }
@@ -261,7 +260,7 @@ impl Upstream {
         let mut h = headers;
         session.apply(&mut h);
         let note = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
-        match self.http.post(h, note, None).await {
+        match self.hop.post(h, note, None, false).await {
             Ok(resp) if resp.status().is_success() => {}
             Ok(resp) => {
                 tracing::warn!(status = %resp.status(), "upstream refused notifications/initialized")
@@ -269,7 +268,7 @@ impl Upstream {
             Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
         }
         let closed = self.shared.sessions.insert(client, session.clone());
-        close_upstream(&self.http, closed);
+        close_upstream(&self.hop, closed);
         Ok(session)
     }
 
@@ -287,13 +286,14 @@ impl Upstream {
         &self,
         client: &HeaderMap,
         body: Bytes,
-    ) -> Result<(Response<Incoming>, Arc<LegacySession>), Error> {
+        answers: bool,
+    ) -> Result<(Response<UpstreamBody>, Arc<LegacySession>), Error> {
         let mut session = self.session(client).await?;
         let mut retried = false;
         loop {
             let mut headers = self.base_headers(client);
             session.apply(&mut headers);
-            let resp = self.post(headers, body.clone(), None).await?;
+            let resp = self.post(headers, body.clone(), None, answers).await?;
             if retried || session.id.is_none() {
                 return Ok((resp, session));
             }

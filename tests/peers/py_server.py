@@ -12,8 +12,10 @@ http://127.0.0.1:PORT/mcp, with three tools:
 
 Usage (run with the venv python from scripts/install-peers.sh):
   $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN]
+  $D/py/bin/python tests/peers/py_server.py --stdio [--identity] [--extras]
 
   --port N               port on 127.0.0.1; 0 picks a free port
+  --stdio                speak MCP over stdin/stdout (newline-delimited JSON-RPC) instead
   --json                 json_response=True: never SSE (mid-call progress is dropped)
   --require-token TOKEN  every HTTP request must carry `Authorization: Bearer TOKEN`,
                          otherwise 401 + WWW-Authenticate + a JSON error body
@@ -97,6 +99,30 @@ def add_identity_tools() -> None:
         )
 
 
+def add_stdio_tools() -> None:
+    """Tools for the stdio transport's tests: a server request (roots/list, which a 2025
+    session can make), a chatty stderr, and an answer of any size."""
+
+    @mcp.tool(structured_output=False)
+    async def roots(ctx: Context) -> str:
+        """Ask the client for its roots (a server-initiated request)."""
+        got = await ctx.session.list_roots()
+        return f"{len(got.roots)} roots: " + ",".join(str(r.uri) for r in got.roots)
+
+    @mcp.tool(structured_output=False)
+    def shout(lines: int) -> str:
+        """Write that many lines to stderr."""
+        for i in range(lines):
+            print(f"shout line {i}", file=sys.stderr)
+        sys.stderr.flush()
+        return f"shouted {lines}"
+
+    @mcp.tool(structured_output=False)
+    def big(size: int) -> str:
+        """A text answer of `size` characters."""
+        return "x" * size
+
+
 class RequireBearer:
     """ASGI wrapper: HTTP requests without `Authorization: Bearer TOKEN` get 401.
 
@@ -147,7 +173,9 @@ class ReadyServer(uvicorn.Server):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--port", type=int, required=True, help="port on 127.0.0.1 (0 = pick a free one)")
+    p.add_argument("--port", type=int, help="port on 127.0.0.1 (0 = pick a free one)")
+    p.add_argument("--stdio", action="store_true", help="speak MCP over stdin/stdout instead of HTTP")
+    p.add_argument("--extras", action="store_true", help="also serve roots, shout and big (the stdio tests' tools)")
     p.add_argument("--json", action="store_true", help="json_response=True (never SSE)")
     p.add_argument("--require-token", metavar="TOKEN", help="require Authorization: Bearer TOKEN")
     p.add_argument("--identity", action="store_true", help="also serve the `account` tool, whose result carries _meta identity")
@@ -156,6 +184,13 @@ def main() -> None:
     args = p.parse_args()
     if args.identity:
         add_identity_tools()
+    if args.extras:
+        add_stdio_tools()
+    if args.stdio:
+        mcp.run("stdio")
+        return
+    if args.port is None:
+        p.error("--port is required (or --stdio)")
 
     app = mcp.streamable_http_app(
         stateless_http=True,

@@ -193,34 +193,53 @@ pub fn open_fds(pid: u32) -> usize {
 
 impl Sidecar {
     pub fn start(upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
-        Self::start_in(None, upstream_url, env)
+        Self::start_in(None, Some(upstream_url), &[], env)
     }
 
     /// Started through `sh -c "<prelude> && exec sidecar"`, such as `ulimit -n 256`.
     pub fn start_with_prelude(prelude: &str, upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
-        Self::start_in(Some(prelude), upstream_url, env)
+        Self::start_in(Some(prelude), Some(upstream_url), &[], env)
     }
 
-    fn start_in(prelude: Option<&str>, upstream_url: &str, env: &[(&str, &str)]) -> Sidecar {
+    /// In front of a stdio MCP server it runs: `epode-sidecar -- <command>`.
+    pub fn start_stdio(command: &[&str], env: &[(&str, &str)]) -> Sidecar {
+        Self::start_in(None, None, command, env)
+    }
+
+    fn start_in(
+        prelude: Option<&str>,
+        upstream_url: Option<&str>,
+        command: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
         let bin = env!("CARGO_BIN_EXE_epode-sidecar");
         let mut cmd = match prelude {
             None => Command::new(bin),
             Some(p) => {
                 let mut c = Command::new("sh");
-                c.arg("-c").arg(format!("{p} && exec \"$0\"")).arg(bin);
+                c.arg("-c")
+                    .arg(format!("{p} && exec \"$0\" \"$@\""))
+                    .arg(bin);
                 c
             }
         };
         cmd.env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("EPODE_SIDECAR_LISTEN", "127.0.0.1:0")
-            .env("EPODE_SIDECAR_UPSTREAM", upstream_url)
             .env("EPODE_SIDECAR_LOG", "debug");
+        if let Some(url) = upstream_url {
+            cmd.env("EPODE_SIDECAR_UPSTREAM", url);
+        }
+        if !command.is_empty() {
+            cmd.arg("--").args(command);
+        }
         // Feedback is off unless the test configures it (a transparent proxy by default).
-        if !env
-            .iter()
-            .any(|(k, _)| *k == "EPODE_API_KEY" || *k == "AGENT_FEEDBACK_MODE")
-        {
+        if !env.iter().any(|(k, _)| {
+            matches!(
+                *k,
+                "EPODE_API_KEY" | "AGENT_FEEDBACK_MODE" | "EPODE_SIDECAR_DEV"
+            )
+        }) {
             cmd.env("AGENT_FEEDBACK_MODE", "off");
         }
         for (k, v) in env {

@@ -1,0 +1,90 @@
+//! What the local trial's console shows, as it happens: every part of the sidecar that has
+//! something to show (the request path, the binding, the embedded Epode) publishes one JSON
+//! object per event; the console's streams follow along. Bounded: the history keeps the latest
+//! [`HISTORY`] events for a page that opens later, and a stream that falls behind skips ahead.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde_json::{Map, Value};
+use tokio::sync::{broadcast, watch};
+
+/// Events kept for a console page opened after they happened.
+pub(crate) const HISTORY: usize = 500;
+/// Events a console stream may fall behind by before it skips ahead.
+const LAG: usize = 256;
+
+pub(crate) struct Bus {
+    live: broadcast::Sender<Arc<str>>,
+    history: Mutex<VecDeque<Arc<str>>>,
+    closed: watch::Sender<bool>,
+}
+
+impl Bus {
+    pub(crate) fn new() -> Arc<Self> {
+        let (live, _) = broadcast::channel(LAG);
+        let (closed, _) = watch::channel(false);
+        Arc::new(Bus {
+            live,
+            history: Mutex::new(VecDeque::with_capacity(HISTORY)),
+            closed,
+        })
+    }
+
+    /// Publishes one event: `fields` with its `kind` and the time.
+    pub(crate) fn publish(&self, kind: &str, fields: Value) {
+        let mut event = Map::new();
+        event.insert("kind".into(), Value::from(kind));
+        event.insert(
+            "at".into(),
+            Value::from(humantime::format_rfc3339_millis(SystemTime::now()).to_string()),
+        );
+        if let Value::Object(f) = fields {
+            event.extend(f);
+        }
+        let text: Arc<str> = Value::Object(event).to_string().into();
+        {
+            let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+            if history.len() == HISTORY {
+                history.pop_front();
+            }
+            history.push_back(text.clone());
+        }
+        let _ = self.live.send(text);
+    }
+
+    /// What happened so far, and the events from now on.
+    pub(crate) fn follow(&self) -> (Vec<Arc<str>>, broadcast::Receiver<Arc<str>>) {
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+        (history.iter().cloned().collect(), self.live.subscribe())
+    }
+
+    /// Ends every console stream (the sidecar is stopping).
+    pub(crate) fn close(&self) {
+        self.closed.send_replace(true);
+    }
+
+    pub(crate) fn closed(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_history_is_bounded_and_followers_see_what_comes_next() {
+        let bus = Bus::new();
+        for i in 0..HISTORY + 10 {
+            bus.publish("call", serde_json::json!({"n": i}));
+        }
+        let (history, mut live) = bus.follow();
+        assert_eq!(history.len(), HISTORY);
+        assert!(history[0].contains(r#""n":10"#), "{}", history[0]);
+        bus.publish("report", serde_json::json!({"summary": "s"}));
+        let next = live.try_recv().unwrap();
+        assert!(next.starts_with(r#"{"kind":"report","at":""#), "{next}");
+    }
+}

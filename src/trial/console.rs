@@ -1,0 +1,90 @@
+//! The live console of the local trial: `/_dev/` is one static page (no build step, no
+//! external assets) and `/_dev/events` an SSE stream of what the bus publishes, the recent
+//! history first. A stream ends when the sidecar stops; one that falls behind skips ahead.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::stream;
+use http::{header, HeaderValue, Method, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt as _, StreamBody};
+use tokio::sync::broadcast::error::RecvError;
+
+use super::bus::Bus;
+use crate::body::{self, Body, BoxError};
+
+const PAGE: &str = include_str!("console.html");
+/// A comment line on an idle stream, so proxies and browsers keep it open.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+
+/// The console's routes: `Some` answer for a path under `/_dev/`.
+pub(crate) fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
+    let resp = match (method, path) {
+        (&Method::GET, "/_dev" | "/_dev/") => page(),
+        (&Method::GET, "/_dev/events") => events(bus),
+        (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::json(
+            StatusCode::NOT_FOUND,
+            r#"{"error":"the console is GET /_dev/ (and its stream GET /_dev/events)"}"#,
+        ),
+        _ => return None,
+    };
+    Some(resp)
+}
+
+fn page() -> Response<Body> {
+    let mut resp = Response::new(body::full(PAGE));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    // The page and its script are this file alone.
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+        ),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+fn frame(event: &str) -> Result<Frame<Bytes>, BoxError> {
+    Ok(Frame::data(Bytes::from(format!("data: {event}\n\n"))))
+}
+
+fn events(bus: &Arc<Bus>) -> Response<Body> {
+    let (history, live) = bus.follow();
+    let closed = bus.closed();
+    let past = stream::iter(history.into_iter().map(|e| frame(&e)));
+    let next = stream::unfold((live, closed), |(mut live, mut closed)| async move {
+        loop {
+            let got = tokio::select! {
+                got = live.recv() => Some(got),
+                _ = closed.wait_for(|c| *c) => return None,
+                () = tokio::time::sleep(KEEPALIVE) => None,
+            };
+            match got {
+                None => {
+                    let ping = Ok(Frame::data(Bytes::from_static(b": keep-alive\n\n")));
+                    return Some((ping, (live, closed)));
+                }
+                Some(Ok(e)) => return Some((frame(&e), (live, closed))),
+                Some(Err(RecvError::Lagged(_))) => continue,
+                Some(Err(RecvError::Closed)) => return None,
+            }
+        }
+    });
+    let stream = futures_util::StreamExt::chain(past, next);
+    let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}

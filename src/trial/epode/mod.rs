@@ -1,0 +1,384 @@
+//! The embedded Epode of the local trial: the four endpoints the sidecar uses (telemetry
+//! batches, consent decisions, consent state, reports), answered strictly as the real service
+//! answers them: the product key or the feedback handle checked (signature, expiry), bodies
+//! validated against the protocol's JSON Schemas and its admission rules, the same statuses
+//! and the same idempotency (the first decision and the first report of an interaction win).
+//! What arrives is published to the console and appended to a JSON-lines file. State is kept
+//! for the latest [`KEEP`] interactions.
+
+use std::io::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use http::StatusCode;
+use indexmap::IndexMap;
+use serde_json::{json, Value};
+
+use super::bus::Bus;
+use super::rules::{has_forbidden_key, is_sensitive_text, FORBIDDEN_KEYS_MESSAGE};
+use crate::config::DevConfig;
+use crate::feedback::capability::{self, Claims, FeedbackHandle, ProductKey};
+use crate::feedback::FeedbackMode;
+
+/// Interactions (events, decisions, reports, subjects) remembered, each.
+pub(crate) const KEEP: usize = 10_000;
+/// The service's body limit.
+pub(crate) const BODY_LIMIT: usize = 64 * 1024;
+
+const TELEMETRY_SCHEMA: &str =
+    include_str!("../../../tests/fixtures/epode-protocol-v1/telemetry-batch.schema.json");
+const DECISION_SCHEMA: &str =
+    include_str!("../../../tests/fixtures/epode-protocol-v1/consent-decision.schema.json");
+const REPORT_SCHEMA: &str =
+    include_str!("../../../tests/fixtures/epode-protocol-v1/feedback-report.schema.json");
+
+/// One answer: status, content type, body; and what the console shows of it (published
+/// once the record has it).
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) json: bool,
+    pub(crate) body: String,
+    shown: Vec<(&'static str, Value)>,
+}
+
+impl Reply {
+    fn showing(mut self, kind: &'static str, event: Value) -> Self {
+        self.shown.push((kind, event));
+        self
+    }
+}
+
+fn reply(status: u16, body: &Value) -> Reply {
+    Reply {
+        status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        json: true,
+        body: body.to_string(),
+        shown: Vec::new(),
+    }
+}
+
+fn error(status: u16, message: &str) -> Reply {
+    reply(status, &json!({"error": message}))
+}
+
+/// A plain-text refusal (the service's framework answers these before its handlers run).
+fn text(status: u16, message: &str) -> Reply {
+    Reply {
+        json: false,
+        ..error(status, message)
+    }
+}
+
+struct Validators {
+    telemetry: jsonschema::Validator,
+    decision: jsonschema::Validator,
+    report: jsonschema::Validator,
+}
+
+fn validator(schema: &str) -> Result<jsonschema::Validator, String> {
+    let schema: Value = serde_json::from_str(schema).map_err(|e| e.to_string())?;
+    jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .map_err(|e| e.to_string())
+}
+
+/// The first schema error, as the service words it.
+fn schema_error(v: &jsonschema::Validator, body: &Value) -> Option<String> {
+    v.validate(body).err().map(|e| {
+        let at = e.instance_path().to_string();
+        let what: String = e.to_string().chars().take(300).collect();
+        if at.is_empty() {
+            format!("Invalid request: {what}")
+        } else {
+            format!("Invalid request: {what} at {at}")
+        }
+    })
+}
+
+#[derive(Clone)]
+struct Decision {
+    state: &'static str,
+    decided_at: String,
+}
+
+#[derive(Default)]
+struct State {
+    /// Telemetry events by interaction id (the first values win).
+    events: IndexMap<String, Value>,
+    decisions: IndexMap<String, Decision>,
+    /// Ask-once subjects: the standing decision and its revision.
+    subjects: IndexMap<String, (&'static str, i64)>,
+    reports: IndexMap<String, Value>,
+}
+
+fn keep<V>(map: &mut IndexMap<String, V>, key: String, value: V) {
+    if map.len() >= KEEP && !map.contains_key(&key) {
+        map.shift_remove_index(0);
+    }
+    map.insert(key, value);
+}
+
+/// The JSON-lines record of what arrived, bounded in size.
+struct Record {
+    file: Option<std::fs::File>,
+    written: u64,
+    max: u64,
+    full_warned: bool,
+}
+
+pub(crate) struct DevEpode {
+    key: ProductKey,
+    mode: FeedbackMode,
+    /// The origin the sidecar reaches this Epode at (for the `url`s of envelopes).
+    origin: String,
+    validators: Validators,
+    state: Mutex<State>,
+    record: Mutex<Record>,
+    bus: Arc<Bus>,
+}
+
+fn now_text() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+impl DevEpode {
+    pub(crate) fn new(
+        key: ProductKey,
+        mode: FeedbackMode,
+        origin: String,
+        dev: &DevConfig,
+        bus: Arc<Bus>,
+    ) -> Result<Self, String> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&dev.log)
+            .map_err(|e| format!("cannot open {}: {e}", dev.log.display()))?;
+        let written = file.metadata().map(|m| m.len()).unwrap_or(0);
+        Ok(DevEpode {
+            key,
+            mode,
+            origin,
+            validators: Validators {
+                telemetry: validator(TELEMETRY_SCHEMA)?,
+                decision: validator(DECISION_SCHEMA)?,
+                report: validator(REPORT_SCHEMA)?,
+            },
+            state: Mutex::new(State::default()),
+            record: Mutex::new(Record {
+                file: Some(file),
+                written,
+                max: dev.log_max_bytes,
+                full_warned: false,
+            }),
+            bus,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends one line to the record (never the credential).
+    fn append(&self, kind: &str, status: StatusCode, body: &Value) {
+        let line = json!({"at": now_text(), "kind": kind, "status": status.as_u16(), "body": body});
+        let mut line = line.to_string();
+        line.push('\n');
+        let mut r = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        if r.written + line.len() as u64 > r.max {
+            if !r.full_warned {
+                r.full_warned = true;
+                tracing::warn!(max = r.max, "--dev: the JSON-lines record is full (EPODE_SIDECAR_DEV_LOG_MAX_BYTES); what arrives now is only shown on the console");
+            }
+            return;
+        }
+        let wrote = r.file.as_mut().map(|f| f.write_all(line.as_bytes()));
+        match wrote {
+            Some(Ok(())) => r.written += line.len() as u64,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "--dev: cannot write the JSON-lines record");
+                r.file = None;
+            }
+            None => {}
+        }
+    }
+
+    /// Answers one request: `path`, the bearer token, whether the body is declared JSON, and
+    /// the body (already cut at [`BODY_LIMIT`]: `None` when it was longer).
+    pub(crate) fn answer(
+        &self,
+        path: &str,
+        bearer: Option<&str>,
+        json_body: bool,
+        body: Option<&[u8]>,
+    ) -> Reply {
+        let kind = match path {
+            "/api/v2/telemetry/batches" => "telemetry",
+            "/api/v2/consent/decisions" => "consent",
+            "/api/v2/consent/state" => "consent_state",
+            "/api/v2/reports" => "report",
+            _ => return error(404, "Not found"),
+        };
+        if !json_body {
+            return text(
+                415,
+                "Expected request with `Content-Type: application/json`",
+            );
+        }
+        let Some(bytes) = body else {
+            return text(413, "Failed to buffer the body: length limit exceeded");
+        };
+        let body: Value = match serde_json::from_slice(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                return text(
+                    400,
+                    &format!("Failed to parse the request body as JSON: {e}"),
+                )
+            }
+        };
+        let answer = match kind {
+            "telemetry" => self.telemetry(bearer, &body),
+            "consent" => self.decision(bearer, &body),
+            "consent_state" => self.consent_state(bearer, &body),
+            _ => self.report(bearer, &body),
+        };
+        self.append(kind, answer.status, &body);
+        for (kind, event) in &answer.shown {
+            self.bus.publish(kind, event.clone());
+        }
+        answer
+    }
+
+    fn product_key_ok(&self, bearer: Option<&str>) -> bool {
+        bearer == Some(self.key.expose_secret())
+    }
+
+    /// The handle's claims, verified with the product key; `None` is 401.
+    fn claims(&self, bearer: Option<&str>) -> Option<(Claims, FeedbackHandle)> {
+        let token = bearer.filter(|t| t.starts_with("afr2_"))?;
+        let claims = capability::verify(&self.key, token, SystemTime::now()).ok()?;
+        Some((claims, FeedbackHandle::unverified(token)))
+    }
+
+    fn telemetry(&self, bearer: Option<&str>, body: &Value) -> Reply {
+        if !self.product_key_ok(bearer) {
+            return error(401, "Invalid API key");
+        }
+        if has_forbidden_key(body) {
+            return error(400, FORBIDDEN_KEYS_MESSAGE);
+        }
+        if let Some(e) = schema_error(&self.validators.telemetry, body) {
+            return error(400, &e);
+        }
+        let events = body["events"].as_array().cloned().unwrap_or_default();
+        let (mut accepted, mut dropped) = (0, 0);
+        let mut shown = Vec::with_capacity(events.len());
+        for event in events {
+            let id = event["interactionId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let why = {
+                let state = self.lock();
+                drop_reason(&event, state.events.get(&id))
+            };
+            match why {
+                None => {
+                    accepted += 1;
+                    let mut state = self.lock();
+                    let stored = state.events.get(&id).cloned();
+                    let merged = merge_event(stored, event.clone());
+                    keep(&mut state.events, id.clone(), merged);
+                }
+                Some(_) => dropped += 1,
+            }
+            let delivery = why.map_or("accepted".to_owned(), |w| format!("dropped: {w}"));
+            shown.push(("telemetry", json!({"event": event, "delivery": delivery})));
+        }
+        let mut answer = reply(202, &json!({"accepted": accepted, "dropped": dropped}));
+        answer.shown = shown;
+        answer
+    }
+
+    fn consent_state(&self, bearer: Option<&str>, body: &Value) -> Reply {
+        if !self.product_key_ok(bearer) {
+            return error(401, "Invalid API key");
+        }
+        let subject = body.get("subject").and_then(Value::as_str);
+        let shape_ok = body.as_object().is_some_and(|o| o.len() == 1);
+        let Some(subject) = subject.filter(|s| shape_ok && capability::valid_subject(s)) else {
+            return error(
+                400,
+                "Invalid request: expected exactly {\"subject\": \"afsub1_…\"}",
+            );
+        };
+        let (state, revision) = self
+            .lock()
+            .subjects
+            .get(subject)
+            .copied()
+            .unwrap_or(("unknown", 0));
+        reply(200, &json!({"state": state, "revision": revision}))
+    }
+}
+
+/// Why the service would drop one schema-valid event from a batch (the batch still
+/// succeeds), if it would.
+fn drop_reason(event: &Value, stored: Option<&Value>) -> Option<&'static str> {
+    let text = |k: &str| event.get(k).and_then(Value::as_str);
+    if let Some(customer) = text("customerRef") {
+        let richer = text("accountRef").is_some() || text("userRef").is_some();
+        if richer && text("accountRef") != Some(customer) {
+            return Some("customerRef conflicts with accountRef");
+        }
+        if stored
+            .and_then(|s| s.get("customerRef"))
+            .is_some_and(|c| c.as_str() != Some(customer))
+        {
+            return Some("customerRef conflicts with the stored interaction");
+        }
+    }
+    let operation = text("operation").unwrap_or_default();
+    if operation.contains("://")
+        || !operation
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/_:.*{}-".contains(c))
+    {
+        return Some("operation is not a normalized route or tool name");
+    }
+    if text("surface") == Some("mcp")
+        && (text("classification") != Some("confirmed")
+            || text("confirmationMethod") != Some("mcp"))
+    {
+        return Some("MCP events must be confirmed with confirmationMethod mcp");
+    }
+    let occurred = text("occurredAt").and_then(|t| humantime::parse_rfc3339_weak(t).ok());
+    let now = SystemTime::now();
+    let in_window = occurred.is_some_and(|t| {
+        t <= now + std::time::Duration::from_secs(300)
+            && now
+                .duration_since(t)
+                .map_or(true, |age| age.as_secs() <= 7 * 86_400)
+    });
+    (!in_window).then_some("occurredAt is outside the accepted window")
+}
+
+/// Upsert: the first values win, missing fields are filled in.
+fn merge_event(stored: Option<Value>, incoming: Value) -> Value {
+    match (stored, incoming) {
+        (Some(Value::Object(mut old)), Value::Object(new)) => {
+            for (k, v) in new {
+                old.entry(k).or_insert(v);
+            }
+            Value::Object(old)
+        }
+        (_, incoming) => incoming,
+    }
+}
+
+mod agent;
+
+#[cfg(test)]
+mod tests;
