@@ -10,8 +10,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,6 +21,9 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::{TcpListener, TcpStream};
+
+mod support;
+use support::*;
 
 const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_fedcba9876543210fedcba9876543210_bench_secret_not_a_real_key";
 
@@ -158,46 +161,6 @@ fn run_responder(port: u16) {
 // ---------------------------------------------------------------------------------------
 // Processes.
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn wait_port(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    panic!("nothing listens on {port}");
-}
-
-fn sidecar_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("EPODE_SIDECAR_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap();
-    // target/release/deps/overhead-… → target/release/epode-sidecar
-    exe.parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("epode-sidecar")
-}
-
 fn start_sidecar(port: u16, upstream: u16) -> Proc {
     let child = Command::new(sidecar_binary())
         .env_clear()
@@ -268,16 +231,6 @@ http {{
     Some((Proc(child), dir))
 }
 
-/// (utime + stime) of a process in clock ticks, and its resident set (current, peak) in KiB.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit(')').next().unwrap_or_default();
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    // Fields after the command: state is 0, utime is 11, stime is 12.
-    num(11) + num(12)
-}
-
 /// The CPU ticks of a process and all its children (nginx's workers).
 fn tree_cpu_ticks(pid: u32) -> u64 {
     let mut total = cpu_ticks(pid);
@@ -302,29 +255,6 @@ fn tree_cpu_ticks(pid: u32) -> u64 {
         }
     }
     total
-}
-
-fn rss_kib(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let get = |k: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(k))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or(0)
-    };
-    (get("VmRSS:"), get("VmHWM:"))
-}
-
-fn clock_ticks_per_sec() -> u64 {
-    // sysconf(_SC_CLK_TCK) is 100 on every Linux this runs on; `getconf` confirms it.
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -379,34 +309,6 @@ impl Scenario {
         let body =
             json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
         (method.to_owned(), name, body)
-    }
-}
-
-#[derive(Default, Clone)]
-struct Sample {
-    latencies_us: Vec<u32>,
-    elapsed: Duration,
-    errors: u64,
-}
-
-impl Sample {
-    fn merge(&mut self, other: Sample) {
-        self.latencies_us.extend(other.latencies_us);
-        self.elapsed += other.elapsed;
-        self.errors += other.errors;
-    }
-
-    fn pct(&self, p: f64) -> f64 {
-        let mut v = self.latencies_us.clone();
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        v.sort_unstable();
-        v[((v.len() - 1) as f64 * p).round() as usize] as f64
-    }
-
-    fn rps(&self) -> f64 {
-        self.latencies_us.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
 }
 
@@ -485,11 +387,6 @@ struct Row {
     sidecar: Sample,
     sidecar_cpu_us_per_request: f64,
     nginx_cpu_us_per_request: Option<f64>,
-}
-
-fn stats(s: &Sample) -> Value {
-    json!({"p50_us": s.pct(0.5), "p99_us": s.pct(0.99), "p999_us": s.pct(0.999),
-           "rps": (s.rps() * 10.0).round() / 10.0, "requests": s.latencies_us.len(), "errors": s.errors})
 }
 
 fn main() {

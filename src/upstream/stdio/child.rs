@@ -193,7 +193,8 @@ async fn stop_child(child: &mut Child, pid: Option<u32>, grace: Duration) {
     signal_group(pid, Signal::SIGTERM);
     match tokio::time::timeout(grace, child.wait()).await {
         Ok(status) => {
-            tracing::info!(pid, status = ?status.ok(), "the MCP server process stopped");
+            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            tracing::info!(pid, %status, "the MCP server process stopped");
         }
         Err(_) => {
             tracing::warn!(pid, grace = ?grace, "the MCP server process did not stop after SIGTERM; killing it");

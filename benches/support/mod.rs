@@ -1,0 +1,115 @@
+//! What both benchmarks share: processes, ports, CPU and memory readings, latency samples.
+
+#![allow(dead_code)] // each benchmark uses its own part
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub(crate) struct Proc(pub(crate) Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub(crate) fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on {port}");
+}
+
+pub(crate) fn sidecar_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("EPODE_SIDECAR_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // target/release/deps/overhead-… → target/release/epode-sidecar
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("epode-sidecar")
+}
+
+/// (utime + stime) of a process in clock ticks, and its resident set (current, peak) in KiB.
+pub(crate) fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // Fields after the command: state is 0, utime is 11, stime is 12.
+    num(11) + num(12)
+}
+
+pub(crate) fn rss_kib(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let get = |k: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (get("VmRSS:"), get("VmHWM:"))
+}
+
+pub(crate) fn clock_ticks_per_sec() -> u64 {
+    // sysconf(_SC_CLK_TCK) is 100 on every Linux this runs on; `getconf` confirms it.
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100)
+}
+
+#[derive(Default, Clone)]
+pub(crate) struct Sample {
+    pub(crate) latencies_us: Vec<u32>,
+    pub(crate) elapsed: Duration,
+    pub(crate) errors: u64,
+}
+
+impl Sample {
+    pub(crate) fn merge(&mut self, other: Sample) {
+        self.latencies_us.extend(other.latencies_us);
+        self.elapsed += other.elapsed;
+        self.errors += other.errors;
+    }
+
+    pub(crate) fn pct(&self, p: f64) -> f64 {
+        let mut v = self.latencies_us.clone();
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v.sort_unstable();
+        v[((v.len() - 1) as f64 * p).round() as usize] as f64
+    }
+
+    pub(crate) fn rps(&self) -> f64 {
+        self.latencies_us.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+pub(crate) fn stats(s: &Sample) -> Value {
+    json!({"p50_us": s.pct(0.5), "p99_us": s.pct(0.99), "p999_us": s.pct(0.999),
+           "rps": (s.rps() * 10.0).round() / 10.0, "requests": s.latencies_us.len(), "errors": s.errors})
+}
