@@ -367,14 +367,7 @@ async fn load(
             (lat, errors)
         }));
     }
-    let mut sample = Sample::default();
-    for t in tasks {
-        let (lat, errors) = t.await.unwrap();
-        sample.latencies_us.extend(lat);
-        sample.errors += errors;
-    }
-    sample.elapsed = started.elapsed();
-    sample
+    collect(tasks, started).await
 }
 
 // ---------------------------------------------------------------------------------------

@@ -141,17 +141,6 @@ async fn direct(concurrency: usize, for_how_long: Duration) -> Sample {
     sample
 }
 
-async fn collect(tasks: Vec<tokio::task::JoinHandle<(Vec<u32>, u64)>>, started: Instant) -> Sample {
-    let mut sample = Sample::default();
-    for t in tasks {
-        let (lat, errors) = t.await.unwrap();
-        sample.latencies_us.extend(lat);
-        sample.errors += errors;
-    }
-    sample.elapsed = started.elapsed();
-    sample
-}
-
 // ---------------------------------------------------------------------------------------
 // Over HTTP: a bridge in front of the same server.
 

@@ -18,7 +18,8 @@ use crate::trial::Trial;
 
 /// A reverse proxy beside an MCP server: a stateless MCP 2026-07-28 front and Epode feedback.
 /// Every setting is also an environment variable (see README.md); flags win over the
-/// environment, which wins over the configuration file.
+/// environment, which wins over the configuration file. `epode-sidecar healthcheck [--ready]`
+/// probes a running sidecar (exit 0 when it answers 200).
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Cli {
@@ -113,6 +114,10 @@ async fn shutdown_signal() {
 
 /// The process: parse, configure, serve until a signal, drain, flush.
 pub fn main() -> ExitCode {
+    let mut args = std::env::args();
+    if std::env::args().nth(1).as_deref() == Some("healthcheck") {
+        return crate::healthcheck::run(args.by_ref().skip(2));
+    }
     let cli = Cli::parse();
     if cli.settings_markdown {
         print!("{}", config::settings_markdown());

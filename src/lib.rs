@@ -21,6 +21,7 @@ mod epode;
 mod error;
 mod feedback;
 mod frontdoor;
+mod healthcheck;
 mod limits;
 mod log_summary;
 mod mcp;

@@ -236,3 +236,46 @@ async fn trace_context_reaches_the_upstream_in_the_header_and_in_meta() {
         "{head}"
     );
 }
+
+/// `epode-sidecar healthcheck` (the image's `HEALTHCHECK`): 0 while the sidecar answers, 1
+/// with the reason when it does not; `--ready` follows `/readyz`.
+#[test]
+fn the_healthcheck_subcommand_probes_the_running_sidecar() {
+    let (up, _) = recording_upstream();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_ADMIN_LISTEN", "127.0.0.1:0"),
+        ],
+    );
+    let admin = sc.admin.expect("the admin listener").to_string();
+    let probe = |env: &[(&str, &str)], args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+            .arg("healthcheck")
+            .args(args)
+            .env_clear()
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let listen = sc.addr.to_string();
+    assert_eq!(
+        probe(&[("EPODE_SIDECAR_ADMIN_LISTEN", &admin)], &[]).0,
+        Some(0)
+    );
+    assert_eq!(
+        probe(&[("EPODE_SIDECAR_LISTEN", &listen)], &["--ready"]).0,
+        Some(0)
+    );
+    let url = format!("http://{listen}");
+    assert_eq!(probe(&[], &["--url", &url]).0, Some(0));
+    drop(sc);
+    let (code, why) = probe(&[("EPODE_SIDECAR_LISTEN", &listen)], &[]);
+    assert_eq!(code, Some(1));
+    assert!(why.contains("refused"), "{why}");
+}

@@ -74,6 +74,19 @@ fn group_members(pgid: u32) -> Vec<u32> {
         .collect()
 }
 
+/// A 2025-era client's POST (no session: the front is stateless).
+async fn post_legacy(sc: &Sidecar, body: &Value) -> reqwest::Response {
+    http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
 fn call_body(id: Value, tool: &str, args: Value, token: Option<&str>) -> Value {
     let mut body = modern_body(id, "tools/call", json!({"name": tool, "arguments": args}));
     if let Some(t) = token {
@@ -251,15 +264,7 @@ async fn a_2025_session_over_stdio_relays_server_requests_and_survives_a_restart
     );
     // A 2025 client calls a tool that asks it for its roots mid-call.
     let body = json!({"jsonrpc": "2.0", "id": 11, "method": "tools/call", "params": {"name": "roots", "arguments": {}}});
-    let resp = http()
-        .post(sc.url())
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let resp = post_legacy(&sc, &body).await;
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let mut text = String::new();
@@ -275,15 +280,7 @@ async fn a_2025_session_over_stdio_relays_server_requests_and_survives_a_restart
         }
     };
     let answer = json!({"jsonrpc": "2.0", "id": asked["id"], "result": {"roots": [{"uri": "file:///srv/a"}]}});
-    let posted = http()
-        .post(sc.url())
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(answer.to_string())
-        .send()
-        .await
-        .unwrap();
+    let posted = post_legacy(&sc, &answer).await;
     assert_eq!(posted.status(), 202);
     while let Some(chunk) = stream.next().await {
         text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
@@ -315,15 +312,7 @@ async fn a_2025_session_over_stdio_relays_server_requests_and_survives_a_restart
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
     let body = json!({"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "back"}}});
-    let resp = http()
-        .post(sc.url())
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-11-25")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+    let resp = post_legacy(&sc, &body).await;
     assert_eq!(resp.status(), 200);
     let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
     let last = messages(&ct, &resp.text().await.unwrap()).pop().unwrap();

@@ -113,3 +113,18 @@ pub(crate) fn stats(s: &Sample) -> Value {
     json!({"p50_us": s.pct(0.5), "p99_us": s.pct(0.99), "p999_us": s.pct(0.999),
            "rps": (s.rps() * 10.0).round() / 10.0, "requests": s.latencies_us.len(), "errors": s.errors})
 }
+
+/// The sample of a slice's tasks, each giving its latencies and errors.
+pub(crate) async fn collect(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<u32>, u64)>>,
+    started: Instant,
+) -> Sample {
+    let mut sample = Sample::default();
+    for t in tasks {
+        let (lat, errors) = t.await.unwrap();
+        sample.latencies_us.extend(lat);
+        sample.errors += errors;
+    }
+    sample.elapsed = started.elapsed();
+    sample
+}

@@ -14,6 +14,7 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
+use super::dns::Resolver;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
 
@@ -48,7 +49,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove(header::TRANSFER_ENCODING);
 }
 
-type Pool = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+type Pool = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
 
 /// When the upstream last answered, shared by every worker's pool (for readiness).
 #[derive(Debug)]
@@ -70,10 +71,11 @@ pub(crate) struct HttpUpstream {
     host: HeaderValue,
     timeout: Duration,
     last_answer: Arc<LastAnswer>,
+    resolver: Resolver,
 }
 
-fn pool(timeout: Duration, tls: &rustls::ClientConfig) -> Pool {
-    let mut connector = HttpConnector::new();
+fn pool(timeout: Duration, tls: &rustls::ClientConfig, resolver: &Resolver) -> Pool {
+    let mut connector = HttpConnector::new_with_resolver(resolver.clone());
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
     connector.enforce_http(false);
@@ -98,8 +100,10 @@ impl HttpUpstream {
     ) -> Self {
         let host = HeaderValue::from_str(&target.authority)
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
+        let resolver = Resolver::default();
         HttpUpstream {
-            pool: pool(timeout, &tls),
+            pool: pool(timeout, &tls, &resolver),
+            resolver,
             tls,
             target,
             host,
@@ -114,7 +118,8 @@ impl HttpUpstream {
     /// The same upstream with a pool of its own, for another worker.
     pub(crate) fn for_worker(&self) -> Self {
         HttpUpstream {
-            pool: pool(self.timeout, &self.tls),
+            pool: pool(self.timeout, &self.tls, &self.resolver),
+            resolver: self.resolver.clone(),
             tls: self.tls.clone(),
             target: self.target.clone(),
             host: self.host.clone(),

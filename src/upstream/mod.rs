@@ -4,6 +4,7 @@
 //! requests between the eras; `answer` reads what comes back and finishes it for the client.
 
 pub(crate) mod answer;
+mod dns;
 pub(crate) mod era;
 mod hop;
 pub(crate) mod http;
