@@ -20,7 +20,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 mod support;
 use support::*;
@@ -183,7 +183,43 @@ fn start_sidecar(port: u16, upstream: u16) -> Proc {
     Proc(child)
 }
 
-fn start_nginx(port: u16, upstream: u16, workers: usize) -> Option<(Proc, PathBuf)> {
+/// nginx, stopped as it expects: `QUIT` to the master, which waits for its workers.
+struct Nginx {
+    master: std::process::Child,
+    dir: PathBuf,
+}
+
+impl Nginx {
+    fn pid(&self) -> u32 {
+        self.master.id()
+    }
+
+    /// Stops it; returns the processes of this nginx still running afterwards (none, when it
+    /// stopped as it should).
+    fn stop(mut self) -> Vec<u32> {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let workers = children_of(self.master.id());
+        let pid = Pid::from_raw(self.master.id() as i32);
+        let _ = kill(pid, Signal::SIGQUIT);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.master.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.master.kill();
+        let _ = self.master.wait();
+        std::thread::sleep(Duration::from_millis(100));
+        // Workers rename themselves ("nginx: worker process"), so they are known by pid.
+        let mut left = leftovers(&self.dir.display().to_string());
+        left.extend(workers.into_iter().filter(|w| alive(*w)));
+        left
+    }
+}
+
+fn start_nginx(port: u16, upstream: u16, workers: usize) -> Option<Nginx> {
     let nginx = ["/usr/sbin/nginx", "/usr/local/sbin/nginx", "/usr/bin/nginx"]
         .into_iter()
         .map(PathBuf::from)
@@ -203,7 +239,10 @@ http {{
   fastcgi_temp_path {dir}/fastcgi;
   uwsgi_temp_path {dir}/uwsgi;
   scgi_temp_path {dir}/scgi;
-  upstream mcp {{ server 127.0.0.1:{upstream}; keepalive 128; }}
+  # Client connections are never closed for their request count (the default closes one
+  # after 1,000 requests), nor are the upstream ones.
+  keepalive_requests 100000000;
+  upstream mcp {{ server 127.0.0.1:{upstream}; keepalive 128; keepalive_requests 100000000; }}
   server {{
     listen 127.0.0.1:{port};
     location / {{
@@ -228,33 +267,12 @@ http {{
         .spawn()
         .ok()?;
     wait_port(port);
-    Some((Proc(child), dir))
+    Some(Nginx { master: child, dir })
 }
 
 /// The CPU ticks of a process and all its children (nginx's workers).
 fn tree_cpu_ticks(pid: u32) -> u64 {
-    let mut total = cpu_ticks(pid);
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for entry in dir.flatten() {
-            let Some(child) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.parse::<u32>().ok())
-            else {
-                continue;
-            };
-            let status =
-                std::fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
-            let ppid = status
-                .lines()
-                .find_map(|l| l.strip_prefix("PPid:"))
-                .and_then(|v| v.trim().parse::<u32>().ok());
-            if ppid == Some(pid) {
-                total += cpu_ticks(child);
-            }
-        }
-    }
-    total
+    cpu_ticks(pid) + children_of(pid).into_iter().map(cpu_ticks).sum::<u64>()
 }
 
 // ---------------------------------------------------------------------------------------
@@ -312,6 +330,9 @@ impl Scenario {
     }
 }
 
+/// What every answer the load generator counts must contain.
+const RESULT: &[u8] = br#""result":{"resultType":"complete""#;
+
 /// `concurrency` connections, each sending requests back to back for `for_how_long`.
 async fn load(
     addr: SocketAddr,
@@ -328,15 +349,22 @@ async fn load(
         let body = body.clone();
         let method = method.clone();
         tasks.push(tokio::spawn(async move {
-            let stream = TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            let mut lat = Vec::with_capacity(4096);
-            let mut errors = 0;
+            let (mut lat, mut errors, mut reconnects) = (Vec::with_capacity(4096), 0, 0);
+            let Some(mut send) = connect_http1(addr).await else {
+                return (lat, 1, 0);
+            };
             while Instant::now() < deadline {
+                // A connection the target closed after a response (nginx's
+                // `keepalive_requests`) is opened again and counted apart from errors.
+                if send.ready().await.is_err() {
+                    match connect_http1(addr).await {
+                        Some(s) => (send, reconnects) = (s, reconnects + 1),
+                        None => {
+                            errors += 1;
+                            break;
+                        }
+                    }
+                }
                 let mut req = Request::post("/mcp")
                     .header("host", "127.0.0.1")
                     .header("content-type", "application/json")
@@ -351,20 +379,19 @@ async fn load(
                 match send.send_request(req).await {
                     Ok(resp) => {
                         let ok = resp.status() == 200;
-                        let got = resp.into_body().collect().await;
-                        if ok && got.is_ok() {
+                        let got = resp.into_body().collect().await.map(|c| c.to_bytes());
+                        // A whole answer: its final JSON-RPC result, not just a 200.
+                        let whole = got.is_ok_and(|b| b.windows(RESULT.len()).any(|w| w == RESULT));
+                        if ok && whole {
                             lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
                         } else {
                             errors += 1;
                         }
                     }
-                    Err(_) => {
-                        errors += 1;
-                        break;
-                    }
+                    Err(_) => errors += 1,
                 }
             }
-            (lat, errors)
+            (lat, errors, reconnects)
         }));
     }
     collect(tasks, started).await
@@ -484,10 +511,10 @@ fn main() {
                 // Interleaved: each target in turn, so drift in the machine hits all three.
                 row.direct
                     .merge(rt.block_on(load(direct, scenario, concurrency, slice)));
-                if let (Some(n), Some((p, _))) = (row.nginx.as_mut(), nginx.as_ref()) {
-                    let before = tree_cpu_ticks(p.0.id());
+                if let (Some(n), Some(p)) = (row.nginx.as_mut(), nginx.as_ref()) {
+                    let before = tree_cpu_ticks(p.pid());
                     n.merge(rt.block_on(load(via_nginx, scenario, concurrency, slice)));
-                    nginx_ticks += tree_cpu_ticks(p.0.id()) - before;
+                    nginx_ticks += tree_cpu_ticks(p.pid()) - before;
                 }
                 let before = cpu_ticks(sc_pid);
                 row.sidecar
@@ -506,8 +533,9 @@ fn main() {
     std::thread::sleep(Duration::from_millis(600));
     let (_, rss_peak) = rss_kib(sc_pid);
     drop(sidecar);
-    drop(nginx);
+    let left_behind = nginx.map(Nginx::stop).unwrap_or_default();
     drop(responder);
+    let failures = failures(&rows, &left_behind);
 
     let report = json!({
         "machine": {"cores": threads, "quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64},
@@ -536,12 +564,52 @@ fn main() {
         "rss_idle_kib": rss_idle,
         "rss_after_warmup_kib": rss_warm,
         "rss_load_kib": rss_peak,
+        "failures": failures,
     });
 
     if as_json {
         println!("{report}");
-        return;
+    } else {
+        print_table(&report);
     }
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("bench: FAILED: {f}");
+        }
+        eprintln!("bench: this run is not a result: a path had errors or left processes behind");
+        std::process::exit(1);
+    }
+}
+
+/// Why the run is not a result: any error on any path, or a process left behind.
+fn failures(rows: &[Row], left_behind: &[u32]) -> Vec<String> {
+    let mut out = Vec::new();
+    for r in rows {
+        let paths = [
+            ("direct", Some(&r.direct)),
+            ("nginx", r.nginx.as_ref()),
+            ("sidecar", Some(&r.sidecar)),
+        ];
+        for (path, sample) in paths {
+            if let Some(s) = sample.filter(|s| s.errors > 0) {
+                out.push(format!(
+                    "{} at concurrency {}: {} errors via {path}",
+                    r.scenario.name(),
+                    r.concurrency,
+                    s.errors
+                ));
+            }
+        }
+    }
+    if !left_behind.is_empty() {
+        out.push(format!(
+            "nginx processes left running after QUIT: {left_behind:?}"
+        ));
+    }
+    out
+}
+
+fn print_table(report: &Value) {
     println!(
         "{:<30} {:>4} | {:>21} | {:>21} | {:>21} | {:>10} {:>7} {:>11}",
         "scenario",
@@ -591,4 +659,27 @@ fn main() {
         "sidecar RSS: {} KiB idle at start, {} KiB after warm-up, {} KiB peak under load",
         report["rss_idle_kib"], report["rss_after_warmup_kib"], report["rss_load_kib"]
     );
+    let reconnects: Vec<String> = report["scenarios"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|s| {
+            ["direct", "nginx", "sidecar"]
+                .into_iter()
+                .filter_map(move |p| {
+                    let n = s[p]["reconnects"].as_u64().filter(|n| *n > 0)?;
+                    Some(format!(
+                        "{} c={} {p}: {n}",
+                        s["name"].as_str().unwrap_or("?"),
+                        s["concurrency"]
+                    ))
+                })
+        })
+        .collect();
+    if !reconnects.is_empty() {
+        println!(
+            "reconnects (connections the target closed, opened again): {}",
+            reconnects.join("; ")
+        );
+    }
 }

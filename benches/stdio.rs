@@ -24,10 +24,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
 mod support;
@@ -133,7 +131,7 @@ async fn direct(concurrency: usize, for_how_long: Duration) -> Sample {
                     errors += 1;
                 }
             }
-            (lat, errors)
+            (lat, errors, 0)
         }));
     }
     let sample = collect(tasks, started).await;
@@ -177,19 +175,8 @@ async fn post(
 }
 
 /// Opens a connection and, for a session client, its session: the headers for calls.
-/// A new HTTP/1.1 connection.
-async fn tcp(addr: SocketAddr) -> Option<Sender> {
-    let stream = TcpStream::connect(addr).await.ok()?;
-    stream.set_nodelay(true).ok()?;
-    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .ok()?;
-    tokio::spawn(conn);
-    Some(send)
-}
-
 async fn open(addr: SocketAddr, client: Client) -> Option<(Sender, Vec<(&'static str, String)>)> {
-    let mut send = tcp(addr).await?;
+    let mut send = connect_http1(addr).await?;
     if client == Client::Modern {
         let headers = vec![
             ("mcp-protocol-version", "2026-07-28".to_owned()),
@@ -244,7 +231,7 @@ async fn over_http(
     conns: Conns,
     client: Client,
     for_how_long: Duration,
-) -> (Sample, u64, Conns) {
+) -> (Sample, Conns) {
     let started = Instant::now();
     let deadline = started + for_how_long;
     let mut tasks = Vec::new();
@@ -256,7 +243,7 @@ async fn over_http(
             while Instant::now() < deadline {
                 id += 1;
                 if send.is_closed() || send.ready().await.is_err() {
-                    match tcp(addr).await {
+                    match connect_http1(addr).await {
                         Some(s) => (send, reconnects) = (s, reconnects + 1),
                         None => {
                             errors += 1;
@@ -274,17 +261,16 @@ async fn over_http(
         }));
     }
     let mut sample = Sample::default();
-    let mut reconnects = 0;
     let mut kept = Vec::new();
     for t in tasks {
-        let (lat, errors, r, conn) = t.await.unwrap();
+        let (lat, errors, reconnects, conn) = t.await.unwrap();
         sample.latencies_us.extend(lat);
         sample.errors += errors;
-        reconnects += r;
+        sample.reconnects += reconnects;
         kept.push(conn);
     }
     sample.elapsed = started.elapsed();
-    (sample, reconnects, kept)
+    (sample, kept)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -336,7 +322,6 @@ struct Target {
     addr: Option<SocketAddr>,
     client: Client,
     conns: Conns,
-    reconnects: u64,
     /// Slices are capped for a bridge that starts a process per request.
     slow: bool,
     sample: Sample,
@@ -382,7 +367,6 @@ fn main() {
                 slow: false,
                 sample: Sample::default(),
                 conns: Vec::new(),
-                reconnects: 0,
             },
             Target {
                 name: "epode-sidecar",
@@ -391,7 +375,6 @@ fn main() {
                 slow: false,
                 sample: Sample::default(),
                 conns: Vec::new(),
-                reconnects: 0,
             },
         ];
         if sg.is_some() {
@@ -402,7 +385,6 @@ fn main() {
                 slow: false,
                 sample: Sample::default(),
                 conns: Vec::new(),
-                reconnects: 0,
             });
             targets.push(Target {
                 name: "supergateway (stateless)",
@@ -411,7 +393,6 @@ fn main() {
                 slow: true,
                 sample: Sample::default(),
                 conns: Vec::new(),
-                reconnects: 0,
             });
         }
         // Connections (and sessions: children started) opened once; a warm-up slice each.
@@ -419,7 +400,7 @@ fn main() {
             if let Some(addr) = t.addr {
                 let conns = rt.block_on(connect(addr, t.client, concurrency));
                 let warm = Duration::from_millis(800);
-                t.conns = rt.block_on(over_http(addr, conns, t.client, warm)).2;
+                t.conns = rt.block_on(over_http(addr, conns, t.client, warm)).1;
             }
         }
         for _ in 0..rounds {
@@ -434,9 +415,8 @@ fn main() {
                     None => rt.block_on(direct(concurrency, slice)),
                     Some(addr) => {
                         let conns = std::mem::take(&mut t.conns);
-                        let (s, r, conns) = rt.block_on(over_http(addr, conns, t.client, slice));
+                        let (s, conns) = rt.block_on(over_http(addr, conns, t.client, slice));
                         t.conns = conns;
-                        t.reconnects += r;
                         s
                     }
                 };
@@ -449,14 +429,31 @@ fn main() {
             v["name"] = json!(t.name);
             v["concurrency"] = json!(concurrency);
             v["added_p50_us"] = json!(t.sample.pct(0.5) - direct_p50);
-            v["reconnects"] = json!(t.reconnects);
             report.push(v);
         }
     }
-    let report = json!({"quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64, "rows": report});
+    let failed: Vec<String> = report
+        .iter()
+        .filter(|r| r["errors"].as_u64().unwrap_or(0) > 0)
+        .map(|r| {
+            format!(
+                "{} at concurrency {}: {} errors",
+                r["name"], r["concurrency"], r["errors"]
+            )
+        })
+        .collect();
+    let report = json!({"quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64, "rows": report, "failures": failed});
+    if !failed.is_empty() {
+        for f in &failed {
+            eprintln!("bench: FAILED: {f}");
+        }
+        eprintln!("bench: this run is not a result: a path had errors");
+    }
     if as_json {
         println!("{report}");
-        return;
+        std::process::exit(i32::from(
+            !report["failures"].as_array().is_none_or(Vec::is_empty),
+        ));
     }
     println!(
         "{:<26} {:>4} | {:>10} {:>10} | {:>9} | {:>13} | {:>6} {:>10}",
@@ -481,5 +478,8 @@ fn main() {
             r["errors"],
             r["reconnects"],
         );
+    }
+    if !report["failures"].as_array().is_none_or(Vec::is_empty) {
+        std::process::exit(1);
     }
 }

@@ -86,11 +86,15 @@ pub(crate) struct Sample {
     pub(crate) latencies_us: Vec<u32>,
     pub(crate) elapsed: Duration,
     pub(crate) errors: u64,
+    /// Connections the target closed between requests (nginx after `keepalive_requests`,
+    /// Node after its idle timeout), opened again: not errors.
+    pub(crate) reconnects: u64,
 }
 
 impl Sample {
     pub(crate) fn merge(&mut self, other: Sample) {
         self.latencies_us.extend(other.latencies_us);
+        self.reconnects += other.reconnects;
         self.elapsed += other.elapsed;
         self.errors += other.errors;
     }
@@ -111,20 +115,84 @@ impl Sample {
 
 pub(crate) fn stats(s: &Sample) -> Value {
     json!({"p50_us": s.pct(0.5), "p99_us": s.pct(0.99), "p999_us": s.pct(0.999),
-           "rps": (s.rps() * 10.0).round() / 10.0, "requests": s.latencies_us.len(), "errors": s.errors})
+           "rps": (s.rps() * 10.0).round() / 10.0, "requests": s.latencies_us.len(), "errors": s.errors,
+           "reconnects": s.reconnects})
 }
 
 /// The sample of a slice's tasks, each giving its latencies and errors.
 pub(crate) async fn collect(
-    tasks: Vec<tokio::task::JoinHandle<(Vec<u32>, u64)>>,
+    tasks: Vec<tokio::task::JoinHandle<(Vec<u32>, u64, u64)>>,
     started: Instant,
 ) -> Sample {
     let mut sample = Sample::default();
     for t in tasks {
-        let (lat, errors) = t.await.unwrap();
+        let (lat, errors, reconnects) = t.await.unwrap();
         sample.latencies_us.extend(lat);
         sample.errors += errors;
+        sample.reconnects += reconnects;
     }
     sample.elapsed = started.elapsed();
     sample
+}
+
+/// A new HTTP/1.1 connection (its driver spawned on the current runtime).
+pub(crate) async fn connect_http1(
+    addr: std::net::SocketAddr,
+) -> Option<hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    stream.set_nodelay(true).ok()?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (send, conn) = hyper::client::conn::http1::handshake(io).await.ok()?;
+    tokio::spawn(conn);
+    Some(send)
+}
+
+/// Processes still running whose command line contains `marker` (what a run left behind).
+pub(crate) fn leftovers(marker: &str) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = state
+                .rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'));
+            !zombie && String::from_utf8_lossy(&cmd).contains(marker)
+        })
+        .collect()
+}
+
+/// Whether a process runs (and is not a zombie).
+pub(crate) fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()
+                .map(|r| !r.trim_start().starts_with('Z'))
+        })
+        .unwrap_or(false)
+}
+
+/// The processes whose parent is `pid`.
+pub(crate) fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| {
+            let status =
+                std::fs::read_to_string(format!("/proc/{child}/status")).unwrap_or_default();
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+                == Some(pid)
+        })
+        .collect()
 }
