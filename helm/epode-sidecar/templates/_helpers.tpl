@@ -1,0 +1,436 @@
+{{/*
+Names and labels.
+*/}}
+{{- define "epode-sidecar.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "epode-sidecar.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "epode-sidecar.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "epode-sidecar.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "epode-sidecar.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "epode-sidecar.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "epode-sidecar.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "epode-sidecar.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository[:tag][@digest] */}}
+{{- define "epode-sidecar.image" -}}
+{{- $img := .image -}}
+{{- $ref := $img.repository -}}
+{{- $tag := default .defaultTag $img.tag -}}
+{{- if $tag -}}{{- $ref = printf "%s:%s" $ref (toString $tag) -}}{{- end -}}
+{{- if $img.digest -}}{{- $ref = printf "%s@%s" $ref $img.digest -}}{{- end -}}
+{{- $ref -}}
+{{- end -}}
+
+{{/*
+A duration as the sidecar writes them (10s, 500ms, 2m, 1h, or a sum such as 1m30s), rounded
+up to whole seconds. Anything else fails the render.
+*/}}
+{{- define "epode-sidecar.seconds" -}}
+{{- $d := toString .value | trim -}}
+{{- if not (regexMatch "^([0-9]+(ms|s|m|h) ?)+$" $d) -}}
+{{- fail (printf "epode-sidecar: %s is %q; write a duration such as 10s, 500ms or 2m" .name $d) -}}
+{{- end -}}
+{{- $ms := 0 -}}
+{{- range (regexFindAll "[0-9]+(ms|s|m|h)" $d -1) -}}
+{{- $n := regexFind "^[0-9]+" . | int -}}
+{{- $u := regexFind "(ms|s|m|h)$" . -}}
+{{- if eq $u "ms" -}}{{- $ms = add $ms $n -}}
+{{- else if eq $u "s" -}}{{- $ms = add $ms (mul $n 1000) -}}
+{{- else if eq $u "m" -}}{{- $ms = add $ms (mul $n 60000) -}}
+{{- else -}}{{- $ms = add $ms (mul $n 3600000) -}}
+{{- end -}}
+{{- end -}}
+{{- div (add $ms 999) 1000 -}}
+{{- end -}}
+
+{{/*
+"true" when the cluster has the preStop sleep action (PodLifecycleSleepAction: beta and on by
+default from 1.30; alpha and off in 1.29, where the API server would drop the field and refuse
+the empty handler). `helm template` assumes Helm's own Kubernetes version unless given
+--kube-version.
+*/}}
+{{- define "epode-sidecar.sleepSupported" -}}
+{{- if semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version }}true{{ end -}}
+{{- end -}}
+
+{{/* epode.mode as the sidecar reads it (an unquoted YAML `off` arrives as false). */}}
+{{- define "epode-sidecar.mode" -}}
+{{- if and (kindIs "bool" .Values.epode.mode) (not .Values.epode.mode) -}}
+off
+{{- else -}}
+{{- toString .Values.epode.mode -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "epode-sidecar.feedbackOn" -}}
+{{- if ne (include "epode-sidecar.mode" .) "off" }}true{{ end -}}
+{{- end -}}
+
+{{/* Seconds the server keeps serving after the pod is told to stop (its preStop sleep). */}}
+{{- define "epode-sidecar.upstreamPreStop" -}}
+{{- $v := .Values.upstream.preStopSleepSeconds -}}
+{{- if not (kindIs "invalid" $v) -}}
+{{- $v | int -}}
+{{- else if .Values.nativeSidecar -}}
+5
+{{- else -}}
+{{- add (.Values.sidecar.preStopSleepSeconds | int) (include "epode-sidecar.seconds" (dict "name" "sidecar.shutdownGrace" "value" .Values.sidecar.shutdownGrace) | int) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+terminationGracePeriodSeconds: the preStop delay of the container that stops first + the
+drain (sidecar.shutdownGrace) + the telemetry flush (epode.telemetry.shutdown, when feedback
+is on) + 5 s.
+*/}}
+{{- define "epode-sidecar.terminationGrace" -}}
+{{- if not (kindIs "invalid" .Values.terminationGracePeriodSeconds) -}}
+{{- .Values.terminationGracePeriodSeconds | int -}}
+{{- else -}}
+{{- $first := 0 -}}
+{{- if .Values.nativeSidecar -}}
+{{- $first = include "epode-sidecar.upstreamPreStop" . | int -}}
+{{- else -}}
+{{- $first = .Values.sidecar.preStopSleepSeconds | int -}}
+{{- end -}}
+{{- $drain := include "epode-sidecar.seconds" (dict "name" "sidecar.shutdownGrace" "value" .Values.sidecar.shutdownGrace) | int -}}
+{{- $flush := 0 -}}
+{{- if include "epode-sidecar.feedbackOn" . -}}
+{{- $flush = include "epode-sidecar.seconds" (dict "name" "epode.telemetry.shutdown" "value" .Values.epode.telemetry.shutdown) | int -}}
+{{- end -}}
+{{- add $first $drain $flush 5 -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The sidecar settings the chart maps from its values: a list of [NAME, value path, value].
+An empty string or null leaves the setting to the sidecar's default.
+*/}}
+{{- define "epode-sidecar.settings" -}}
+{{- $s := .Values.sidecar -}}
+{{- $l := $s.limits -}}
+{{- $r := $s.rateLimit -}}
+{{- $e := .Values.epode -}}
+{{- $t := $e.telemetry -}}
+{{- $upstream := $s.upstreamUrl -}}
+{{- if not $upstream -}}
+{{- $upstream = printf "%s://127.0.0.1:%v%s" .Values.upstream.scheme (.Values.upstream.port | int) .Values.upstream.path -}}
+{{- end -}}
+{{- $tools := list -}}
+{{- range $r.tools -}}{{- $tools = append $tools (printf "%s=%s" .tool .rate) -}}{{- end -}}
+{{- $ids := list -}}
+{{- range $k, $v := $e.identityHeaders -}}{{- $ids = append $ids (printf "%s=%s" $k $v) -}}{{- end -}}
+{{- $tlsDir := trimSuffix "/" $s.tls.mountPath -}}
+{{- $rows := list
+  (list "EPODE_SIDECAR_UPSTREAM" "sidecar.upstreamUrl (or upstream.scheme/port/path)" $upstream)
+  (list "EPODE_SIDECAR_LISTEN" "sidecar.listenAddress and sidecar.port" (printf "%s:%v" $s.listenAddress ($s.port | int)))
+  (list "EPODE_SIDECAR_ADMIN_LISTEN" "sidecar.listenAddress and sidecar.adminPort" (printf "%s:%v" $s.listenAddress ($s.adminPort | int)))
+  (list "EPODE_SIDECAR_PATH" "sidecar.path" $s.path)
+  (list "EPODE_SIDECAR_UPSTREAM_PROTOCOL" "sidecar.upstreamProtocol" $s.upstreamProtocol)
+  (list "EPODE_SIDECAR_UPSTREAM_TIMEOUT" "sidecar.upstreamTimeout" $s.upstreamTimeout)
+  (list "EPODE_SIDECAR_ALLOWED_ORIGINS" "sidecar.allowedOrigins" (join "," $s.allowedOrigins))
+  (list "EPODE_SIDECAR_ALLOWED_HOSTS" "sidecar.allowedHosts" (join "," $s.allowedHosts))
+  (list "EPODE_SIDECAR_SHUTDOWN_GRACE" "sidecar.shutdownGrace" $s.shutdownGrace)
+  (list "EPODE_SIDECAR_WORKERS" "sidecar.workers" $s.workers)
+  (list "EPODE_SIDECAR_SERVER_NAME" "sidecar.serverName" $s.serverName)
+  (list "EPODE_SIDECAR_SERVER_VERSION" "sidecar.serverVersion" $s.serverVersion)
+  (list "EPODE_SIDECAR_CACHE_TTL_MS" "sidecar.cacheTtlMs" $s.cacheTtlMs)
+  (list "EPODE_SIDECAR_CACHE_SCOPE" "sidecar.cacheScope" $s.cacheScope)
+  (list "EPODE_SIDECAR_LOG" "sidecar.log.level" $s.log.level)
+  (list "EPODE_SIDECAR_LOG_FORMAT" "sidecar.log.format" $s.log.format)
+  (list "EPODE_SIDECAR_MAX_BODY_BYTES" "sidecar.limits.maxBodyBytes" $l.maxBodyBytes)
+  (list "EPODE_SIDECAR_MAX_HEADER_BYTES" "sidecar.limits.maxHeaderBytes" $l.maxHeaderBytes)
+  (list "EPODE_SIDECAR_MAX_HEADERS" "sidecar.limits.maxHeaders" $l.maxHeaders)
+  (list "EPODE_SIDECAR_HEADER_TIMEOUT" "sidecar.limits.headerTimeout" $l.headerTimeout)
+  (list "EPODE_SIDECAR_BODY_TIMEOUT" "sidecar.limits.bodyTimeout" $l.bodyTimeout)
+  (list "EPODE_SIDECAR_IDLE_TIMEOUT" "sidecar.limits.idleTimeout" $l.idleTimeout)
+  (list "EPODE_SIDECAR_MAX_CONNECTIONS" "sidecar.limits.maxConnections" $l.maxConnections)
+  (list "EPODE_SIDECAR_MAX_IN_FLIGHT" "sidecar.limits.maxInFlight" $l.maxInFlight)
+  (list "EPODE_SIDECAR_MEMORY_BUDGET_BYTES" "sidecar.limits.memoryBudgetBytes" $l.memoryBudgetBytes)
+  (list "EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES" "sidecar.limits.maxUpstreamAnswerBytes" $l.maxUpstreamAnswerBytes)
+  (list "EPODE_SIDECAR_MAX_SSE_EVENT_BYTES" "sidecar.limits.maxSseEventBytes" $l.maxSseEventBytes)
+  (list "EPODE_SIDECAR_UPSTREAM_SESSIONS" "sidecar.limits.upstreamSessions" $l.upstreamSessions)
+  (list "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE" "sidecar.limits.upstreamSessionIdle" $l.upstreamSessionIdle)
+  (list "EPODE_SIDECAR_RATE_LIMIT" "sidecar.rateLimit.perClient" $r.perClient)
+  (list "EPODE_SIDECAR_RATE_BURST" "sidecar.rateLimit.burst" $r.burst)
+  (list "EPODE_SIDECAR_TOOL_RATE_LIMITS" "sidecar.rateLimit.tools" (join "," $tools))
+  (list "EPODE_SIDECAR_TRUSTED_PROXIES" "sidecar.rateLimit.trustedProxies" (join "," $r.trustedProxies))
+  (list "EPODE_SIDECAR_TLS_CERT" "sidecar.tls" (ternary (printf "%s/tls.crt" $tlsDir) "" (and $s.tls.enabled true)))
+  (list "EPODE_SIDECAR_TLS_KEY" "sidecar.tls" (ternary (printf "%s/tls.key" $tlsDir) "" (and $s.tls.enabled true)))
+  (list "EPODE_SIDECAR_TLS_RELOAD" "sidecar.tls.reload" $s.tls.reload)
+  (list "EPODE_SIDECAR_CA_FILE" "sidecar.upstreamTls.caSecretName" (ternary (printf "/etc/epode-sidecar/upstream-ca/%s" $s.upstreamTls.caKey) "" (not (empty $s.upstreamTls.caSecretName))))
+  (list "EPODE_SIDECAR_UPSTREAM_CLIENT_CERT" "sidecar.upstreamTls.clientCertSecretName" (ternary "/etc/epode-sidecar/upstream-client/tls.crt" "" (not (empty $s.upstreamTls.clientCertSecretName))))
+  (list "EPODE_SIDECAR_UPSTREAM_CLIENT_KEY" "sidecar.upstreamTls.clientCertSecretName" (ternary "/etc/epode-sidecar/upstream-client/tls.key" "" (not (empty $s.upstreamTls.clientCertSecretName))))
+  (list "AGENT_FEEDBACK_MODE" "epode.mode" (include "epode-sidecar.mode" .))
+  (list "EPODE_API_URL" "epode.apiUrl" $e.apiUrl)
+  (list "AGENT_FEEDBACK_CONSENT_TIMEOUT_MS" "epode.consentTimeoutMs" $e.consentTimeoutMs)
+  (list "EPODE_SIDECAR_FEEDBACK_TIMEOUT" "epode.feedbackTimeout" $e.feedbackTimeout)
+  (list "EPODE_SIDECAR_INCLUDE_TOOLS" "epode.includeTools" (join "," $e.includeTools))
+  (list "EPODE_SIDECAR_EXCLUDE_TOOLS" "epode.excludeTools" (join "," $e.excludeTools))
+  (list "EPODE_SIDECAR_FEEDBACK_TOOLS" "epode.feedbackTools" (join "," $e.feedbackTools))
+  (list "EPODE_SIDECAR_IDENTITY_HEADERS" "epode.identityHeaders" (join "," $ids))
+  (list "EPODE_SIDECAR_TELEMETRY_QUEUE" "epode.telemetry.queue" $t.queue)
+  (list "EPODE_SIDECAR_TELEMETRY_BATCH" "epode.telemetry.batch" $t.batch)
+  (list "EPODE_SIDECAR_TELEMETRY_FLUSH" "epode.telemetry.flush" $t.flush)
+  (list "EPODE_SIDECAR_TELEMETRY_RETRY_BASE" "epode.telemetry.retryBase" $t.retryBase)
+  (list "EPODE_SIDECAR_TELEMETRY_SHUTDOWN" "epode.telemetry.shutdown" $t.shutdown)
+  (list "EPODE_API_KEY" "epode.existingSecret and epode.existingSecretKey" "")
+  (list "AGENT_FEEDBACK_KEY" "epode.existingSecret and epode.existingSecretKey" "")
+  (list "AGENT_FEEDBACK_ENABLED" "epode.mode (off)" "")
+-}}
+{{- toJson $rows -}}
+{{- end -}}
+
+{{/*
+Render-time checks. The product key may only come from a Secret reference: a value that looks
+like a key, anywhere in the values, fails the render (the message never repeats it), and so
+does any key variable given through env, extraEnv or the server's env.
+*/}}
+{{- define "epode-sidecar.validate" -}}
+{{- $v := .Values -}}
+{{- if regexMatch "af_live_[0-9a-fA-F]{32}_" (toJson $v) -}}
+{{- fail "epode-sidecar: a value looks like an Epode product key (af_live_…). The key is never a chart value: create a Secret (kubectl create secret generic epode-sidecar --from-literal=api-key=af_live_…) and name it with epode.existingSecret and epode.existingSecretKey." -}}
+{{- end -}}
+{{- $keyNames := list "EPODE_API_KEY" "AGENT_FEEDBACK_KEY" -}}
+{{- range $name, $_ := $v.sidecar.env -}}
+{{- if has $name $keyNames -}}
+{{- fail (printf "epode-sidecar: sidecar.env.%s is refused: the product key comes only from a Secret named by epode.existingSecret (key epode.existingSecretKey)." $name) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.sidecar.extraEnv -}}
+{{- if has (toString .name) $keyNames -}}
+{{- fail (printf "epode-sidecar: sidecar.extraEnv %s is refused: the product key comes only from a Secret named by epode.existingSecret (key epode.existingSecretKey)." (toString .name)) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.upstream.env -}}
+{{- if has (toString .name) $keyNames -}}
+{{- fail (printf "epode-sidecar: upstream.env %s is refused: the MCP server never needs the product key; only the sidecar reads it, from epode.existingSecret." (toString .name)) -}}
+{{- end -}}
+{{- end -}}
+{{- if and (include "epode-sidecar.feedbackOn" .) (not $v.epode.existingSecret) -}}
+{{- fail (printf "epode-sidecar: epode.mode is %s, which needs the product key: create a Secret (kubectl create secret generic epode-sidecar --from-literal=api-key=af_live_…) and set epode.existingSecret to its name (and epode.existingSecretKey to its key, default api-key), or set epode.mode=off." (include "epode-sidecar.mode" .)) -}}
+{{- end -}}
+{{- $managed := dict -}}
+{{- range (include "epode-sidecar.settings" . | fromJsonArray) -}}
+{{- $_ := set $managed (index . 0) (index . 1) -}}
+{{- end -}}
+{{- range $name, $_ := $v.sidecar.env -}}
+{{- if hasKey $managed $name -}}
+{{- fail (printf "epode-sidecar: sidecar.env.%s is refused: the chart sets %s from %s; set that value instead." $name $name (index $managed $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.sidecar.extraEnv -}}
+{{- if hasKey $managed (toString .name) -}}
+{{- fail (printf "epode-sidecar: sidecar.extraEnv %s is refused: the chart sets it from %s; set that value instead." (toString .name) (index $managed (toString .name))) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $v.sidecar.tls.enabled (not $v.sidecar.tls.secretName) -}}
+{{- fail "epode-sidecar: sidecar.tls.enabled needs sidecar.tls.secretName (a Secret of type kubernetes.io/tls with tls.crt and tls.key)." -}}
+{{- end -}}
+{{- if and $v.pdb.enabled (not (kindIs "invalid" $v.pdb.minAvailable)) (not (kindIs "invalid" $v.pdb.maxUnavailable)) -}}
+{{- fail "epode-sidecar: set one of pdb.minAvailable and pdb.maxUnavailable (the other null)." -}}
+{{- end -}}
+{{- if eq (int $v.sidecar.port) (int $v.sidecar.adminPort) -}}
+{{- fail "epode-sidecar: sidecar.port and sidecar.adminPort must differ." -}}
+{{- end -}}
+{{- if or (eq (int $v.upstream.port) (int $v.sidecar.port)) (eq (int $v.upstream.port) (int $v.sidecar.adminPort)) -}}
+{{- fail "epode-sidecar: upstream.port must differ from sidecar.port and sidecar.adminPort (one network namespace)." -}}
+{{- end -}}
+{{- $_ := include "epode-sidecar.terminationGrace" . -}}
+{{- end -}}
+
+{{/* A setting's value as the sidecar reads it: numbers as integers, "" for unset. */}}
+{{- define "epode-sidecar.settingValue" -}}
+{{- if kindIs "invalid" . -}}
+{{- else if or (kindIs "float64" .) (kindIs "int64" .) (kindIs "int" .) -}}
+{{- . | int64 | toString -}}
+{{- else -}}
+{{- toString . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar container's env entries (a YAML list). */}}
+{{- define "epode-sidecar.env" -}}
+{{- range (include "epode-sidecar.settings" . | fromJsonArray) -}}
+{{- $value := include "epode-sidecar.settingValue" (index . 2) -}}
+{{- if ne $value "" }}
+- name: {{ index . 0 }}
+  value: {{ $value | quote }}
+{{- end -}}
+{{- end -}}
+{{- if include "epode-sidecar.feedbackOn" . }}
+- name: EPODE_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.epode.existingSecret | quote }}
+      key: {{ .Values.epode.existingSecretKey | quote }}
+{{- end -}}
+{{- range $name := keys .Values.sidecar.env | sortAlpha }}
+- name: {{ $name }}
+  value: {{ include "epode-sidecar.settingValue" (index $.Values.sidecar.env $name) | quote }}
+{{- end -}}
+{{- with .Values.sidecar.extraEnv }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The sidecar container. Arguments: (dict "root" $ "native" true|false), $ being this chart's
+context (from another chart: index .Subcharts "epode-sidecar").
+*/}}
+{{- define "epode-sidecar.sidecarContainer" -}}
+{{- $root := .root -}}
+{{- include "epode-sidecar.validate" $root -}}
+{{- $s := $root.Values.sidecar -}}
+- name: {{ $s.name }}
+  image: {{ include "epode-sidecar.image" (dict "image" $s.image "defaultTag" $root.Chart.AppVersion) | quote }}
+  imagePullPolicy: {{ $s.image.pullPolicy }}
+  {{- if .native }}
+  restartPolicy: Always
+  {{- end }}
+  ports:
+    - name: mcp
+      containerPort: {{ $s.port | int }}
+      protocol: TCP
+    - name: admin
+      containerPort: {{ $s.adminPort | int }}
+      protocol: TCP
+  env:
+    {{- include "epode-sidecar.env" $root | trim | nindent 4 }}
+  startupProbe:
+    httpGet:
+      path: /healthz
+      port: {{ $s.adminPort | int }}
+    {{- toYaml $s.probes.startup | nindent 4 }}
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: {{ $s.adminPort | int }}
+    {{- toYaml $s.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: {{ $s.adminPort | int }}
+    {{- toYaml $s.probes.readiness | nindent 4 }}
+  {{- if and (not .native) (gt (int $s.preStopSleepSeconds) 0) (include "epode-sidecar.sleepSupported" $root) }}
+  lifecycle:
+    preStop:
+      sleep:
+        seconds: {{ $s.preStopSleepSeconds | int }}
+  {{- end }}
+  {{- with $s.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    readOnlyRootFilesystem: true
+    allowPrivilegeEscalation: false
+    privileged: false
+    capabilities:
+      drop: [ALL]
+    seccompProfile:
+      type: RuntimeDefault
+  {{- $mounts := include "epode-sidecar.sidecarVolumeMounts" $root | trim }}
+  {{- if $mounts }}
+  volumeMounts:
+    {{- $mounts | nindent 4 }}
+  {{- end }}
+{{- end -}}
+
+{{/* Public: the sidecar as a native sidecar, for a pod's initContainers. */}}
+{{- define "epode-sidecar.initContainer" -}}
+{{- include "epode-sidecar.sidecarContainer" (dict "root" . "native" true) -}}
+{{- end -}}
+
+{{/* Public: the sidecar as a classic container, for a pod's containers. */}}
+{{- define "epode-sidecar.container" -}}
+{{- include "epode-sidecar.sidecarContainer" (dict "root" . "native" false) -}}
+{{- end -}}
+
+{{- define "epode-sidecar.sidecarVolumeMounts" -}}
+{{- $s := .Values.sidecar -}}
+{{- if $s.tls.enabled }}
+- name: epode-sidecar-tls
+  mountPath: {{ trimSuffix "/" $s.tls.mountPath }}
+  readOnly: true
+{{- end }}
+{{- if $s.upstreamTls.caSecretName }}
+- name: epode-sidecar-upstream-ca
+  mountPath: /etc/epode-sidecar/upstream-ca
+  readOnly: true
+{{- end }}
+{{- if $s.upstreamTls.clientCertSecretName }}
+- name: epode-sidecar-upstream-client
+  mountPath: /etc/epode-sidecar/upstream-client
+  readOnly: true
+{{- end }}
+{{- with $s.extraVolumeMounts }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Public: the volumes the sidecar's mounts need (a YAML list, possibly empty). */}}
+{{- define "epode-sidecar.volumes" -}}
+{{- $s := .Values.sidecar -}}
+{{- if $s.tls.enabled }}
+- name: epode-sidecar-tls
+  secret:
+    secretName: {{ $s.tls.secretName | quote }}
+    defaultMode: 288 # 0440: root and the pod's fsGroup (65532)
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
+{{- if $s.upstreamTls.caSecretName }}
+- name: epode-sidecar-upstream-ca
+  secret:
+    secretName: {{ $s.upstreamTls.caSecretName | quote }}
+    defaultMode: 288
+    items:
+      - key: {{ $s.upstreamTls.caKey | quote }}
+        path: {{ $s.upstreamTls.caKey | quote }}
+{{- end }}
+{{- if $s.upstreamTls.clientCertSecretName }}
+- name: epode-sidecar-upstream-client
+  secret:
+    secretName: {{ $s.upstreamTls.clientCertSecretName | quote }}
+    defaultMode: 288
+    items:
+      - key: tls.crt
+        path: tls.crt
+      - key: tls.key
+        path: tls.key
+{{- end }}
+{{- end -}}

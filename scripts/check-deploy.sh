@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# The deployment checks (CI step "== deploy checks"): the Helm chart, the plain manifests, the
+# systemd unit, compose.yaml and the container image, each checked with real tools.
+#
+#   1. helm lint --strict and helm template: default values and every helm/epode-sidecar/ci/*.yaml;
+#      the example parent chart (helm/examples/existing-app) that uses the named templates;
+#      kubectl kustomize deploy/kubernetes
+#   2. kubernetes-validate --strict for Kubernetes 1.29 to 1.33: every rendered object and every
+#      manifest under deploy/kubernetes (CRDs and the Kustomization are skipped, with the reason)
+#   3. deploy/kubernetes/deployment.yaml's sidecar == the chart's default render
+#   4. checkov: the chart, every render, deploy/kubernetes and docker/, skipping only the ids in
+#      deploy/checkov-skips.txt (which the README's table must list)
+#   5. compose.yaml (docker compose config), the systemd unit (systemd-analyze verify, security)
+#   6. the image (bash docker/build.sh): size < 20 MB, UID 65532, no shell; run read-only with no
+#      capabilities in front of the example Python server; the official TypeScript client calls
+#      a tool through it (pin and legacy), feedback off and in --dev; HEALTHCHECK healthy;
+#      SIGTERM (docker stop) exits 0
+#
+# Exits non-zero at the first failed check. Cleans up its containers and processes on exit.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO"
+started=$SECONDS
+
+say() { printf -- '-- %s\n' "$*"; }
+fail() { printf 'check-deploy: FAILED: %s\n' "$*" >&2; exit 1; }
+
+WORK="$(mktemp -d)"
+CONTAINERS=()
+PIDS=()
+cleanup() {
+  local c p
+  for c in "${CONTAINERS[@]}"; do docker rm -f "$c" >/dev/null 2>&1 || true; done
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+apt_install() {
+  [[ $(id -u) == 0 ]] || fail "$1 is missing and this is not root"
+  say "installing Debian's $*"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@") >/dev/null
+}
+
+# ---- tools ----------------------------------------------------------------------------------
+t0=$SECONDS
+eval "$(bash scripts/install-deploy-tools.sh)"
+bash scripts/install-peers.sh >/dev/null
+PEERS="${EPODE_PEERS_DIR:-$REPO/.peers}"
+export PATH="$(dirname "$HELM"):$PATH"   # checkov's helm framework runs `helm`
+say "tools ready in $((SECONDS - t0)) s: $("$HELM" version --template '{{.Version}}'), kubectl $("$KUBECTL" version --client -o json | "$PEERS/deploy-tools/py/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])'), kubernetes-validate $("$KUBERNETES_VALIDATE" --version), checkov $("$CHECKOV" --version)"
+PY="$PEERS/deploy-tools/py/bin/python"   # has PyYAML (a checkov dependency)
+
+# ---- 1. helm lint / template, the example parent chart, kustomize ---------------------------
+CHART=helm/epode-sidecar
+R="$WORK/render"
+mkdir -p "$R"
+"$HELM" lint --strict "$CHART" >"$WORK/lint.txt" 2>&1 || { cat "$WORK/lint.txt"; fail "helm lint (default values)"; }
+"$HELM" template demo "$CHART" >"$R/chart-default.yaml" || fail "helm template (default values)"
+say "helm lint + template: default values ($(grep -c '^kind:' "$R/chart-default.yaml") objects)"
+shopt -s nullglob
+ci_values=("$CHART"/ci/*.yaml)
+shopt -u nullglob
+(( ${#ci_values[@]} >= 3 )) || fail "expected at least three value sets in $CHART/ci/"
+for f in "${ci_values[@]}"; do
+  name="$(basename "$f" .yaml)"
+  "$HELM" lint --strict "$CHART" -f "$f" >"$WORK/lint.txt" 2>&1 || { cat "$WORK/lint.txt"; fail "helm lint -f $f"; }
+  "$HELM" template demo "$CHART" -f "$f" >"$R/chart-$name.yaml" || fail "helm template -f $f"
+  say "helm lint + template: $f ($(grep -c '^kind:' "$R/chart-$name.yaml") objects)"
+done
+# Kubernetes 1.29: the preStop sleep action is off there, so the chart leaves it out.
+for f in "" "$CHART/ci/classic-sidecar-values.yaml"; do
+  name="k8s-1.29-$(basename "${f:-default}" .yaml)"
+  "$HELM" template demo "$CHART" --kube-version 1.29.0 ${f:+-f "$f"} >"$R/chart-$name.yaml" || fail "helm template --kube-version 1.29.0 ${f}"
+  ! grep -q 'sleep:' "$R/chart-$name.yaml" || fail "helm template --kube-version 1.29.0 ${f}: a preStop sleep was rendered"
+  say "helm template --kube-version 1.29.0 ${f:-(default values)}: no preStop sleep action"
+done
+# The example parent chart, built in a copy (helm dependency build writes charts/ and a lock).
+mkdir -p "$WORK/helm"
+cp -r helm/epode-sidecar helm/examples "$WORK/helm/"
+"$HELM" dependency build "$WORK/helm/examples/existing-app" >/dev/null || fail "helm dependency build (examples/existing-app)"
+"$HELM" lint --strict "$WORK/helm/examples/existing-app" >"$WORK/lint.txt" 2>&1 || { cat "$WORK/lint.txt"; fail "helm lint (examples/existing-app)"; }
+"$HELM" template demo "$WORK/helm/examples/existing-app" >"$R/existing-app.yaml" || fail "helm template (examples/existing-app)"
+grep -q 'restartPolicy: Always' "$R/existing-app.yaml" || fail "examples/existing-app: no native sidecar rendered"
+say "helm lint + template: helm/examples/existing-app (named templates from a parent chart)"
+"$KUBECTL" kustomize deploy/kubernetes >"$R/kustomize-deploy-kubernetes.yaml" || fail "kubectl kustomize deploy/kubernetes"
+say "kubectl kustomize deploy/kubernetes ($(grep -c '^kind:' "$R/kustomize-deploy-kubernetes.yaml") objects)"
+
+# ---- 2. kubernetes-validate -------------------------------------------------------------------
+manifests=()
+for f in deploy/kubernetes/*.yaml; do
+  if [[ "$(basename "$f")" == kustomization.yaml ]]; then
+    say "kubernetes-validate: skipping $f (a Kustomization, not a Kubernetes object; its output is validated)"
+    continue
+  fi
+  manifests+=("$f")
+done
+say "kubernetes-validate: skipping PodMonitor objects (monitoring.coreos.com/v1 is a CRD of the Prometheus Operator; Kubernetes' schemas do not have it)"
+for k in 1.29.0 1.30.0 1.31.0 1.32.0 1.33.0; do
+  if ! "$KUBERNETES_VALIDATE" --strict -k "$k" --quiet "$R"/*.yaml "${manifests[@]}" >"$WORK/kv.txt" 2>&1; then
+    cat "$WORK/kv.txt"; fail "kubernetes-validate --strict -k $k"
+  fi
+  if grep -v 'kind PodMonitor with api version monitoring.coreos.com/v1' "$WORK/kv.txt" | grep -q .; then
+    cat "$WORK/kv.txt"; fail "kubernetes-validate -k $k: unexpected output"
+  fi
+  say "kubernetes-validate --strict -k $k: $(ls "$R"/*.yaml | wc -l) renders + ${#manifests[@]} manifests valid"
+done
+
+# ---- 3. the plain manifest's sidecar is the chart's --------------------------------------------
+"$HELM" template epode-sidecar "$CHART" --set fullnameOverride=epode-sidecar >"$WORK/chart-as-deploy.yaml"
+"$PY" - "$WORK/chart-as-deploy.yaml" deploy/kubernetes/deployment.yaml <<'PY' || fail "deploy/kubernetes/deployment.yaml differs from the chart's default render"
+import sys, yaml
+def deployment(path):
+    for doc in yaml.safe_load_all(open(path)):
+        if doc and doc.get("kind") == "Deployment":
+            return doc
+chart, plain = deployment(sys.argv[1]), deployment(sys.argv[2])
+cs, ps = chart["spec"]["template"]["spec"], plain["spec"]["template"]["spec"]
+diffs = [k for k in ("initContainers", "securityContext", "automountServiceAccountToken",
+                     "terminationGracePeriodSeconds", "enableServiceLinks", "volumes")
+         if cs.get(k) != ps.get(k)]
+for k in ("image", "ports", "lifecycle", "securityContext", "resources", "volumeMounts", "livenessProbe", "readinessProbe"):
+    if cs["containers"][0].get(k) != ps["containers"][0].get(k):
+        diffs.append("containers[0]." + k)
+if chart["spec"]["template"]["metadata"].get("annotations") != plain["spec"]["template"]["metadata"].get("annotations"):
+    diffs.append("pod annotations")
+if diffs:
+    sys.exit("differs in: " + ", ".join(diffs))
+PY
+say "deploy/kubernetes/deployment.yaml: sidecar, pod security and server container match the chart's default render"
+
+# ---- 4. checkov ---------------------------------------------------------------------------------
+SKIPS="$(grep -v '^#' deploy/checkov-skips.txt | awk 'NF {print $1}' | paste -sd, -)"
+[[ -n "$SKIPS" ]] || fail "deploy/checkov-skips.txt lists no check"
+for id in ${SKIPS//,/ }; do
+  grep -q "^| \`$id\` |" README.md || fail "README.md's checkov table does not list $id (deploy/checkov-skips.txt does)"
+done
+readme_ids="$(grep -oE '^\| `CKV[A-Z0-9_]+` \|' README.md | tr -d '|` ' | sort | paste -sd, -)"
+[[ "$readme_ids" == "$(tr ',' '\n' <<<"$SKIPS" | sort | paste -sd, -)" ]] \
+  || fail "README.md's checkov table ($readme_ids) differs from deploy/checkov-skips.txt ($SKIPS)"
+checkov_run() {
+  local what="$1"; shift
+  if ! "$CHECKOV" --quiet --compact --skip-download --skip-check "$SKIPS" "$@" >"$WORK/checkov.txt" 2>&1; then
+    cat "$WORK/checkov.txt"; fail "checkov: $what"
+  fi
+  say "checkov $what: $(grep -E 'Passed checks' "$WORK/checkov.txt" | sed 's/^ *//' | paste -sd';' -)"
+}
+checkov_run "helm chart (default values)" -d "$CHART" --framework helm
+checkov_run "renders (chart value sets, example parent chart, kustomize)" -d "$R" --framework kubernetes
+checkov_run "deploy/kubernetes" -d deploy/kubernetes --framework kubernetes
+checkov_run "docker/" -d docker --framework dockerfile
+
+# ---- 5. compose.yaml, the systemd unit ----------------------------------------------------------
+if docker compose version >/dev/null 2>&1; then
+  COMPOSE=(docker compose)
+else
+  command -v docker-compose >/dev/null || apt_install docker-compose
+  COMPOSE=(docker-compose)
+fi
+"${COMPOSE[@]}" -f compose.yaml config -q || fail "compose.yaml: ${COMPOSE[*]} config"
+say "compose.yaml: valid for ${COMPOSE[*]} ($("${COMPOSE[@]}" version --short 2>/dev/null || true))"
+grep -qE 'af_live_[0-9a-fA-F]{32}' compose.yaml deploy/systemd/* && fail "a product key is written in compose.yaml or deploy/systemd"
+command -v systemd-analyze >/dev/null || apt_install systemd
+# verify checks ExecStart= and the units the service depends on: give it a root holding them.
+SD="$WORK/sdroot"
+mkdir -p "$SD/usr/local/bin" "$SD/etc/systemd/system" "$SD/etc/epode-sidecar" "$SD/usr/lib/systemd"
+cp -a /lib/systemd/system "$SD/usr/lib/systemd/"
+printf '#!/bin/sh\n' >"$SD/usr/local/bin/epode-sidecar"; chmod 0755 "$SD/usr/local/bin/epode-sidecar"
+cp deploy/systemd/epode-sidecar.service "$SD/etc/systemd/system/"
+cp deploy/systemd/epode-sidecar.env "$SD/etc/epode-sidecar/"
+if ! systemd-analyze verify --root="$SD" /etc/systemd/system/epode-sidecar.service >"$WORK/sd.txt" 2>&1 || [[ -s "$WORK/sd.txt" ]]; then
+  cat "$WORK/sd.txt"; fail "systemd-analyze verify deploy/systemd/epode-sidecar.service"
+fi
+exposure="$(systemd-analyze security --offline=true --root="$SD" "$SD/etc/systemd/system/epode-sidecar.service" 2>/dev/null | sed -n 's/.*Overall exposure level for epode-sidecar.service: \([0-9.]*\).*/\1/p')"
+[[ -n "$exposure" ]] || fail "systemd-analyze security gave no exposure level"
+awk -v e="$exposure" 'BEGIN { exit !(e <= 2.0) }' || fail "systemd-analyze security: exposure $exposure > 2.0"
+say "deploy/systemd/epode-sidecar.service: systemd-analyze verify clean; security exposure $exposure (of 10; lower is safer)"
+
+# ---- 6. the image -------------------------------------------------------------------------------
+t0=$SECONDS
+IMAGE="$(bash docker/build.sh | tail -1)"
+[[ -n "$IMAGE" ]] || fail "docker/build.sh printed no image reference"
+size="$(docker image inspect -f '{{.Size}}' "$IMAGE")"
+(( size < 20000000 )) || fail "$IMAGE is $size bytes, not under 20 MB"
+say "image $IMAGE built in $((SECONDS - t0)) s: $size bytes ($(awk -v s="$size" 'BEGIN { printf "%.1f MB", s / 1e6 }'), limit 20 MB)"
+[[ "$(docker image inspect -f '{{.Config.User}}' "$IMAGE")" == "65532:65532" ]] || fail "$IMAGE does not run as 65532:65532"
+[[ "$(docker image inspect -f '{{json .Config.Healthcheck.Test}}' "$IMAGE")" == '["CMD","/epode-sidecar","healthcheck"]' ]] \
+  || fail "$IMAGE: unexpected HEALTHCHECK"
+if docker run --rm --entrypoint /bin/sh "$IMAGE" -c true >/dev/null 2>&1; then fail "$IMAGE has a shell"; fi
+say "image: user 65532:65532, HEALTHCHECK [/epode-sidecar healthcheck], no /bin/sh"
+
+free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+wait_port() {
+  local port="$1" i
+  for i in $(seq 1 100); do
+    "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $port), 0.2).close()" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  return 1
+}
+# The example server on the host's loopback; the containers share the host's network namespace,
+# so the sidecar reaches it at 127.0.0.1 as it would inside a pod.
+UP_PORT="$(free_port)"
+"$PEERS/py/bin/python" examples/python-server/server.py --port "$UP_PORT" >"$WORK/server.log" 2>&1 &
+PIDS+=($!)
+wait_port "$UP_PORT" || { cat "$WORK/server.log"; fail "the example server did not listen on $UP_PORT"; }
+
+# run_sidecar NAME LISTEN_PORT ADMIN_PORT [extra docker args...]
+run_sidecar() {
+  local name="$1" port="$2" admin="$3"; shift 3
+  CONTAINERS+=("$name")
+  docker run -d --name "$name" \
+    --read-only --user 65532:65532 --cap-drop ALL --security-opt no-new-privileges --network host \
+    --health-interval 1s --health-timeout 3s --health-retries 3 --health-start-period 10s \
+    -e EPODE_SIDECAR_UPSTREAM="http://127.0.0.1:$UP_PORT/mcp" \
+    -e EPODE_SIDECAR_LISTEN="127.0.0.1:$port" \
+    -e EPODE_SIDECAR_ADMIN_LISTEN="127.0.0.1:$admin" \
+    "$@" "$IMAGE" >/dev/null
+}
+wait_healthy() {
+  local name="$1" i status=
+  for i in $(seq 1 60); do
+    status="$(docker inspect -f '{{.State.Health.Status}}' "$name")"
+    [[ "$status" == healthy ]] && { say "$name: docker health status $status after ~$((i / 2)) s"; return 0; }
+    [[ "$(docker inspect -f '{{.State.Running}}' "$name")" == true ]] || break
+    sleep 0.5
+  done
+  docker logs "$name" 2>&1 | tail -20
+  fail "$name: health status '$status', not healthy"
+}
+ts_call() { node "$PEERS/ts/ts_call.mjs" "$1" "$2" call get_order '{"order_id":"A-1001"}'; }
+stop_clean() {
+  local name="$1" code
+  docker stop -t 30 "$name" >/dev/null
+  code="$(docker inspect -f '{{.State.ExitCode}}' "$name")"
+  [[ "$code" == 0 ]] || { docker logs "$name" 2>&1 | tail -20; fail "$name: exit status $code after SIGTERM (docker stop), not 0"; }
+  say "$name: docker stop (SIGTERM) -> exit status 0"
+}
+
+# 6a. Production shape: feedback off (no key can reach a real Epode from here).
+P1="$(free_port)"; A1="$(free_port)"
+C1="epode-check-off-$$"
+run_sidecar "$C1" "$P1" "$A1" -e AGENT_FEEDBACK_MODE=off
+wait_healthy "$C1"
+for mode in pin legacy; do
+  out="$(ts_call "http://127.0.0.1:$P1/mcp" "$mode")" || { echo "$out"; fail "TS client ($mode) through $C1"; }
+  echo "   ts_call $mode: $out"
+  grep -q '"structuredContent":{"order_id":"A-1001","status":"shipped"' <<<"$out" || fail "TS client ($mode): no order in the result"
+done
+docker exec "$C1" /epode-sidecar healthcheck --ready || fail "$C1: healthcheck --ready (GET /readyz) failed"
+metrics="$("$PY" -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$A1/metrics', timeout=5).read().decode())")"
+grep -q '^epode_sidecar_requests_total{.*method="tools/call"' <<<"$metrics" || fail "$C1: no tools/call in /metrics"
+say "$C1: healthcheck --ready exits 0; /metrics on the admin port counts the tools/call"
+stop_clean "$C1"
+
+# 6b. The same image with the feedback binding on: --dev (loopback listener, embedded Epode,
+# its record on a tmpfs since the root filesystem is read-only).
+P2="$(free_port)"; A2="$(free_port)"
+C2="epode-check-dev-$$"
+run_sidecar "$C2" "$P2" "$A2" --tmpfs /tmp:rw,size=16m,uid=65532,gid=65532,mode=0700 \
+  -e EPODE_SIDECAR_DEV=1 -e EPODE_SIDECAR_DEV_LOG=/tmp/epode-dev.jsonl
+wait_healthy "$C2"
+out="$(ts_call "http://127.0.0.1:$P2/mcp" pin)" || { echo "$out"; fail "TS client (pin) through $C2"; }
+echo "   ts_call pin (--dev): $(head -c 400 <<<"$out")…"
+grep -q '\\"state\\":\\"feedback_ready\\"' <<<"$out" || fail "$C2: the result carries no _agentFeedback feedback_ready"
+stop_clean "$C2"
+docker logs "$C2" 2>&1 | grep -q '"message":"telemetry flushed","delivered":1' \
+  || { docker logs "$C2" 2>&1 | tail -5; fail "$C2: the telemetry event was not delivered to the embedded Epode on shutdown"; }
+say "$C2: decorated result (feedback_ready), telemetry event delivered at shutdown"
+
+say "deploy checks OK in $((SECONDS - started)) s"

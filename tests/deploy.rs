@@ -1,0 +1,387 @@
+//! The Helm chart (helm/epode-sidecar) with the real Helm (v4.1.4, installed with kubectl by
+//! `scripts/install-deploy-tools.sh` into the peers folder): the product key must never be
+//! rendered, whichever way a user gives it as a value (only a Secret reference may carry it),
+//! and the default render must have the native sidecar and the restrictive security context.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+struct Tools {
+    helm: PathBuf,
+    kubectl: PathBuf,
+}
+
+/// Installs helm and kubectl once (idempotent: well under a second when already there).
+fn tools() -> &'static Tools {
+    static TOOLS: OnceLock<Tools> = OnceLock::new();
+    TOOLS.get_or_init(|| {
+        let out = Command::new("bash")
+            .arg(repo_root().join("scripts/install-deploy-tools.sh"))
+            .env("EPODE_DEPLOY_TOOLS_ONLY", "k8s")
+            .output()
+            .expect("run scripts/install-deploy-tools.sh");
+        assert!(
+            out.status.success(),
+            "scripts/install-deploy-tools.sh failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        let path = |key: &str| -> PathBuf {
+            let line = stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{key}=")))
+                .unwrap_or_else(|| panic!("no {key}= line from install-deploy-tools.sh"));
+            PathBuf::from(line)
+        };
+        Tools {
+            helm: path("HELM"),
+            kubectl: path("KUBECTL"),
+        }
+    })
+}
+
+fn chart() -> PathBuf {
+    repo_root().join("helm/epode-sidecar")
+}
+
+/// A key of the real format (af_live_<32 hex>_<secret>), made here so that no file holds one.
+fn fake_key() -> (String, &'static str) {
+    let tail = "TestOnlyNotARealSecret4242";
+    (
+        format!("af_live_{}_{tail}", "0123456789abcdef".repeat(2)),
+        tail,
+    )
+}
+
+fn helm_template(chart: &Path, args: &[String]) -> Output {
+    Command::new(&tools().helm)
+        .arg("template")
+        .arg("t")
+        .arg(chart)
+        .args(args)
+        .output()
+        .expect("run helm template")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// YAML to JSON without a cluster: `kubectl patch --local` with an empty merge patch.
+fn to_json(yaml: &[u8]) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("object.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = Command::new(&tools().kubectl)
+        .args([
+            "patch", "--local", "--type", "merge", "-p", "{}", "-o", "json", "-f",
+        ])
+        .arg(&file)
+        .env("KUBECONFIG", "/dev/null")
+        .output()
+        .expect("run kubectl patch --local");
+    assert!(out.status.success(), "kubectl: {}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn render_one(template: &str, args: &[&str]) -> Value {
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.extend(["--show-only".to_string(), format!("templates/{template}")]);
+    let out = helm_template(&chart(), &all);
+    assert!(out.status.success(), "helm template: {}", text(&out));
+    to_json(&out.stdout)
+}
+
+#[test]
+fn a_product_key_given_as_a_value_is_refused_and_never_rendered() {
+    let (key, tail) = fake_key();
+    let dir = tempfile::tempdir().unwrap();
+    let values_file = |name: &str, body: String| -> String {
+        let p = dir.path().join(name);
+        std::fs::write(&p, body).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let key_file = values_file("key.txt", key.clone());
+    let set = |s: &str| vec!["--set".to_string(), s.replace("%KEY%", &key)];
+    let set_string = |s: &str| vec!["--set-string".to_string(), s.replace("%KEY%", &key)];
+    let cases: Vec<(&str, Vec<String>)> = vec![
+        ("--set sidecar.env.EPODE_API_KEY", set("sidecar.env.EPODE_API_KEY=%KEY%")),
+        ("--set-string sidecar.env.AGENT_FEEDBACK_KEY", set_string("sidecar.env.AGENT_FEEDBACK_KEY=%KEY%")),
+        ("--set sidecar.env under another name", set("sidecar.env.PRODUCT_KEY=%KEY%")),
+        (
+            "--set-string sidecar.extraEnv[0]",
+            set_string("sidecar.extraEnv[0].name=EPODE_API_KEY,sidecar.extraEnv[0].value=%KEY%"),
+        ),
+        (
+            "--set-string extraEnv[0] (top level)",
+            set_string("extraEnv[0].name=EPODE_API_KEY,extraEnv[0].value=%KEY%"),
+        ),
+        (
+            "--set upstream.env[0]",
+            set("upstream.env[0].name=EPODE_API_KEY,upstream.env[0].value=%KEY%"),
+        ),
+        (
+            "--set upstream.env[0] under another name",
+            set("upstream.env[0].name=ORDERS_TOKEN,upstream.env[0].value=%KEY%"),
+        ),
+        ("--set epode.apiKey", set("epode.apiKey=%KEY%")),
+        ("--set epode.existingSecret (the key as the Secret's name)", set("epode.existingSecret=%KEY%")),
+        ("--set podAnnotations", set("podAnnotations.epode-key=%KEY%")),
+        ("--set sidecar.env with mode off", {
+            let mut a = set("epode.mode=off");
+            a.extend(set("sidecar.env.EPODE_API_KEY=%KEY%"));
+            a
+        }),
+        (
+            "--set-json sidecar.extraEnv",
+            vec![
+                "--set-json".to_string(),
+                format!(r#"sidecar.extraEnv=[{{"name":"EPODE_API_KEY","value":"{key}"}}]"#),
+            ],
+        ),
+        (
+            "--set-file sidecar.env.EPODE_API_KEY",
+            vec!["--set-file".to_string(), format!("sidecar.env.EPODE_API_KEY={key_file}")],
+        ),
+        (
+            "-f values file: sidecar.env",
+            vec![
+                "-f".to_string(),
+                values_file("v1.yaml", format!("sidecar:\n  env:\n    EPODE_API_KEY: \"{key}\"\n")),
+            ],
+        ),
+        (
+            "-f values file: epode.apiKey",
+            vec!["-f".to_string(), values_file("v2.yaml", format!("epode:\n  apiKey: {key}\n"))],
+        ),
+        (
+            "-f values file: sidecar.extraEnv with a valueFrom-less entry",
+            vec![
+                "-f".to_string(),
+                values_file(
+                    "v3.yaml",
+                    format!("sidecar:\n  extraEnv:\n    - name: AGENT_FEEDBACK_KEY\n      value: {key}\n"),
+                ),
+            ],
+        ),
+    ];
+    // A value of another shape (a mistyped key) is still refused by the variable's name.
+    let odd = "af_live_mistyped_TestOnlyNotARealSecret4242";
+    let mut cases = cases;
+    for (what, arg) in [
+        (
+            "sidecar.env.EPODE_API_KEY (mistyped key)",
+            "sidecar.env.EPODE_API_KEY=%ODD%",
+        ),
+        (
+            "sidecar.env.AGENT_FEEDBACK_KEY (mistyped key)",
+            "sidecar.env.AGENT_FEEDBACK_KEY=%ODD%",
+        ),
+        (
+            "sidecar.extraEnv (mistyped key)",
+            "sidecar.extraEnv[0].name=EPODE_API_KEY,sidecar.extraEnv[0].value=%ODD%",
+        ),
+        (
+            "upstream.env (mistyped key)",
+            "upstream.env[0].name=AGENT_FEEDBACK_KEY,upstream.env[0].value=%ODD%",
+        ),
+    ] {
+        cases.push((
+            what,
+            vec!["--set-string".to_string(), arg.replace("%ODD%", odd)],
+        ));
+    }
+    let mut problems = Vec::new();
+    for (what, args) in &cases {
+        let out = helm_template(&chart(), args);
+        let all = text(&out);
+        if all.contains(tail) {
+            problems.push(format!("{what}: the key appears in Helm's output"));
+        }
+        if out.status.success() {
+            problems.push(format!("{what}: rendered (exit 0) instead of refused"));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+
+    // The refusal says what to do.
+    let out = helm_template(&chart(), &set("sidecar.env.EPODE_API_KEY=%KEY%"));
+    assert!(
+        text(&out).contains("epode.existingSecret"),
+        "the refusal should name epode.existingSecret: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn a_parent_chart_using_the_named_templates_refuses_a_key_too() {
+    let (key, tail) = fake_key();
+    let dir = tempfile::tempdir().unwrap();
+    // helm dependency build writes into the chart: work on a copy.
+    let copy = dir.path().join("helm");
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(repo_root().join("helm"))
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let parent = copy.join("examples/existing-app");
+    let out = Command::new(&tools().helm)
+        .args(["dependency", "build"])
+        .arg(&parent)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm dependency build: {}",
+        text(&out)
+    );
+
+    let ok = helm_template(&parent, &[]);
+    assert!(ok.status.success(), "{}", text(&ok));
+    let rendered = String::from_utf8_lossy(&ok.stdout);
+    assert!(rendered.contains("restartPolicy: Always") && rendered.contains("secretKeyRef"));
+
+    for args in [
+        vec![
+            "--set".to_string(),
+            format!("epode-sidecar.sidecar.env.EPODE_API_KEY={key}"),
+        ],
+        vec![
+            "--set-string".to_string(),
+            format!("epode-sidecar.podAnnotations.k={key}"),
+        ],
+    ] {
+        let out = helm_template(&parent, &args);
+        assert!(!out.status.success(), "rendered: {args:?}");
+        assert!(
+            !text(&out).contains(tail),
+            "the key appears in Helm's output: {args:?}"
+        );
+    }
+}
+
+#[test]
+fn feedback_needs_a_named_secret_and_mode_off_needs_none() {
+    let out = helm_template(&chart(), &["--set".into(), "epode.existingSecret=".into()]);
+    assert!(!out.status.success());
+    let msg = text(&out);
+    assert!(
+        msg.contains("epode.mode is never_ask") && msg.contains("kubectl create secret generic"),
+        "{msg}"
+    );
+
+    let off = render_one(
+        "deployment.yaml",
+        &["--set", "epode.mode=off", "--set", "epode.existingSecret="],
+    );
+    let env = &off["spec"]["template"]["spec"]["initContainers"][0]["env"];
+    let names: Vec<&str> = env
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert!(!names.contains(&"EPODE_API_KEY"), "{names:?}");
+    assert!(env
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["name"] == "AGENT_FEEDBACK_MODE" && e["value"] == "off"));
+}
+
+fn assert_restrictive(container: &Value, what: &str) {
+    let sc = &container["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true, "{what}: {sc}");
+    assert_eq!(sc["runAsUser"], 65532, "{what}: {sc}");
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{what}: {sc}");
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{what}: {sc}");
+    assert_eq!(
+        sc["capabilities"]["drop"],
+        serde_json::json!(["ALL"]),
+        "{what}: {sc}"
+    );
+    assert_eq!(
+        sc["seccompProfile"]["type"], "RuntimeDefault",
+        "{what}: {sc}"
+    );
+}
+
+#[test]
+fn the_default_render_has_the_native_sidecar_and_the_security_context() {
+    let d = render_one("deployment.yaml", &[]);
+    let pod = &d["spec"]["template"]["spec"];
+
+    // The native sidecar: an init container that keeps running, probed on the admin port.
+    let init = pod["initContainers"].as_array().expect("initContainers");
+    assert_eq!(init.len(), 1);
+    let sidecar = &init[0];
+    assert_eq!(sidecar["name"], "epode-sidecar");
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(sidecar["startupProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(sidecar["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(sidecar["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(sidecar["readinessProbe"]["httpGet"]["port"], 9090);
+    let containers = pod["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 1, "only the MCP server in containers");
+    assert!(containers.iter().all(|c| c["name"] != "epode-sidecar"));
+
+    // The key from the Secret, by reference only.
+    let env = sidecar["env"].as_array().unwrap();
+    let key = env
+        .iter()
+        .find(|e| e["name"] == "EPODE_API_KEY")
+        .expect("EPODE_API_KEY");
+    assert!(key.get("value").is_none(), "{key}");
+    assert_eq!(key["valueFrom"]["secretKeyRef"]["name"], "epode-sidecar");
+    assert_eq!(key["valueFrom"]["secretKeyRef"]["key"], "api-key");
+    let upstream = env
+        .iter()
+        .find(|e| e["name"] == "EPODE_SIDECAR_UPSTREAM")
+        .unwrap();
+    assert_eq!(upstream["value"], "http://127.0.0.1:8000/mcp");
+
+    // Security.
+    assert_restrictive(sidecar, "sidecar");
+    assert_restrictive(&containers[0], "MCP server");
+    let psc = &pod["securityContext"];
+    assert_eq!(psc["runAsNonRoot"], true);
+    assert_eq!(psc["runAsUser"], 65532);
+    assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["terminationGracePeriodSeconds"], 30);
+    let sa = render_one("serviceaccount.yaml", &[]);
+    assert_eq!(sa["automountServiceAccountToken"], false);
+
+    // The Service exposes the sidecar only.
+    let svc = render_one("service.yaml", &[]);
+    let ports = svc["spec"]["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["targetPort"], 8080);
+
+    // Classic form: a second container, kept serving by a preStop sleep.
+    let c = render_one("deployment.yaml", &["--set", "nativeSidecar=false"]);
+    let pod = &c["spec"]["template"]["spec"];
+    assert!(pod.get("initContainers").is_none());
+    let sidecar = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "epode-sidecar")
+        .expect("classic sidecar container");
+    assert!(sidecar.get("restartPolicy").is_none());
+    assert_eq!(sidecar["lifecycle"]["preStop"]["sleep"]["seconds"], 5);
+    assert_restrictive(sidecar, "classic sidecar");
+}
