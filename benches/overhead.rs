@@ -466,27 +466,45 @@ fn main() {
         }
     });
     std::thread::sleep(Duration::from_millis(600)); // let telemetry drain
-                                                    // EPODE_BENCH_PROFILE=<scenario index 0-3>: only load the sidecar for 12 s at concurrency 32
-                                                    // and print its pid, for `perf record -p`.
+
+    // EPODE_BENCH_PROFILE=<scenario index 0-3>: only load one target for 12 s (the sidecar,
+    // or nginx with EPODE_BENCH_PROFILE_TARGET=nginx; concurrency EPODE_BENCH_CONCURRENCY,
+    // 32 by default) and print its pids, for `perf record -p`.
     if let Some(i) = std::env::var("EPODE_BENCH_PROFILE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
         let scenario = Scenario::ALL[i.min(3)];
+        let (target, pids) = match (
+            std::env::var("EPODE_BENCH_PROFILE_TARGET").as_deref(),
+            &nginx,
+        ) {
+            (Ok("nginx"), Some(n)) => {
+                let mut pids = vec![n.pid()];
+                pids.extend(children_of(n.pid()));
+                (via_nginx, pids)
+            }
+            _ => (via_sidecar, vec![sc_pid]),
+        };
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
         eprintln!(
-            "bench: profiling {} on sidecar pid {sc_pid}",
-            scenario.name()
+            "bench: profiling {} on pid {}",
+            scenario.name(),
+            pids.join(",")
         );
         let conc = std::env::var("EPODE_BENCH_CONCURRENCY")
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(32);
-        let s = rt.block_on(load(via_sidecar, scenario, conc, Duration::from_secs(12)));
+        let s = rt.block_on(load(target, scenario, conc, Duration::from_secs(12)));
         eprintln!(
             "bench: {} requests, p50 {} µs",
             s.latencies_us.len(),
             s.pct(0.5)
         );
+        if let Some(n) = nginx {
+            n.stop();
+        }
         return;
     }
     let (rss_warm, _) = rss_kib(sc_pid);

@@ -53,7 +53,9 @@ pub(crate) struct ProductKey {
     full: String,
     key_id: String,
     consent_scope: String,
-    signing_key: [u8; 32],
+    /// HMAC-SHA256 keyed with the SHA-256 of the whole key, its key schedule done once: each
+    /// handle clones it.
+    signer: HmacSha256,
 }
 
 impl ProductKey {
@@ -74,11 +76,12 @@ impl ProductKey {
             _ if valid_secret(rest) => key_id,
             _ => return Err(ProductKeyError::Malformed),
         };
+        let signing_key: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         Ok(ProductKey {
+            signer: new_mac(&signing_key),
             full: key.to_owned(),
             key_id: key_id.to_ascii_lowercase(),
             consent_scope: scope.to_ascii_lowercase(),
-            signing_key: Sha256::digest(key.as_bytes()).into(),
         })
     }
 
@@ -217,7 +220,10 @@ impl fmt::Debug for FeedbackHandle {
 pub(crate) fn sign(key: &ProductKey, claims: &Claims) -> FeedbackHandle {
     let payload = URL_SAFE_NO_PAD.encode(claims.to_json());
     let signing_input = format!("{HANDLE_PREFIX}{}.{payload}", key.key_id);
-    let signature = URL_SAFE_NO_PAD.encode(mac(&key.signing_key, signing_input.as_bytes()));
+    let mut mac = key.signer.clone();
+    mac.update(signing_input.as_bytes());
+    let signature: [u8; 32] = mac.finalize().into_bytes().into();
+    let signature = URL_SAFE_NO_PAD.encode(signature);
     FeedbackHandle(format!("{signing_input}.{signature}"))
 }
 
@@ -308,7 +314,7 @@ pub(crate) fn verify(
     let signature = URL_SAFE_NO_PAD
         .decode(signature)
         .map_err(|_| VerifyError::BadSignature)?;
-    let mut verifier = new_mac(&key.signing_key);
+    let mut verifier = key.signer.clone();
     verifier.update(signing_input.as_bytes());
     verifier
         .verify_slice(&signature)

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use super::raw::{self, RawMap};
 use super::rewrite::ResultPlan;
-use crate::body::{Body, BoxError};
+use crate::body::{BoxError, Coalesced};
 use crate::budget::Reservation;
 use crate::error::{Error, Kind};
 
@@ -258,7 +258,7 @@ pub(crate) fn rewrite_stream<B>(
     id: Option<Box<RawValue>>,
     plan: ResultPlan,
     bounds: StreamBounds,
-) -> Body
+) -> Coalesced
 where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
@@ -326,7 +326,7 @@ where
             }
         }
     });
-    StreamBody::new(s).boxed_unsync()
+    crate::body::coalesced(StreamBody::new(s).boxed_unsync())
 }
 
 impl<B> State<B> {
@@ -485,7 +485,7 @@ mod tests {
             cut: None,
             on_limit: None,
         };
-        let out = rewrite_stream(Bytes::new(), body, None, plan, bounds);
+        let out = rewrite_stream(Bytes::new(), body, None, plan, bounds).boxed_unsync();
         let bytes = out.collect().await.unwrap().to_bytes();
         let text = String::from_utf8(bytes.to_vec()).unwrap();
         assert!(text.starts_with("event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\n"));

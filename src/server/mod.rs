@@ -146,6 +146,20 @@ pub(crate) async fn serve(
     .unwrap_or(false)
 }
 
+/// Keeps a timer due within a second on the worker's loop, always. Every request arms
+/// deadlines tens of seconds away (the upstream's answer, the connection's idle time); when
+/// one is due sooner than anything the timer wheel holds, tokio wakes its own loop through an
+/// eventfd write so that it sleeps less: one system call and one extra event per request,
+/// measured with `strace -c` under the benchmark. With this timer nearer than any of them,
+/// they never are. It costs one wake-up a second.
+async fn timer_pacer() {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+    }
+}
+
 /// The HTTP/1 and HTTP/2 server settings every connection gets.
 fn http_builder(dispatcher: &Dispatcher) -> auto::Builder<TokioExecutor> {
     let limits = &dispatcher.config().limits;
@@ -179,6 +193,7 @@ async fn worker(
     };
     let builder = Arc::new(http_builder(&dispatcher));
     let graceful = GracefulShutdown::new();
+    let _pacer = tokio::spawn(timer_pacer());
     let limits = &dispatcher.config().limits;
     let deadlines = Deadlines {
         head: limits.header_timeout,

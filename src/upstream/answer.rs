@@ -180,7 +180,9 @@ pub(crate) async fn finish(
             cut,
             on_limit: Some(bounds.on_limit.clone()),
         };
-        let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan, stream_bounds);
+        let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan, stream_bounds)
+            .prime()
+            .await;
         return Ok(Response::from_parts(parts, body));
     }
     let (bytes, held) = read_body(body, bounds).await?;
