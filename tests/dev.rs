@@ -72,7 +72,7 @@ fn report(sc: &Sidecar, handle: &str, summary: &str) -> Value {
 }
 
 /// Reads the console's event stream until an event satisfies `until`; returns them all.
-async fn console_events(sc: &Sidecar, until: impl Fn(&Value) -> bool) -> Vec<Value> {
+async fn console_events(sc: &Sidecar, until: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     let resp = http()
         .get(format!("{}/_dev/events", sc.base()))
         .send()
@@ -88,7 +88,7 @@ async fn console_events(sc: &Sidecar, until: impl Fn(&Value) -> bool) -> Vec<Val
             .filter_map(|l| l.strip_prefix("data: "))
             .filter_map(|d| serde_json::from_str(d).ok())
             .collect();
-        if events.iter().any(&until) {
+        if until(&events) {
             return events;
         }
         assert!(Instant::now() < deadline, "not on the console: {text}");
@@ -107,7 +107,13 @@ async fn a_never_ask_call_and_its_report_show_on_the_console_in_the_terminal_and
     assert_eq!(answer["structuredContent"]["accepted"], true, "{answer}");
 
     // The console: the call (with its _agentFeedback state), the report, the telemetry event.
-    let events = console_events(&sc, |e| e["kind"] == "telemetry").await;
+    // The telemetry batch may be delivered before the report is: wait for both.
+    let events = console_events(&sc, |events| {
+        ["telemetry", "report"]
+            .iter()
+            .all(|kind| events.iter().any(|e| e["kind"] == *kind))
+    })
+    .await;
     let kinds: Vec<&str> = events.iter().filter_map(|e| e["kind"].as_str()).collect();
     let call = events
         .iter()

@@ -183,12 +183,9 @@ impl CallHook {
                 );
             }
             let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
-            changed = placement::decorate(
-                result,
-                &env.agent_feedback(),
-                &env.restatement(),
-                self.listed.unwrap_or(true),
-            );
+            if let Some(decoration) = env.decoration() {
+                changed = placement::decorate(result, &decoration, self.listed.unwrap_or(true));
+            }
         }
         if let Some(s) = &subject {
             active.consent.warm(s, false);

@@ -15,6 +15,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use serde_json::{json, Map, Value};
 
 use super::capability::FeedbackHandle;
+use super::placement::Decoration;
 use super::{FeedbackMode, CONSENT_TOOL, REPORT_TOOL};
 
 /// Epode's default origin (`AGENT_FEEDBACK_URL` overrides it).
@@ -354,6 +355,33 @@ impl Envelope {
     /// (mcp.ts): only the action allowed at this stage, with the bare handle instead of URLs
     /// and `Bearer` headers.
     pub(crate) fn agent_feedback(&self) -> Value {
+        self.projection(&expires_at(self.expires_at))
+    }
+
+    /// The decoration of a product result: the projection and the restatement as JSON,
+    /// spliced from text serialised once per case (the per-call values are the handle and
+    /// its expiry, which need no escaping); built from the values themselves otherwise.
+    pub(crate) fn decoration(&self) -> Option<Decoration> {
+        let handle = self.handle.as_str();
+        let expires = expires_at(self.expires_at);
+        let safe = |s: &str| {
+            s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-:".contains(&b))
+        };
+        if let Some(prepared) = prepared(self.case).filter(|_| safe(handle) && safe(&expires)) {
+            let fill = |t: &Template| t.fill(handle, &expires);
+            if let Some(d) = Decoration::from_json(
+                fill(&prepared.feedback),
+                fill(&prepared.feedback_block),
+                fill(&prepared.restatement_block),
+            ) {
+                return Some(d);
+            }
+        }
+        Decoration::new(&self.agent_feedback(), &self.restatement())
+    }
+
+    fn projection(&self, expires: &str) -> Value {
         let case = self.case;
         let handle = self.handle.as_str();
         let mut map = head(case, ("required", case.stage() == Stage::FeedbackReady));
@@ -383,7 +411,7 @@ impl Envelope {
             map.insert("reportSchema".into(), report_schema());
         }
         map.insert("privacy".into(), json!(PRIVACY));
-        map.insert("expiresAt".into(), json!(expires_at(self.expires_at)));
+        map.insert("expiresAt".into(), json!(expires));
         Value::Object(map)
     }
 
@@ -401,6 +429,111 @@ impl Envelope {
             Stage::FeedbackDisabled => instruction,
         }
     }
+}
+
+/// Stand-ins for the two values of a decoration that differ per call. Neither changes when
+/// escaped as JSON, once or twice, so text serialised with them is filled by splicing.
+const HANDLE_HOLE: &str = "@@epode:handle@@";
+const EXPIRES_HOLE: &str = "@@epode:expires@@";
+
+/// JSON text with holes for the handle and its expiry.
+struct Template(Vec<Piece>);
+
+enum Piece {
+    Text(String),
+    Handle,
+    Expires,
+}
+
+impl Template {
+    fn new(mut text: &str) -> Self {
+        let mut pieces = Vec::new();
+        loop {
+            let next = [(HANDLE_HOLE, Piece::Handle), (EXPIRES_HOLE, Piece::Expires)]
+                .into_iter()
+                .filter_map(|(hole, piece)| text.find(hole).map(|at| (at, hole.len(), piece)))
+                .min_by_key(|(at, _, _)| *at);
+            let Some((at, len, piece)) = next else {
+                pieces.push(Piece::Text(text.to_owned()));
+                return Template(pieces);
+            };
+            pieces.push(Piece::Text(text[..at].to_owned()));
+            pieces.push(piece);
+            text = &text[at + len..];
+        }
+    }
+
+    fn fill(&self, handle: &str, expires: &str) -> String {
+        let mut out = String::with_capacity(
+            self.0
+                .iter()
+                .map(|p| match p {
+                    Piece::Text(t) => t.len(),
+                    Piece::Handle => handle.len(),
+                    Piece::Expires => expires.len(),
+                })
+                .sum(),
+        );
+        for piece in &self.0 {
+            out.push_str(match piece {
+                Piece::Text(t) => t,
+                Piece::Handle => handle,
+                Piece::Expires => expires,
+            });
+        }
+        out
+    }
+}
+
+/// A product case's decoration, serialised once with holes.
+struct Prepared {
+    feedback: Template,
+    feedback_block: Template,
+    restatement_block: Template,
+}
+
+/// The cases a product result can carry.
+const PRODUCT_CASES: [Case; 6] = [
+    Case::NeverAsk,
+    Case::AskOnceConsent,
+    Case::AskOnceApproved,
+    Case::AskOnceDeclined,
+    Case::PerUseConsent {
+        configured: FeedbackMode::AskAlways,
+    },
+    Case::PerUseConsent {
+        configured: FeedbackMode::AskOnce,
+    },
+];
+
+fn prepared(case: Case) -> Option<&'static Prepared> {
+    static PREPARED: std::sync::LazyLock<Vec<(Case, Option<Prepared>)>> =
+        std::sync::LazyLock::new(|| {
+            PRODUCT_CASES
+                .iter()
+                .map(|&case| {
+                    let holes = Envelope {
+                        case,
+                        handle: FeedbackHandle::unverified(HANDLE_HOLE),
+                        expires_at: 0,
+                    };
+                    let feedback = holes.projection(EXPIRES_HOLE);
+                    let prepared = Decoration::new(&feedback, &holes.restatement()).map(|d| {
+                        let [feedback, feedback_block, restatement_block] = d.json();
+                        Prepared {
+                            feedback: Template::new(feedback),
+                            feedback_block: Template::new(feedback_block),
+                            restatement_block: Template::new(restatement_block),
+                        }
+                    });
+                    (case, prepared)
+                })
+                .collect()
+        });
+    PREPARED
+        .iter()
+        .find(|(c, _)| *c == case)
+        .and_then(|(_, p)| p.as_ref())
 }
 
 /// The fields both shapes start with, in the reference's order; the two differ only in the

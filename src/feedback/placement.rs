@@ -13,6 +13,51 @@ fn raw_is_input_required(result: &RawMap) -> bool {
         .is_some_and(|kind| kind == "input_required")
 }
 
+/// The JSON a decoration adds to a result: the `_agentFeedback` object, the standalone text
+/// block that carries it (`{"_agentFeedback": …}` as text), and the plain-text restatement
+/// block. [`Envelope::decoration`](super::envelope::Envelope::decoration) builds it from text
+/// serialised once per case.
+pub(crate) struct Decoration {
+    feedback: Box<RawValue>,
+    feedback_block: Box<RawValue>,
+    restatement_block: Box<RawValue>,
+}
+
+impl Decoration {
+    /// From the projection and the restatement (the reference form, and the fallback).
+    pub(crate) fn new(agent_feedback: &Value, restatement: &str) -> Option<Self> {
+        let feedback = to_raw_value(agent_feedback).ok()?;
+        let feedback_block = raw_text_block(&format!("{{\"_agentFeedback\":{}}}", feedback.get()));
+        Some(Decoration {
+            feedback,
+            feedback_block,
+            restatement_block: raw_text_block(restatement),
+        })
+    }
+
+    /// From the three pieces as JSON text; `None` when one is not JSON.
+    pub(crate) fn from_json(
+        feedback: String,
+        feedback_block: String,
+        restatement_block: String,
+    ) -> Option<Self> {
+        Some(Decoration {
+            feedback: RawValue::from_string(feedback).ok()?,
+            feedback_block: RawValue::from_string(feedback_block).ok()?,
+            restatement_block: RawValue::from_string(restatement_block).ok()?,
+        })
+    }
+
+    /// The three pieces as JSON text.
+    pub(crate) fn json(&self) -> [&str; 3] {
+        [
+            self.feedback.get(),
+            self.feedback_block.get(),
+            self.restatement_block.get(),
+        ]
+    }
+}
+
 /// Places `_agentFeedback` in a product tool result, as the reference binding does:
 ///
 /// - a tool without `outputSchema` whose `structuredContent` is absent or an object gets
@@ -28,8 +73,7 @@ fn raw_is_input_required(result: &RawMap) -> bool {
 /// `input_required` result.
 pub(crate) fn decorate(
     result: &mut RawMap,
-    agent_feedback: &Value,
-    restatement: &str,
+    decoration: &Decoration,
     has_output_schema: bool,
 ) -> bool {
     if raw_is_input_required(result) {
@@ -41,34 +85,32 @@ pub(crate) fn decorate(
         .and_then(|value| serde_json::from_str(value.get()).ok());
     let non_object_structured = structured.is_some() && structured_object.is_none();
     // A `content` that is not an array is not MCP; like the reference, start a fresh one.
-    let mut content: Vec<Box<RawValue>> = result
+    let mut content: Vec<&RawValue> = result
         .get("content")
         .and_then(|value| serde_json::from_str(value.get()).ok())
         .unwrap_or_default();
 
-    let Ok(feedback) = to_raw_value(agent_feedback) else {
-        return false;
-    };
-    if non_object_structured && !content.iter().any(|block| is_text_block(block)) {
-        if let Some(value) = structured {
-            content.push(raw_text_block(value.get().trim()));
+    let own_text = match structured {
+        Some(value) if non_object_structured && !content.iter().any(|b| is_text_block(b)) => {
+            Some(raw_text_block(value.get().trim()))
         }
+        _ => None,
+    };
+    if let Some(block) = &own_text {
+        content.push(block);
     }
     let new_structured = if has_output_schema || non_object_structured {
-        content.push(raw_text_block(&format!(
-            "{{\"_agentFeedback\":{}}}",
-            feedback.get()
-        )));
+        content.push(&decoration.feedback_block);
         None
     } else {
         let mut object = structured_object.unwrap_or_default();
-        object.insert("_agentFeedback".into(), feedback);
+        object.insert("_agentFeedback".into(), decoration.feedback.clone());
         match to_raw_value(&object) {
             Ok(value) => Some(value),
             Err(_) => return false,
         }
     };
-    content.push(raw_text_block(restatement));
+    content.push(&decoration.restatement_block);
     let Ok(content) = to_raw_value(&content) else {
         return false;
     };
@@ -120,7 +162,8 @@ mod tests {
         let Some(mut raw) = serde_json::from_str::<RawMap>(&result.to_string()).ok() else {
             return false;
         };
-        if !decorate(&mut raw, &agent_feedback, &restatement, has_output_schema) {
+        let decoration = Decoration::new(&agent_feedback, &restatement).unwrap();
+        if !decorate(&mut raw, &decoration, has_output_schema) {
             return false;
         }
         *result = serde_json::from_str(&serde_json::to_string(&raw).unwrap()).unwrap();
@@ -156,7 +199,8 @@ mod tests {
         let (feedback, restatement) = feedback();
         let raw = r#"{"content":[{"type":"text","text":"ok \u00e9"}],"structuredContent":{"big":12345678901234567890, "f":0.1,"e":1e400,"s":"\ud83d\ude80"},"isError":false,"_meta":{"x":"\u00e9","n":1E5}}"#;
         let mut result: RawMap = serde_json::from_str(raw).unwrap();
-        assert!(decorate(&mut result, &feedback, &restatement, false));
+        let decoration = Decoration::new(&feedback, &restatement).unwrap();
+        assert!(decorate(&mut result, &decoration, false));
         let keys: Vec<&str> = result.keys().map(String::as_str).collect();
         assert_eq!(keys, ["content", "structuredContent", "isError", "_meta"]);
         // Every value keeps its bytes: only the new key is appended.
@@ -241,7 +285,8 @@ mod tests {
         let (feedback, restatement) = feedback();
         let raw = r#"{"structuredContent": {"sum": 1e400, "a": 0.10},"content":[]}"#;
         let mut result: RawMap = serde_json::from_str(raw).unwrap();
-        assert!(decorate(&mut result, &feedback, &restatement, true));
+        let decoration = Decoration::new(&feedback, &restatement).unwrap();
+        assert!(decorate(&mut result, &decoration, true));
         assert_eq!(
             result["structuredContent"].get(),
             r#"{"sum": 1e400, "a": 0.10}"#
@@ -250,7 +295,7 @@ mod tests {
         // A non-object value keeps its bytes and is restated as text first.
         let mut array: RawMap =
             serde_json::from_str(r#"{"content":[],"structuredContent":[1e400]}"#).unwrap();
-        assert!(decorate(&mut array, &feedback, &restatement, false));
+        assert!(decorate(&mut array, &decoration, false));
         assert_eq!(array["structuredContent"].get(), "[1e400]");
         let blocks: Vec<Value> = serde_json::from_str(array["content"].get()).unwrap();
         assert_eq!(blocks[0]["text"], "[1e400]");

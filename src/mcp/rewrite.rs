@@ -187,12 +187,13 @@ impl ResultPlan {
                 },
                 None => RawMap::default(),
             };
-            let present = meta
-                .get(META_SERVER_INFO)
-                .and_then(|v| serde_json::from_str::<serde_json::Value>(v.get()).ok());
-            let replace = match &present {
+            // Set when absent; when forced, replaced unless equal (read only then).
+            let replace = match meta.get(META_SERVER_INFO) {
                 None => true,
-                Some(p) => self.force_server_info && p != info,
+                Some(_) if !self.force_server_info => false,
+                Some(p) => {
+                    serde_json::from_str::<serde_json::Value>(p.get()).map_or(true, |p| &p != info)
+                }
             };
             if replace {
                 meta.insert(META_SERVER_INFO.into(), raw(info));

@@ -483,3 +483,24 @@ fn server_instructions_per_mode() {
     );
     assert_eq!(merge_instructions(FeedbackMode::Off, None), None);
 }
+
+#[test]
+fn the_prepared_decoration_is_the_one_built_from_the_values() {
+    for case in PRODUCT_CASES {
+        assert!(prepared(case).is_some(), "{case:?} is prepared");
+        let envelope = envelope(case);
+        let spliced = envelope.decoration().unwrap();
+        let built = Decoration::new(&envelope.agent_feedback(), &envelope.restatement()).unwrap();
+        assert_eq!(spliced.json(), built.json(), "{case:?}");
+        assert!(spliced.json()[0].contains(envelope.handle.as_str()));
+        assert!(!spliced.json().iter().any(|j| j.contains("@@epode:")));
+    }
+    // A case no product result carries is built from its values.
+    let approved = envelope(Case::ApprovedAfterConsent {
+        configured: FeedbackMode::AskAlways,
+        protocol_tool: true,
+        flipped_from_declined: false,
+    });
+    assert!(prepared(approved.case).is_none());
+    assert!(approved.decoration().is_some());
+}
