@@ -18,21 +18,26 @@ use super::dns::Resolver;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded,
+/// and `Transfer-Encoding` (each hop frames the body itself). Names, not strings: removing by a
+/// string parses it first, on every request.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    HeaderName::from_static("proxy-connection"),
+    header::TE,
+    header::TRAILER,
+    header::UPGRADE,
+    header::TRANSFER_ENCODING,
 ];
 
-/// Removes hop-by-hop headers, including any named by `Connection`, and `Transfer-Encoding`
-/// (each hop frames the body itself).
+/// Removes hop-by-hop headers, including any named by `Connection`, and `Transfer-Encoding`.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if !headers.keys().any(|k| HOP_BY_HOP.contains(k)) {
+        return;
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -43,10 +48,9 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
-    headers.remove(header::TRANSFER_ENCODING);
 }
 
 type Pool = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
@@ -69,6 +73,8 @@ pub(crate) struct HttpUpstream {
     tls: Arc<rustls::ClientConfig>,
     target: UpstreamTarget,
     host: HeaderValue,
+    /// The upstream's URI, built once (a client's query string makes another).
+    base_uri: Uri,
     timeout: Duration,
     last_answer: Arc<LastAnswer>,
     resolver: Resolver,
@@ -105,6 +111,7 @@ impl HttpUpstream {
             pool: pool(timeout, &tls, &resolver),
             resolver,
             tls,
+            base_uri: build_uri(&target, None),
             target,
             host,
             timeout,
@@ -123,20 +130,17 @@ impl HttpUpstream {
             tls: self.tls.clone(),
             target: self.target.clone(),
             host: self.host.clone(),
+            base_uri: self.base_uri.clone(),
             timeout: self.timeout,
             last_answer: self.last_answer.clone(),
         }
     }
 
     fn uri(&self, client_query: Option<&str>) -> Uri {
-        let url = &self.target.url;
-        let query = url.query().or(client_query);
-        let mut s = format!("{}://{}{}", url.scheme(), self.target.authority, url.path());
-        if let Some(q) = query {
-            s.push('?');
-            s.push_str(q);
+        match client_query {
+            Some(q) if self.target.url.query().is_none() => build_uri(&self.target, Some(q)),
+            _ => self.base_uri.clone(),
         }
-        s.parse().unwrap_or_else(|_| Uri::from_static("/"))
     }
 
     /// The client's end-to-end headers as they go upstream: no hop-by-hop headers, no `Origin`
@@ -233,6 +237,18 @@ impl HttpUpstream {
             _ => false,
         }
     }
+}
+
+/// The upstream's URI: its own query string, else the client's.
+fn build_uri(target: &UpstreamTarget, client_query: Option<&str>) -> Uri {
+    let url = &target.url;
+    let query = url.query().or(client_query);
+    let mut s = format!("{}://{}{}", url.scheme(), target.authority, url.path());
+    if let Some(q) = query {
+        s.push('?');
+        s.push_str(q);
+    }
+    s.parse().unwrap_or_else(|_| Uri::from_static("/"))
 }
 
 /// The error and its causes on one line, so "connection refused" is visible.
