@@ -337,7 +337,7 @@ fn main() {
         (3, Duration::from_secs(2))
     };
     let sc_port = free_port();
-    let _sidecar = start_sidecar(sc_port);
+    let sidecar = start_sidecar(sc_port);
     let sg = supergateway();
     if sg.is_none() {
         eprintln!(
@@ -345,7 +345,7 @@ fn main() {
         );
     }
     let (sg_stateful_port, sg_port) = (free_port(), free_port());
-    let _sg = sg.as_ref().map(|s| {
+    let sg_procs = sg.as_ref().map(|s| {
         (
             start_supergateway(s, sg_stateful_port, true),
             start_supergateway(s, sg_port, false),
@@ -432,7 +432,7 @@ fn main() {
             report.push(v);
         }
     }
-    let failed: Vec<String> = report
+    let mut failed: Vec<String> = report
         .iter()
         .filter(|r| r["errors"].as_u64().unwrap_or(0) > 0)
         .map(|r| {
@@ -442,12 +442,26 @@ fn main() {
             )
         })
         .collect();
+    // Every bridge stopped with SIGTERM; what it started must be gone with it.
+    let mut stopped = vec![("epode-sidecar", sidecar)];
+    if let Some((stateful, stateless)) = sg_procs {
+        stopped.push(("supergateway --stateful", stateful));
+        stopped.push(("supergateway (stateless)", stateless));
+    }
+    for (name, proc) in stopped {
+        let left = proc.stop();
+        if !left.is_empty() {
+            failed.push(format!(
+                "{name} left processes running after SIGTERM: {left:?}"
+            ));
+        }
+    }
     let report = json!({"quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64, "rows": report, "failures": failed});
     if !failed.is_empty() {
         for f in &failed {
             eprintln!("bench: FAILED: {f}");
         }
-        eprintln!("bench: this run is not a result: a path had errors");
+        eprintln!("bench: this run is not a result: a path had errors or left processes behind");
     }
     if as_json {
         println!("{report}");

@@ -17,6 +17,43 @@ impl Drop for Proc {
     }
 }
 
+impl Proc {
+    /// Stops it as a user would (SIGTERM, then SIGKILL after 10 s) and returns the processes
+    /// it had started that are still running afterwards: none, when it cleaned up after itself.
+    pub(crate) fn stop(mut self) -> Vec<u32> {
+        use nix::sys::signal::{kill, Signal};
+        use nix::unistd::Pid;
+        let started = descendants(self.0.id());
+        let _ = kill(Pid::from_raw(self.0.id() as i32), Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Its children may take a moment more to notice their pipes closed.
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < deadline && started.iter().any(|p| alive(*p)) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.into_iter().filter(|p| alive(*p)).collect()
+        // Dropped here: SIGKILL if it is still running.
+    }
+}
+
+/// Every process below `pid`.
+pub(crate) fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let children = children_of(p);
+        next.extend(&children);
+        out.extend(children);
+    }
+    out
+}
+
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
