@@ -1,6 +1,7 @@
 //! Server-sent events, streamed: the upstream's body is split into events as bytes arrive (in
-//! linear time: scanning resumes where it stopped); every event goes on to the client at once,
-//! as it was, except the JSON-RPC response, which the request's [`ResultPlan`] may rewrite.
+//! linear time: scanning resumes where it stopped); every event goes on to the client as soon
+//! as it is complete (events that arrive together leave in one write: [`Coalesced`]), as it
+//! was, except the JSON-RPC response, which the request's [`ResultPlan`] may rewrite.
 //! Dropping the resulting body (the client went away) drops the upstream's and abandons the
 //! plan.
 
