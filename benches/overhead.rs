@@ -178,7 +178,7 @@ fn start_sidecar(port: u16, upstream: u16) -> Proc {
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .expect("start the sidecar (build it with `cargo build --release`)");
+        .expect("start the sidecar (`bench/run` builds it; EPODE_SIDECAR_BIN names another)");
     wait_port(port);
     Proc(child)
 }

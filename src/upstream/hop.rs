@@ -10,9 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
-use hyper::body::Incoming;
 
 use super::http::HttpUpstream;
+use super::pool::PooledBody;
 use super::stdio::{StdioBody, StdioUpstream};
 use crate::body::BoxError;
 use crate::error::Error;
@@ -31,7 +31,7 @@ pub(crate) enum Hop {
 
 /// An upstream answer's body.
 pub(crate) enum UpstreamBody {
-    Http(Incoming),
+    Http(PooledBody),
     Stdio(StdioBody),
 }
 

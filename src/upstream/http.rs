@@ -1,4 +1,4 @@
-//! The upstream hop over Streamable HTTP: a connection pool per worker, header hygiene (hop-by-hop headers
+//! The upstream hop over Streamable HTTP: a connection pool per worker (`pool`), header hygiene (hop-by-hop headers
 //! dropped, the sidecar's own authority as `Host`, no `Origin`), a deadline for the response
 //! head, and a record of when the upstream last answered (for `/readyz`).
 
@@ -9,12 +9,11 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, Uri};
 use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
-use hyper_util::rt::TokioExecutor;
+use hyper_rustls::HttpsConnectorBuilder;
+use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
+use super::pool::{Connector, Pool, PoolError, PooledBody};
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
 
@@ -53,8 +52,6 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-type Pool = Client<HttpsConnector<HttpConnector<Resolver>>, Full<Bytes>>;
-
 /// When the upstream last answered, shared by every worker's pool (for readiness).
 #[derive(Debug)]
 struct LastAnswer {
@@ -73,29 +70,33 @@ pub(crate) struct HttpUpstream {
     tls: Arc<rustls::ClientConfig>,
     target: UpstreamTarget,
     host: HeaderValue,
-    /// The upstream's URI, built once (a client's query string makes another).
+    /// The upstream's path and query as requests carry them (origin form), built once (a
+    /// client's query string makes another).
     base_uri: Uri,
     timeout: Duration,
     last_answer: Arc<LastAnswer>,
     resolver: Resolver,
 }
 
-fn pool(timeout: Duration, tls: &rustls::ClientConfig, resolver: &Resolver) -> Pool {
+fn pool(
+    target: &UpstreamTarget,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+    resolver: &Resolver,
+) -> Pool {
     let mut connector = HttpConnector::new_with_resolver(resolver.clone());
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
     connector.enforce_http(false);
-    let connector = HttpsConnectorBuilder::new()
+    let connector: Connector = HttpsConnectorBuilder::new()
         .with_tls_config(tls.clone())
         .https_or_http()
         .enable_http1()
         .wrap_connector(connector);
-    Client::builder(TokioExecutor::new())
-        // Shorter than the usual 5 s keep-alive of uvicorn and Node, so a pooled connection
-        // is not reused just as the upstream closes it.
-        .pool_idle_timeout(Duration::from_secs(3))
-        .pool_max_idle_per_host(64)
-        .build(connector)
+    let origin = format!("{}://{}/", target.url.scheme(), target.authority)
+        .parse()
+        .unwrap_or_else(|_| Uri::from_static("http://localhost/"));
+    Pool::new(connector, origin)
 }
 
 impl HttpUpstream {
@@ -108,7 +109,7 @@ impl HttpUpstream {
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let resolver = Resolver::default();
         HttpUpstream {
-            pool: pool(timeout, &tls, &resolver),
+            pool: pool(&target, timeout, &tls, &resolver),
             resolver,
             tls,
             base_uri: build_uri(&target, None),
@@ -125,7 +126,7 @@ impl HttpUpstream {
     /// The same upstream with a pool of its own, for another worker.
     pub(crate) fn for_worker(&self) -> Self {
         HttpUpstream {
-            pool: pool(self.timeout, &self.tls, &self.resolver),
+            pool: pool(&self.target, self.timeout, &self.tls, &self.resolver),
             resolver: self.resolver.clone(),
             tls: self.tls.clone(),
             target: self.target.clone(),
@@ -161,7 +162,7 @@ impl HttpUpstream {
         headers: HeaderMap,
         body: Bytes,
         client_query: Option<&str>,
-    ) -> Result<Response<Incoming>, Error> {
+    ) -> Result<Response<PooledBody>, Error> {
         let mut req = Request::new(Full::new(body));
         *req.method_mut() = http::Method::POST;
         *req.uri_mut() = self.uri(client_query);
@@ -181,13 +182,13 @@ impl HttpUpstream {
     pub(crate) async fn send(
         &self,
         req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, Error> {
-        match tokio::time::timeout(self.timeout, self.pool.request(req)).await {
+    ) -> Result<Response<PooledBody>, Error> {
+        match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
             Err(_) => Err(Error::new(Kind::UpstreamTimeout(self.timeout), "")),
-            Ok(Err(e)) if e.is_connect() => {
-                Err(Error::new(Kind::UpstreamUnreachable, error_chain(&e)))
+            Ok(Err(PoolError::Connect(e))) => Err(Error::new(Kind::UpstreamUnreachable, e)),
+            Ok(Err(PoolError::Request(e))) => {
+                Err(Error::new(Kind::UpstreamFailed, super::pool::chain(&e)))
             }
-            Ok(Err(e)) => Err(Error::new(Kind::UpstreamFailed, error_chain(&e))),
             Ok(Ok(mut resp)) => {
                 self.mark_answered();
                 strip_hop_by_hop(resp.headers_mut());
@@ -225,7 +226,7 @@ impl HttpUpstream {
             .header(header::ACCEPT, "application/json, text/event-stream")
             .body(Full::new(body));
         let Ok(req) = req else { return false };
-        let probe = tokio::time::timeout(Duration::from_secs(2), self.pool.request(req)).await;
+        let probe = tokio::time::timeout(Duration::from_secs(2), self.pool.send(req)).await;
         match probe {
             Ok(Ok(resp)) => {
                 let ok = resp.status().as_u16() < 500;
@@ -239,31 +240,17 @@ impl HttpUpstream {
     }
 }
 
-/// The upstream's URI: its own query string, else the client's.
+/// The upstream's path and query as a request line carries them: its own query string, else
+/// the client's.
 fn build_uri(target: &UpstreamTarget, client_query: Option<&str>) -> Uri {
     let url = &target.url;
     let query = url.query().or(client_query);
-    let mut s = format!("{}://{}{}", url.scheme(), target.authority, url.path());
+    let mut s = url.path().to_owned();
     if let Some(q) = query {
         s.push('?');
         s.push_str(q);
     }
     s.parse().unwrap_or_else(|_| Uri::from_static("/"))
-}
-
-/// The error and its causes on one line, so "connection refused" is visible.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let s = c.to_string();
-        if !out.contains(&s) {
-            out.push_str(": ");
-            out.push_str(&s);
-        }
-        cur = c.source();
-    }
-    out
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ mod dns;
 pub(crate) mod era;
 mod hop;
 pub(crate) mod http;
+mod pool;
 mod session;
 mod stdio;
 pub(crate) mod translate;

@@ -1,0 +1,220 @@
+//! The pool against a hand-written HTTP/1.1 server that counts connections and requests.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use http_body_util::BodyExt;
+use hyper_rustls::HttpsConnectorBuilder;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Barrier;
+
+use super::*;
+
+/// What the server does after answering a request on a connection.
+#[derive(Clone, Copy)]
+enum After {
+    KeepAlive,
+    /// Closes the connection (an upstream's keep-alive timeout, without saying so).
+    Close,
+}
+
+#[derive(Default)]
+struct Counts {
+    connections: AtomicUsize,
+    requests: AtomicUsize,
+}
+
+/// Serves `body` to every request; `gate`, when given, holds each first answer until that
+/// many connections are open.
+async fn server(
+    body: &'static str,
+    status: u16,
+    after: After,
+    gate: Option<Arc<Barrier>>,
+) -> (Uri, Arc<Counts>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let counts = Arc::new(Counts::default());
+    let c = counts.clone();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            c.connections.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(serve(stream, body, status, after, gate.clone(), c.clone()));
+        }
+    });
+    (format!("http://{addr}/").parse().unwrap(), counts)
+}
+
+async fn serve(
+    mut s: TcpStream,
+    body: &'static str,
+    status: u16,
+    after: After,
+    gate: Option<Arc<Barrier>>,
+    counts: Arc<Counts>,
+) {
+    let mut buf = Vec::new();
+    let mut gate = gate;
+    loop {
+        // One request: its head, then a Content-Length body.
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
+        assert!(
+            head.starts_with("post / http/1.1\r\n"),
+            "origin form: {head}"
+        );
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap_or(0);
+        while buf.len() < head_end + len {
+            let mut chunk = [0u8; 4096];
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..head_end + len);
+        counts.requests.fetch_add(1, Ordering::SeqCst);
+        if let Some(g) = gate.take() {
+            g.wait().await;
+        }
+        let answer = format!(
+            "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        if s.write_all(answer.as_bytes()).await.is_err() {
+            return;
+        }
+        if let After::Close = after {
+            return;
+        }
+    }
+}
+
+fn pool(origin: Uri) -> Pool {
+    let mut http = HttpConnector::new_with_resolver(Resolver::default());
+    http.enforce_http(false);
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Pool::new(connector, origin)
+}
+
+fn request(origin: &Uri) -> Request<Full<Bytes>> {
+    Request::post("/")
+        .header(http::header::HOST, origin.authority().unwrap().as_str())
+        .body(Full::new(Bytes::from_static(b"{\"jsonrpc\":\"2.0\"}")))
+        .unwrap()
+}
+
+async fn read(resp: Response<PooledBody>) -> Bytes {
+    resp.into_body().collect().await.unwrap().to_bytes()
+}
+
+#[tokio::test]
+async fn answers_read_to_their_end_reuse_one_connection() {
+    let (origin, counts) = server("hello", 200, After::KeepAlive, None).await;
+    let pool = pool(origin.clone());
+    for _ in 0..5 {
+        let resp = pool.send(request(&origin)).await.unwrap();
+        assert_eq!(&read(resp).await[..], b"hello");
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(counts.requests.load(Ordering::SeqCst), 5);
+    assert_eq!(pool.idle(), 1);
+}
+
+#[tokio::test]
+async fn an_empty_answer_gives_its_connection_back_unread() {
+    let (origin, counts) = server("", 202, After::KeepAlive, None).await;
+    let pool = pool(origin.clone());
+    for _ in 0..3 {
+        let resp = pool.send(request(&origin)).await.unwrap();
+        assert_eq!(resp.status(), 202);
+        drop(resp);
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn an_answer_dropped_before_its_end_closes_its_connection() {
+    let (origin, counts) = server("not read", 200, After::KeepAlive, None).await;
+    let pool = pool(origin.clone());
+    for _ in 0..3 {
+        drop(pool.send(request(&origin)).await.unwrap());
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
+    assert_eq!(pool.idle(), 0);
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_while_idle_is_replaced_and_nothing_is_sent_twice() {
+    let (origin, counts) = server("bye", 200, After::Close, None).await;
+    let pool = pool(origin.clone());
+    for i in 1..=4 {
+        let resp = pool.send(request(&origin)).await.unwrap();
+        assert_eq!(&read(resp).await[..], b"bye");
+        // Let the connection's task see the close, or not: both must work.
+        if i % 2 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 4);
+    assert_eq!(counts.requests.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn no_upstream_is_a_connect_error_that_names_the_cause() {
+    let unused = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin: Uri = format!("http://{}/", unused.local_addr().unwrap())
+        .parse()
+        .unwrap();
+    drop(unused);
+    match pool(origin.clone()).send(request(&origin)).await {
+        Err(PoolError::Connect(why)) => assert!(why.contains("refused"), "{why}"),
+        other => panic!(
+            "expected a connect error, got {:?}",
+            other.map(|r| r.status())
+        ),
+    }
+}
+
+#[tokio::test]
+async fn at_most_max_idle_connections_are_kept() {
+    let n = MAX_IDLE + 6;
+    let gate = Arc::new(Barrier::new(n));
+    let (origin, counts) = server("x", 200, After::KeepAlive, Some(gate)).await;
+    let pool = pool(origin.clone());
+    let mut all = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (pool, origin) = (pool.clone(), origin.clone());
+        all.spawn(async move { read(pool.send(request(&origin)).await.unwrap()).await });
+    }
+    while let Some(done) = all.join_next().await {
+        assert_eq!(&done.unwrap()[..], b"x");
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), n);
+    assert_eq!(pool.idle(), MAX_IDLE);
+}
