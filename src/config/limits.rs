@@ -69,6 +69,9 @@ pub(crate) struct Limits {
     pub(crate) max_sse_event: usize,
     pub(crate) upstream_sessions: usize,
     pub(crate) upstream_session_idle: Duration,
+    /// Idle keep-alive connections to an HTTP upstream kept per worker, and for how long.
+    pub(crate) upstream_max_idle: usize,
+    pub(crate) upstream_idle_timeout: Duration,
     pub(crate) rate_limit: Option<Rate>,
     pub(crate) rate_burst: Option<NonZeroU32>,
     pub(crate) tool_rate_limits: Vec<ToolRate>,
@@ -90,6 +93,8 @@ pub(super) struct RawLimits {
     pub(super) max_sse_event_bytes: Option<Scalar>,
     pub(super) upstream_sessions: Option<Scalar>,
     pub(super) upstream_session_idle: Option<Scalar>,
+    pub(super) upstream_max_idle: Option<Scalar>,
+    pub(super) upstream_idle_timeout: Option<Scalar>,
     pub(super) rate_limit: Option<Scalar>,
     pub(super) rate_burst: Option<Scalar>,
     pub(super) tool_rate_limits: Option<Scalar>,
@@ -136,6 +141,12 @@ impl Limits {
             upstream_session_idle: any_duration(
                 raw.upstream_session_idle,
                 "upstream_session_idle",
+            )?,
+            upstream_max_idle: number(raw.upstream_max_idle, "upstream_max_idle", 0..=10_000)?,
+            upstream_idle_timeout: duration_in(
+                raw.upstream_idle_timeout,
+                "upstream_idle_timeout",
+                positive.clone(),
             )?,
             rate_limit: value(raw.rate_limit)
                 .map(|r| Rate::parse(&r).ok_or_else(|| invalid("rate_limit", &r)))
@@ -296,6 +307,22 @@ pub(super) const LIMITS: &[Setting] = &[
         "a duration such as 10m",
         "A 2025-era upstream session unused this long is closed upstream (`DELETE`).",
         |c| duration(c.limits.upstream_session_idle),
+    ),
+    setting(
+        "upstream_max_idle",
+        &["EPODE_SIDECAR_UPSTREAM_MAX_IDLE"],
+        Some("64"),
+        "a whole number from 0 to 10000",
+        "Idle keep-alive connections to an HTTP upstream kept for reuse, per worker; past it a connection is closed when its answer ends. 0: a new connection per request.",
+        |c| c.limits.upstream_max_idle.to_string(),
+    ),
+    setting(
+        "upstream_idle_timeout",
+        &["EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT"],
+        Some("3s"),
+        "a duration from 1ms to 24h, such as 3s",
+        "How long a keep-alive connection to an HTTP upstream may stay idle before the sidecar closes it. Keep it below the upstream's own keep-alive timeout (uvicorn 5 s, gunicorn 2 s, Node 5 s), so a request is never sent on a connection the upstream is closing.",
+        |c| duration(c.limits.upstream_idle_timeout),
     ),
 ];
 

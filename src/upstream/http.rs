@@ -13,7 +13,7 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
-use super::pool::{Connector, Pool, PoolError, PooledBody};
+use super::pool::{Connector, IdleBound, Pool, PoolError, PooledBody};
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
 
@@ -74,6 +74,7 @@ pub(crate) struct HttpUpstream {
     /// client's query string makes another).
     base_uri: Uri,
     timeout: Duration,
+    idle: IdleBound,
     last_answer: Arc<LastAnswer>,
     resolver: Resolver,
 }
@@ -81,6 +82,7 @@ pub(crate) struct HttpUpstream {
 fn pool(
     target: &UpstreamTarget,
     timeout: Duration,
+    idle: IdleBound,
     tls: &rustls::ClientConfig,
     resolver: &Resolver,
 ) -> Pool {
@@ -96,7 +98,7 @@ fn pool(
     let origin = format!("{}://{}/", target.url.scheme(), target.authority)
         .parse()
         .unwrap_or_else(|_| Uri::from_static("http://localhost/"));
-    Pool::new(connector, origin)
+    Pool::new(connector, origin, idle)
 }
 
 impl HttpUpstream {
@@ -104,12 +106,14 @@ impl HttpUpstream {
         target: UpstreamTarget,
         timeout: Duration,
         tls: Arc<rustls::ClientConfig>,
+        idle: IdleBound,
     ) -> Self {
         let host = HeaderValue::from_str(&target.authority)
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let resolver = Resolver::default();
         HttpUpstream {
-            pool: pool(&target, timeout, &tls, &resolver),
+            pool: pool(&target, timeout, idle, &tls, &resolver),
+            idle,
             resolver,
             tls,
             base_uri: build_uri(&target, None),
@@ -126,7 +130,14 @@ impl HttpUpstream {
     /// The same upstream with a pool of its own, for another worker.
     pub(crate) fn for_worker(&self) -> Self {
         HttpUpstream {
-            pool: pool(&self.target, self.timeout, &self.tls, &self.resolver),
+            pool: pool(
+                &self.target,
+                self.timeout,
+                self.idle,
+                &self.tls,
+                &self.resolver,
+            ),
+            idle: self.idle,
             resolver: self.resolver.clone(),
             tls: self.tls.clone(),
             target: self.target.clone(),

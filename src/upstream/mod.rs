@@ -26,6 +26,7 @@ use self::era::{is_final_refusal, supports_modern, Verdict};
 use self::hop::Hop;
 pub(crate) use self::hop::UpstreamBody;
 use self::http::HttpUpstream;
+use self::pool::IdleBound;
 use self::session::{close_upstream, Sessions};
 use self::stdio::{StdioBounds, StdioUpstream};
 use self::translate::{discover_from_init, set_modern_headers, sidecar_info};
@@ -101,6 +102,10 @@ impl Upstream {
                 target.clone(),
                 config.upstream_timeout,
                 Arc::new(tls),
+                IdleBound {
+                    max: config.limits.upstream_max_idle,
+                    timeout: config.limits.upstream_idle_timeout,
+                },
             )),
             Transport::Stdio(command) => Hop::Stdio(StdioUpstream::start(
                 command,

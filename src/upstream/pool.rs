@@ -13,7 +13,8 @@
 //! - A request that a reused connection could not carry (the upstream closed it while idle,
 //!   the usual race with its keep-alive timeout) is sent again on another: hyper hands the
 //!   request back only when none of it was written, so nothing reaches the upstream twice.
-//! - Bounded: at most [`MAX_IDLE`] idle connections, each closed after [`IDLE_TIMEOUT`].
+//! - Bounded ([`IdleBound`]): at most so many idle connections, each closed after so long
+//!   idle (`EPODE_SIDECAR_UPSTREAM_MAX_IDLE`, `EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT`).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
@@ -32,15 +33,20 @@ use tower_service::Service;
 
 use super::dns::Resolver;
 
-/// Idle connections kept per worker.
-pub(crate) const MAX_IDLE: usize = 64;
+/// How many idle connections a worker keeps, and for how long. The timeout must stay below
+/// the upstream's own keep-alive timeout, so a pooled connection is not reused just as the
+/// upstream closes it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IdleBound {
+    pub(crate) max: usize,
+    pub(crate) timeout: Duration,
+}
 
-/// How long a connection may stay idle in the pool. Shorter than the usual 5 s keep-alive of
-/// uvicorn and Node, so a pooled connection is not reused just as the upstream closes it.
-pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// How often a worker closes the connections idle for longer than [`IDLE_TIMEOUT`].
-const REAP_EVERY: Duration = Duration::from_secs(1);
+/// How often a worker closes the connections idle past their timeout (at most a second, and
+/// more often for a shorter timeout).
+fn reap_every(timeout: Duration) -> Duration {
+    (timeout / 2).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
 
 pub(crate) type Connector = HttpsConnector<HttpConnector<Resolver>>;
 type Sender = http1::SendRequest<Full<Bytes>>;
@@ -61,6 +67,7 @@ struct Idle {
 
 struct Shared {
     idle: Mutex<Vec<Idle>>,
+    bound: IdleBound,
     /// Whether this pool's reaper task runs.
     reaping: std::sync::atomic::AtomicBool,
 }
@@ -71,7 +78,7 @@ impl Shared {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < MAX_IDLE {
+        if idle.len() < self.bound.max {
             idle.push(Idle {
                 sender,
                 since: Instant::now(),
@@ -82,7 +89,7 @@ impl Shared {
     fn take(&self) -> Option<Sender> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         while let Some(i) = idle.pop() {
-            if !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT {
+            if self.usable(&i) {
                 return Some(i.sender);
             }
         }
@@ -93,8 +100,12 @@ impl Shared {
     /// ends its connection's task.
     fn reap(&self) -> usize {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|i| !i.sender.is_closed() && i.since.elapsed() < IDLE_TIMEOUT);
+        idle.retain(|i| self.usable(i));
         idle.len()
+    }
+
+    fn usable(&self, i: &Idle) -> bool {
+        !i.sender.is_closed() && i.since.elapsed() < self.bound.timeout
     }
 }
 
@@ -108,10 +119,11 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(connector: Connector, origin: Uri) -> Self {
+    pub(crate) fn new(connector: Connector, origin: Uri, bound: IdleBound) -> Self {
         Pool {
             shared: Arc::new(Shared {
                 idle: Mutex::new(Vec::new()),
+                bound,
                 reaping: std::sync::atomic::AtomicBool::new(false),
             }),
             connector,
@@ -186,8 +198,9 @@ impl Pool {
             return;
         }
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        let every = reap_every(self.shared.bound.timeout);
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval(REAP_EVERY);
+            let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;

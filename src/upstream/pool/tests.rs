@@ -104,7 +104,13 @@ async fn serve(
     }
 }
 
+const MAX_IDLE: usize = 64;
+
 fn pool(origin: Uri) -> Pool {
+    bounded(origin, MAX_IDLE, Duration::from_secs(3))
+}
+
+fn bounded(origin: Uri, max: usize, timeout: Duration) -> Pool {
     let mut http = HttpConnector::new_with_resolver(Resolver::default());
     http.enforce_http(false);
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -119,7 +125,7 @@ fn pool(origin: Uri) -> Pool {
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
-    Pool::new(connector, origin)
+    Pool::new(connector, origin, IdleBound { max, timeout })
 }
 
 fn request(origin: &Uri) -> Request<Full<Bytes>> {
@@ -217,4 +223,27 @@ async fn at_most_max_idle_connections_are_kept() {
     }
     assert_eq!(counts.connections.load(Ordering::SeqCst), n);
     assert_eq!(pool.idle(), MAX_IDLE);
+}
+
+#[tokio::test]
+async fn a_connection_idle_past_its_timeout_is_closed_and_not_reused() {
+    let (origin, counts) = server("x", 200, After::KeepAlive, None).await;
+    let pool = bounded(origin.clone(), MAX_IDLE, Duration::from_millis(50));
+    read(pool.send(request(&origin)).await.unwrap()).await;
+    assert_eq!(pool.idle(), 1);
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert_eq!(pool.idle(), 0);
+    read(pool.send(request(&origin)).await.unwrap()).await;
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn no_idle_connections_kept_means_one_connection_per_request() {
+    let (origin, counts) = server("x", 200, After::KeepAlive, None).await;
+    let pool = bounded(origin.clone(), 0, Duration::from_secs(3));
+    for _ in 0..3 {
+        read(pool.send(request(&origin)).await.unwrap()).await;
+    }
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
+    assert_eq!(pool.idle(), 0);
 }
