@@ -1,7 +1,9 @@
 //! The one place that knows how to reach the upstream MCP server and in which era. `http` is
-//! the raw hop; `era` decides the upstream's era and gives a request its one retry when the
-//! upstream changed era; `session` keeps a 2025-era upstream's sessions; `translate` moves
-//! requests between the eras; `answer` reads what comes back and finishes it for the client.
+//! the raw hop (over `pool`, each worker's keep-alive connections; `stdio` for a child
+//! process; `hop` chooses between them); `era` decides the upstream's era and gives a request
+//! its one retry when the upstream changed era; `session` keeps a 2025-era upstream's
+//! sessions; `translate` moves requests between the eras; `answer` reads what comes back and
+//! finishes it for the client.
 
 pub(crate) mod answer;
 mod dns;
