@@ -535,3 +535,86 @@ async fn upstream_breaking_mid_body_gives_errors_that_name_the_request() {
         "{text}"
     );
 }
+
+/// An upstream that answers every request with an empty result and counts the connections it
+/// accepted and the ones the sidecar closed.
+fn counting_upstream() -> (
+    RawUpstream,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    let opened = Arc::new(AtomicUsize::new(0));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (o, c) = (opened.clone(), closed.clone());
+    let up = RawUpstream::start(move |mut s: TcpStream| {
+        o.fetch_add(1, Ordering::SeqCst);
+        while read_http_request(&mut s).is_some() {
+            reply_json(
+                &mut s,
+                r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}"#,
+            );
+        }
+        c.fetch_add(1, Ordering::SeqCst);
+    });
+    (up, opened, closed)
+}
+
+async fn prompts_list(sc: &Sidecar) {
+    let resp = post(&sc.url(), modern("1", "prompts/list"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    resp.bytes().await.unwrap();
+}
+
+/// The upstream keep-alive settings reach each worker's pool: sequential requests share one
+/// connection; `UPSTREAM_MAX_IDLE=0` opens one per request; a connection idle past
+/// `UPSTREAM_IDLE_TIMEOUT` is closed by the sidecar and the next request opens another.
+#[tokio::test]
+async fn upstream_connections_are_reused_and_bounded_as_configured() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let one_worker = ("EPODE_SIDECAR_WORKERS", "1");
+
+    let (up, opened, _) = counting_upstream();
+    let sc = Sidecar::start(&up.url(), &[MODERN_UP[0], one_worker]);
+    for _ in 0..5 {
+        prompts_list(&sc).await;
+    }
+    assert_eq!(
+        opened.load(SeqCst),
+        1,
+        "5 requests, one kept-alive connection"
+    );
+
+    let (up, opened, closed) = counting_upstream();
+    let no_idle = ("EPODE_SIDECAR_UPSTREAM_MAX_IDLE", "0");
+    let sc = Sidecar::start(&up.url(), &[MODERN_UP[0], one_worker, no_idle]);
+    for _ in 0..5 {
+        prompts_list(&sc).await;
+    }
+    assert_eq!(opened.load(SeqCst), 5, "no idle connection kept");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.load(SeqCst) < 5 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(closed.load(SeqCst), 5, "each closed after its answer");
+
+    let (up, opened, closed) = counting_upstream();
+    let short = ("EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT", "100ms");
+    let sc = Sidecar::start(&up.url(), &[MODERN_UP[0], one_worker, short]);
+    prompts_list(&sc).await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.load(SeqCst) < 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        closed.load(SeqCst),
+        1,
+        "the idle connection closed by the sidecar"
+    );
+    prompts_list(&sc).await;
+    assert_eq!(opened.load(SeqCst), 2);
+}
