@@ -178,6 +178,8 @@ An empty string or null leaves the setting to the sidecar's default.
   (list "EPODE_SIDECAR_MAX_SSE_EVENT_BYTES" "sidecar.limits.maxSseEventBytes" $l.maxSseEventBytes)
   (list "EPODE_SIDECAR_UPSTREAM_SESSIONS" "sidecar.limits.upstreamSessions" $l.upstreamSessions)
   (list "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE" "sidecar.limits.upstreamSessionIdle" $l.upstreamSessionIdle)
+  (list "EPODE_SIDECAR_UPSTREAM_MAX_IDLE" "sidecar.limits.upstreamMaxIdle" $l.upstreamMaxIdle)
+  (list "EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT" "sidecar.limits.upstreamIdleTimeout" $l.upstreamIdleTimeout)
   (list "EPODE_SIDECAR_RATE_LIMIT" "sidecar.rateLimit.perClient" $r.perClient)
   (list "EPODE_SIDECAR_RATE_BURST" "sidecar.rateLimit.burst" $r.burst)
   (list "EPODE_SIDECAR_TOOL_RATE_LIMITS" "sidecar.rateLimit.tools" (join "," $tools))
