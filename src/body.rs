@@ -105,7 +105,8 @@ const COALESCE_BYTES: usize = 64 * 1024;
 /// connection's own task), so an SSE answer of three events cost four writes, each waking
 /// the client. Here a frame is held while the upstream connection gets two scheduler turns;
 /// what it then has ready joins the same write. A stream that is really waiting loses two
-/// turns per burst (microseconds), never more; at most 16 frames or 64 KiB are held.
+/// turns per burst (microseconds), never more; at most 16 frames, or 64 KiB and the frame
+/// that passed it, are held.
 /// [`Coalesced::prime`] does the same before the response head goes, so the head leaves with
 /// the first events.
 pub(crate) fn coalesced(inner: Body) -> Coalesced {
@@ -219,7 +220,8 @@ impl http_body::Body for Coalesced {
                 this.flushing = false;
                 this.held_bytes = 0;
                 if let Some(last) = this.last.take() {
-                    this.ended = last.is_none();
+                    // The end, or an error: nothing is read after either.
+                    this.ended = !matches!(last, Some(Ok(_)));
                     return Poll::Ready(last);
                 }
             }
@@ -280,6 +282,23 @@ mod tests {
                 return seen;
             }
         }
+    }
+
+    #[test]
+    fn nothing_is_read_after_an_error() {
+        let broken: Poll<Polled> = Poll::Ready(Some(Err("broke".into())));
+        let script = vec![data("a"), broken, data("late")];
+        let mut body = coalesced(Script(script.into()).boxed_unsync());
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut poll = || Pin::new(&mut body).poll_frame(&mut cx);
+        assert!(matches!(poll(), Poll::Ready(Some(Ok(_)))));
+        assert!(matches!(poll(), Poll::Ready(Some(Err(_)))));
+        assert!(
+            matches!(poll(), Poll::Ready(None)),
+            "the frame after the error was read"
+        );
+        assert!(body.is_end_stream());
     }
 
     #[test]

@@ -126,3 +126,26 @@ async fn sse_answer_streams_through() {
     assert_eq!(last["id"], "s-1");
     assert_eq!(last["result"]["resultType"], "complete");
 }
+
+/// uvicorn closes a keep-alive connection after its own timeout (1 s here); with the sidecar's
+/// idle timeout longer than that, the pooled connection is closed under it. The next calls
+/// must not fail: the sidecar sees the connection closed and opens another (or sends again a
+/// request the closed connection handed back unsent).
+#[test]
+fn an_upstream_that_closes_idle_connections_first_costs_no_call() {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--keep-alive", "1"]);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_WORKERS", "1"),
+            ("EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT", "60s"),
+        ],
+    );
+    for round in 0..3 {
+        let via = ts_client(&sc.url(), "pin", &[]);
+        assert!(via.get("error").is_none(), "round {round}: {via}");
+        assert_eq!(via["calls"]["add"]["structuredContent"]["sum"], 5, "{via}");
+        // Past uvicorn's keep-alive: every pooled connection is closed by the upstream.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+    }
+}

@@ -321,7 +321,7 @@ pub(super) const LIMITS: &[Setting] = &[
         &["EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT"],
         Some("3s"),
         "a duration from 1ms to 24h, such as 3s",
-        "How long a keep-alive connection to an HTTP upstream may stay idle before the sidecar closes it. Keep it below the upstream's own keep-alive timeout (uvicorn 5 s, gunicorn 2 s, Node 5 s), so a request is never sent on a connection the upstream is closing.",
+        "How long a keep-alive connection to an HTTP upstream may stay idle before the sidecar closes it. Keep it below the upstream's own keep-alive timeout (uvicorn and Node: 5 s), so a request is never sent on a connection the upstream is closing; behind gunicorn (2 s) lower it, to 1s say.",
         |c| duration(c.limits.upstream_idle_timeout),
     ),
 ];

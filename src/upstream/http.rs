@@ -1,6 +1,7 @@
-//! The upstream hop over Streamable HTTP: a connection pool per worker (`pool`), header hygiene (hop-by-hop headers
-//! dropped, the sidecar's own authority as `Host`, no `Origin`), a deadline for the response
-//! head, and a record of when the upstream last answered (for `/readyz`).
+//! The upstream hop over Streamable HTTP: a connection pool per worker (`pool`), header
+//! hygiene (hop-by-hop headers dropped, the upstream's own authority as `Host`, no `Origin`),
+//! a deadline for the response head, and a record of when the upstream last answered (for
+//! `/readyz`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -19,8 +20,8 @@ use crate::error::{Error, Kind};
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded,
 /// and `Transfer-Encoding` (each hop frames the body itself). Names, not strings: removing by a
-/// string parses it first, on every request.
-const HOP_BY_HOP: [HeaderName; 9] = [
+/// string parses it first, on every request; a `static`, so no array is built per lookup.
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     HeaderName::from_static("keep-alive"),
     header::PROXY_AUTHENTICATE,

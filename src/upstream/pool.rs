@@ -78,6 +78,10 @@ impl Shared {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() >= self.bound.max {
+            // Entries expired or closed since the last reap make room first.
+            idle.retain(|i| self.usable(i));
+        }
         if idle.len() < self.bound.max {
             idle.push(Idle {
                 sender,
@@ -194,7 +198,8 @@ impl Pool {
 
     fn start_reaper(&self) {
         use std::sync::atomic::Ordering;
-        if self.shared.reaping.swap(true, Ordering::Relaxed) {
+        // With no idle connection kept there is nothing to reap.
+        if self.shared.bound.max == 0 || self.shared.reaping.swap(true, Ordering::Relaxed) {
             return;
         }
         let weak: Weak<Shared> = Arc::downgrade(&self.shared);

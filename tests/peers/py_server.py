@@ -181,6 +181,7 @@ def main() -> None:
     p.add_argument("--identity", action="store_true", help="also serve the `account` tool, whose result carries _meta identity")
     p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (with --tls-key)")
     p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--keep-alive", type=float, default=5, metavar="SECONDS", help="uvicorn's keep-alive timeout (its default: 5)")
     args = p.parse_args()
     if args.identity:
         add_identity_tools()
@@ -207,7 +208,9 @@ def main() -> None:
     port = sock.getsockname()[1]
 
     tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key} if args.tls_cert else {}
-    config = uvicorn.Config(asgi, log_level="warning", lifespan="on", access_log=False, **tls)
+    config = uvicorn.Config(
+        asgi, log_level="warning", lifespan="on", access_log=False, timeout_keep_alive=args.keep_alive, **tls
+    )
     server = ReadyServer(config, port)
     try:
         asyncio.run(server.serve(sockets=[sock]))
