@@ -15,6 +15,7 @@ use crate::dispatch::Dispatcher;
 use crate::server;
 use crate::trial::bus::Bus;
 use crate::trial::Trial;
+use crate::upstream::exec;
 
 /// A reverse proxy beside an MCP server: a stateless MCP 2026-07-28 front and Epode feedback.
 /// Every setting is also an environment variable (see README.md); flags win over the
@@ -114,6 +115,10 @@ async fn shutdown_signal() {
 
 /// The process: parse, configure, serve until a signal, drain, flush.
 pub fn main() -> ExitCode {
+    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUBCOMMAND)) {
+        // The stdio MCP server's trampoline: becomes the server, or says why it cannot.
+        return exec::trampoline(std::env::args_os().skip(2).collect());
+    }
     let mut args = std::env::args();
     if std::env::args().nth(1).as_deref() == Some("healthcheck") {
         return crate::healthcheck::run(args.by_ref().skip(2));

@@ -43,7 +43,7 @@ pub(crate) struct LimitLabels {
 }
 
 /// Every limit that can refuse something, shown from the start (at 0).
-const LIMIT_KINDS: [&str; 12] = [
+const LIMIT_KINDS: [&str; 14] = [
     "connections",
     "header_timeout",
     "idle_timeout",
@@ -56,6 +56,8 @@ const LIMIT_KINDS: [&str; 12] = [
     "tool_rate",
     "upstream_answer_size",
     "sse_event_size",
+    "upstream_stdin",
+    "stdio_not_owner",
 ];
 
 /// How a feedback tool call can end.

@@ -34,7 +34,7 @@ pub(crate) use self::settings::settings_markdown;
 pub(crate) use self::settings::ConfigError;
 use self::settings::{invalid, missing, CONFIG_FILE_ENV};
 use self::stdio::RawStdio;
-pub(crate) use self::stdio::StdioCommand;
+pub(crate) use self::stdio::{RunAs, StdioChildren, StdioCommand};
 use self::tls::RawTls;
 pub(crate) use self::tls::{ListenerTls, UpstreamTls};
 
@@ -235,6 +235,10 @@ struct RawConfig {
     upstream_restart_max_delay: Option<Scalar>,
     upstream_stdin_queue: Option<Scalar>,
     upstream_stderr_rate: Option<Scalar>,
+    upstream_user: Option<Scalar>,
+    stdio_children: Option<Scalar>,
+    stdio_max_children: Option<Scalar>,
+    stdio_child_idle: Option<Scalar>,
     dev: Option<Scalar>,
     dev_log: Option<Scalar>,
     dev_log_max_bytes: Option<Scalar>,
@@ -409,6 +413,10 @@ impl RawConfig {
             upstream_restart_max_delay: self.upstream_restart_max_delay.take(),
             upstream_stdin_queue: self.upstream_stdin_queue.take(),
             upstream_stderr_rate: self.upstream_stderr_rate.take(),
+            upstream_user: self.upstream_user.take(),
+            stdio_children: self.stdio_children.take(),
+            stdio_max_children: self.stdio_max_children.take(),
+            stdio_child_idle: self.stdio_child_idle.take(),
         }
     }
 

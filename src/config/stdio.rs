@@ -30,6 +30,44 @@ pub(crate) struct StdioCommand {
     pub(crate) stdin_queue: usize,
     /// Lines of the child's stderr logged, at most; the rest are counted.
     pub(crate) stderr_rate: Rate,
+    /// The user and group the child runs as (the sidecar must run as root to switch).
+    pub(crate) run_as: Option<RunAs>,
+    /// One child for every client, or one per client credential.
+    pub(crate) children: StdioChildren,
+}
+
+/// A user and group for the child to run as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RunAs {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+/// How clients share the stdio MCP server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StdioChildren {
+    /// One child process for every client (isolated by the sidecar's own ids and ownership).
+    Shared,
+    /// One child per client credential, at most `max` at once, each stopped after `idle`.
+    PerClient { max: usize, idle: Duration },
+}
+
+impl StdioChildren {
+    fn shown(&self) -> &'static str {
+        match self {
+            StdioChildren::Shared => "shared",
+            StdioChildren::PerClient { .. } => "per-client",
+        }
+    }
+}
+
+/// `UID` or `UID:GID` (numbers; the group is the user's number when not given).
+fn run_as(raw: &str) -> Option<RunAs> {
+    let (uid, gid) = raw.split_once(':').unwrap_or((raw, raw));
+    Some(RunAs {
+        uid: uid.trim().parse().ok()?,
+        gid: gid.trim().parse().ok()?,
+    })
 }
 
 impl std::fmt::Debug for StdioCommand {
@@ -89,6 +127,10 @@ pub(super) struct RawStdio {
     pub(super) upstream_restart_max_delay: Option<Scalar>,
     pub(super) upstream_stdin_queue: Option<Scalar>,
     pub(super) upstream_stderr_rate: Option<Scalar>,
+    pub(super) upstream_user: Option<Scalar>,
+    pub(super) stdio_children: Option<Scalar>,
+    pub(super) stdio_max_children: Option<Scalar>,
+    pub(super) stdio_child_idle: Option<Scalar>,
 }
 
 /// The upstream: an HTTP endpoint, or a command (from the command line after `--`, which wins,
@@ -153,8 +195,44 @@ pub(super) fn check(raw: RawStdio, argv: &[String]) -> Result<Transport, ConfigE
                 )?,
                 stdin_queue: number(raw.upstream_stdin_queue, "upstream_stdin_queue", 1..=65_536)?,
                 stderr_rate: parsed(raw.upstream_stderr_rate, "upstream_stderr_rate", Rate::parse)?,
+                run_as: user(raw.upstream_user)?,
+                children: children(raw.stdio_children, raw.stdio_max_children, raw.stdio_child_idle)?,
             }))
         }
+    }
+}
+
+fn user(raw: Option<Scalar>) -> Result<Option<RunAs>, ConfigError> {
+    let Some(text) = value(raw) else {
+        return Ok(None);
+    };
+    let Some(who) = run_as(&text) else {
+        return Err(invalid("upstream_user", &text));
+    };
+    if !nix::unistd::geteuid().is_root() {
+        return Err(invalid(
+            "upstream_user",
+            &format!("{text}, while the sidecar does not run as root (only root may start a process as another user; run the sidecar as root, or leave this unset)"),
+        ));
+    }
+    Ok(Some(who))
+}
+
+fn children(
+    mode: Option<Scalar>,
+    max: Option<Scalar>,
+    idle: Option<Scalar>,
+) -> Result<StdioChildren, ConfigError> {
+    let max = number(max, "stdio_max_children", 1..=1024)?;
+    let idle = duration_in(
+        idle,
+        "stdio_child_idle",
+        Duration::from_secs(1)..=Duration::from_secs(24 * 3600),
+    )?;
+    match value(mode).as_deref() {
+        None | Some("shared") => Ok(StdioChildren::Shared),
+        Some("per-client") => Ok(StdioChildren::PerClient { max, idle }),
+        Some(other) => Err(invalid("stdio_children", other)),
     }
 }
 
@@ -236,5 +314,37 @@ pub(super) const STDIO: &[Setting] = &[
         "a rate such as 20/s, 600/m or 1000/h",
         "Lines of the stdio MCP server's stderr written to the sidecar's log (target `epode_sidecar::upstream`, level info), at most; lines past it are counted and reported as one summary line.",
         |c| stdio(c, |s| s.stderr_rate.shown(), HTTP),
+    ),
+    setting(
+        "upstream_user",
+        &["EPODE_SIDECAR_UPSTREAM_USER"],
+        None,
+        "a numeric user id, or UID:GID",
+        "Runs the stdio MCP server as this user (and group; the user's number when not given), with no supplementary groups. The sidecar must run as root to switch. Use it where the key lives in a file (`--config`) that the server, as the sidecar's own user, could read.",
+        |c| stdio(c, |s| s.run_as.map_or("<the sidecar's own>".to_owned(), |r| format!("{}:{}", r.uid, r.gid)), HTTP),
+    ),
+    setting(
+        "stdio_children",
+        &["EPODE_SIDECAR_STDIO_CHILDREN"],
+        Some("shared"),
+        "shared or per-client",
+        "`shared`: one stdio MCP server process for every client; the sidecar keeps their requests apart (its own unguessable ids; answers and cancellations only from the client that owns the request). `per-client`: a process per client credential (`Authorization`, `Cookie` or `X-API-Key`; clients without any share one), for servers that keep per-client state (roots, log level, subscriptions, a login) or ask the client questions mid-call while several clients are connected.",
+        |c| stdio(c, |s| s.children.shown(), HTTP),
+    ),
+    setting(
+        "stdio_max_children",
+        &["EPODE_SIDECAR_STDIO_MAX_CHILDREN"],
+        Some("16"),
+        "a whole number from 1 to 1024",
+        "With `per-client`, the most server processes at once: a new client makes the least recently used idle one stop; when all are busy, it gets 503 with `Retry-After`.",
+        |c| stdio(c, |s| match s.children { StdioChildren::PerClient { max, .. } => max.to_string(), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
+    ),
+    setting(
+        "stdio_child_idle",
+        &["EPODE_SIDECAR_STDIO_CHILD_IDLE"],
+        Some("10m"),
+        "a duration from 1s to 24h, such as 10m",
+        "With `per-client`, a client's server process unused this long (nothing in flight) is stopped; the client's next request starts a new one.",
+        |c| stdio(c, |s| match s.children { StdioChildren::PerClient { idle, .. } => duration(idle), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
     ),
 ];

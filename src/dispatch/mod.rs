@@ -24,7 +24,7 @@ use crate::limits::{retry_after_secs, InFlight, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
 use crate::trial::bus::Bus;
-use crate::upstream::Upstream;
+use crate::upstream::{Client, Upstream};
 
 /// One worker's request path: the configuration, its view of the upstream, the binding, and
 /// the limits and metrics every worker shares.
@@ -251,7 +251,9 @@ impl Dispatcher {
         let request = match frontdoor::admit(&parts, &bytes) {
             Ok(Some(r)) => r,
             Ok(None) => {
-                self.upstream.tell(&parts.headers, &bytes).await;
+                self.upstream
+                    .tell(&Client::new(&parts.headers, peer), &bytes)
+                    .await;
                 let mut resp = Response::new(body::empty());
                 *resp.status_mut() = StatusCode::ACCEPTED;
                 return resp;
@@ -264,7 +266,7 @@ impl Dispatcher {
         self.note(seen, &request);
         let mut cut = self.cut.clone();
         let answered = tokio::select! {
-            answered = self.dispatch(&request, abandoned) => answered,
+            answered = self.dispatch(&request, Client::new(&parts.headers, peer), abandoned) => answered,
             _ = cut.wait_for(|c| *c) => Err(Error::new(Kind::ShuttingDown, "")),
         };
         answered.unwrap_or_else(|e| {

@@ -23,7 +23,7 @@ use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::upstream::answer;
-use crate::upstream::{translate, Era};
+use crate::upstream::{translate, Client, Era};
 
 /// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
 const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
@@ -32,11 +32,12 @@ impl Dispatcher {
     pub(super) async fn dispatch(
         &self,
         req: &Request<'_>,
+        client: Client<'_>,
         abandoned: Abandoned,
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
         let modern = req.era.is_modern();
-        let client = &req.parts.headers;
+        let client = &client;
         let feedback_tool = method == "tools/call"
             && req
                 .env
@@ -57,8 +58,8 @@ impl Dispatcher {
                 },
                 "",
             )),
-            Route::Discover => self.discover(req, plan).await,
-            Route::Initialize => self.initialize(req).await,
+            Route::Discover => self.discover(req, client, plan).await,
+            Route::Initialize => self.initialize(req, client).await,
             Route::Ping if self.upstream.era(client).await? == Era::Modern => {
                 Ok(local_result(req.id, json!({}), plan))
             }
@@ -66,13 +67,13 @@ impl Dispatcher {
                 Ok(local_listen(req.id, self.cut.clone()))
             }
             Route::FeedbackTool => self.feedback_tool(req, plan).await,
-            Route::ToolCall => self.tool_call(req, plan).await,
+            Route::ToolCall => self.tool_call(req, client, plan).await,
             Route::ToolList => {
                 let mut plan = plan;
                 plan.hook = self.binding.list_hook();
-                self.forward(req, plan).await
+                self.forward(req, client, plan).await
             }
-            Route::Ping | Route::Listen | Route::Forward => self.forward(req, plan).await,
+            Route::Ping | Route::Listen | Route::Forward => self.forward(req, client, plan).await,
         }
     }
 
@@ -113,10 +114,15 @@ impl Dispatcher {
 
     /// `server/discover`: the upstream's discovery (its own, or one built from its 2025
     /// handshake), with the feedback rule.
-    async fn discover(&self, req: &Request<'_>, plan: ResultPlan) -> Result<Response<Body>, Error> {
+    async fn discover(
+        &self,
+        req: &Request<'_>,
+        client: &Client<'_>,
+        plan: ResultPlan,
+    ) -> Result<Response<Body>, Error> {
         let (_, discovery) = self
             .upstream
-            .discover(&req.parts.headers, Some(req.bytes.clone()))
+            .discover(client, Some(req.bytes.clone()))
             .await?;
         let result = self.binding.with_instructions(discovery.result);
         Ok(local_result(req.id, result, plan))
@@ -124,8 +130,12 @@ impl Dispatcher {
 
     /// A 2025-era `initialize`, answered per request from the upstream's discovery: no
     /// session id, the client's version when it is one the sidecar serves.
-    async fn initialize(&self, req: &Request<'_>) -> Result<Response<Body>, Error> {
-        let (_, discovery) = self.upstream.discover(&req.parts.headers, None).await?;
+    async fn initialize(
+        &self,
+        req: &Request<'_>,
+        client: &Client<'_>,
+    ) -> Result<Response<Body>, Error> {
+        let (_, discovery) = self.upstream.discover(client, None).await?;
         let discover = self.binding.with_instructions(discovery.result);
         let requested = req.env.params.protocol_version.and_then(raw::as_str);
         let protocol = requested
@@ -179,15 +189,16 @@ impl Dispatcher {
     async fn tool_call(
         &self,
         req: &Request<'_>,
+        client: &Client<'_>,
         mut plan: ResultPlan,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
         if self.binding.needs_listing(&name) {
-            let tools = self.upstream.list_tools(&req.parts.headers).await;
+            let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }
         plan.hook = Some(self.binding.call_hook(&name, &req.parts.headers));
-        self.forward(req, plan).await
+        self.forward(req, client, plan).await
     }
 
     /// Sends the request upstream in its era and finishes its answer for the client. A W3C
@@ -196,14 +207,19 @@ impl Dispatcher {
     async fn forward(
         &self,
         req: &Request<'_>,
+        client: &Client<'_>,
         mut plan: ResultPlan,
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
         let modern = req.era.is_modern();
         let (headers, bytes) = translate::with_traceparent(&req.parts.headers, req.bytes);
+        let client = Client {
+            headers: &headers,
+            caller: client.caller,
+        };
         let sent = self
             .upstream
-            .forward(&headers, req.parts.uri.query(), &bytes, method, modern)
+            .forward(&client, req.parts.uri.query(), &bytes, method, modern)
             .await?;
         if method == "subscriptions/listen" {
             return Ok(answer::stream_back(sent.response));

@@ -116,7 +116,7 @@ impl Upstream {
     /// other era, forgets what it knew and runs it once more in the era found then.
     pub(crate) async fn with_era_retry<'a, T, F, Fut>(
         &'a self,
-        client: &'a http::HeaderMap,
+        client: &'a super::Client<'a>,
         mut send: F,
     ) -> Result<T, Error>
     where

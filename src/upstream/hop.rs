@@ -11,6 +11,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
 
+use super::caller::Caller;
 use super::http::HttpUpstream;
 use super::pool::PooledBody;
 use super::stdio::{StdioBody, StdioUpstream};
@@ -90,6 +91,7 @@ impl Hop {
     /// requests (a 2025 client; only a stdio child needs to know).
     pub(crate) async fn post(
         &self,
+        caller: &Caller,
         headers: HeaderMap,
         body: Bytes,
         query: Option<&str>,
@@ -98,7 +100,7 @@ impl Hop {
         match self {
             Hop::Http(h) => Ok(h.post(headers, body, query).await?.map(UpstreamBody::Http)),
             Hop::Stdio(s) => Ok(s
-                .post(&headers, &body, answers)
+                .post(caller, &headers, &body, answers)
                 .await?
                 .map(UpstreamBody::Stdio)),
         }
@@ -117,7 +119,7 @@ impl Hop {
     pub(crate) async fn ready(&self) -> bool {
         match self {
             Hop::Http(h) => h.answered_within(READY_WINDOW) || h.probe().await,
-            Hop::Stdio(s) => s.ready(),
+            Hop::Stdio(s) => s.ready().await,
         }
     }
 

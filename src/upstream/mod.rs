@@ -6,6 +6,7 @@
 //! finishes it for the client.
 
 pub(crate) mod answer;
+mod caller;
 mod dns;
 pub(crate) mod era;
 mod hop;
@@ -13,6 +14,7 @@ pub(crate) mod http;
 mod pool;
 mod session;
 mod stdio;
+pub(crate) use self::stdio::exec;
 pub(crate) mod translate;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,6 +25,7 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 
 use self::answer::{read_answer, AnswerBounds, ReadAnswer};
+pub(crate) use self::caller::{Caller, Client};
 pub(crate) use self::era::Era;
 use self::era::{is_final_refusal, supports_modern, Verdict};
 use self::hop::Hop;
@@ -204,7 +207,7 @@ impl Upstream {
     /// A client's message that needs no answer: its answer to a server request, or a
     /// `notifications/cancelled`. A stdio child is told (the sidecar routes them); an HTTP
     /// upstream has no session of the client's to tell, so nothing goes.
-    pub(crate) async fn tell(&self, client: &HeaderMap, bytes: &Bytes) {
+    pub(crate) async fn tell(&self, client: &Client<'_>, bytes: &Bytes) {
         if !self.hop.takes_client_notes() {
             return;
         }
@@ -219,7 +222,11 @@ impl Upstream {
             return;
         }
         let headers = self.hop.base_headers(client);
-        if let Err(e) = self.hop.post(headers, bytes.clone(), None, true).await {
+        if let Err(e) = self
+            .hop
+            .post(&client.caller, headers, bytes.clone(), None, true)
+            .await
+        {
             tracing::debug!(error = %e, "a client's message did not reach the upstream");
         }
     }
@@ -251,12 +258,13 @@ impl Upstream {
     /// build). `answers`: the client may be sent the server's own requests.
     async fn post(
         &self,
+        caller: &Caller,
         headers: HeaderMap,
         body: Bytes,
         query: Option<&str>,
         answers: bool,
     ) -> Result<Response<UpstreamBody>, Error> {
-        let resp = self.hop.post(headers, body, query, answers).await;
+        let resp = self.hop.post(caller, headers, body, query, answers).await;
         if let Err(e) = &resp {
             if matches!(e.kind(), Kind::UpstreamUnreachable) {
                 self.forget();
@@ -266,14 +274,19 @@ impl Upstream {
     }
 
     /// Sends one request and reads its answer whole.
-    async fn exchange(&self, headers: HeaderMap, body: Bytes) -> Result<ReadAnswer, Error> {
-        let resp = self.post(headers, body, None, false).await?;
+    async fn exchange(
+        &self,
+        caller: &Caller,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<ReadAnswer, Error> {
+        let resp = self.post(caller, headers, body, None, false).await?;
         read_answer(resp, &self.bounds).await
     }
 
     /// The era of the upstream, probing with `server/discover` (with the caller's
     /// credentials) when it is not known.
-    pub(crate) async fn era(&self, client: &HeaderMap) -> Result<Era, Error> {
+    pub(crate) async fn era(&self, client: &Client<'_>) -> Result<Era, Error> {
         if let Some(era) = self.shared.verdict.get() {
             return Ok(era);
         }
@@ -287,7 +300,7 @@ impl Upstream {
     /// is refused may have been redeployed as a 2026-only server: it is probed again.
     pub(crate) async fn discover(
         &self,
-        client: &HeaderMap,
+        client: &Client<'_>,
         client_body: Option<Bytes>,
     ) -> Result<(Era, Discovery), Error> {
         let cached = self.shared.verdict.get();
@@ -321,7 +334,7 @@ impl Upstream {
     /// when it does not, or the upstream's refusal (401, 5xx, …) to pass on.
     async fn probe_modern(
         &self,
-        client: &HeaderMap,
+        client: &Client<'_>,
         client_body: Option<Bytes>,
     ) -> Result<Option<Discovery>, Error> {
         let body = client_body.unwrap_or_else(|| {
@@ -341,7 +354,7 @@ impl Upstream {
         });
         let mut headers = self.base_headers(client);
         set_modern_headers(&mut headers, "server/discover", None);
-        let answer = self.exchange(headers, body).await?;
+        let answer = self.exchange(&client.caller, headers, body).await?;
         if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
             self.shared.verdict.set(Era::Modern);
             self.remember_server_info(
@@ -362,7 +375,7 @@ impl Upstream {
     /// upstream's 400 is read whole to tell an era change from a refusal to pass on.
     pub(crate) async fn forward(
         &self,
-        client: &HeaderMap,
+        client: &Client<'_>,
         query: Option<&str>,
         bytes: &Bytes,
         method: &str,
@@ -380,7 +393,9 @@ impl Upstream {
                         (body, headers)
                     };
                     let started = std::time::Instant::now();
-                    let response = self.post(headers, body, query, false).await?;
+                    let response = self
+                        .post(&client.caller, headers, body, query, false)
+                        .await?;
                     self.observe(method, started);
                     if response.status() == ::http::StatusCode::BAD_REQUEST {
                         return Err(read_answer(response, &self.bounds).await?.into_refusal());
@@ -434,7 +449,7 @@ impl Upstream {
 
     /// Lists the upstream's tools (every page, with the calling request's credentials): each
     /// name and whether it declares an `outputSchema`. Failures end the listing early.
-    pub(crate) async fn list_tools(&self, client: &HeaderMap) -> Vec<(String, bool)> {
+    pub(crate) async fn list_tools(&self, client: &Client<'_>) -> Vec<(String, bool)> {
         let mut tools = Vec::new();
         let mut cursor: Option<Value> = None;
         for _ in 0..MAX_LIST_PAGES {

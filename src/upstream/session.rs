@@ -22,9 +22,7 @@ use crate::error::{Error, Kind};
 use crate::mcp::headers;
 use crate::mcp::version::{self, LEGACY_LATEST};
 
-/// Headers that identify the caller to the upstream; a legacy session is kept per distinct
-/// set, and closed with them.
-const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "x-api-key"];
+use super::caller::{Client, CREDENTIAL_HEADERS};
 
 /// A 2025-era upstream's session, opened by the sidecar's own handshake.
 #[derive(Debug)]
@@ -216,7 +214,7 @@ pub(crate) fn close_upstream(hop: &Hop, closed: Vec<Closed>) {
 impl Upstream {
     /// A fresh `initialize` handshake with the client's credentials; the session it opens
     /// replaces any kept for those credentials.
-    pub(crate) async fn handshake(&self, client: &HeaderMap) -> Result<Arc<LegacySession>, Error> {
+    pub(crate) async fn handshake(&self, client: &Client<'_>) -> Result<Arc<LegacySession>, Error> {
         let body = json!({
             "jsonrpc": "2.0",
             "id": self.next_id("initialize"),
@@ -229,7 +227,11 @@ impl Upstream {
         });
         let headers = self.base_headers(client);
         let answer = self
-            .exchange(headers.clone(), Bytes::from(body.to_string()))
+            .exchange(
+                &client.caller,
+                headers.clone(),
+                Bytes::from(body.to_string()),
+            )
             .await?;
         if !answer.status().is_success() {
             return Err(answer.into_refusal());
@@ -260,7 +262,7 @@ impl Upstream {
         let mut h = headers;
         session.apply(&mut h);
         let note = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
-        match self.hop.post(h, note, None, false).await {
+        match self.hop.post(&client.caller, h, note, None, false).await {
             Ok(resp) if resp.status().is_success() => {}
             Ok(resp) => {
                 tracing::warn!(status = %resp.status(), "upstream refused notifications/initialized")
@@ -273,7 +275,7 @@ impl Upstream {
     }
 
     /// The kept session for these credentials, or a new one.
-    async fn session(&self, client: &HeaderMap) -> Result<Arc<LegacySession>, Error> {
+    async fn session(&self, client: &Client<'_>) -> Result<Arc<LegacySession>, Error> {
         match self.shared.sessions.get(client) {
             Some(s) => Ok(s),
             None => self.handshake(client).await,
@@ -284,7 +286,7 @@ impl Upstream {
     /// no longer knows the session (it restarted), initialises again once and retries.
     pub(crate) async fn send_legacy(
         &self,
-        client: &HeaderMap,
+        client: &Client<'_>,
         body: Bytes,
         answers: bool,
     ) -> Result<(Response<UpstreamBody>, Arc<LegacySession>), Error> {
@@ -293,7 +295,9 @@ impl Upstream {
         loop {
             let mut headers = self.base_headers(client);
             session.apply(&mut headers);
-            let resp = self.post(headers, body.clone(), None, answers).await?;
+            let resp = self
+                .post(&client.caller, headers, body.clone(), None, answers)
+                .await?;
             if retried || session.id.is_none() {
                 return Ok((resp, session));
             }

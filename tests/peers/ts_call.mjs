@@ -3,6 +3,7 @@
 //
 //   node $D/ts/ts_call.mjs URL legacy|auto|pin list [--header 'K: V']...
 //   node $D/ts/ts_call.mjs URL legacy|auto|pin call TOOL 'ARGS_JSON' [--header 'K: V']...
+//   [--roots URI]: declare the roots capability and answer roots/list with this one root
 //
 // Prints ONE JSON object and exits 0: {"era","instructions","tools"} for `list` (tools in the
 // server's order), {"era","result"} for `call`. On error: {"error":{"name","message","code",
@@ -19,8 +20,10 @@ async function main() {
   const argv = process.argv.slice(2);
   const positional = [];
   const headers = {};
+  let root = null;
   for (let i = 0; i < argv.length; i++) {
-    if (argv[i] === '--header') {
+    if (argv[i] === '--roots') root = argv[++i];
+    else if (argv[i] === '--header') {
       const h = argv[++i] ?? '';
       const idx = h.indexOf(':');
       headers[h.slice(0, idx).trim()] = h.slice(idx + 1).trim();
@@ -30,8 +33,9 @@ async function main() {
   setTimeout(() => finish({ error: { name: 'Timeout', message: 'no answer within 30 s' } }, 2), 30000).unref();
   const client = new Client(
     { name: 'epode-peer-ts-call', version: '0.0.1' },
-    { versionNegotiation: { mode: MODES[modeName] } },
+    { versionNegotiation: { mode: MODES[modeName] }, ...(root ? { capabilities: { roots: {} } } : {}) },
   );
+  if (root) client.setRequestHandler('roots/list', async () => ({ roots: [{ uri: root, name: root }] }));
   await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
   const era = client.getProtocolEra() ?? null;
   if (op === 'list') {

@@ -165,6 +165,48 @@ pub struct Sidecar {
     stderr: mpsc::Receiver<String>,
 }
 
+/// A field of `/proc/PID/status` in KiB (`VmRSS`, `VmHWM`).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// A plain blocking `GET` of `path` on `addr`: the response's body (for tests outside a
+/// runtime, such as polling `/metrics` while a client runs in another thread).
+pub fn get_blocking(addr: SocketAddr, path: &str) -> String {
+    use std::io::Write as _;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default()
+}
+
+/// Polls `check` until it is true or `within` passes; whether it became true.
+pub fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
 /// The resident set size of a process, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -511,6 +553,37 @@ pub fn path_exists(p: &Path) -> bool {
 /// `call` of `tool` with `args`. Extras are HTTP headers (`K: V`).
 pub fn ts_call(url: &str, mode: &str, tool: Option<(&str, &Value)>, headers: &[&str]) -> Value {
     ts_call_env(url, mode, tool, headers, &[])
+}
+
+/// [`ts_call`] with the client answering `roots/list` with `root` (a 2025 server may ask).
+pub fn ts_call_roots(
+    url: &str,
+    mode: &str,
+    tool: (&str, &Value),
+    root: &str,
+    headers: &[&str],
+) -> Value {
+    let mut all: Vec<String> = vec!["--roots".into(), root.into()];
+    all.extend(
+        headers
+            .iter()
+            .flat_map(|h| ["--header".to_owned(), (*h).to_owned()]),
+    );
+    let script = peers_dir().join("ts/ts_call.mjs");
+    let out = Command::new("node")
+        .arg(script)
+        .args([url, mode, "call", tool.0, &tool.1.to_string()])
+        .args(&all)
+        .output()
+        .expect("run ts_call");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "ts_call printed no JSON (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// [`ts_call`] with extra environment for node (such as `NODE_EXTRA_CA_CERTS`).

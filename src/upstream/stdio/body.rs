@@ -12,14 +12,14 @@ use bytes::{Bytes, BytesMut};
 use http_body::Frame;
 use tokio::sync::{mpsc, oneshot};
 
-use super::table::{Answer, Held};
-use super::Shared;
+use super::table::{Answer, Held, Key};
+use super::Pipe;
 use crate::body::BoxError;
 
 /// A request's place in the table, given up when it is dropped.
 pub(super) struct Waiter {
-    pub(super) shared: Arc<Shared>,
-    pub(super) id: u64,
+    pub(super) pipe: Arc<Pipe>,
+    pub(super) key: Key,
     pub(super) generation: u64,
     /// Whether the child was sent the request (then a client that leaves cancels it).
     pub(super) sent: bool,
@@ -27,9 +27,9 @@ pub(super) struct Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
-        let still_waiting = self.shared.lock().remove(self.id);
+        let still_waiting = self.pipe.lock().remove(self.key);
         if still_waiting && self.sent {
-            self.shared.cancel(self.generation, self.id);
+            self.pipe.cancel(self.generation, self.key);
         }
     }
 }

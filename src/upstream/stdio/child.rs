@@ -1,9 +1,12 @@
-//! The child process: started in its own process group with only the allowed environment, its
-//! stdin fed from a bounded queue, its stdout read line by line (each line bounded) and routed,
-//! its stderr logged at a bounded rate. When it exits, every request written to it gets an
-//! error at once and it is started again (at once the first time, then with a doubling
-//! pause while it keeps exiting soon after its start). At shutdown its stdin is closed and its
-//! process group gets SIGTERM, then SIGKILL after the grace period.
+//! The child process: started through the trampoline (`exec`) in its own process group with
+//! only the allowed environment, its stdin fed from a bounded queue whose bytes count in the
+//! memory budget, its stdout read line by line (each line bounded) and routed, its stderr
+//! logged at a bounded rate. A child that exits, closes its stdin or stops reading it (a write
+//! that makes no progress within the upstream timeout) has ended: every request written to it
+//! gets an error at once naming why, its process group and anything it left behind are
+//! stopped, and it is started again (at once the first time, then with a doubling pause while
+//! it keeps ending soon after its start). At shutdown its stdin is closed and its process
+//! group gets SIGTERM, then SIGKILL after the grace period.
 
 use std::process::Stdio;
 use std::sync::atomic::AtomicBool;
@@ -14,27 +17,55 @@ use backon::BackoffBuilder as _;
 use bytes::Bytes;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, BufReader, Interest};
+use tokio::net::unix::pipe;
 use tokio::process::{Child, ChildStdin, Command};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
-use super::{Generation, Shared};
+use super::exec;
+use super::scan::IdScan;
+use super::{Generation, Pipe, Queued};
 use crate::config::StdioCommand;
 use crate::error::{Error, Kind};
 
-/// A child that ran this long before exiting is restarted at once.
+/// A child that ran this long before ending is restarted at once.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
-/// The first pause between restarts of a child that keeps exiting.
+/// The first pause between restarts of a child that keeps ending.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
-/// How much of a line that is too long is kept, to find which request it answers.
+/// How much of a line that is too long is kept (for the log).
 const LONG_LINE_START: usize = 4096;
 /// Longest stderr line logged (the rest is cut).
 const MAX_STDERR_LINE: usize = 8192;
 
 pub(super) fn spawn(command: &StdioCommand) -> std::io::Result<Child> {
-    let mut cmd = Command::new(&command.program);
-    cmd.args(&command.args)
-        .env_clear()
+    let path = command
+        .env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| std::ffi::OsStr::new(v.as_str()));
+    let program = exec::resolve(&command.program, path)?;
+    let mut cmd = match exec::own_binary() {
+        Some(me) => {
+            let mut c = Command::new(me);
+            c.args(exec::trampoline_args(
+                &program,
+                &command.args,
+                command.run_as,
+            ));
+            c
+        }
+        None if command.run_as.is_some() => {
+            return Err(std::io::Error::other(
+                "/proc is not mounted, so the sidecar cannot switch the server's user",
+            ))
+        }
+        None => {
+            let mut c = Command::new(&program);
+            c.args(&command.args);
+            c
+        }
+    };
+    cmd.env_clear()
         .envs(command.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -46,7 +77,9 @@ pub(super) fn spawn(command: &StdioCommand) -> std::io::Result<Child> {
     if let Some(dir) = &command.cwd {
         cmd.current_dir(dir);
     }
-    cmd.spawn()
+    let child = cmd.spawn()?;
+    exec::track(child.id());
+    Ok(child)
 }
 
 fn signal_group(pid: Option<u32>, signal: Signal) {
@@ -60,35 +93,35 @@ fn signal_group(pid: Option<u32>, signal: Signal) {
 enum End {
     Exited(String),
     StdoutClosed,
+    /// Its stdin: closed, or not read; the reason, for the requests that fail.
+    Stdin(String),
     Stop,
 }
 
 /// Runs the child, restarting it until the sidecar stops.
-pub(super) async fn supervise(shared: Arc<Shared>, command: StdioCommand, first: Child) {
-    let mut stop = shared.stop.subscribe();
+pub(super) async fn supervise(pipe: Arc<Pipe>, command: StdioCommand, first: Child) {
+    let mut stop = pipe.stop.subscribe();
     let mut pauses = restart_pauses(&command);
     let mut next = Some(first);
-    let mut n = 0;
+    let mut runs = 0;
     loop {
         let Some(child) = next.take() else { return };
-        n += 1;
+        runs += 1;
         let started = Instant::now();
-        match run_once(&shared, &command, child, n, &mut stop).await {
+        match run_once(&pipe, &command, child, &mut stop).await {
             End::Stop => return,
             End::Exited(status) => {
-                tracing::warn!(generation = n, %status, "the MCP server process exited; restarting it");
+                tracing::warn!(%status, "the MCP server process exited; restarting it");
             }
             End::StdoutClosed => {
-                tracing::warn!(
-                    generation = n,
-                    "the MCP server process closed its stdout; restarting it"
-                );
+                tracing::warn!("the MCP server process closed its stdout; restarting it");
             }
+            End::Stdin(why) => tracing::warn!("the MCP server process {why}; restarting it"),
         }
         if started.elapsed() >= HEALTHY_RUN {
             pauses = restart_pauses(&command);
         }
-        let mut pause = if n == 1 || started.elapsed() >= HEALTHY_RUN {
+        let mut pause = if runs == 1 || started.elapsed() >= HEALTHY_RUN {
             Duration::ZERO
         } else {
             pauses.next().unwrap_or(command.restart_max_delay)
@@ -121,41 +154,68 @@ fn restart_pauses(command: &StdioCommand) -> impl Iterator<Item = Duration> {
         .build()
 }
 
-/// One run of the child, from its start to its end; every request still waiting on it gets
-/// an error when it ends.
-async fn run_once(
-    shared: &Arc<Shared>,
+/// Starts the tasks around a fresh child: its stdin, stdout and stderr. The receiver learns
+/// when its stdin can no longer be written.
+fn attach(
+    pipe: &Arc<Pipe>,
     command: &StdioCommand,
-    mut child: Child,
+    child: &mut Child,
     n: u64,
-    stop: &mut watch::Receiver<bool>,
-) -> End {
+) -> (
+    Arc<Generation>,
+    Option<tokio::task::JoinHandle<()>>,
+    oneshot::Receiver<String>,
+) {
     let pid = child.id();
     let (stdin_tx, stdin_rx) = mpsc::channel(command.stdin_queue);
+    let (broken_tx, broken) = oneshot::channel();
     if let Some(stdin) = child.stdin.take() {
-        tokio::spawn(feed(stdin, stdin_rx, shared.stop.subscribe()));
+        tokio::spawn(feed(
+            stdin,
+            stdin_rx,
+            pipe.stop.subscribe(),
+            pipe.timeout,
+            broken_tx,
+        ));
     }
-    let mut reading = child
+    let reading = child
         .stdout
         .take()
-        .map(|out| tokio::spawn(read_stdout(shared.clone(), n, out)));
+        .map(|out| tokio::spawn(read_stdout(pipe.clone(), n, out)));
     if let Some(err) = child.stderr.take() {
         tokio::spawn(log_stderr(err, pid, command.stderr_rate));
     }
-    shared.live.send_replace(Some(Arc::new(Generation {
+    let generation = Arc::new(Generation {
         n,
         stdin: stdin_tx,
         init: OnceLock::new(),
         init_lock: tokio::sync::Mutex::new(()),
         initialized: AtomicBool::new(false),
-    })));
+        answered: AtomicBool::new(false),
+    });
+    (generation, reading, broken)
+}
+
+/// One run of the child, from its start to its end; every request still waiting on it gets
+/// an error when it ends.
+async fn run_once(
+    pipe: &Arc<Pipe>,
+    command: &StdioCommand,
+    mut child: Child,
+    stop: &mut watch::Receiver<bool>,
+) -> End {
+    let pid = child.id();
+    let n = super::next_generation();
+    let (generation, mut reading, mut broken) = attach(pipe, command, &mut child, n);
+    pipe.live.send_replace(Some(generation));
     tracing::info!(pid, generation = n, program = %command.program, "the MCP server process started");
     let end = tokio::select! {
         status = child.wait() => End::Exited(status.map_or_else(|e| e.to_string(), |s| s.to_string())),
         _ = async { match &mut reading { Some(r) => { let _ = r.await; } None => std::future::pending().await } } => End::StdoutClosed,
+        Ok(why) = &mut broken => End::Stdin(why),
         _ = stop.wait_for(|s| *s) => End::Stop,
     };
-    shared.live.send_replace(None);
+    pipe.live.send_replace(None);
     let end = match end {
         // Its stdout usually closes because it exited: say how, when it did.
         End::StdoutClosed => {
@@ -178,13 +238,15 @@ async fn run_once(
             "the MCP server process closed its stdout before answering; it is being restarted"
                 .to_owned()
         }
+        End::Stdin(why) => format!("the MCP server process {why}; it is being restarted"),
     };
     // Whatever it left behind in its process group goes with it.
     signal_group(pid, Signal::SIGKILL);
     let _ = child.wait().await;
-    shared
-        .lock()
+    exec::untrack(pid);
+    pipe.lock()
         .fail_generation(n, || Error::new(Kind::UpstreamFailed, why.clone()));
+    pipe.ended(matches!(end, End::Stop));
     end
 }
 
@@ -204,38 +266,101 @@ async fn stop_child(child: &mut Child, pid: Option<u32>, grace: Duration) {
 }
 
 /// Writes queued messages to the child's stdin until the child goes or the sidecar stops
-/// (which closes the pipe: end of input, the stdio way to ask a server to exit).
+/// (which closes the pipe: end of input, the stdio way to ask a server to exit). Messages
+/// ready together leave in one write. A write that fails, one that makes no progress for
+/// `stall`, or the child closing its end of the pipe (seen at once, even with nothing to
+/// write) ends the child's run (`broken` says why).
 async fn feed(
-    mut stdin: ChildStdin,
-    mut queue: mpsc::Receiver<Bytes>,
+    stdin: ChildStdin,
+    mut queue: mpsc::Receiver<Queued>,
     mut stop: watch::Receiver<bool>,
+    stall: Duration,
+    broken: oneshot::Sender<String>,
 ) {
+    let stdin = match stdin.into_owned_fd().and_then(pipe::Sender::from_owned_fd) {
+        Ok(s) => s,
+        Err(e) => {
+            let _ = broken.send(format!("could not be written to ({e})"));
+            return;
+        }
+    };
+    let mut batch = Vec::new();
     loop {
-        let msg = tokio::select! {
-            m = queue.recv() => m,
-            _ = stop.wait_for(|s| *s) => None,
+        let got = tokio::select! {
+            n = queue.recv_many(&mut batch, 64) => n,
+            ready = stdin.ready(Interest::ERROR) => {
+                if ready.map_or(true, |r| r.is_error()) {
+                    let _ = broken.send("closed its stdin".to_owned());
+                    return;
+                }
+                continue;
+            }
+            _ = stop.wait_for(|s| *s) => 0,
         };
-        let Some(msg) = msg else { return };
-        if stdin.write_all(&msg).await.is_err() {
+        if got == 0 {
+            return;
+        }
+        let bytes: Vec<Bytes> = batch.drain(..).map(|(b, _held)| b).collect();
+        let data = if bytes.len() == 1 {
+            bytes.into_iter().next().unwrap_or_default()
+        } else {
+            Bytes::from(bytes.concat())
+        };
+        if let Err(why) = write_with_progress(&stdin, &data, stall).await {
+            let _ = broken.send(why);
             return;
         }
     }
+}
+
+/// Writes `data`, each write having to make progress within `stall`.
+async fn write_with_progress(
+    stdin: &pipe::Sender,
+    data: &[u8],
+    stall: Duration,
+) -> Result<(), String> {
+    let mut at = 0;
+    while at < data.len() {
+        let wrote = tokio::time::timeout(stall, async {
+            loop {
+                stdin.writable().await?;
+                match stdin.try_write(&data[at..]) {
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        match wrote {
+            Ok(Ok(0) | Err(_)) => return Err("closed its stdin".to_owned()),
+            Ok(Ok(n)) => at += n,
+            Err(_) => {
+                return Err(format!(
+                    "stopped reading its stdin (nothing read for {})",
+                    humantime::format_duration(stall)
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What one bounded line read gave.
 #[derive(Debug, PartialEq)]
 pub(super) enum Line {
     Complete,
-    /// Longer than the cap: the buffer holds only its start.
+    /// Longer than the cap: the buffer holds only its start; the scanner saw all of it.
     TooLong,
     End,
 }
 
-/// Reads one line into `buf` (without its newline), holding at most `cap` bytes of it.
+/// Reads one line into `buf` (without its newline), holding at most `cap` bytes of it. A line
+/// past the cap is fed whole to `scan` (when given) as it streams past.
 pub(super) async fn read_line<R: AsyncBufRead + Unpin>(
     r: &mut R,
     buf: &mut Vec<u8>,
     cap: usize,
+    mut scan: Option<&mut IdScan>,
 ) -> std::io::Result<Line> {
     buf.clear();
     let mut too_long = false;
@@ -254,11 +379,21 @@ pub(super) async fn read_line<R: AsyncBufRead + Unpin>(
         };
         if !too_long && buf.len() + chunk.len() > cap {
             too_long = true;
+            if let Some(s) = scan.as_deref_mut() {
+                s.feed(buf);
+            }
             let keep = LONG_LINE_START.saturating_sub(buf.len()).min(chunk.len());
             buf.extend_from_slice(&chunk[..keep]);
             buf.truncate(LONG_LINE_START);
             buf.shrink_to(LONG_LINE_START);
-        } else if !too_long {
+            if let Some(s) = scan.as_deref_mut() {
+                s.feed(chunk);
+            }
+        } else if too_long {
+            if let Some(s) = scan.as_deref_mut() {
+                s.feed(chunk);
+            }
+        } else {
             buf.extend_from_slice(chunk);
         }
         r.consume(used);
@@ -272,18 +407,19 @@ pub(super) async fn read_line<R: AsyncBufRead + Unpin>(
     }
 }
 
-async fn read_stdout(shared: Arc<Shared>, n: u64, out: tokio::process::ChildStdout) {
+async fn read_stdout(pipe: Arc<Pipe>, n: u64, out: tokio::process::ChildStdout) {
     let mut reader = BufReader::with_capacity(64 * 1024, out);
     let mut buf = Vec::new();
     loop {
-        match read_line(&mut reader, &mut buf, shared.max_line).await {
+        let mut scan = IdScan::new();
+        match read_line(&mut reader, &mut buf, pipe.max_line, Some(&mut scan)).await {
             Ok(Line::Complete) => {
                 let text = buf.trim_ascii();
                 if !text.is_empty() {
-                    shared.on_line(n, text);
+                    pipe.on_line(n, text);
                 }
             }
-            Ok(Line::TooLong) => shared.on_long_line(&buf),
+            Ok(Line::TooLong) => pipe.on_long_line(scan.id()),
             Ok(Line::End) | Err(_) => return,
         }
         if buf.capacity() > 1024 * 1024 {
@@ -292,8 +428,9 @@ async fn read_stdout(shared: Arc<Shared>, n: u64, out: tokio::process::ChildStdo
     }
 }
 
-/// Logs the child's stderr line by line, at most `rate`; lines past it are counted and the
-/// count logged when logging resumes (and at the end).
+/// Logs the child's stderr line by line, at most `rate` lines: a line past it is counted, and
+/// the count rides on the next line logged (and on one last line at the end), so the log
+/// never gets more lines than the rate allows.
 async fn log_stderr(err: tokio::process::ChildStderr, pid: Option<u32>, rate: crate::config::Rate) {
     let quota = governor::Quota::with_period(rate.per / rate.count.get())
         .unwrap_or_else(|| governor::Quota::per_second(rate.count))
@@ -303,18 +440,19 @@ async fn log_stderr(err: tokio::process::ChildStderr, pid: Option<u32>, rate: cr
     let mut buf = Vec::new();
     let mut unlogged: u64 = 0;
     while let Ok(Line::Complete | Line::TooLong) =
-        read_line(&mut reader, &mut buf, MAX_STDERR_LINE).await
+        read_line(&mut reader, &mut buf, MAX_STDERR_LINE, None).await
     {
         if limiter.check().is_err() {
             unlogged += 1;
             continue;
         }
-        if unlogged > 0 {
-            tracing::warn!(target: "epode_sidecar::upstream", pid, unlogged, "lines of the MCP server's stderr were not logged (over EPODE_SIDECAR_UPSTREAM_STDERR_RATE)");
-            unlogged = 0;
-        }
         let text = String::from_utf8_lossy(buf.trim_ascii_end());
-        tracing::info!(target: "epode_sidecar::upstream", pid, "{text}");
+        if unlogged > 0 {
+            tracing::info!(target: "epode_sidecar::upstream", pid, unlogged, "{text} (and {unlogged} earlier lines of the MCP server's stderr not logged: over EPODE_SIDECAR_UPSTREAM_STDERR_RATE)");
+            unlogged = 0;
+        } else {
+            tracing::info!(target: "epode_sidecar::upstream", pid, "{text}");
+        }
     }
     if unlogged > 0 {
         tracing::warn!(target: "epode_sidecar::upstream", pid, unlogged, "lines of the MCP server's stderr were not logged (over EPODE_SIDECAR_UPSTREAM_STDERR_RATE)");
@@ -325,30 +463,40 @@ async fn log_stderr(err: tokio::process::ChildStderr, pid: Option<u32>, rate: cr
 mod tests {
     use super::*;
 
-    async fn lines(input: &[u8], cap: usize) -> Vec<(Line, Vec<u8>)> {
+    async fn lines(input: &[u8], cap: usize) -> Vec<(Line, Vec<u8>, Option<Vec<u8>>)> {
         let mut r = BufReader::with_capacity(4, input);
         let mut buf = Vec::new();
         let mut out = Vec::new();
         loop {
-            let l = read_line(&mut r, &mut buf, cap).await.unwrap();
+            let mut scan = IdScan::new();
+            let l = read_line(&mut r, &mut buf, cap, Some(&mut scan))
+                .await
+                .unwrap();
             if l == Line::End {
                 return out;
             }
-            out.push((l, buf.clone()));
+            out.push((l, buf.clone(), scan.id().map(<[u8]>::to_vec)));
         }
     }
 
     #[tokio::test]
     async fn lines_are_bounded_and_the_stream_stays_in_step() {
         let mut input = b"{\"a\":1}\n".to_vec();
+        input.extend(br#"{"result":{"id":"x","t":""#);
         input.extend(std::iter::repeat_n(b'x', 10_000));
-        input.extend(b"\n{\"b\":2}\nlast");
+        input.extend(b"\"},\"id\":\"real\"}\n{\"b\":2}\nlast");
         let got = lines(&input, 100).await;
         assert_eq!(got.len(), 4);
-        assert_eq!(got[0], (Line::Complete, b"{\"a\":1}".to_vec()));
+        assert_eq!(got[0].0, Line::Complete);
+        assert_eq!(got[0].1, b"{\"a\":1}".to_vec());
         assert_eq!(got[1].0, Line::TooLong);
-        assert!(got[1].1.len() <= LONG_LINE_START && got[1].1.starts_with(b"xxxx"));
-        assert_eq!(got[2], (Line::Complete, b"{\"b\":2}".to_vec()));
-        assert_eq!(got[3], (Line::Complete, b"last".to_vec()));
+        assert!(got[1].1.len() <= LONG_LINE_START && got[1].1.starts_with(b"{\"result\""));
+        assert_eq!(
+            got[1].2.as_deref(),
+            Some(&br#""real""#[..]),
+            "the top-level id"
+        );
+        assert_eq!(got[2].1, b"{\"b\":2}".to_vec());
+        assert_eq!((&got[3].0, &got[3].1[..]), (&Line::Complete, &b"last"[..]));
     }
 }

@@ -1,5 +1,5 @@
 //! A stdio MCP server: the child process the sidecar runs and every worker speaks to over its
-//! one pipe (newline-delimited JSON-RPC). To the rest of `upstream` it looks like an HTTP
+//! pipe (newline-delimited JSON-RPC). To the rest of `upstream` it looks like an HTTP
 //! upstream: [`StdioUpstream::post`] takes one JSON-RPC message and gives back a response whose
 //! body is one JSON message (when the response is the first thing the child writes for the
 //! request) or an SSE stream of the request's notifications ending with its response, so era
@@ -7,14 +7,22 @@
 //! upstream's response head, the child must begin its answer (the response, or a first
 //! notification) within the upstream timeout, or the request gets 504.
 //!
+//! Clients share one child (`shared`, the default) or each client credential gets its own
+//! (`per-client`: [`pool`]). On a shared pipe, every id the child sees is the sidecar's own
+//! and unguessable, and a client can answer or cancel only what it owns (`table`).
+//!
 //! A 2025-era child has one session, the pipe: the first `initialize` of each child process
 //! goes to it and later ones are answered with its result; the session id the sidecar hands
 //! out names the child process, so after a restart the old id gets 404 and the sidecar
-//! initialises the new child once. `child` runs, restarts and stops the process; `table`
-//! routes what it writes; `body` carries an answer back.
+//! initialises the new child once. `child` runs, restarts and stops the process (started
+//! through `exec`'s trampoline); `table` routes what it writes; `scan` finds the id of a line
+//! too long to keep; `body` carries an answer back.
 
 mod body;
 mod child;
+pub(crate) mod exec;
+mod pool;
+mod scan;
 mod table;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,9 +36,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub(crate) use self::body::StdioBody;
 use self::body::{Streamed, Waiter};
-use self::table::{Held, Routed, Table, Waiting, NOTES};
-use crate::budget::MemoryBudget;
-use crate::config::StdioCommand;
+use self::pool::Pool;
+use self::table::{FromClient, Held, Key, Routed, Table, Waiting, NOTES};
+use super::caller::Caller;
+use crate::budget::{MemoryBudget, Reservation};
+use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, Kind};
 use crate::log_summary::LogSummary;
 use crate::mcp::headers::SESSION_ID;
@@ -41,32 +51,56 @@ use crate::mcp::version::META_PROTOCOL_VERSION;
 /// The session ids the sidecar hands out for a 2025-era child name its process.
 const SESSION_PREFIX: &str = "stdio-";
 
-/// One run of the child process.
+/// How long the readiness probe waits for a child's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A line on its way to the child's stdin, counted in the memory budget until written.
+pub(super) type Queued = (Bytes, Reservation);
+
+/// Generations are numbered across every child, so a session id names one process only.
+fn next_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// One run of a child process.
 pub(super) struct Generation {
     n: u64,
-    stdin: mpsc::Sender<Bytes>,
+    stdin: mpsc::Sender<Queued>,
     /// The child's `initialize` result, once it gave one.
     init: OnceLock<Box<RawValue>>,
     init_lock: tokio::sync::Mutex<()>,
     /// Whether `notifications/initialized` went to this child.
     initialized: AtomicBool,
+    /// Whether the child said anything valid since it started (readiness).
+    answered: AtomicBool,
 }
 
-/// What every worker shares about the child.
-pub(super) struct Shared {
+/// What bounds the stdio hop (the upstream's own settings, and the process-wide limits).
+pub(crate) struct StdioBounds {
+    pub(crate) timeout: Duration,
+    pub(crate) budget: Arc<MemoryBudget>,
+    pub(crate) max_line: usize,
+    pub(crate) on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+}
+
+/// One child process (through its restarts), and who waits for what on its pipe.
+pub(super) struct Pipe {
     table: Mutex<Table>,
     live: watch::Sender<Option<Arc<Generation>>>,
     stop: watch::Sender<bool>,
-    next_id: AtomicU64,
+    seq: AtomicU64,
     timeout: Duration,
     budget: Arc<MemoryBudget>,
     max_line: usize,
     on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
     dropped: LogSummary,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Whether this pipe's child is the only one (then what any child left behind is its).
+    alone: bool,
 }
 
-impl Shared {
+impl Pipe {
     fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -75,14 +109,29 @@ impl Shared {
         self.live.borrow().clone()
     }
 
-    /// Tells child `generation` that the client of request `id` went away.
-    fn cancel(&self, generation: u64, id: u64) {
+    /// Whether any request waits on this pipe's child.
+    fn busy(&self) -> bool {
+        self.current().is_some_and(|g| self.lock().busy(g.n))
+    }
+
+    /// Tells child `generation` that the client of request `key` went away.
+    fn cancel(&self, generation: u64, key: Key) {
         if let Some(g) = self.current().filter(|g| g.n == generation) {
             let line = format!(
-                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{id},"reason":"the client went away"}}}}"#
+                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{},"reason":"the client went away"}}}}"#,
+                table::key_json(key)
             );
-            let _ = g.stdin.try_send(self::line(line.as_bytes()));
+            if let Some(queued) = self.queued(line.as_bytes()) {
+                let _ = g.stdin.try_send(queued);
+            }
         }
+    }
+
+    /// A line for the child's stdin, held in the budget; `None` when the budget is spent.
+    fn queued(&self, bytes: &[u8]) -> Option<Queued> {
+        let line = line(bytes);
+        let mut held = self.budget.start();
+        held.grow(line.len()).then_some((line, held))
     }
 
     /// One line the child wrote to its stdout.
@@ -94,28 +143,37 @@ impl Shared {
             );
             return;
         };
+        let current = self.current().filter(|g| g.n == generation);
+        if let Some(g) = &current {
+            g.answered.store(true, Ordering::Relaxed);
+        }
         let routed = self.lock().route(generation, msg, &self.budget);
         match routed {
             Routed::Delivered => {}
             Routed::Reply(bytes) => {
-                if let Some(g) = self.current().filter(|g| g.n == generation) {
-                    if g.stdin.try_send(self::line(&bytes)).is_err() {
-                        self.dropped
-                            .add("answers to its own requests (its stdin is full)", 1);
-                    }
+                let sent = current
+                    .zip(self.queued(&bytes))
+                    .is_some_and(|(g, q)| g.stdin.try_send(q).is_ok());
+                if !sent {
+                    self.dropped
+                        .add("answers to its own requests (its stdin is full)", 1);
                 }
             }
             Routed::Dropped(why) => self.dropped.add(why, 1),
         }
     }
 
-    /// A line longer than the sidecar reads: the request it answers (found by the id near its
-    /// start) gets 502 now rather than waiting in vain.
-    fn on_long_line(&self, start: &[u8]) {
+    /// A line longer than the sidecar reads: the request it answers (by its top-level id,
+    /// found as the line streamed past) gets 502 now rather than waiting in vain.
+    fn on_long_line(&self, id: Option<&[u8]>) {
         (self.on_limit)("upstream_answer_size");
-        let failed = leading_id(start).is_some_and(|id| {
+        let key = id
+            .and_then(|id| std::str::from_utf8(id).ok())
+            .and_then(|id| serde_json::from_str::<Box<RawValue>>(id).ok())
+            .and_then(|id| table::key_of(&id));
+        let failed = key.is_some_and(|key| {
             self.lock().fail_one(
-                id,
+                key,
                 Error::new(
                     Kind::UpstreamTooLarge {
                         limit: self.max_line,
@@ -126,38 +184,29 @@ impl Shared {
         });
         if !failed {
             self.dropped.add(
-                "messages longer than EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES",
+                "messages longer than EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES answering no waiting request",
                 1,
             );
         }
     }
+
+    /// A child's run ended: what it left behind goes too, when it was the only child.
+    fn ended(&self, _stopping: bool) {
+        if self.alone {
+            exec::kill_leftovers();
+        }
+    }
 }
 
-/// The number after the first `"id":` near the start of a message.
-fn leading_id(start: &[u8]) -> Option<u64> {
-    let text = String::from_utf8_lossy(start);
-    text.match_indices("\"id\"").find_map(|(at, key)| {
-        let rest = text[at + key.len()..]
-            .trim_start()
-            .strip_prefix(':')?
-            .trim_start();
-        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        digits.parse().ok()
-    })
-}
-
-/// The upstream as a child process, shared by every worker.
+/// The upstream as a child process (or one per client), shared by every worker.
 #[derive(Clone)]
 pub(crate) struct StdioUpstream {
-    shared: Arc<Shared>,
+    children: Arc<Children>,
 }
 
-/// What bounds the stdio hop (the upstream's own settings, and the process-wide limits).
-pub(crate) struct StdioBounds {
-    pub(crate) timeout: Duration,
-    pub(crate) budget: Arc<MemoryBudget>,
-    pub(crate) max_line: usize,
-    pub(crate) on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+enum Children {
+    Shared(Arc<Pipe>),
+    PerClient(Pool),
 }
 
 fn session_of(headers: &HeaderMap) -> Option<u64> {
@@ -197,109 +246,119 @@ fn is_modern(msg: &RawMap) -> bool {
 /// Newlines end a message on the pipe; in valid JSON they can only be whitespace between
 /// tokens, so they become spaces.
 fn line(bytes: &[u8]) -> Bytes {
-    let mut out: Vec<u8> = bytes
-        .iter()
-        .map(|b| if matches!(b, b'\n' | b'\r') { b' ' } else { *b })
-        .collect();
+    let mut out = Vec::with_capacity(bytes.len() + 1);
+    out.extend(
+        bytes
+            .iter()
+            .map(|b| if matches!(b, b'\n' | b'\r') { b' ' } else { *b }),
+    );
     out.push(b'\n');
     Bytes::from(out)
 }
 
+/// Starts a pipe: its first child now (a command that cannot start is an error at once),
+/// and the task that restarts it, on the runtime this is called on.
+fn start_pipe(
+    command: &StdioCommand,
+    bounds: &StdioBounds,
+    alone: bool,
+) -> Result<Arc<Pipe>, Error> {
+    let first = child::spawn(command).map_err(|e| {
+        Error::new(
+            Kind::UpstreamUnreachable,
+            format!("cannot start the MCP server `{}`: {e}", command.program),
+        )
+    })?;
+    let (live, _) = watch::channel(None);
+    let (stop, _) = watch::channel(false);
+    let pipe = Arc::new(Pipe {
+        table: Mutex::new(Table::default()),
+        live,
+        stop,
+        seq: AtomicU64::new(1),
+        timeout: bounds.timeout,
+        budget: bounds.budget.clone(),
+        max_line: bounds.max_line,
+        on_limit: bounds.on_limit.clone(),
+        dropped: LogSummary::new(
+            "messages from the MCP server process not delivered",
+            Duration::from_secs(60),
+        ),
+        supervisor: Mutex::new(None),
+        alone,
+    });
+    let task = tokio::spawn(child::supervise(pipe.clone(), command.clone(), first));
+    *pipe.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
+    Ok(pipe)
+}
+
+/// Stops a pipe's child (stdin closed and SIGTERM to its process group, SIGKILL after its
+/// grace) and waits until it is gone.
+async fn stop_pipe(pipe: &Pipe) {
+    pipe.stop.send_replace(true);
+    let task = pipe
+        .supervisor
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(task) = task {
+        let _ = task.await;
+    }
+    pipe.dropped.flush();
+}
+
 impl StdioUpstream {
-    /// Starts the child now (a command that cannot start is an error at once) and the task
-    /// that restarts it; must run inside the runtime that will drive its pipes.
+    /// Starts the child (the first one, for a child per client) now, and the tasks that
+    /// restart it; must run inside the runtime that will drive its pipes.
     pub(crate) fn start(command: &StdioCommand, bounds: StdioBounds) -> Result<Self, Error> {
-        let first = child::spawn(command).map_err(|e| {
-            Error::new(
-                Kind::UpstreamUnreachable,
-                format!("cannot start the MCP server `{}`: {e}", command.program),
-            )
-        })?;
-        let (live, _) = watch::channel(None);
-        let (stop, _) = watch::channel(false);
-        let shared = Arc::new(Shared {
-            table: Mutex::new(Table::default()),
-            live,
-            stop,
-            next_id: AtomicU64::new(1),
-            timeout: bounds.timeout,
-            budget: bounds.budget,
-            max_line: bounds.max_line,
-            on_limit: bounds.on_limit,
-            dropped: LogSummary::new(
-                "messages from the MCP server process not delivered",
-                Duration::from_secs(60),
-            ),
-            supervisor: Mutex::new(None),
-        });
-        let task = tokio::spawn(child::supervise(shared.clone(), command.clone(), first));
-        *shared.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
-        Ok(StdioUpstream { shared })
-    }
-
-    /// Whether the child is running.
-    pub(crate) fn ready(&self) -> bool {
-        self.shared.current().is_some()
-    }
-
-    /// Stops the child (stdin closed and SIGTERM to its process group, SIGKILL after its
-    /// grace) and waits until it is gone.
-    pub(crate) async fn shutdown(&self) {
-        self.shared.stop.send_replace(true);
-        let task = self
-            .shared
-            .supervisor
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
-        if let Some(task) = task {
-            let _ = task.await;
-        }
-        self.shared.dropped.flush();
-    }
-
-    /// The running child, waiting for a restart to finish within the upstream timeout.
-    async fn generation(&self) -> Result<Arc<Generation>, Error> {
-        if let Some(g) = self.shared.current() {
-            return Ok(g);
-        }
-        let not_running = || {
-            Error::new(
-                Kind::UpstreamUnreachable,
-                "the MCP server process is not running (it is being restarted)",
-            )
-        };
-        if *self.shared.stop.borrow() {
-            return Err(not_running());
-        }
-        let mut rx = self.shared.live.subscribe();
-        let live = tokio::time::timeout(self.shared.timeout, async {
-            rx.wait_for(Option::is_some)
-                .await
-                .ok()
-                .and_then(|g| g.clone())
-        })
-        .await;
-        live.ok().flatten().ok_or_else(not_running)
-    }
-
-    /// Writes one message to the child, waiting for room in its stdin queue up to the
-    /// upstream timeout.
-    async fn write(&self, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
-        match g.stdin.send_timeout(line(bytes), self.shared.timeout).await {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
-                (self.shared.on_limit)("upstream_stdin");
-                Err(Error::new(
-                    Kind::UpstreamTimeout(self.shared.timeout),
-                    "the MCP server process is not reading its stdin",
-                ))
+        exec::become_subreaper();
+        spawn_reaper();
+        let children = match command.children {
+            StdioChildren::Shared => Children::Shared(start_pipe(command, &bounds, true)?),
+            StdioChildren::PerClient { max, idle } => {
+                let first = start_pipe(command, &bounds, false)?;
+                Children::PerClient(Pool::new(command.clone(), bounds, first, max, idle))
             }
-            Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Error::new(
-                Kind::UpstreamFailed,
-                "the MCP server process exited before reading the request",
-            )),
+        };
+        Ok(StdioUpstream {
+            children: Arc::new(children),
+        })
+    }
+
+    /// The pipe that serves `caller`.
+    async fn pipe(&self, caller: &Caller) -> Result<Arc<Pipe>, Error> {
+        match &*self.children {
+            Children::Shared(p) => Ok(p.clone()),
+            Children::PerClient(pool) => pool.get(caller.child_key()).await,
         }
+    }
+
+    /// Whether the child runs and answers: it said something since it started, or it
+    /// answers a `ping` now (any answer, an error included).
+    pub(crate) async fn ready(&self) -> bool {
+        let Ok(pipe) = self.pipe(&Caller::internal()).await else {
+            return false;
+        };
+        let Some(g) = pipe.current() else {
+            return false;
+        };
+        if g.answered.load(Ordering::Relaxed) {
+            return true;
+        }
+        let ping = raw::parse_message(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#);
+        let Some(ping) = ping else { return false };
+        let internal = Caller::internal();
+        let probe = request_whole(&pipe, &g, ping, &internal);
+        matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)))
+    }
+
+    /// Stops every child and waits until they are gone, with whatever they left behind.
+    pub(crate) async fn shutdown(&self) {
+        match &*self.children {
+            Children::Shared(p) => stop_pipe(p).await,
+            Children::PerClient(pool) => pool.shutdown().await,
+        }
+        exec::kill_leftovers();
     }
 
     /// One JSON-RPC message to the child, answered as an HTTP upstream would: 202 for a
@@ -307,6 +366,7 @@ impl StdioUpstream {
     /// may be sent the server's own requests (a 2025 client).
     pub(crate) async fn post(
         &self,
+        caller: &Caller,
         headers: &HeaderMap,
         body: &Bytes,
         answers: bool,
@@ -314,7 +374,8 @@ impl StdioUpstream {
         let Some(mut msg) = raw::parse_message(body) else {
             return Err(Error::new(Kind::Parse, "the request is not a JSON object"));
         };
-        let g = self.generation().await?;
+        let pipe = self.pipe(caller).await?;
+        let g = generation(&pipe).await?;
         if session_of(headers).is_some_and(|s| s != g.n) {
             let gone = Error::new(
                 Kind::UpstreamFailed,
@@ -322,10 +383,7 @@ impl StdioUpstream {
             );
             return Ok(json_response(
                 StatusCode::NOT_FOUND,
-                (
-                    gone.body(msg.get("id").map(|i| &**i)),
-                    self.shared.budget.start(),
-                ),
+                (gone.body(msg.get("id").map(|i| &**i)), pipe.budget.start()),
             ));
         }
         let method = msg
@@ -333,200 +391,303 @@ impl StdioUpstream {
             .and_then(|m| raw::as_str(m).map(|s| s.into_owned()));
         match (method.as_deref(), msg.contains_key("id")) {
             (None, _) => {
-                let answer = self.shared.lock().answer(g.n, msg);
-                if let Some(bytes) = answer {
-                    self.write(&g, &bytes).await?;
-                }
+                let answer = pipe.lock().answer(g.n, msg, caller);
+                client_message(&pipe, &g, answer).await?;
                 Ok(accepted())
             }
             (Some(m), false) => {
                 if m == "notifications/initialized" && g.initialized.swap(true, Ordering::AcqRel) {
                     return Ok(accepted());
                 }
-                if m == "notifications/cancelled" && !self.cancelled_to_child(&mut msg) {
-                    return Ok(accepted());
-                }
-                self.write(&g, &raw::to_bytes(&msg)).await?;
+                let out = if m == "notifications/cancelled" {
+                    cancelled_to_child(&pipe, &mut msg, caller)
+                } else {
+                    FromClient::Write(raw::to_bytes(&msg))
+                };
+                client_message(&pipe, &g, out).await?;
                 Ok(accepted())
             }
-            (Some("initialize"), true) => self.initialize(&g, msg).await,
-            (Some(_), true) => self.request(&g, msg, answers).await,
+            (Some("initialize"), true) => initialize(&pipe, &g, msg, caller).await,
+            (Some(_), true) => request(&pipe, &g, msg, caller, answers).await,
         }
     }
+}
 
-    /// Points a client's `notifications/cancelled` at the child's id for that request; false
-    /// when no single waiting request has the id it names.
-    fn cancelled_to_child(&self, msg: &mut RawMap) -> bool {
-        let Some(mut params) = msg.get("params").and_then(|p| raw::open(p)) else {
-            return false;
-        };
-        let Some(child) = params
-            .get("requestId")
-            .and_then(|id| self.shared.lock().child_id_of(id))
-        else {
-            return false;
-        };
-        params.insert("requestId".to_owned(), raw::raw(&child));
-        msg.insert("params".to_owned(), raw::raw(&params));
-        true
+/// Reaps what is reparented to the sidecar (it is the subreaper of its children's processes,
+/// and PID 1 in a container) whenever a child of its exits.
+fn spawn_reaper() {
+    static STARTED: AtomicBool = AtomicBool::new(false);
+    if STARTED.swap(true, Ordering::AcqRel) {
+        return;
     }
+    let Ok(mut chld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        while chld.recv().await.is_some() {
+            exec::reap_orphans(&exec::tracked());
+        }
+    });
+}
 
-    /// `initialize`: the child's first is its own; later ones (other clients, or the same
-    /// client again) get its result, as for one long-lived session.
-    async fn initialize(&self, g: &Generation, msg: RawMap) -> Result<Response<StdioBody>, Error> {
-        let client_id = msg.get("id").cloned().unwrap_or_else(raw::null);
-        let cached = |result: &RawValue| {
-            let answer = raw::result_message(&client_id, result.to_owned());
-            let mut resp = json_response(
-                StatusCode::OK,
-                (raw::to_bytes(&answer), self.shared.budget.start()),
-            );
-            if let Ok(v) = HeaderValue::from_str(&format!("{SESSION_PREFIX}{}", g.n)) {
-                resp.headers_mut().insert(SESSION_ID, v);
-            }
-            resp
-        };
-        if let Some(result) = g.init.get() {
-            return Ok(cached(result));
+/// The running child, waiting for a restart to finish within the upstream timeout.
+async fn generation(pipe: &Pipe) -> Result<Arc<Generation>, Error> {
+    if let Some(g) = pipe.current() {
+        return Ok(g);
+    }
+    let not_running = || {
+        Error::new(
+            Kind::UpstreamUnreachable,
+            "the MCP server process is not running (it is being restarted)",
+        )
+    };
+    if *pipe.stop.borrow() {
+        return Err(not_running());
+    }
+    let mut rx = pipe.live.subscribe();
+    let live = tokio::time::timeout(pipe.timeout, async {
+        rx.wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|g| g.clone())
+    })
+    .await;
+    live.ok().flatten().ok_or_else(not_running)
+}
+
+/// Writes one message to the child, waiting for room in its stdin queue up to the upstream
+/// timeout; its bytes count in the memory budget until written.
+async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
+    let Some(queued) = pipe.queued(bytes) else {
+        (pipe.on_limit)("memory_budget");
+        return Err(Error::new(
+            Kind::Overloaded { retry_after: 1 },
+            "its memory budget is spent (the MCP server process is not keeping up with its stdin)",
+        ));
+    };
+    match g.stdin.send_timeout(queued, pipe.timeout).await {
+        Ok(()) => Ok(()),
+        Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
+            (pipe.on_limit)("upstream_stdin");
+            Err(Error::new(
+                Kind::UpstreamTimeout(pipe.timeout),
+                "the MCP server process is not reading its stdin",
+            ))
         }
-        let _one_at_a_time = g.init_lock.lock().await;
-        if let Some(result) = g.init.get() {
-            return Ok(cached(result));
-        }
-        let (bytes, held) = self.request_whole(g, msg).await?;
-        let result = raw::parse_message(&bytes)
-            .and_then(|m| m.get("result").filter(|r| raw::is_object(r)).cloned());
-        match result {
-            Some(result) => {
-                let _ = g.init.set(result);
-                Ok(cached(
-                    g.init.get().unwrap_or_else(|| unreachable!("just set")),
-                ))
-            }
-            None => Ok(json_response(StatusCode::OK, (bytes, held))),
+        Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Error::new(
+            Kind::UpstreamFailed,
+            "the MCP server process stopped taking requests (it exited, or stopped reading its stdin) before reading this one; it is being restarted",
+        )),
+    }
+}
+
+/// A client's answer or cancellation: written to the child, or ignored and counted.
+async fn client_message(pipe: &Pipe, g: &Generation, out: FromClient) -> Result<(), Error> {
+    match out {
+        FromClient::Write(bytes) => write(pipe, g, &bytes).await,
+        FromClient::Ignored(why) => {
+            (pipe.on_limit)("stdio_not_owner");
+            pipe.dropped.add(why, 1);
+            Ok(())
         }
     }
+}
 
-    /// A request whose answer is read whole (the sidecar's own `initialize`).
-    async fn request_whole(&self, g: &Generation, msg: RawMap) -> Result<Held, Error> {
-        let (_waiter, _notes, done) = self.send(g, msg, false).await?;
-        match tokio::time::timeout(self.shared.timeout, done).await {
-            Ok(Ok(answer)) => answer,
-            Ok(Err(_)) => Err(Error::new(
-                Kind::UpstreamFailed,
-                "the MCP server process went away before answering",
-            )),
-            Err(_) => Err(Error::new(Kind::UpstreamTimeout(self.shared.timeout), "")),
-        }
-    }
-
-    /// Registers a request under a fresh id (and progress token) and writes it to the child.
-    async fn send(
-        &self,
-        g: &Generation,
-        mut msg: RawMap,
-        answers: bool,
-    ) -> Result<
-        (
-            Waiter,
-            mpsc::Receiver<Held>,
-            oneshot::Receiver<table::Answer>,
+/// Points a client's `notifications/cancelled` at the child's id for that request, when the
+/// client owns exactly one waiting request of the id it names.
+fn cancelled_to_child(pipe: &Pipe, msg: &mut RawMap, caller: &Caller) -> FromClient {
+    let Some(mut params) = msg.get("params").and_then(|p| raw::open(p)) else {
+        return FromClient::Ignored("cancellations naming no request");
+    };
+    let Some(key) = params
+        .get("requestId")
+        .and_then(|id| pipe.lock().cancel_target(id, caller))
+    else {
+        return FromClient::Ignored("cancellations of no request of the client's own");
+    };
+    params.insert("requestId".to_owned(), table::key_raw(key));
+    msg.insert("params".to_owned(), raw::raw(&params));
+    // The server never answers a cancelled request: its stream ends here, not at a timeout.
+    pipe.lock().fail_one(
+        key,
+        Error::new(
+            Kind::UpstreamFailed,
+            "the request was cancelled by its client",
         ),
-        Error,
-    > {
-        let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
-        let client_id = msg
-            .insert("id".to_owned(), raw::raw(&id))
-            .unwrap_or_else(raw::null);
-        let token = swap_progress_token(&mut msg, id);
-        let (notes_tx, notes) = mpsc::channel(NOTES);
-        let (done_tx, done) = oneshot::channel();
-        self.shared.lock().insert(
-            id,
-            Waiting {
-                generation: g.n,
-                seq: id,
-                client_id,
-                token,
-                answers,
-                notes: notes_tx,
-                done: Some(done_tx),
-            },
-        );
-        let mut waiter = Waiter {
-            shared: self.shared.clone(),
-            id,
-            generation: g.n,
-            sent: false,
-        };
-        self.write(g, &raw::to_bytes(&msg)).await?;
-        waiter.sent = true;
-        Ok((waiter, notes, done))
-    }
+    );
+    FromClient::Write(raw::to_bytes(msg))
+}
 
-    /// A client request: JSON when the response is the first thing the child writes for it,
-    /// an SSE stream when a notification comes first; 504 when nothing comes within the
-    /// upstream timeout.
-    async fn request(
-        &self,
-        g: &Generation,
-        msg: RawMap,
-        answers: bool,
-    ) -> Result<Response<StdioBody>, Error> {
-        let modern = is_modern(&msg);
-        let (waiter, mut notes, mut done) = self.send(g, msg, answers).await?;
-        let first = tokio::time::timeout(self.shared.timeout, async {
-            tokio::select! {
-                biased;
-                Some(note) = notes.recv() => Err(note),
-                answer = &mut done => Ok(answer),
-            }
-        })
-        .await
-        .map_err(|_| Error::new(Kind::UpstreamTimeout(self.shared.timeout), ""))?;
-        let first = match first {
-            Err(note) => Some(note),
-            Ok(answer) => {
-                let held = answer.map_err(|_| {
-                    Error::new(
-                        Kind::UpstreamFailed,
-                        "the MCP server process went away before answering",
-                    )
-                })??;
-                let status = if modern {
-                    raw::parse_message(&held.0)
-                        .and_then(|m| modern_error_status(&m))
-                        .unwrap_or(StatusCode::OK)
-                } else {
-                    StatusCode::OK
-                };
-                drop(waiter);
-                return Ok(json_response(status, held));
-            }
-        };
-        let mut resp = Response::new(StdioBody::Stream {
-            first,
-            parts: Some(Streamed {
-                notes,
-                done,
-                waiter,
-            }),
-            answer: None,
-        });
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
+/// `initialize`: the child's first is its own; later ones (other clients, or the same client
+/// again) get its result, as for one long-lived session.
+async fn initialize(
+    pipe: &Arc<Pipe>,
+    g: &Generation,
+    msg: RawMap,
+    caller: &Caller,
+) -> Result<Response<StdioBody>, Error> {
+    let client_id = msg.get("id").cloned().unwrap_or_else(raw::null);
+    let cached = |result: &RawValue| {
+        let answer = raw::result_message(&client_id, result.to_owned());
+        let mut resp = json_response(
+            StatusCode::OK,
+            (raw::to_bytes(&answer), pipe.budget.start()),
         );
-        Ok(resp)
+        if let Ok(v) = HeaderValue::from_str(&format!("{SESSION_PREFIX}{}", g.n)) {
+            resp.headers_mut().insert(SESSION_ID, v);
+        }
+        resp
+    };
+    if let Some(result) = g.init.get() {
+        return Ok(cached(result));
     }
+    let _one_at_a_time = g.init_lock.lock().await;
+    if let Some(result) = g.init.get() {
+        return Ok(cached(result));
+    }
+    let (bytes, held) = request_whole(pipe, g, msg, caller).await?;
+    let result = raw::parse_message(&bytes)
+        .and_then(|m| m.get("result").filter(|r| raw::is_object(r)).cloned());
+    match result {
+        Some(result) => {
+            let _ = g.init.set(result);
+            Ok(cached(
+                g.init.get().unwrap_or_else(|| unreachable!("just set")),
+            ))
+        }
+        None => Ok(json_response(StatusCode::OK, (bytes, held))),
+    }
+}
+
+/// A request whose answer is read whole (the sidecar's own `initialize`, its probe).
+async fn request_whole(
+    pipe: &Arc<Pipe>,
+    g: &Generation,
+    msg: RawMap,
+    caller: &Caller,
+) -> Result<Held, Error> {
+    let (_waiter, _notes, done) = send(pipe, g, msg, caller, false).await?;
+    match tokio::time::timeout(pipe.timeout, done).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(Error::new(
+            Kind::UpstreamFailed,
+            "the MCP server process went away before answering",
+        )),
+        Err(_) => Err(Error::new(Kind::UpstreamTimeout(pipe.timeout), "")),
+    }
+}
+
+/// A request registered on the pipe: its place, its notifications, its answer.
+type Sent = (
+    Waiter,
+    mpsc::Receiver<Held>,
+    oneshot::Receiver<table::Answer>,
+);
+
+/// Registers a request under a fresh key (and progress token) and writes it to the child.
+async fn send(
+    pipe: &Arc<Pipe>,
+    g: &Generation,
+    mut msg: RawMap,
+    caller: &Caller,
+    answers: bool,
+) -> Result<Sent, Error> {
+    let key = table::fresh_key();
+    let id = table::key_raw(key);
+    let client_id = msg
+        .insert("id".to_owned(), id.clone())
+        .unwrap_or_else(raw::null);
+    let token = swap_progress_token(&mut msg, &id);
+    let (notes_tx, notes) = mpsc::channel(NOTES);
+    let (done_tx, done) = oneshot::channel();
+    pipe.lock().insert(
+        key,
+        Waiting {
+            generation: g.n,
+            seq: pipe.seq.fetch_add(1, Ordering::Relaxed),
+            owner: *caller,
+            client_id,
+            token,
+            answers,
+            notes: notes_tx,
+            done: Some(done_tx),
+            asked: Vec::new(),
+        },
+    );
+    let mut waiter = Waiter {
+        pipe: pipe.clone(),
+        key,
+        generation: g.n,
+        sent: false,
+    };
+    write(pipe, g, &raw::to_bytes(&msg)).await?;
+    waiter.sent = true;
+    Ok((waiter, notes, done))
+}
+
+/// A client request: JSON when the response is the first thing the child writes for it, an
+/// SSE stream when a notification comes first; 504 when nothing comes within the upstream
+/// timeout.
+async fn request(
+    pipe: &Arc<Pipe>,
+    g: &Generation,
+    msg: RawMap,
+    caller: &Caller,
+    answers: bool,
+) -> Result<Response<StdioBody>, Error> {
+    let modern = is_modern(&msg);
+    let (waiter, mut notes, mut done) = send(pipe, g, msg, caller, answers).await?;
+    let first = tokio::time::timeout(pipe.timeout, async {
+        tokio::select! {
+            biased;
+            Some(note) = notes.recv() => Err(note),
+            answer = &mut done => Ok(answer),
+        }
+    })
+    .await
+    .map_err(|_| Error::new(Kind::UpstreamTimeout(pipe.timeout), ""))?;
+    let first = match first {
+        Err(note) => Some(note),
+        Ok(answer) => {
+            let held = answer.map_err(|_| {
+                Error::new(
+                    Kind::UpstreamFailed,
+                    "the MCP server process went away before answering",
+                )
+            })??;
+            let status = if modern {
+                raw::parse_message(&held.0)
+                    .and_then(|m| modern_error_status(&m))
+                    .unwrap_or(StatusCode::OK)
+            } else {
+                StatusCode::OK
+            };
+            drop(waiter);
+            return Ok(json_response(status, held));
+        }
+    };
+    let mut resp = Response::new(StdioBody::Stream {
+        first,
+        parts: Some(Streamed {
+            notes,
+            done,
+            waiter,
+        }),
+        answer: None,
+    });
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    Ok(resp)
 }
 
 /// Replaces a request's `params._meta.progressToken` with `id` (unique on the pipe); returns
 /// the client's own.
-fn swap_progress_token(msg: &mut RawMap, id: u64) -> Option<Box<RawValue>> {
+fn swap_progress_token(msg: &mut RawMap, id: &RawValue) -> Option<Box<RawValue>> {
     let mut params = msg.get("params").and_then(|p| raw::open(p))?;
     let mut meta = params.get("_meta").and_then(|m| raw::open(m))?;
-    let token = meta.insert("progressToken".to_owned(), raw::raw(&id))?;
+    let token = meta.insert("progressToken".to_owned(), id.to_owned())?;
     params.insert("_meta".to_owned(), raw::raw(&meta));
     msg.insert("params".to_owned(), raw::raw(&params));
     Some(token)
@@ -535,20 +696,6 @@ fn swap_progress_token(msg: &mut RawMap, id: u64) -> Option<Box<RawValue>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_id_of_a_long_answer_is_found_near_its_start() {
-        assert_eq!(
-            leading_id(br#"{"jsonrpc":"2.0","id":42,"result":{"#),
-            Some(42)
-        );
-        assert_eq!(leading_id(br#"{"id" : 7 ,"#), Some(7));
-        assert_eq!(
-            leading_id(br#"{"jsonrpc":"2.0","result":{"content":["#),
-            None
-        );
-        assert_eq!(leading_id(br#"{"id":"x","#), None);
-    }
 
     #[test]
     fn newlines_in_a_message_become_spaces_and_one_ends_it() {
@@ -561,14 +708,18 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":"c","method":"tools/call","params":{"name":"x","_meta":{"progressToken":"tok","k":1}}}"#,
         )
         .unwrap();
-        let token = swap_progress_token(&mut msg, 9).unwrap();
+        let id = table::key_raw(9);
+        let token = swap_progress_token(&mut msg, &id).unwrap();
         assert_eq!(token.get(), r#""tok""#);
         let text = String::from_utf8(raw::to_bytes(&msg).to_vec()).unwrap();
-        assert!(text.contains(r#""progressToken":9"#), "{text}");
+        assert!(
+            text.contains(r#""progressToken":"00000000000000000000000000000009""#),
+            "{text}"
+        );
         assert!(text.contains(r#""k":1"#), "{text}");
         let mut none =
             raw::parse_message(br#"{"id":1,"method":"tools/list","params":{}}"#).unwrap();
-        assert!(swap_progress_token(&mut none, 3).is_none());
+        assert!(swap_progress_token(&mut none, &id).is_none());
         assert!(!String::from_utf8_lossy(&raw::to_bytes(&none)).contains("progressToken"));
     }
 }

@@ -1,0 +1,169 @@
+//! A child per client (`EPODE_SIDECAR_STDIO_CHILDREN=per-client`): for servers that keep
+//! per-client state (roots, a log level, subscriptions, a login) and assume one client per
+//! process. Each client credential (see [`Caller::child_key`]; every client without
+//! credentials shares one) gets its own child, started on first use, from a bounded pool: when
+//! it is full, the least recently used child with nothing in flight makes room; when every
+//! child is busy, the request gets 503. A child unused for the idle time is stopped. Each child
+//! has the restart, budget and isolation rules of a shared one. Children are started on the
+//! runtime the pool was made on (the main one), so their supervisors outlive any worker.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{start_pipe, stop_pipe, Pipe, StdioBounds};
+use crate::config::StdioCommand;
+use crate::error::{Error, Kind};
+
+struct Entry {
+    pipe: Arc<Pipe>,
+    used: Instant,
+}
+
+struct Inner {
+    command: StdioCommand,
+    bounds: StdioBounds,
+    max: usize,
+    idle: Duration,
+    children: Mutex<HashMap<u64, Entry>>,
+    /// One start at a time, so two requests of a new client start one child.
+    starting: tokio::sync::Mutex<()>,
+    runtime: tokio::runtime::Handle,
+}
+
+pub(super) struct Pool {
+    inner: Arc<Inner>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+        self.children.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn find(&self, key: u64) -> Option<Arc<Pipe>> {
+        let mut children = self.lock();
+        let entry = children.get_mut(&key)?;
+        entry.used = Instant::now();
+        Some(entry.pipe.clone())
+    }
+
+    /// Makes room for one more child: the least recently used idle one goes.
+    fn make_room(&self) -> Result<(), Error> {
+        let mut children = self.lock();
+        if children.len() < self.max {
+            return Ok(());
+        }
+        let victim = children
+            .iter()
+            .filter(|(_, e)| !e.pipe.busy())
+            .min_by_key(|(_, e)| e.used)
+            .map(|(k, _)| *k);
+        let Some(entry) = victim.and_then(|k| children.remove(&k)) else {
+            return Err(Error::new(
+                Kind::Overloaded { retry_after: 1 },
+                "every MCP server process it may run (EPODE_SIDECAR_STDIO_MAX_CHILDREN) is busy with another client's requests",
+            ));
+        };
+        self.runtime
+            .spawn(async move { stop_pipe(&entry.pipe).await });
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// A pool holding `first` (the child of clients without credentials, started at once).
+    pub(super) fn new(
+        command: StdioCommand,
+        bounds: StdioBounds,
+        first: Arc<Pipe>,
+        max: usize,
+        idle: Duration,
+    ) -> Self {
+        let mut children = HashMap::new();
+        children.insert(
+            0,
+            Entry {
+                pipe: first,
+                used: Instant::now(),
+            },
+        );
+        let inner = Arc::new(Inner {
+            command,
+            bounds,
+            max: max.max(1),
+            idle,
+            children: Mutex::new(children),
+            starting: tokio::sync::Mutex::new(()),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner)));
+        Pool { inner, sweeper }
+    }
+
+    /// The child of client `key`, started when it has none.
+    pub(super) async fn get(&self, key: u64) -> Result<Arc<Pipe>, Error> {
+        if let Some(pipe) = self.inner.find(key) {
+            return Ok(pipe);
+        }
+        let _one = self.inner.starting.lock().await;
+        if let Some(pipe) = self.inner.find(key) {
+            return Ok(pipe);
+        }
+        self.inner.make_room()?;
+        let inner = self.inner.clone();
+        let started = self
+            .inner
+            .runtime
+            .spawn(async move { start_pipe(&inner.command, &inner.bounds, false) })
+            .await
+            .map_err(|e| Error::new(Kind::Internal, format!("starting a child: {e}")))??;
+        self.inner.lock().insert(
+            key,
+            Entry {
+                pipe: started.clone(),
+                used: Instant::now(),
+            },
+        );
+        Ok(started)
+    }
+
+    /// Stops every child and waits until they are gone.
+    pub(super) async fn shutdown(&self) {
+        self.sweeper.abort();
+        let pipes: Vec<Arc<Pipe>> = self.inner.lock().drain().map(|(_, e)| e.pipe).collect();
+        futures_util::future::join_all(pipes.iter().map(|p| stop_pipe(p))).await;
+    }
+}
+
+/// Stops the children unused for the idle time, now and then, while the pool lives.
+async fn sweep(pool: std::sync::Weak<Inner>) {
+    let every = {
+        let Some(p) = pool.upgrade() else { return };
+        (p.idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(30))
+    };
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        let Some(p) = pool.upgrade() else { return };
+        let idle: Vec<Arc<Pipe>> = {
+            let mut children = p.lock();
+            let gone: Vec<u64> = children
+                .iter()
+                .filter(|(_, e)| e.used.elapsed() >= p.idle && !e.pipe.busy())
+                .map(|(k, _)| *k)
+                .collect();
+            gone.iter()
+                .filter_map(|k| children.remove(k))
+                .map(|e| e.pipe)
+                .collect()
+        };
+        for pipe in idle {
+            tracing::info!(
+                "stopping an MCP server process idle for {}",
+                humantime::format_duration(p.idle)
+            );
+            stop_pipe(&pipe).await;
+        }
+    }
+}
