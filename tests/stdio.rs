@@ -445,6 +445,7 @@ async fn a_child_that_stops_reading_is_restarted_and_nothing_is_held_past_the_bu
     // one budget: the peak stays within twice the budget of the idle figure.
     let peak = status_kib(sc.pid(), "VmHWM");
     let bound = baseline + 2 * budget / 1024;
+    eprintln!("stdin budget: VmHWM {peak} KiB, idle {baseline} KiB, bound {bound} KiB, statuses {reasons:?}");
     assert!(
         peak <= bound,
         "VmHWM {peak} KiB, idle {baseline} KiB, bound {bound} KiB ({reasons:?})"
