@@ -811,9 +811,13 @@ async fn a_clients_cancel_reaches_only_its_own_request() {
     // Another client, and a client without credentials on another connection, name id 7.
     assert_eq!(post_as(&sc, Some("mallory"), &cancel).await.status(), 202);
     assert_eq!(post_as(&sc, None, &cancel).await.status(), 202);
-    while let Some(chunk) = stream.next().await {
-        text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-    }
+    let ended = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = stream.next().await {
+            text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "alice's call never ended: {text}");
     let last = messages("text/event-stream", &text).pop().unwrap();
     assert_eq!(last["result"]["content"][0]["text"], "done 10", "{text}");
     assert!(not_owner_count(&sc).await >= 2);
@@ -886,11 +890,18 @@ for line in sys.stdin:
 
 #[test]
 fn a_sigkilled_sidecar_takes_its_child_with_it() {
-    let sc = start(&[], &[]);
-    let listed = ts_call(&sc.url(), "pin", None, &[]);
-    assert!(listed["tools"].is_array(), "{listed}");
+    // A child that does not exit when its stdin closes (a Python server would).
+    let sc = Sidecar::start_stdio(
+        &["sleep", "600"],
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
     let mut log = Vec::new();
+    assert!(eventually(Duration::from_secs(10), || !child_pids(
+        &sc, &mut log
+    )
+    .is_empty()));
     let pid = child_pids(&sc, &mut log)[0];
+    assert!(alive(pid));
     std::process::Command::new("kill")
         .args(["-KILL", &sc.pid().to_string()])
         .status()
@@ -898,6 +909,36 @@ fn a_sigkilled_sidecar_takes_its_child_with_it() {
     assert!(
         eventually(Duration::from_secs(10), || !alive(pid)),
         "the child {pid} outlived a SIGKILLed sidecar"
+    );
+}
+
+#[test]
+fn stderr_under_a_steady_flood_stays_within_its_rate() {
+    let script = "i=0; while [ $i -lt 400 ]; do echo \"noise $i\" >&2; i=$((i+1)); sleep 0.01; done; exec sleep 600";
+    let sc = Sidecar::start_stdio(
+        &["sh", "-c", script],
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_UPSTREAM_STDERR_RATE", "5/s"),
+        ],
+    );
+    let started = Instant::now();
+    let mut logs = Vec::new();
+    // Until the flood is over (the last line, or the count of the unlogged ones at its end).
+    assert!(eventually(Duration::from_secs(60), || {
+        logs.extend(sc.logs());
+        logs.iter().filter(|l| l.contains("noise")).count() >= 12
+            && started.elapsed() > Duration::from_secs(3)
+    }));
+    let elapsed = started.elapsed().as_secs_f64();
+    let lines = logs
+        .iter()
+        .filter(|l| l.contains("epode_sidecar::upstream"))
+        .count();
+    let allowed = 5 + (5.0 * elapsed).ceil() as usize + 1;
+    assert!(
+        lines <= allowed,
+        "{lines} lines of the child's stderr logged in {elapsed:.1} s at 5/s: {logs:?}"
     );
 }
 
