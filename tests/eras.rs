@@ -255,6 +255,7 @@ async fn initialize(url: &str, version: &str) -> reqwest::Response {
         "protocolVersion":version,"capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
     http()
         .post(url)
+        .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .body(init.to_string())
         .send()

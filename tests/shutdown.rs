@@ -33,6 +33,7 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     let in_flight = tokio::spawn(async move {
         let resp = http()
             .post(url)
+            .header("content-type", "application/json")
             .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#)
             .send()
             .await
