@@ -287,9 +287,9 @@ pub(super) const LIMITS: &[Setting] = &[
     setting(
         "max_sse_event_bytes",
         &["EPODE_SIDECAR_MAX_SSE_EVENT_BYTES"],
-        Some("4194304"),
+        Some("16777216"),
         "a whole number of bytes, at least 1024",
-        "Largest upstream SSE event the sidecar holds to rewrite it; a larger one ends the stream with a JSON-RPC error event for the request.",
+        "Largest upstream SSE event the sidecar holds to rewrite it; a larger one ends the stream with a JSON-RPC error event for the request. The same default as `max_upstream_answer_bytes`, so a result has the same limit whether it comes as JSON or as an event.",
         |c| bytes(c.limits.max_sse_event),
     ),
     setting(
