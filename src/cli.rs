@@ -97,19 +97,51 @@ fn init_logging(config: &Config) {
     }
 }
 
-async fn shutdown_signal() {
-    let term = signal(SignalKind::terminate());
-    let mut term = match term {
-        Ok(t) => t,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops the sidecar");
-            let _ = tokio::signal::ctrl_c().await;
-            return;
+/// SIGTERM and SIGINT, listened for from the start, so one that arrives while the sidecar
+/// starts still drains it rather than killing it outright.
+struct StopSignals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    fn listen() -> Self {
+        let listen = |kind: SignalKind, name: &str| match signal(kind) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for {name}");
+                None
+            }
+        };
+        StopSignals {
+            term: listen(SignalKind::terminate(), "SIGTERM"),
+            int: listen(SignalKind::interrupt(), "SIGINT"),
         }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    }
+
+    /// Until SIGTERM or SIGINT arrives.
+    async fn received(&mut self) {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            match s {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.term) => tracing::info!("SIGTERM received"),
+            () = next(&mut self.int) => tracing::info!("SIGINT received"),
+        }
+    }
+}
+
+/// Makes the process non-dumpable before it reads a secret: its `/proc/PID/environ`, `mem`
+/// and `maps` are then readable by root only, not by every process of the same user (such as
+/// a stdio MCP server it runs, which gets a dumpable process again at `exec`).
+fn refuse_inspection() {
+    if let Err(e) = nix::sys::prctl::set_dumpable(false) {
+        eprintln!("epode-sidecar: cannot make the process non-dumpable: {e}");
     }
 }
 
@@ -119,16 +151,25 @@ pub fn main() -> ExitCode {
         // The stdio MCP server's trampoline: becomes the server, or says why it cannot.
         return exec::trampoline(std::env::args_os().skip(2).collect());
     }
-    let mut args = std::env::args();
-    if std::env::args().nth(1).as_deref() == Some("healthcheck") {
-        return crate::healthcheck::run(args.by_ref().skip(2));
+    refuse_inspection();
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "healthcheck")
+    {
+        // A probe: arguments that are not text are left for it to refuse.
+        let args = std::env::args_os()
+            .skip(2)
+            .map(|a| a.to_string_lossy().into_owned());
+        return crate::healthcheck::run(args);
     }
     let cli = Cli::parse();
     if cli.settings_markdown {
         print!("{}", config::settings_markdown());
         return ExitCode::SUCCESS;
     }
-    let config = match Config::from_layers(std::env::vars(), &cli.flag_values()) {
+    let config = match config::text_environment(std::env::vars_os())
+        .and_then(|env| Config::from_layers(env, &cli.flag_values()))
+    {
         Ok(c) => c,
         Err(e) => {
             eprintln!("epode-sidecar: configuration error: {e}");
@@ -171,16 +212,33 @@ fn connection_cap(cap: ConnectionCap) -> usize {
     cap
 }
 
+/// SIGHUP, listened for from now on: it must never end the process (its default action),
+/// with TLS or without.
+fn hangup() -> Option<tokio::signal::unix::Signal> {
+    match signal(SignalKind::hangup()) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP");
+            None
+        }
+    }
+}
+
 /// The listener's TLS, and the task that reloads its certificate when the files change or
-/// on SIGHUP.
+/// on SIGHUP. Without TLS, SIGHUP is logged and otherwise ignored.
 fn listener_tls(config: &Config) -> Result<Option<TlsAcceptor>, String> {
+    let mut hup = hangup();
     let Some(tls) = &config.tls else {
+        tokio::spawn(async move {
+            while let Some(()) = async { hup.as_mut()?.recv().await }.await {
+                tracing::info!("SIGHUP received: nothing to reload (no TLS configured)");
+            }
+        });
         return Ok(None);
     };
     let (server, cert) = crate::tls::server_config(tls)?;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(cert.reload_every());
-        let mut hup = signal(SignalKind::hangup()).ok();
         loop {
             let forced = tokio::select! {
                 _ = tick.tick() => false,
@@ -265,6 +323,7 @@ fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, Exit
 }
 
 async fn run(mut config: Config) -> ExitCode {
+    let mut signals = StopSignals::listen();
     let bus = match start_trial(&mut config) {
         Ok(bus) => bus,
         Err(code) => return code,
@@ -297,7 +356,7 @@ async fn run(mut config: Config) -> ExitCode {
     let mut cut_short = false;
     let drained = tokio::select! {
         drained = &mut serving => drained,
-        () = shutdown_signal() => {
+        () = signals.received() => {
             tracing::info!("shutting down: no new connections; waiting for in-flight requests");
             let _ = stop.send(true);
             if let Some(bus) = &bus {

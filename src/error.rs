@@ -60,6 +60,8 @@ pub(crate) enum Kind {
     Parse,
     InvalidRequest,
     MethodNotAllowed,
+    /// A POST whose `Content-Type` is not `application/json`.
+    UnsupportedMediaType,
     InvalidParams,
     HeaderMismatch,
     UnsupportedVersion {
@@ -165,6 +167,7 @@ impl Error {
             | Kind::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
             Kind::MethodNotFound { .. } => StatusCode::NOT_FOUND,
             Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Kind::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Kind::Overloaded { .. } | Kind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
@@ -195,6 +198,7 @@ impl Error {
             | Kind::BodyTooLarge { .. }
             | Kind::BodyRead
             | Kind::MethodNotAllowed
+            | Kind::UnsupportedMediaType
             | Kind::RequestTimeout
             | Kind::RateLimited { .. }
             | Kind::Overloaded { .. }
@@ -268,6 +272,7 @@ impl fmt::Display for Error {
             Kind::Parse => write!(f, "Parse error: the request body is not valid JSON ({c})"),
             Kind::InvalidRequest => write!(f, "Invalid Request: {c}"),
             Kind::MethodNotAllowed => write!(f, "Method not allowed: {c}"),
+            Kind::UnsupportedMediaType => write!(f, "Unsupported Media Type: {c}"),
             Kind::InvalidParams | Kind::HeaderMismatch | Kind::Internal => f.write_str(c),
             Kind::UnsupportedVersion { requested, .. } => {
                 write!(f, "Unsupported protocol version: {requested}")

@@ -101,3 +101,159 @@ fn readme_settings_table_is_generated_from_the_settings() {
         "README.md's settings table differs from `epode-sidecar --settings-markdown`; paste its output between the markers"
     );
 }
+
+fn sidecar_os(env: &[(&str, &[u8])], args: &[&str]) -> (i32, String, String) {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (*k, OsStr::from_bytes(v))))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An environment variable that is not UTF-8 and that the sidecar does not read is ignored
+/// (it used to panic at start, exit 101); one it reads is refused by name with exit 2,
+/// without its value (the panic printed the key).
+#[test]
+fn an_environment_variable_that_is_not_text() {
+    let up: (&str, &[u8]) = ("EPODE_SIDECAR_UPSTREAM", b"http://127.0.0.1:8000/mcp");
+    let (code, out, err) = sidecar_os(
+        &[
+            up,
+            ("AGENT_FEEDBACK_MODE", b"off"),
+            ("FOO", b"\xff"),
+            ("LANG", b"caf\xe9"),
+        ],
+        &["--check-config"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("upstream = "), "{out}");
+    let mut key = KEY.as_bytes().to_vec();
+    key[20] = 0xff;
+    for name in ["EPODE_API_KEY", "AGENT_FEEDBACK_KEY", "EPODE_SIDECAR_LOG"] {
+        let (code, out, err) = sidecar_os(&[up, (name, &key)], &["--check-config"]);
+        assert_eq!(code, 2, "{name}: {err}");
+        assert!(err.contains(name) && err.contains("UTF-8"), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+        for shown in [&err, &out] {
+            assert!(
+                !shown.contains("conformance_secret"),
+                "the value leaked: {shown}"
+            );
+        }
+    }
+}
+
+/// Credentials in the upstream URL or the Epode API URL are never printed: not by
+/// `--check-config`, not in a configuration error, not in the start-up log line.
+#[test]
+fn url_credentials_are_redacted_wherever_printed() {
+    let (code, out, err) = sidecar(
+        &[
+            (
+                "EPODE_SIDECAR_UPSTREAM",
+                "http://mcpuser:hunter2@127.0.0.1:8000/mcp",
+            ),
+            ("EPODE_API_URL", "https://apiuser:swordfish@api.example.com"),
+            ("EPODE_API_KEY", KEY),
+        ],
+        &["--check-config"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        !out.contains("hunter2") && !out.contains("swordfish"),
+        "{out}"
+    );
+    assert!(out.contains("@127.0.0.1:8000/mcp"), "{out}");
+    for (name, bad) in [
+        (
+            "EPODE_SIDECAR_UPSTREAM",
+            "http://mcpuser:hunter2@127.0.0.1:99999/mcp",
+        ),
+        ("EPODE_API_URL", "http://apiuser:hunter2@api.example.com"),
+    ] {
+        let (code, _, err) = sidecar(
+            &[
+                ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp"),
+                ("EPODE_API_KEY", KEY),
+                (name, bad),
+            ],
+            &["--check-config"],
+        );
+        assert_eq!(code, 2, "{err}");
+        assert!(err.contains(name) && !err.contains("hunter2"), "{err}");
+    }
+    // The start-up log line.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+        .env_clear()
+        .env(
+            "EPODE_SIDECAR_UPSTREAM",
+            "http://mcpuser:hunter2@127.0.0.1:9/mcp",
+        )
+        .env("EPODE_SIDECAR_LISTEN", "127.0.0.1:0")
+        .env("AGENT_FEEDBACK_MODE", "off")
+        .env("EPODE_SIDECAR_SHUTDOWN_GRACE", "0s")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut logs = Vec::new();
+    for line in std::io::BufRead::lines(stderr).map_while(Result::ok) {
+        let serving = line.contains("serving");
+        logs.push(line);
+        if serving {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let logs = logs.join("\n");
+    assert!(logs.contains("serving"), "{logs}");
+    assert!(!logs.contains("hunter2"), "{logs}");
+    assert!(logs.contains("<redacted>@127.0.0.1:9/mcp"), "{logs}");
+}
+
+/// A zero timeout would fail every request (`EPODE_SIDECAR_UPSTREAM_TIMEOUT=0s` made every
+/// call 504): it is refused with exit 2, naming the setting.
+#[test]
+fn zero_timeouts_are_refused() {
+    for name in [
+        "EPODE_SIDECAR_UPSTREAM_TIMEOUT",
+        "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE",
+    ] {
+        let (code, _, err) = sidecar(
+            &[
+                ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp"),
+                ("AGENT_FEEDBACK_MODE", "off"),
+                (name, "0s"),
+            ],
+            &["--check-config"],
+        );
+        assert_eq!(code, 2, "{name} = 0s was accepted");
+        assert!(err.contains(name) && err.contains("at least 1ms"), "{err}");
+    }
+}
+
+/// A configuration file with a syntax error is named with the line and the reason, never
+/// quoted: the line may hold the key.
+#[test]
+fn a_configuration_file_error_never_quotes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("key.toml");
+    std::fs::write(&file, format!("api_key = \"{KEY}\n")).unwrap();
+    let (code, _, err) = sidecar(
+        &[("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp")],
+        &["--check-config", "--config", file.to_str().unwrap()],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("line 1"), "{err}");
+    assert!(!err.contains("conformance_secret"), "the key leaked: {err}");
+}

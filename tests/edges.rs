@@ -33,7 +33,10 @@ fn post(
     url: &str,
     (body, headers): (String, [(&'static str, String); 2]),
 ) -> reqwest::RequestBuilder {
-    let mut req = http().post(url).body(body);
+    let mut req = http()
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body);
     for (k, v) in headers {
         req = req.header(k, v);
     }
@@ -187,6 +190,7 @@ async fn oversized_bodies_get_413() {
     // Declared length.
     let resp = http()
         .post(sc.url())
+        .header("content-type", "application/json")
         .body(big.clone())
         .send()
         .await
@@ -201,6 +205,7 @@ async fn oversized_bodies_get_413() {
     let stream = futures_stream(big.into_bytes());
     let resp = http()
         .post(sc.url())
+        .header("content-type", "application/json")
         .body(reqwest::Body::wrap_stream(stream))
         .send()
         .await
@@ -214,6 +219,7 @@ async fn oversized_bodies_get_413() {
     assert_eq!(
         http()
             .post(sc.url())
+            .header("content-type", "application/json")
             .body(ok)
             .send()
             .await
@@ -243,6 +249,7 @@ async fn malformed_json_is_refused_with_a_jsonrpc_error() {
     ] {
         let resp = http()
             .post(sc.url())
+            .header("content-type", "application/json")
             .body(body.to_vec())
             .send()
             .await
@@ -266,6 +273,7 @@ async fn dead_upstream_gives_502_with_the_request_id() {
     let sc = Sidecar::start(&format!("http://127.0.0.1:{port}/mcp"), &[]);
     let resp = http()
         .post(sc.url())
+        .header("content-type", "application/json")
         .body(r#"{"jsonrpc":"2.0","id":"req-7","method":"tools/list"}"#)
         .send()
         .await
@@ -315,6 +323,7 @@ async fn silent_upstream_gives_504_within_the_timeout() {
     let started = Instant::now();
     let resp = http()
         .post(sc.url())
+        .header("content-type", "application/json")
         .body(r#"{"jsonrpc":"2.0","id":42,"method":"tools/call","params":{"name":"x"}}"#)
         .send()
         .await
@@ -340,6 +349,7 @@ async fn upstream_error_statuses_pass_through_unchanged() {
     let sc = Sidecar::start(&up.url(), MODERN_UP);
     let resp = http()
         .post(sc.url())
+        .header("content-type", "application/json")
         .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#)
         .send()
         .await
@@ -436,6 +446,7 @@ async fn input_required_rounds_and_unknown_fields_pass_through() {
         );
         http()
             .post(sc.url())
+            .header("content-type", "application/json")
             .header("mcp-protocol-version", "2026-07-28")
             .header("mcp-method", "tools/call")
             .header("mcp-name", "pick")

@@ -255,6 +255,7 @@ async fn initialize(url: &str, version: &str) -> reqwest::Response {
         "protocolVersion":version,"capabilities":{},"clientInfo":{"name":"t","version":"0"}}});
     http()
         .post(url)
+        .header("content-type", "application/json")
         .header("accept", "application/json, text/event-stream")
         .body(init.to_string())
         .send()
@@ -355,4 +356,83 @@ async fn listen_streams_stay_open() {
         }
         drop(resp);
     }
+}
+
+/// A 2025-era upstream whose sessions are still open when the sidecar is told to stop gets a
+/// `DELETE` for each (with its `Mcp-Session-Id` and the credentials it was opened with)
+/// before the sidecar exits, as an idle or displaced session does.
+#[test]
+fn live_2025_sessions_get_their_delete_at_shutdown() {
+    use std::net::TcpStream;
+    use std::sync::{Arc, Mutex};
+    let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = deleted.clone();
+    let up = RawUpstream::start(move |mut s: TcpStream| {
+        while let Some((head, body)) = read_http_request(&mut s) {
+            let header = |name: &str| {
+                head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                })
+            };
+            if head.starts_with("DELETE ") {
+                let session = header("mcp-session-id").unwrap_or_default();
+                let auth = header("authorization").unwrap_or_default();
+                seen.lock().unwrap().push(format!("{session} {auth}"));
+                reply_json(&mut s, "{}");
+                continue;
+            }
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            if req.get("id").is_none() {
+                use std::io::Write as _;
+                let _ = s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n");
+                continue;
+            }
+            let (session, result) = if req["method"] == "initialize" {
+                let token = header("authorization").unwrap_or_default();
+                let session = format!("session-of-{}", token.replace("Bearer ", ""));
+                let init = json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}});
+                (Some(session), init)
+            } else {
+                (None, json!({"tools": []}))
+            };
+            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string();
+            let session = session
+                .map(|s| format!("mcp-session-id: {s}\r\n"))
+                .unwrap_or_default();
+            use std::io::Write as _;
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{session}content-length: {}\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    let mut sc = Sidecar::start(
+        &up.url(),
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25")],
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    for user in ["alice", "bob"] {
+        let body = modern_body(json!(user), "tools/list", json!({}));
+        let mut req = http()
+            .post(sc.url())
+            .header("authorization", format!("Bearer {user}"))
+            .body(body.to_string());
+        for (k, v) in modern_headers("tools/list", None) {
+            req = req.header(k, v);
+        }
+        let status = rt.block_on(async { req.send().await.unwrap().status() });
+        assert_eq!(status, 200);
+    }
+    assert!(deleted.lock().unwrap().is_empty(), "closed before shutdown");
+    sc.terminate();
+    assert_eq!(sc.wait_exit(Duration::from_secs(20)), Some(0));
+    let mut closed = deleted.lock().unwrap().clone();
+    closed.sort();
+    assert_eq!(
+        closed,
+        ["session-of-alice Bearer alice", "session-of-bob Bearer bob"],
+        "every live session closed with its own credentials"
+    );
 }

@@ -505,3 +505,244 @@ async fn duplicate_keys_are_refused_in_both_eras() {
     assert!(msg.contains("`method`"), "{msg}");
     assert_eq!(c.hits.load(Ordering::SeqCst), 0);
 }
+
+/// The request any web page can send without a preflight: a `tools/call` with a loopback
+/// `Origin` and `Content-Type: text/plain` (or a form type, or none). It is refused with 415
+/// and a JSON-RPC error before anything runs, and nothing reaches the upstream; JSON with
+/// parameters passes.
+#[tokio::test]
+async fn a_post_that_is_not_json_is_415_before_anything_runs() {
+    let (c, sc) = start();
+    let body = call_body(json!("t"), "add");
+    let origin = ("origin", "http://localhost:3000");
+    let call = [
+        ACCEPT,
+        V,
+        origin,
+        ("mcp-method", "tools/call"),
+        ("mcp-name", "add"),
+    ];
+    for ct in [
+        Some("text/plain;charset=UTF-8"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        Some("application/json-seq"),
+        None,
+    ] {
+        let mut headers = call.to_vec();
+        if let Some(ct) = ct {
+            headers.push(("content-type", ct));
+        }
+        let msg = assert_error(send(&sc, &headers, &body).await, 415, -32000, Value::Null);
+        assert!(msg.contains("application/json"), "{ct:?}: {msg}");
+    }
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0, "a refused call ran");
+    let mut headers = call.to_vec();
+    headers.push(("content-type", "application/json; charset=utf-8"));
+    let (status, v) = send(&sc, &headers, &body).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(c.hits.load(Ordering::SeqCst), 1);
+}
+
+async fn preflight(sc: &Sidecar, origin: &str) -> reqwest::Response {
+    http()
+        .request(reqwest::Method::OPTIONS, sc.url())
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "content-type,mcp-protocol-version,mcp-method,mcp-name,authorization,x-tenant",
+        )
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A CORS preflight is granted to the origins the Origin policy allows (204 and every grant a
+/// browser MCP client needs), refused (403, JSON-RPC error) to the others; the answer to an
+/// allowed cross-origin request names its origin so the page can read it, and exposes the
+/// headers a client reads.
+#[tokio::test]
+async fn cors_preflights_are_granted_to_allowed_origins_only() {
+    let (c, sc) = start();
+    let resp = preflight(&sc, "http://localhost:6274").await;
+    assert_eq!(resp.status(), 204);
+    let h = resp.headers().clone();
+    assert_eq!(h["access-control-allow-origin"], "http://localhost:6274");
+    assert!(h["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .contains("POST"));
+    let allowed = h["access-control-allow-headers"].to_str().unwrap();
+    for name in [
+        "content-type",
+        "authorization",
+        "mcp-protocol-version",
+        "mcp-method",
+        "mcp-name",
+        "mcp-session-id",
+        "last-event-id",
+        "x-tenant",
+    ] {
+        assert!(allowed.split(", ").any(|n| n == name), "{name}: {allowed}");
+    }
+    let max_age: u64 = h["access-control-max-age"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(max_age >= 600, "{max_age}");
+
+    for evil in [
+        "http://evil.example",
+        "null",
+        "http://localhost.evil.example",
+    ] {
+        let resp = preflight(&sc, evil).await;
+        assert_eq!(resp.status(), 403, "{evil}");
+        assert!(resp.headers().get("access-control-allow-origin").is_none());
+        let v: Value = resp.json().await.unwrap();
+        assert_eq!(v["jsonrpc"], "2.0");
+    }
+
+    let resp = http()
+        .post(sc.url())
+        .header("origin", "http://localhost:6274")
+        .header("content-type", "application/json")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/list")
+        .body(
+            json!({"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":envelope()}})
+                .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["access-control-allow-origin"],
+        "http://localhost:6274"
+    );
+    let exposed = resp.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    assert!(exposed.contains("mcp-session-id"), "{exposed}");
+    // A request without Origin (not a browser's) gets no CORS headers.
+    let (status, _) = send(
+        &sc,
+        &[JSON, ACCEPT, V, ("mcp-method", "tools/list")],
+        &json!({"jsonrpc":"2.0","id":2,"method":"tools/list","params":{"_meta":envelope()}})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        c.hits.load(Ordering::SeqCst),
+        2,
+        "preflights never go upstream"
+    );
+}
+
+/// With an exact origin list, only those origins' preflights are granted.
+#[tokio::test]
+async fn cors_follows_a_configured_origin_list() {
+    let c = counting_upstream();
+    let sc = Sidecar::start(
+        &c.up.url(),
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            (
+                "EPODE_SIDECAR_ALLOWED_ORIGINS",
+                "https://inspector.example.com",
+            ),
+        ],
+    );
+    let resp = preflight(&sc, "https://inspector.example.com").await;
+    assert_eq!(resp.status(), 204);
+    assert_eq!(
+        resp.headers()["access-control-allow-origin"],
+        "https://inspector.example.com"
+    );
+    assert_eq!(preflight(&sc, "http://localhost:6274").await.status(), 403);
+    // OPTIONS that is no preflight is an unserved method, as before.
+    let resp = http()
+        .request(reqwest::Method::OPTIONS, sc.url())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 405);
+}
+
+/// JSON-RPC ids are strings or numbers: an object, an array, a boolean or `null` as the id of
+/// a request gets 400 -32600 (id `null`), in both eras, and nothing reaches the upstream;
+/// `"id": null` is no notification (it was a silent 202).
+#[tokio::test]
+async fn ids_that_are_not_strings_or_numbers_are_400() {
+    let (c, sc) = start();
+    for id in ["{\"a\":1}", "[1]", "true", "false", "null"] {
+        let modern = format!(
+            r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list","params":{{"_meta":{}}}}}"#,
+            envelope()
+        );
+        let msg = assert_error(
+            send(
+                &sc,
+                &[JSON, ACCEPT, V, ("mcp-method", "tools/list")],
+                &modern,
+            )
+            .await,
+            400,
+            -32600,
+            Value::Null,
+        );
+        assert!(msg.contains("id"), "{msg}");
+        let legacy = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/list"}}"#);
+        assert_error(
+            send(&sc, &[JSON, ACCEPT], &legacy).await,
+            400,
+            -32600,
+            Value::Null,
+        );
+    }
+    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    for id in [json!("s"), json!(-3), json!(1.5)] {
+        let body =
+            json!({"jsonrpc":"2.0","id":id,"method":"tools/list","params":{"_meta":envelope()}});
+        let (status, v) = send(
+            &sc,
+            &[JSON, ACCEPT, V, ("mcp-method", "tools/list")],
+            &body.to_string(),
+        )
+        .await;
+        assert_eq!((status, &v["id"]), (200, &id), "{v}");
+    }
+}
+
+/// A real browser (Chromium) on a loopback origin, as the MCP Inspector runs: its JSON call is
+/// preflighted, granted and readable; the `text/plain` call a page can send without a
+/// preflight is refused with 415 (readable by the page) and never runs.
+#[test]
+fn a_browser_page_calls_through_cors_and_cannot_post_text() {
+    let (c, sc) = start();
+    let out = std::process::Command::new("node")
+        .arg(repo_root().join("tests/peers/cors_check.mjs"))
+        .arg(sc.url())
+        .env("EPODE_PEERS_TS", peers_dir().join("ts"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v: Value = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "cors_check printed no JSON:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(v["json"]["status"], 200, "{v}");
+    assert!(v["json"]["body"]["result"]["tools"].is_array(), "{v}");
+    assert_eq!(v["plain"]["status"], 415, "{v}");
+    assert_eq!(
+        c.hits.load(Ordering::SeqCst),
+        1,
+        "the text/plain call ran: {v}"
+    );
+}

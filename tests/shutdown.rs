@@ -33,6 +33,7 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     let in_flight = tokio::spawn(async move {
         let resp = http()
             .post(url)
+            .header("content-type", "application/json")
             .body(r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#)
             .send()
             .await
@@ -124,4 +125,47 @@ async fn work_past_the_grace_period_is_answered_and_the_exit_says_so() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// SIGHUP without TLS configured is logged and otherwise ignored: the process keeps serving
+/// (it used to die on the signal, with no drain), and SIGTERM still drains it and exits 0.
+#[tokio::test]
+async fn sighup_without_tls_is_logged_not_fatal() {
+    let up = slow_upstream(Duration::ZERO);
+    let mut sc = Sidecar::start(
+        &up.url(),
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    let pid = sc.pid().to_string();
+    let mut logged = false;
+    for _ in 0..3 {
+        let status = std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+        // The log line, or the process's end, within a generous deadline.
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline && !logged {
+            // Reaps the process if it ended (a signal's death has no exit code); then it is gone.
+            let _ = sc.wait_exit(Duration::from_millis(50));
+            let alive = std::process::Command::new("kill")
+                .args(["-0", &pid])
+                .status()
+                .unwrap()
+                .success();
+            assert!(alive, "the sidecar died on SIGHUP");
+            logged = sc.logs().iter().any(|l| l.contains("SIGHUP"));
+        }
+        assert!(logged, "SIGHUP was not logged");
+        logged = false;
+    }
+    let body = modern_body(serde_json::json!(1), "tools/list", serde_json::json!({}));
+    let resp = post_modern(&sc.url(), "tools/list", None, &body).await;
+    assert_eq!(resp.status(), 200);
+    sc.terminate();
+    let code = tokio::task::spawn_blocking(move || sc.wait_exit(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert_eq!(code, Some(0));
 }

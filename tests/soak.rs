@@ -103,7 +103,13 @@ async fn round(client: &reqwest::Client, sc: &str, i: u64) -> u64 {
     )
     .await;
     assert!(s == 404 || s == 200, "{s}");
-    let resp = client.post(sc).body("{not json").send().await.unwrap();
+    let resp = client
+        .post(sc)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 400);
     let (s, v) = send(
         client,

@@ -244,7 +244,7 @@ pub(super) const FEEDBACK: &[Setting] = &[
         Some("https://app.epode.ai"),
         "an https:// URL (http:// only for a loopback host)",
         "The Epode API origin; `http://` only for a loopback host.",
-        |c| c.feedback.api_url.to_string(),
+        |c| super::redact_userinfo(c.feedback.api_url.as_str()).into_owned(),
     ),
     setting(
         "feedback_mode",
@@ -354,7 +354,7 @@ pub(super) const FEEDBACK: &[Setting] = &[
         &["EPODE_SIDECAR_TELEMETRY_SHUTDOWN"],
         Some("10s"),
         "a duration such as 10s, 500ms or 2m",
-        "On shutdown, how long queued telemetry may take to be delivered.",
+        "On shutdown, how long queued telemetry may take to be delivered. `0s`: what is queued is dropped (and counted).",
         |c| duration(c.feedback.telemetry_shutdown),
     ),
 ];

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::settings::{duration, invalid, setting, ConfigError, Setting};
-use super::{any_duration, duration_in, number, parsed, split_list, value, Scalar};
+use super::{duration_in, number, parsed, positive_duration, split_list, value, Scalar};
 
 /// How many connections the sidecar keeps open at most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,7 +138,7 @@ impl Limits {
                 KIB..=1 << 40,
             )?,
             upstream_sessions: number(raw.upstream_sessions, "upstream_sessions", 1..=100_000)?,
-            upstream_session_idle: any_duration(
+            upstream_session_idle: positive_duration(
                 raw.upstream_session_idle,
                 "upstream_session_idle",
             )?,
@@ -287,9 +287,9 @@ pub(super) const LIMITS: &[Setting] = &[
     setting(
         "max_sse_event_bytes",
         &["EPODE_SIDECAR_MAX_SSE_EVENT_BYTES"],
-        Some("4194304"),
+        Some("16777216"),
         "a whole number of bytes, at least 1024",
-        "Largest upstream SSE event the sidecar holds to rewrite it; a larger one ends the stream with a JSON-RPC error event for the request.",
+        "Largest upstream SSE event the sidecar holds to rewrite it; a larger one ends the stream with a JSON-RPC error event for the request. The same default as `max_upstream_answer_bytes`, so a result has the same limit whether it comes as JSON or as an event.",
         |c| bytes(c.limits.max_sse_event),
     ),
     setting(
@@ -304,7 +304,7 @@ pub(super) const LIMITS: &[Setting] = &[
         "upstream_session_idle",
         &["EPODE_SIDECAR_UPSTREAM_SESSION_IDLE"],
         Some("10m"),
-        "a duration such as 10m",
+        "a duration of at least 1ms, such as 10m",
         "A 2025-era upstream session unused this long is closed upstream (`DELETE`).",
         |c| duration(c.limits.upstream_session_idle),
     ),

@@ -85,10 +85,11 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    /// How logs show the upstream (a URL, or the program the sidecar runs).
+    /// How logs show the upstream (a URL without its credentials, or the program the sidecar
+    /// runs).
     pub(crate) fn shown(&self) -> String {
         match self {
-            Transport::Http(t) => t.url.to_string(),
+            Transport::Http(t) => redact_userinfo(t.url.as_str()).into_owned(),
             Transport::Stdio(c) => format!("stdio: {}", c.shown()),
         }
     }
@@ -290,6 +291,73 @@ pub(super) fn any_duration(raw: Option<Scalar>, key: &str) -> Result<Duration, C
     duration_in(raw, key, Duration::ZERO..=Duration::MAX)
 }
 
+/// A duration of at least a millisecond: a zero timeout would fail every request.
+pub(super) fn positive_duration(raw: Option<Scalar>, key: &str) -> Result<Duration, ConfigError> {
+    duration_in(raw, key, Duration::from_millis(1)..=Duration::MAX)
+}
+
+/// Whether the sidecar reads the environment variable `name`: a setting's, or one of its
+/// prefixes (a misspelt setting is still the operator's, and may hold a secret).
+fn read_by_sidecar(name: &str) -> bool {
+    name == CONFIG_FILE_ENV
+        || ["EPODE_", "AGENT_FEEDBACK_"]
+            .iter()
+            .any(|p| name.starts_with(p))
+        || settings::all().any(|s| s.env.contains(&name))
+}
+
+/// The process environment as text. A variable that is not valid UTF-8 is left out when the
+/// sidecar does not read it (it may belong to anything else on the machine), and refused by
+/// name when it does; its value is never shown.
+pub(crate) fn text_environment<I>(vars: I) -> Result<Vec<(String, String)>, ConfigError>
+where
+    I: IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+{
+    let mut out = Vec::new();
+    for (name, value) in vars {
+        match (name.into_string(), value.into_string()) {
+            (Ok(name), Ok(value)) => out.push((name, value)),
+            (Ok(name), Err(_)) if read_by_sidecar(&name) => {
+                return Err(ConfigError::NotText { name })
+            }
+            // A name that is not text is no name the sidecar reads.
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// A TOML error without the lines it quotes from the file (`2 | api_key = "…`), which may
+/// hold a secret: the position and the reason are left.
+fn without_source_lines(message: &str) -> String {
+    message
+        .lines()
+        .filter(|l| {
+            let gutter = l
+                .trim_start()
+                .trim_start_matches(|c: char| c.is_ascii_digit());
+            !gutter.trim_start().starts_with('|')
+        })
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A URL as it may be printed: its user name and password (`http://user:pass@host`)
+/// replaced by `<redacted>`. Also for text that does not parse as a URL.
+pub(crate) fn redact_userinfo(raw: &str) -> std::borrow::Cow<'_, str> {
+    let Some(scheme_end) = raw.find("://").map(|i| i + 3) else {
+        return raw.into();
+    };
+    let rest = &raw[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}<redacted>{}", &raw[..scheme_end], &rest[at..]).into(),
+        None => raw.into(),
+    }
+}
+
 pub(super) fn split_list(raw: &str) -> Vec<String> {
     raw.split(',')
         .map(str::trim)
@@ -336,7 +404,7 @@ impl Config {
             .extract()
             .map_err(|e| ConfigError::File {
                 path: file.unwrap_or_else(|| PathBuf::from("<settings>")),
-                message: e.to_string(),
+                message: without_source_lines(&e.to_string()),
             })?;
         raw.argv.clone_from(&flags.command);
         let mut config = Config::try_from(raw)?;
@@ -474,7 +542,7 @@ impl TryFrom<RawConfig> for Config {
             allowed_origins: origins(value(raw.allowed_origins), loopback)?,
             allowed_hosts: hosts(value(raw.allowed_hosts), loopback)?,
             max_body_bytes: number(raw.max_body_bytes, "max_body_bytes", 1..=1 << 30)?,
-            upstream_timeout: any_duration(raw.upstream_timeout, "upstream_timeout")?,
+            upstream_timeout: positive_duration(raw.upstream_timeout, "upstream_timeout")?,
             shutdown_grace: any_duration(raw.shutdown_grace, "shutdown_grace")?,
             workers: parsed(raw.workers, "workers", |w| match w {
                 "auto" => Some(std::thread::available_parallelism().map_or(2, |n| n.get())),

@@ -53,7 +53,7 @@ pub(super) const CORE: &[Setting] = &[
         "an http:// or https:// URL of the upstream MCP endpoint, such as http://127.0.0.1:8000/mcp",
         "The upstream MCP server's Streamable HTTP endpoint. Required, unless the upstream is a stdio MCP server the sidecar runs (`EPODE_SIDECAR_UPSTREAM_COMMAND`, or a command after `--`).",
         |c| match &c.upstream {
-            super::Transport::Http(t) => t.url.to_string(),
+            super::Transport::Http(t) => super::redact_userinfo(t.url.as_str()).into_owned(),
             super::Transport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
         },
     ),
@@ -110,7 +110,7 @@ pub(super) const CORE: &[Setting] = &[
         "upstream_timeout",
         &["EPODE_SIDECAR_UPSTREAM_TIMEOUT"],
         Some("30s"),
-        "a duration such as 30s, 500ms or 2m",
+        "a duration of at least 1ms, such as 30s, 500ms or 2m",
         "How long the upstream may take to begin its answer; then 504. A streamed (SSE) answer may then last as long as both ends want.",
         |c| duration(c.upstream_timeout),
     ),
@@ -134,7 +134,7 @@ pub(super) const CORE: &[Setting] = &[
         &["EPODE_SIDECAR_SHUTDOWN_GRACE"],
         Some("10s"),
         "a duration such as 10s, 500ms or 2m",
-        "On SIGTERM/SIGINT, how long in-flight requests may take to finish.",
+        "On SIGTERM/SIGINT, how long in-flight requests may take to finish. `0s`: they are cut at once.",
         |c| duration(c.shutdown_grace),
     ),
     setting(
@@ -274,6 +274,8 @@ pub(crate) enum ConfigError {
     Missing { name: String, accepts: &'static str },
     #[error("configuration file {path}: {message}")]
     File { path: PathBuf, message: String },
+    #[error("the environment variable {name} is not valid UTF-8 text (its value is not shown); set it to text or unset it")]
+    NotText { name: String },
 }
 
 pub(super) fn display_name(s: &Setting) -> String {
@@ -287,7 +289,7 @@ pub(super) fn invalid(key: &str, value: &str) -> ConfigError {
         value: if s.secret {
             "<redacted>".to_owned()
         } else {
-            value.to_owned()
+            super::redact_userinfo(value).into_owned()
         },
         accepts: s.accepts,
     }

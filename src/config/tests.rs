@@ -382,3 +382,129 @@ fn without_a_key_the_error_says_how_to_try_or_turn_feedback_off() {
     assert!(msg.contains("--dev"), "{msg}");
     assert!(msg.contains("AGENT_FEEDBACK_MODE=off"), "{msg}");
 }
+
+#[test]
+fn zero_timeouts_are_refused_naming_the_setting() {
+    for name in [
+        "EPODE_SIDECAR_UPSTREAM_TIMEOUT",
+        "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE",
+        "EPODE_SIDECAR_HEADER_TIMEOUT",
+        "EPODE_SIDECAR_BODY_TIMEOUT",
+        "EPODE_SIDECAR_IDLE_TIMEOUT",
+        "EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT",
+        "EPODE_SIDECAR_FEEDBACK_TIMEOUT",
+        "EPODE_SIDECAR_TELEMETRY_FLUSH",
+        "EPODE_SIDECAR_TELEMETRY_RETRY_BASE",
+        "AGENT_FEEDBACK_CONSENT_TIMEOUT_MS",
+    ] {
+        let zero = if name.ends_with("_MS") { "0" } else { "0s" };
+        let err = Config::from_layers(env(&[UP, OFF, (name, zero)]), &FlagValues::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name), "{name}: {err}");
+    }
+    // Zero is a meaning of its own for these: cut at once, drop what is queued.
+    for name in [
+        "EPODE_SIDECAR_SHUTDOWN_GRACE",
+        "EPODE_SIDECAR_TELEMETRY_SHUTDOWN",
+    ] {
+        Config::from_layers(env(&[UP, OFF, (name, "0s")]), &FlagValues::default()).unwrap();
+    }
+}
+
+#[test]
+fn url_credentials_are_never_shown() {
+    assert_eq!(
+        redact_userinfo("http://user:pa55@host:8000/mcp?x=@"),
+        "http://<redacted>@host:8000/mcp?x=@"
+    );
+    assert_eq!(redact_userinfo("https://tok@h/"), "https://<redacted>@h/");
+    assert_eq!(redact_userinfo("http://h/a@b"), "http://h/a@b");
+    assert_eq!(redact_userinfo("not a url @ all"), "not a url @ all");
+    let c = Config::from_layers(
+        env(&[
+            (
+                "EPODE_SIDECAR_UPSTREAM",
+                "http://user:pa55@127.0.0.1:8000/mcp",
+            ),
+            ("EPODE_API_URL", "https://key:s3cret@api.example.com"),
+            ("EPODE_API_KEY", KEY),
+        ]),
+        &FlagValues::default(),
+    )
+    .unwrap();
+    let shown = format!("{c}\n{}", c.upstream.shown());
+    assert!(
+        !shown.contains("pa55") && !shown.contains("s3cret"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("http://<redacted>@127.0.0.1:8000/mcp"),
+        "{shown}"
+    );
+    for (name, bad) in [
+        (
+            "EPODE_SIDECAR_UPSTREAM",
+            "http://user:pa55@127.0.0.1:99999/mcp",
+        ),
+        ("EPODE_API_URL", "http://key:pa55@api.example.com"),
+    ] {
+        let err = Config::from_layers(
+            env(&[UP, (name, bad), ("EPODE_API_KEY", KEY)]),
+            &FlagValues::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains(name) && !err.contains("pa55"), "{err}");
+    }
+}
+
+#[test]
+fn an_environment_that_is_not_text_is_refused_only_where_the_sidecar_reads_it() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let bad = || OsString::from_vec(b"af_live_\xff_secret".to_vec());
+    let ok = text_environment([
+        (OsString::from("FOO"), bad()),
+        (
+            OsString::from_vec(b"\xffNAME".to_vec()),
+            OsString::from("x"),
+        ),
+        (OsString::from("EPODE_SIDECAR_LOG"), OsString::from("debug")),
+    ])
+    .unwrap();
+    assert_eq!(ok, vec![("EPODE_SIDECAR_LOG".into(), "debug".into())]);
+    for name in [
+        "EPODE_API_KEY",
+        "AGENT_FEEDBACK_KEY",
+        "EPODE_SIDECAR_UPSTREAM",
+    ] {
+        let err = text_environment([(OsString::from(name), bad())])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name) && err.contains("UTF-8"), "{err}");
+        assert!(!err.contains("secret"), "{err}");
+    }
+}
+
+#[test]
+fn a_file_error_never_quotes_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("bad.toml");
+    for text in [
+        "api_key = \"af_live_0123_topsecret\n",
+        "api_key = \"af_live_0123_topsecret\" x\n",
+        "api_key = \"af_live_0123_topsecret\"\napi_key = \"topsecret\"\n",
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let flags = FlagValues {
+            config_file: Some(file.clone()),
+            ..FlagValues::default()
+        };
+        let err = Config::from_layers(env(&[UP, OFF]), &flags)
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("topsecret"), "{err}");
+        assert!(err.contains("line "), "{err}");
+    }
+}

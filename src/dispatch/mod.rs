@@ -150,7 +150,11 @@ impl Dispatcher {
             era: "-",
             tool: None,
         };
-        let resp = self.serve(req, peer, abandoned, &mut seen).await;
+        let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
+        let mut resp = self.serve(req, peer, abandoned, &mut seen).await;
+        if let Some(origin) = cors {
+            frontdoor::cors::allow(origin, resp.headers_mut());
+        }
         let status = resp.status();
         let elapsed = started.elapsed();
         self.metrics
@@ -205,6 +209,9 @@ impl Dispatcher {
         seen: &mut Seen,
     ) -> Response<Body> {
         let (parts, body) = req.into_parts();
+        if frontdoor::cors::is_preflight(&parts) {
+            return frontdoor::cors::preflight(&self.config, &parts);
+        }
         if let Err(e) = frontdoor::check_head(&self.config, &parts) {
             tracing::warn!(error = %e, "refused at the front door");
             return e.into_response(None);

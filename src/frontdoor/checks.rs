@@ -1,5 +1,5 @@
 //! The checks on the request head and body before anything is parsed: Host (DNS-rebinding
-//! protection), Origin, and the body size.
+//! protection), Origin, `Content-Type`, and the body size.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,6 +93,31 @@ pub(crate) fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result
         Ok(())
     } else {
         Err(Error::new(Kind::BadOrigin, truncate(origin)))
+    }
+}
+
+/// Refuses a POST whose one `Content-Type` is not `application/json` (parameters such as
+/// `charset` allowed), as Streamable HTTP requires.
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
+    let mut values = headers.get_all(header::CONTENT_TYPE).iter();
+    let refused = |what: String| {
+        Error::new(
+            Kind::UnsupportedMediaType,
+            format!("Content-Type must be application/json; {what}"),
+        )
+    };
+    let Some(value) = values.next() else {
+        return Err(refused("this request has none".to_owned()));
+    };
+    if values.next().is_some() {
+        return Err(refused("this request has more than one".to_owned()));
+    }
+    let text = String::from_utf8_lossy(value.as_bytes());
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    if essence.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(refused(format!("this request's is {}", truncate(&text))))
     }
 }
 
@@ -194,6 +219,37 @@ mod tests {
         check_host(&p, &parts(Some("other:8443"), None)).unwrap();
         assert!(check_host(&p, &parts(Some("other:8444"), None)).is_err());
         assert!(check_host(&p, &parts(Some("evil"), None)).is_err());
+    }
+
+    #[test]
+    fn content_types() {
+        let h = |values: &[&str]| {
+            let mut b = Request::builder().uri("/mcp");
+            for v in values {
+                b = b.header(header::CONTENT_TYPE, *v);
+            }
+            b.body(()).unwrap().into_parts().0.headers
+        };
+        for ok in [
+            "application/json",
+            "Application/JSON",
+            "application/json; charset=utf-8",
+            " application/json ;charset=UTF-8",
+        ] {
+            check_content_type(&h(&[ok])).unwrap();
+        }
+        for bad in [
+            &[][..],
+            &["text/plain"],
+            &["text/plain;charset=UTF-8"],
+            &["application/x-www-form-urlencoded"],
+            &["multipart/form-data; boundary=x"],
+            &["application/jsonx"],
+            &["application/json", "application/json"],
+        ] {
+            let e = check_content_type(&h(bad)).unwrap_err();
+            assert_eq!(e.status(), 415, "{bad:?}");
+        }
     }
 
     #[test]

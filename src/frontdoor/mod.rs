@@ -1,10 +1,12 @@
 //! The front door: everything a message to the MCP path passes before the dispatch table sees
-//! it, in the order it is checked. The head (Host, Origin, method), the body (size), the
+//! it, in the order it is checked. The head (Host, Origin, method, `Content-Type`; a CORS
+//! preflight is answered here, `cors`), the body (size), the
 //! message (well-formed JSON-RPC, one message, no duplicated routing keys), and for a 2026
 //! request the validation ladder. What comes out is a [`Request`] whose era is known and whose
 //! headers agree with its body; everything refused gets its status and JSON-RPC error here.
 
 mod checks;
+pub(crate) mod cors;
 mod ladder;
 
 use bytes::Bytes;
@@ -40,7 +42,8 @@ pub(crate) fn check_host_and_origin(config: &Config, parts: &Parts) -> Result<()
     checks::check_origin(&config.allowed_origins, &parts.headers)
 }
 
-/// The head checks: Host, Origin, and POST only.
+/// The head checks: Host, Origin, POST only, and a JSON body (415 otherwise, before anything
+/// runs: a POST a web page can send without a preflight never has that type).
 pub(crate) fn check_head(config: &Config, parts: &Parts) -> Result<(), Error> {
     check_host_and_origin(config, parts)?;
     if parts.method != Method::POST {
@@ -52,7 +55,7 @@ pub(crate) fn check_head(config: &Config, parts: &Parts) -> Result<(), Error> {
             ),
         ));
     }
-    Ok(())
+    checks::check_content_type(&parts.headers)
 }
 
 /// Reads and validates the message in `bytes`: the request, or `None` for a notification

@@ -15,7 +15,8 @@ use crate::error::{Error, Kind};
 /// The parts of one JSON-RPC message the front door reads.
 #[derive(Debug, Deserialize)]
 pub(crate) struct Envelope<'a> {
-    #[serde(borrow, default)]
+    /// Present (even as `null`, which is refused) or absent (a notification).
+    #[serde(borrow, default, deserialize_with = "present")]
     pub(crate) id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub(crate) method: Option<Cow<'a, str>>,
@@ -27,6 +28,17 @@ pub(crate) struct Envelope<'a> {
     /// `params._meta` opened (empty when absent or not an object).
     #[serde(skip)]
     pub(crate) meta: Meta<'a>,
+}
+
+/// A key that is present, whatever its value: `"id": null` is not an absent id.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+/// Whether a present id is one JSON-RPC allows a request to carry: a string or a number
+/// (MCP also forbids `null`).
+fn valid_id(id: &RawValue) -> bool {
+    matches!(id.get().as_bytes().first(), Some(b'"' | b'-' | b'0'..=b'9'))
 }
 
 /// The keys of `params` the sidecar routes on, each left as raw JSON.
@@ -80,8 +92,8 @@ pub(crate) enum Inbound<'a> {
 /// A refused message, with its id when the id could still be read.
 pub(crate) type Refusal<'a> = (Error, Option<&'a RawValue>);
 
-/// Parses a request body: malformed JSON is -32700; JSON that is not an object or array, or a
-/// key the sidecar reads given twice, is -32600. The refusal carries the message's id when it
+/// Parses a request body: malformed JSON is -32700; JSON that is not an object or array, an
+/// `id` that is not a string or a number, or a key the sidecar reads given twice, is -32600. The refusal carries the message's id when it
 /// can be read unambiguously.
 pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
@@ -97,6 +109,15 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
                     (Error::new(Kind::Parse, e.to_string()), None)
                 }
             })?;
+            if env.id.is_some_and(|id| !valid_id(id)) {
+                return Err((
+                    Error::new(
+                        Kind::InvalidRequest,
+                        "`id` must be a string or a number (not null, an object, an array or a boolean)",
+                    ),
+                    None,
+                ));
+            }
             if let Some(p) = env.params_raw.filter(|p| is_object(p)) {
                 env.params = open(p, "params").map_err(|e| (e, env.id))?;
             }
@@ -218,5 +239,14 @@ mod tests {
         let (e, id) = code(br#"{"id":"x","method":7}"#);
         assert_eq!(e.code(), -32600);
         assert_eq!(id.map(RawValue::get), Some(r#""x""#));
+        for bad in ["null", "{}", "[1]", "true", "false"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{bad},"method":"tools/list"}}"#);
+            let (e, id) = code(body.as_bytes());
+            assert_eq!((e.code(), id.is_none()), (-32600, true), "{bad}");
+        }
+        for ok in [r#""a""#, "0", "-1", "1.5", "12345678901234567890"] {
+            let body = format!(r#"{{"jsonrpc":"2.0","id":{ok},"method":"tools/list"}}"#);
+            assert!(parse(body.as_bytes()).is_ok(), "{ok}");
+        }
     }
 }

@@ -32,7 +32,7 @@ use self::hop::Hop;
 pub(crate) use self::hop::UpstreamBody;
 use self::http::HttpUpstream;
 use self::pool::IdleBound;
-use self::session::{close_upstream, Sessions};
+use self::session::{close_upstream, close_upstream_within, Sessions};
 use self::stdio::{StdioBounds, StdioUpstream};
 use self::translate::{discover_from_init, set_modern_headers, sidecar_info};
 use crate::budget::MemoryBudget;
@@ -41,6 +41,9 @@ use crate::error::{Error, Kind};
 use crate::mcp::headers as mcp_headers;
 use crate::mcp::version::{self, MODERN};
 use crate::metrics::{method_label, MethodLabels, Metrics};
+
+/// The longest shutdown waits for the upstream to close the 2025-era sessions.
+const SESSION_CLOSE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Pages of `tools/list` the sidecar reads when it lists the tools itself.
 const MAX_LIST_PAGES: usize = 20;
@@ -231,8 +234,12 @@ impl Upstream {
         }
     }
 
-    /// Stops a stdio upstream's child process and waits until it is gone.
+    /// Closes the 2025-era sessions still open (`DELETE`, within the upstream timeout, at
+    /// most 5 s), then stops a stdio upstream's child process and waits until it is gone.
     pub(crate) async fn shutdown(&self) {
+        let within = self.bounds.timeout.min(SESSION_CLOSE_AT_SHUTDOWN);
+        close_upstream_within(&self.hop, self.shared.sessions.clear(), within).await;
+        self.metrics.upstream_sessions.set(0);
         self.hop.shutdown().await;
     }
 

@@ -188,26 +188,44 @@ impl Sessions {
     }
 }
 
-/// Closes sessions upstream in the background: `DELETE` with the session's id and the
-/// credentials it was opened with. A session without an id (a stateless upstream) needs
-/// nothing.
+/// The `DELETE` that closes a session upstream, with the session's id and the credentials
+/// it was opened with. A session without an id (a stateless upstream) needs nothing.
+fn close_one(hop: &Hop, c: Closed) -> Option<impl std::future::Future<Output = ()>> {
+    let id = c.session.id.clone()?;
+    let mut headers = hop.base_headers(&c.credentials);
+    headers.insert(headers::SESSION_ID, id);
+    if let Ok(v) = HeaderValue::from_str(&c.session.version) {
+        headers.insert(headers::PROTOCOL_VERSION, v);
+    }
+    let hop = hop.clone();
+    Some(async move {
+        match hop.delete(headers).await {
+            Ok(status) => tracing::debug!(%status, "upstream session closed"),
+            Err(e) => tracing::debug!(error = %e, "closing an upstream session failed"),
+        }
+    })
+}
+
+/// Closes sessions upstream in the background.
 pub(crate) fn close_upstream(hop: &Hop, closed: Vec<Closed>) {
     for c in closed {
-        let Some(id) = c.session.id.clone() else {
-            continue;
-        };
-        let mut headers = hop.base_headers(&c.credentials);
-        headers.insert(headers::SESSION_ID, id);
-        if let Ok(v) = HeaderValue::from_str(&c.session.version) {
-            headers.insert(headers::PROTOCOL_VERSION, v);
+        if let Some(close) = close_one(hop, c) {
+            tokio::spawn(close);
         }
-        let hop = hop.clone();
-        tokio::spawn(async move {
-            match hop.delete(headers).await {
-                Ok(status) => tracing::debug!(%status, "upstream session closed"),
-                Err(e) => tracing::debug!(error = %e, "closing an upstream session failed"),
-            }
-        });
+    }
+}
+
+/// Closes sessions upstream now, all at once, waiting at most `within` (shutdown).
+pub(crate) async fn close_upstream_within(hop: &Hop, closed: Vec<Closed>, within: Duration) {
+    let n = closed.len();
+    let all = futures_util::future::join_all(closed.into_iter().filter_map(|c| close_one(hop, c)));
+    if tokio::time::timeout(within, all).await.is_err() {
+        tracing::warn!(
+            sessions = n,
+            "upstream sessions not all closed before shutdown"
+        );
+    } else if n > 0 {
+        tracing::info!(sessions = n, "upstream sessions closed");
     }
 }
 
