@@ -265,6 +265,36 @@ fn spawn_sweeper(dispatcher: Arc<Dispatcher>) -> tokio::task::JoinHandle<()> {
     })
 }
 
+/// How long after start the upstream may take to answer before the sidecar says so.
+const STARTUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Probes the upstream once it can (it may start after the sidecar, as in a pod) and says
+/// what it found: one line, plain enough to act on.
+async fn startup_check(dispatcher: Arc<Dispatcher>) {
+    let started = std::time::Instant::now();
+    loop {
+        match dispatcher.ready().await {
+            Ok(()) => {
+                tracing::info!("the upstream MCP server answers: ready");
+                return;
+            }
+            Err(not) if not.lasting => {
+                tracing::warn!("the upstream MCP server is not usable: {}", not.reason);
+                return;
+            }
+            Err(not) if started.elapsed() >= STARTUP_PATIENCE => {
+                tracing::warn!(
+                    "the upstream MCP server has not answered in the {} since start: {}",
+                    humantime::format_duration(STARTUP_PATIENCE),
+                    not.reason
+                );
+                return;
+            }
+            Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+        }
+    }
+}
+
 /// The local trial's console bus, when `--dev` is on (its embedded Epode is started, and the
 /// binding pointed at it).
 fn start_trial(config: &mut Config) -> Result<Option<Arc<Bus>>, ExitCode> {
@@ -351,6 +381,7 @@ async fn run(mut config: Config) -> ExitCode {
     }
     tracing::info!(listen = %local, upstream = %config.upstream.shown(), path = %config.path, workers = config.workers, tls = config.tls.is_some(), "epode-sidecar serving");
     let sweeper = spawn_sweeper(dispatcher.clone());
+    let first_check = tokio::spawn(startup_check(dispatcher.clone()));
     let serving = server::serve(listeners, &dispatcher, shared, stopped);
     tokio::pin!(serving);
     let mut cut_short = false;
@@ -374,6 +405,7 @@ async fn run(mut config: Config) -> ExitCode {
         }
     };
     sweeper.abort();
+    first_check.abort();
     dispatcher.stop_upstream().await;
     // Queued telemetry is delivered within its own deadline before the process exits.
     dispatcher.binding().shutdown().await;

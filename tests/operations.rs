@@ -7,6 +7,7 @@ mod support;
 use std::io::Write as _;
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
@@ -224,6 +225,11 @@ async fn trace_context_reaches_the_upstream_in_the_header_and_in_meta() {
         200
     );
     let seen = seen.lock().unwrap();
+    // The sidecar's own readiness ping at start is not one of them.
+    let seen: Vec<_> = seen
+        .iter()
+        .filter(|(_, req)| req["method"] == "tools/list")
+        .collect();
     let (head, req) = &seen[0];
     assert!(
         head.contains(&format!("traceparent: {TRACEPARENT}")),
@@ -278,4 +284,79 @@ fn the_healthcheck_subcommand_probes_the_running_sidecar() {
     let (code, why) = probe(&[("EPODE_SIDECAR_LISTEN", &listen)], &[]);
     assert_eq!(code, Some(1));
     assert!(why.contains("refused"), "{why}");
+}
+
+/// `/readyz` as a JSON value, with its status.
+async fn readyz(sc: &Sidecar) -> (u16, Value) {
+    let resp = http()
+        .get(format!("{}/readyz", sc.base()))
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.json().await.unwrap())
+}
+
+/// Waits for a log line containing `needle`.
+fn log_line(sc: &Sidecar, seen: &mut Vec<String>, needle: &str) -> Option<String> {
+    eventually(Duration::from_secs(20), || {
+        seen.extend(sc.logs());
+        seen.iter().any(|l| l.contains(needle))
+    });
+    seen.iter().find(|l| l.contains(needle)).cloned()
+}
+
+#[tokio::test]
+async fn readyz_says_why_when_the_upstream_path_is_wrong_or_nothing_listens() {
+    // A real Python server, reached at a path it does not serve: every call would be 404.
+    let up = Upstream::start(UpstreamKind::Python);
+    let wrong = format!("http://127.0.0.1:{}/wrong", up.port);
+    let sc = Sidecar::start(&wrong, &[]);
+    let (status, v) = readyz(&sc).await;
+    assert_eq!(status, 503, "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("404") && reason.contains("usually /mcp"),
+        "{reason}"
+    );
+    let mut seen = Vec::new();
+    let line = log_line(&sc, &mut seen, "is the path right").expect("no start-up line");
+    assert!(line.contains("WARN"), "{line}");
+    // The right path: ready.
+    let right = Sidecar::start(&up.url(), &[]);
+    assert_eq!(readyz(&right).await.0, 200);
+    let mut seen = Vec::new();
+    assert!(log_line(&right, &mut seen, "answers: ready").is_some(), "{seen:?}");
+    // Nothing listening: not ready, saying so.
+    let nobody = Sidecar::start(&format!("http://127.0.0.1:{}/mcp", free_port()), &[]);
+    let (status, v) = readyz(&nobody).await;
+    assert_eq!(status, 503);
+    assert!(v["reason"].as_str().unwrap().contains("unreachable"), "{v}");
+}
+
+#[tokio::test]
+async fn readyz_is_503_while_a_stdio_server_crashes_at_start() {
+    let py = python().display().to_string();
+    let sc = Sidecar::start_stdio(
+        &[&py, "-c", "import no_such_module_for_the_test"],
+        &[("EPODE_SIDECAR_UPSTREAM_RESTART_MAX_DELAY", "200ms")],
+    );
+    let mut seen = Vec::new();
+    let line = log_line(&sc, &mut seen, "exits at start").expect("no line about the exit");
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(
+        line.contains("ModuleNotFoundError") && line.contains("check the command"),
+        "{line}"
+    );
+    let mut last = Value::Null;
+    for _ in 0..5 {
+        let (status, v) = readyz(&sc).await;
+        assert_eq!(status, 503, "{v}");
+        last = v;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let reason = last["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("ModuleNotFoundError") || reason.contains("said nothing"),
+        "{reason}"
+    );
 }

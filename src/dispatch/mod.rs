@@ -24,7 +24,7 @@ use crate::limits::{retry_after_secs, InFlight, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
 use crate::trial::bus::Bus;
-use crate::upstream::{Client, Upstream};
+use crate::upstream::{Client, NotReady, Upstream};
 
 /// One worker's request path: the configuration, its view of the upstream, the binding, and
 /// the limits and metrics every worker shares.
@@ -117,8 +117,8 @@ impl Dispatcher {
         self.upstream.shutdown().await;
     }
 
-    /// Whether the upstream answers (readiness).
-    pub(crate) async fn ready(&self) -> bool {
+    /// Whether the upstream answers (readiness); `Err` says why not.
+    pub(crate) async fn ready(&self) -> Result<(), NotReady> {
         self.upstream.ready().await
     }
 

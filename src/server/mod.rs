@@ -358,16 +358,13 @@ pub(crate) async fn operations<B>(
         (&Method::GET | &Method::HEAD, "/healthz" | "/health") => {
             body::json(StatusCode::OK, r#"{"status":"ok"}"#)
         }
-        (&Method::GET | &Method::HEAD, "/readyz") => {
-            if dispatcher.ready().await {
-                body::json(StatusCode::OK, r#"{"status":"ready"}"#)
-            } else {
-                body::json(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    r#"{"status":"not ready","reason":"the upstream MCP server has not answered"}"#,
-                )
-            }
-        }
+        (&Method::GET | &Method::HEAD, "/readyz") => match dispatcher.ready().await {
+            Ok(()) => body::json(StatusCode::OK, r#"{"status":"ready"}"#),
+            Err(not) => body::json(
+                StatusCode::SERVICE_UNAVAILABLE,
+                serde_json::json!({"status": "not ready", "reason": not.reason}).to_string(),
+            ),
+        },
         (&Method::GET, "/metrics") if metrics => {
             let mut resp = Response::new(body::full(dispatcher.render_metrics()));
             resp.headers_mut().insert(

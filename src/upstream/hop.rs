@@ -18,6 +18,30 @@ use super::stdio::{StdioBody, StdioUpstream};
 use crate::body::BoxError;
 use crate::error::Error;
 
+/// Why the upstream is not ready, and whether that is likely to last (a wrong path, an
+/// error status: a person must look) or to pass (not reachable yet, still starting).
+#[derive(Debug)]
+pub(crate) struct NotReady {
+    pub(crate) reason: String,
+    pub(crate) lasting: bool,
+}
+
+impl NotReady {
+    pub(crate) fn passing(reason: impl Into<String>) -> Self {
+        NotReady {
+            reason: reason.into(),
+            lasting: false,
+        }
+    }
+
+    pub(crate) fn lasting(reason: impl Into<String>) -> Self {
+        NotReady {
+            reason: reason.into(),
+            lasting: true,
+        }
+    }
+}
+
 /// How recently the upstream must have answered for readiness to hold without a probe.
 const READY_WINDOW: Duration = Duration::from_secs(10);
 
@@ -114,11 +138,12 @@ impl Hop {
         }
     }
 
-    /// Whether the upstream answered recently or answers a probe now (HTTP), or is running
-    /// (stdio).
-    pub(crate) async fn ready(&self) -> bool {
+    /// Whether the upstream answered recently or answers a probe now (HTTP), or runs and
+    /// answers (stdio); `Err` says why not.
+    pub(crate) async fn ready(&self) -> Result<(), NotReady> {
         match self {
-            Hop::Http(h) => h.answered_within(READY_WINDOW) || h.probe().await,
+            Hop::Http(h) if h.answered_within(READY_WINDOW) => Ok(()),
+            Hop::Http(h) => h.probe().await,
             Hop::Stdio(s) => s.ready().await,
         }
     }

@@ -14,6 +14,7 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
+use super::hop::NotReady;
 use super::pool::{Connector, IdleBound, Pool, PoolError, PooledBody};
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
@@ -202,7 +203,11 @@ impl HttpUpstream {
                 Err(Error::new(Kind::UpstreamFailed, super::pool::chain(&e)))
             }
             Ok(Ok(mut resp)) => {
-                self.mark_answered();
+                // A 404 (a wrong path, until the probe reads it) or a 5xx is no sign of health.
+                let status = resp.status();
+                if status != http::StatusCode::NOT_FOUND && !status.is_server_error() {
+                    self.mark_answered();
+                }
                 strip_hop_by_hop(resp.headers_mut());
                 Ok(resp)
             }
@@ -227,8 +232,10 @@ impl HttpUpstream {
     }
 
     /// Readiness probe: a POSTed JSON-RPC `ping`, never a GET (a stateless Python upstream
-    /// answers GET with a stream that never ends). Any answer below 500 means it is serving.
-    pub(crate) async fn probe(&self) -> bool {
+    /// answers GET with a stream that never ends). An answer below 500 means it is serving,
+    /// but for a 404 that is not a JSON-RPC answer (a 2026 server may refuse `ping` with one):
+    /// then the path is wrong. `Err` says why it is not ready.
+    pub(crate) async fn probe(&self) -> Result<(), NotReady> {
         let body = Bytes::from_static(
             br#"{"jsonrpc":"2.0","id":"epode-sidecar-readiness","method":"ping"}"#,
         );
@@ -236,19 +243,54 @@ impl HttpUpstream {
             .header(header::HOST, self.host.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json, text/event-stream")
-            .body(Full::new(body));
-        let Ok(req) = req else { return false };
-        let probe = tokio::time::timeout(Duration::from_secs(2), self.pool.send(req)).await;
-        match probe {
-            Ok(Ok(resp)) => {
-                let ok = resp.status().as_u16() < 500;
-                if ok {
-                    self.mark_answered();
-                }
-                ok
+            .body(Full::new(body))
+            .map_err(|e| NotReady::lasting(e.to_string()))?;
+        let within = Duration::from_secs(2);
+        let url = crate::config::redact_userinfo(self.target.url.as_str()).into_owned();
+        let resp = match tokio::time::timeout(within, self.pool.send(req)).await {
+            Err(_) => {
+                return Err(NotReady::passing(format!(
+                    "the upstream {url} did not answer within 2 s"
+                )))
             }
-            _ => false,
+            Ok(Err(PoolError::Connect(e))) => {
+                return Err(NotReady::passing(format!(
+                    "the upstream {url} is unreachable: {e}"
+                )))
+            }
+            Ok(Err(PoolError::Request(e))) => {
+                return Err(NotReady::passing(format!(
+                    "the upstream {url} failed: {}",
+                    super::pool::chain(&e)
+                )))
+            }
+            Ok(Ok(resp)) => resp,
+        };
+        let status = resp.status();
+        if status.is_server_error() {
+            return Err(NotReady::lasting(format!(
+                "the upstream {url} answers {status}"
+            )));
         }
+        if status == http::StatusCode::NOT_FOUND && !is_json_rpc(resp, within).await {
+            return Err(NotReady::lasting(format!(
+                "the upstream answers 404 Not Found at {url}: is the path right? It is usually /mcp (EPODE_SIDECAR_UPSTREAM)"
+            )));
+        }
+        self.mark_answered();
+        Ok(())
+    }
+}
+
+/// Whether a (small) answer's body is a JSON-RPC message: an MCP endpoint's refusal, not a
+/// web framework's page for a path it does not serve.
+async fn is_json_rpc(resp: Response<PooledBody>, within: Duration) -> bool {
+    use http_body_util::BodyExt as _;
+    let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024).collect();
+    match tokio::time::timeout(within, body).await {
+        Ok(Ok(b)) => serde_json::from_slice::<serde_json::Value>(&b.to_bytes())
+            .is_ok_and(|v| v.get("jsonrpc").is_some()),
+        _ => false,
     }
 }
 

@@ -29,7 +29,7 @@ pub(crate) use self::caller::{Caller, Client};
 pub(crate) use self::era::Era;
 use self::era::{is_final_refusal, supports_modern, Verdict};
 use self::hop::Hop;
-pub(crate) use self::hop::UpstreamBody;
+pub(crate) use self::hop::{NotReady, UpstreamBody};
 use self::http::HttpUpstream;
 use self::pool::IdleBound;
 use self::session::{close_upstream, close_upstream_within, Sessions};
@@ -202,8 +202,8 @@ impl Upstream {
     }
 
     /// Whether the upstream answered recently, or answers a POSTed `ping` now (a stdio
-    /// child: whether it runs).
-    pub(crate) async fn ready(&self) -> bool {
+    /// child: whether it runs and answers); `Err` says why not.
+    pub(crate) async fn ready(&self) -> Result<(), NotReady> {
         self.hop.ready().await
     }
 

@@ -28,6 +28,8 @@ use super::{Generation, Pipe, Queued};
 use crate::config::StdioCommand;
 use crate::error::{Error, Kind};
 
+/// A child that ends sooner than this after its start is said to exit at start.
+const EXITS_AT_START: Duration = Duration::from_secs(5);
 /// A child that ran this long before ending is restarted at once.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 /// The first pause between restarts of a child that keeps ending.
@@ -108,16 +110,30 @@ pub(super) async fn supervise(pipe: Arc<Pipe>, command: StdioCommand, first: Chi
         let Some(child) = next.take() else { return };
         runs += 1;
         let started = Instant::now();
-        match run_once(&pipe, &command, child, &mut stop).await {
+        let end = run_once(&pipe, &command, child, &mut stop).await;
+        let how = match &end {
             End::Stop => return,
-            End::Exited(status) => {
-                tracing::warn!(%status, "the MCP server process exited; restarting it");
-            }
-            End::StdoutClosed => {
-                tracing::warn!("the MCP server process closed its stdout; restarting it");
-            }
-            End::Stdin(why) => tracing::warn!("the MCP server process {why}; restarting it"),
+            End::Exited(status) => format!("it exited ({status})"),
+            End::StdoutClosed => "it closed its stdout".to_owned(),
+            End::Stdin(why) => format!("it {why}"),
+        };
+        let ran = started.elapsed();
+        let tail = pipe.stderr_tail();
+        if ran < EXITS_AT_START {
+            tracing::error!(
+                ran = ?ran,
+                stderr = %tail,
+                "the MCP server process ended {:.1} s after it started ({how}): your server exits at start: check the command and its environment; restarting it",
+                ran.as_secs_f64()
+            );
+        } else {
+            tracing::warn!(stderr = %tail, "the MCP server process ended ({how}); restarting it");
         }
+        pipe.ended(Some(format!(
+            "{how} {:.1} s after it started; its last stderr lines: {}",
+            ran.as_secs_f64(),
+            if tail.is_empty() { "(none)" } else { &tail }
+        )));
         if started.elapsed() >= HEALTHY_RUN {
             pauses = restart_pauses(&command);
         }
@@ -161,11 +177,7 @@ fn attach(
     command: &StdioCommand,
     child: &mut Child,
     n: u64,
-) -> (
-    Arc<Generation>,
-    Option<tokio::task::JoinHandle<()>>,
-    oneshot::Receiver<String>,
-) {
+) -> Attached {
     let pid = child.id();
     let (stdin_tx, stdin_rx) = mpsc::channel(command.stdin_queue);
     let (broken_tx, broken) = oneshot::channel();
@@ -182,9 +194,10 @@ fn attach(
         .stdout
         .take()
         .map(|out| tokio::spawn(read_stdout(pipe.clone(), n, out)));
-    if let Some(err) = child.stderr.take() {
-        tokio::spawn(log_stderr(err, pid, command.stderr_rate));
-    }
+    let stderr = child
+        .stderr
+        .take()
+        .map(|err| tokio::spawn(log_stderr(pipe.clone(), err, pid, command.stderr_rate)));
     let generation = Arc::new(Generation {
         n,
         stdin: stdin_tx,
@@ -193,7 +206,20 @@ fn attach(
         initialized: AtomicBool::new(false),
         answered: AtomicBool::new(false),
     });
-    (generation, reading, broken)
+    Attached {
+        generation,
+        reading,
+        stderr,
+        broken,
+    }
+}
+
+/// The tasks around a running child.
+struct Attached {
+    generation: Arc<Generation>,
+    reading: Option<tokio::task::JoinHandle<()>>,
+    stderr: Option<tokio::task::JoinHandle<()>>,
+    broken: oneshot::Receiver<String>,
 }
 
 /// One run of the child, from its start to its end; every request still waiting on it gets
@@ -206,7 +232,12 @@ async fn run_once(
 ) -> End {
     let pid = child.id();
     let n = super::next_generation();
-    let (generation, mut reading, mut broken) = attach(pipe, command, &mut child, n);
+    let Attached {
+        generation,
+        mut reading,
+        stderr,
+        mut broken,
+    } = attach(pipe, command, &mut child, n);
     pipe.live.send_replace(Some(generation));
     tracing::info!(pid, generation = n, program = %command.program, "the MCP server process started");
     let end = tokio::select! {
@@ -246,7 +277,13 @@ async fn run_once(
     exec::untrack(pid);
     pipe.lock()
         .fail_generation(n, || Error::new(Kind::UpstreamFailed, why.clone()));
-    pipe.ended(matches!(end, End::Stop));
+    // Its last stderr lines, for the message about its end.
+    if let Some(task) = stderr {
+        let _ = tokio::time::timeout(Duration::from_millis(500), task).await;
+    }
+    if matches!(end, End::Stop) {
+        pipe.ended(None);
+    }
     end
 }
 
@@ -431,7 +468,12 @@ async fn read_stdout(pipe: Arc<Pipe>, n: u64, out: tokio::process::ChildStdout) 
 /// Logs the child's stderr line by line, at most `rate` lines: a line past it is counted, and
 /// the count rides on the next line logged (and on one last line at the end), so the log
 /// never gets more lines than the rate allows.
-async fn log_stderr(err: tokio::process::ChildStderr, pid: Option<u32>, rate: crate::config::Rate) {
+async fn log_stderr(
+    pipe: Arc<Pipe>,
+    err: tokio::process::ChildStderr,
+    pid: Option<u32>,
+    rate: crate::config::Rate,
+) {
     let quota = governor::Quota::with_period(rate.per / rate.count.get())
         .unwrap_or_else(|| governor::Quota::per_second(rate.count))
         .allow_burst(rate.count);
@@ -442,6 +484,7 @@ async fn log_stderr(err: tokio::process::ChildStderr, pid: Option<u32>, rate: cr
     while let Ok(Line::Complete | Line::TooLong) =
         read_line(&mut reader, &mut buf, MAX_STDERR_LINE, None).await
     {
+        pipe.stderr_line(&String::from_utf8_lossy(buf.trim_ascii_end()));
         if limiter.check().is_err() {
             unlogged += 1;
             continue;

@@ -39,6 +39,7 @@ use self::body::{Streamed, Waiter};
 use self::pool::Pool;
 use self::table::{FromClient, Held, Key, Routed, Table, Waiting, NOTES};
 use super::caller::Caller;
+use super::hop::NotReady;
 use crate::budget::{MemoryBudget, Reservation};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, Kind};
@@ -50,6 +51,9 @@ use crate::mcp::version::META_PROTOCOL_VERSION;
 
 /// The session ids the sidecar hands out for a 2025-era child name its process.
 const SESSION_PREFIX: &str = "stdio-";
+
+/// Lines of the child's stderr kept for the message when it exits soon after its start.
+const STDERR_TAIL: usize = 10;
 
 /// How long the readiness probe waits for a child's answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -98,6 +102,10 @@ pub(super) struct Pipe {
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Whether this pipe's child is the only one (then what any child left behind is its).
     alone: bool,
+    /// The last lines the child wrote to its stderr (all of them, logged or not).
+    stderr_tail: Mutex<std::collections::VecDeque<String>>,
+    /// How the last run ended, while the next has not answered yet (for `/readyz`).
+    last_end: Mutex<Option<String>>,
 }
 
 impl Pipe {
@@ -145,7 +153,9 @@ impl Pipe {
         };
         let current = self.current().filter(|g| g.n == generation);
         if let Some(g) = &current {
-            g.answered.store(true, Ordering::Relaxed);
+            if !g.answered.swap(true, Ordering::Relaxed) {
+                *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            }
         }
         let routed = self.lock().route(generation, msg, &self.budget);
         match routed {
@@ -191,9 +201,37 @@ impl Pipe {
     }
 
     /// A child's run ended: what it left behind goes too, when it was the only child.
-    fn ended(&self, _stopping: bool) {
+    fn ended(&self, how: Option<String>) {
         if self.alone {
             exec::kill_leftovers();
+        }
+        *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) = how;
+    }
+
+    /// Notes one line of the child's stderr in the tail kept for error messages.
+    fn stderr_line(&self, line: &str) {
+        let mut tail = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
+        if tail.len() == STDERR_TAIL {
+            tail.pop_front();
+        }
+        let mut end = line.len().min(500);
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        tail.push_back(line[..end].to_owned());
+    }
+
+    /// The child's last stderr lines, as one line.
+    fn stderr_tail(&self) -> String {
+        let tail = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
+        tail.iter().map(String::as_str).collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Why there is no child to send to (for `/readyz`).
+    fn why_not_running(&self) -> String {
+        match &*self.last_end.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(how) => format!("the MCP server process is being restarted: {how}"),
+            None => "the MCP server process is not running".to_owned(),
         }
     }
 }
@@ -286,6 +324,8 @@ fn start_pipe(
         ),
         supervisor: Mutex::new(None),
         alone,
+        stderr_tail: Mutex::new(std::collections::VecDeque::with_capacity(STDERR_TAIL)),
+        last_end: Mutex::new(None),
     });
     let task = tokio::spawn(child::supervise(pipe.clone(), command.clone(), first));
     *pipe.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
@@ -335,21 +375,31 @@ impl StdioUpstream {
 
     /// Whether the child runs and answers: it said something since it started, or it
     /// answers a `ping` now (any answer, an error included).
-    pub(crate) async fn ready(&self) -> bool {
-        let Ok(pipe) = self.pipe(&Caller::internal()).await else {
-            return false;
-        };
+    pub(crate) async fn ready(&self) -> Result<(), NotReady> {
+        let pipe = self
+            .pipe(&Caller::internal())
+            .await
+            .map_err(|e| NotReady::passing(e.to_string()))?;
         let Some(g) = pipe.current() else {
-            return false;
+            return Err(NotReady::passing(pipe.why_not_running()));
         };
         if g.answered.load(Ordering::Relaxed) {
-            return true;
+            return Ok(());
         }
-        let ping = raw::parse_message(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#);
-        let Some(ping) = ping else { return false };
+        let ping = raw::parse_message(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#)
+            .ok_or_else(|| NotReady::lasting("the readiness probe could not be built"))?;
         let internal = Caller::internal();
         let probe = request_whole(&pipe, &g, ping, &internal);
-        matches!(tokio::time::timeout(PROBE_TIMEOUT, probe).await, Ok(Ok(_)))
+        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(NotReady::passing(format!(
+                "the MCP server process did not answer a ping: {e}"
+            ))),
+            Err(_) => Err(NotReady::passing(format!(
+                "the MCP server process has said nothing since it started, and did not answer a ping within {}",
+                humantime::format_duration(PROBE_TIMEOUT)
+            ))),
+        }
     }
 
     /// Stops every child and waits until they are gone, with whatever they left behind.
