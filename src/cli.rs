@@ -181,6 +181,9 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     init_logging(&config);
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
 
     // The main thread's loop runs signals, telemetry and the consent lookups' timers; the
     // server workers run their own (see server.rs).

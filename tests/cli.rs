@@ -36,7 +36,7 @@ fn check_config_prints_the_effective_configuration() {
     );
     assert!(out.contains("upstream_timeout = \"2m\""), "{out}");
     assert!(out.contains("max_body_bytes = \"4194304\""), "{out}");
-    assert!(out.contains("api_key = \"<set, redacted>\""), "{out}");
+    assert!(out.contains("# api_key = <set, redacted>"), "{out}");
     assert!(!out.contains("conformance_secret"), "the key leaked: {out}");
 }
 
@@ -256,4 +256,94 @@ fn a_configuration_file_error_never_quotes_the_file() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("line 1"), "{err}");
     assert!(!err.contains("conformance_secret"), "the key leaked: {err}");
+}
+
+/// Mistakes are caught where they are made, each error naming the value given and, for a
+/// misspelt name, the setting meant.
+#[test]
+fn mistakes_are_caught_where_they_are_made() {
+    let base = [
+        ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp"),
+        ("AGENT_FEEDBACK_MODE", "off"),
+    ];
+    let with = |extra: &[(&str, &str)]| {
+        let mut env = base.to_vec();
+        env.extend_from_slice(extra);
+        sidecar(&env, &["--check-config"])
+    };
+    // A log filter that would silence every line.
+    let (code, _, err) = with(&[("EPODE_SIDECAR_LOG", "verbose")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("EPODE_SIDECAR_LOG") && err.contains("`verbose`"),
+        "{err}"
+    );
+    for fine in ["debug", "epode_sidecar=debug,warn", "info,hyper=off"] {
+        assert_eq!(with(&[("EPODE_SIDECAR_LOG", fine)]).0, 0, "{fine}");
+    }
+    // A misspelt variable: refused, naming the setting meant.
+    let (code, _, err) = with(&[("EPODE_SIDECAR_MAX_BODY_BYTE", "10")]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("did you mean `EPODE_SIDECAR_MAX_BODY_BYTES`"),
+        "{err}"
+    );
+    // Far from any setting, or a Kubernetes service link: a warning at start, not a refusal.
+    for other in [
+        "EPODE_SIDECAR_SOMETHING_ELSE",
+        "EPODE_SIDECAR_SERVICE_HOST",
+        "EPODE_SIDECAR_PORT",
+    ] {
+        assert_eq!(with(&[(other, "x")]).0, 0, "{other}");
+    }
+    // A misspelt file key.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "max_body_byte = 10\n").unwrap();
+    let mut env = base.to_vec();
+    let path = file.display().to_string();
+    env.push(("EPODE_SIDECAR_CONFIG", &path));
+    let (code, _, err) = sidecar(&env, &["--check-config"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("did you mean `max_body_bytes`"), "{err}");
+    assert!(err.lines().count() <= 2, "no list of 65 keys: {err}");
+    // --dev on a public address: the error quotes the address given.
+    let (code, _, err) = with(&[
+        ("EPODE_SIDECAR_DEV", "1"),
+        ("EPODE_SIDECAR_LISTEN", "0.0.0.0:8080"),
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("`0.0.0.0:8080`"), "{err}");
+}
+
+/// `--check-config` prints TOML that can be fed back as the configuration file, with what
+/// `--dev` will use (never the production key or URL).
+#[test]
+fn check_config_prints_toml_to_feed_back() {
+    let env = [
+        ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp"),
+        ("EPODE_SIDECAR_DEV", "1"),
+        ("EPODE_SIDECAR_MAX_BODY_BYTES", "1000"),
+    ];
+    let (code, out, err) = sidecar(&env, &["--check-config"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("# api_url = <the embedded Epode of --dev"),
+        "{out}"
+    );
+    assert!(!out.contains("app.epode.ai"), "{out}");
+    assert!(
+        out.contains("# api_key = <an ephemeral key made at start by --dev>"),
+        "{out}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("effective.toml");
+    std::fs::write(&file, &out).unwrap();
+    let path = file.display().to_string();
+    let (code, again, err) = sidecar(
+        &[("EPODE_SIDECAR_CONFIG", path.as_str())],
+        &["--check-config"],
+    );
+    assert_eq!(code, 0, "fed back: {err}");
+    assert_eq!(again, out, "the same configuration from the file alone");
 }

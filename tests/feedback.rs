@@ -305,12 +305,35 @@ fn ask_once_remembers_the_customer() {
     assert_eq!(fb["manageConsent"]["current"], "declined");
     assert!(fb.get("reportTool").is_none());
 
-    // Without a customerRef, Ask once falls back to the per-use question.
-    let anon = call(&r, "pin", "echo", json!({"text": "hi"}));
-    let fb = agent_feedback(&anon).unwrap();
-    assert_eq!(fb["state"], "consent_required");
-    assert_eq!(fb["mode"], "ask_always");
-    assert_eq!(fb["configuredMode"], "ask_once");
+    // Identified calls say nothing in the log about a missing customer.
+    let mut logs = r.sc.logs();
+    assert!(
+        !logs.iter().any(|l| l.contains("name no customer")),
+        "{logs:?}"
+    );
+    // Without a customerRef, Ask once falls back to the per-use question, and the log says
+    // why, once, with how to name the customer.
+    for _ in 0..3 {
+        let anon = call(&r, "pin", "echo", json!({"text": "hi"}));
+        let fb = agent_feedback(&anon).unwrap();
+        assert_eq!(fb["state"], "consent_required");
+        assert_eq!(fb["mode"], "ask_always");
+        assert_eq!(fb["configuredMode"], "ask_once");
+    }
+    assert!(eventually(std::time::Duration::from_secs(10), || {
+        logs.extend(r.sc.logs());
+        logs.iter().any(|l| l.contains("name no customer"))
+    }));
+    let warned: Vec<&String> = logs
+        .iter()
+        .filter(|l| l.contains("name no customer"))
+        .collect();
+    assert_eq!(warned.len(), 1, "rate-limited: {warned:?}");
+    assert!(
+        warned[0].contains("WARN") && warned[0].contains(r#"ai.epode/identity"#),
+        "{}",
+        warned[0]
+    );
 }
 
 #[test]

@@ -325,7 +325,10 @@ async fn readyz_says_why_when_the_upstream_path_is_wrong_or_nothing_listens() {
     let right = Sidecar::start(&up.url(), &[]);
     assert_eq!(readyz(&right).await.0, 200);
     let mut seen = Vec::new();
-    assert!(log_line(&right, &mut seen, "answers: ready").is_some(), "{seen:?}");
+    assert!(
+        log_line(&right, &mut seen, "answers: ready").is_some(),
+        "{seen:?}"
+    );
     // Nothing listening: not ready, saying so.
     let nobody = Sidecar::start(&format!("http://127.0.0.1:{}/mcp", free_port()), &[]);
     let (status, v) = readyz(&nobody).await;

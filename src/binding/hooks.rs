@@ -159,7 +159,14 @@ impl CallHook {
             .flatten();
         let (cached, revision) = match &subject {
             Some(s) => active.consent.get(s),
-            None => (CachedConsent::NoSubject, 0),
+            None => {
+                if mode == FeedbackMode::AskOnce {
+                    self.binding
+                        .no_subject
+                        .add("calls without a customerRef", 1);
+                }
+                (CachedConsent::NoSubject, 0)
+            }
         };
         let minted = capability::mint(
             &active.key,

@@ -26,6 +26,7 @@ use crate::feedback::envelope;
 use crate::feedback::identity::IdentityRefs;
 use crate::feedback::tools::{self, EpodeFailure, FeedbackTools};
 use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
+use crate::log_summary::LogSummary;
 use crate::mcp::raw::raw;
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::{FeedbackCallLabels, Metrics};
@@ -49,6 +50,8 @@ pub(crate) struct FeedbackBinding {
     active: Option<Active>,
     catalog: ToolCatalog,
     warned_shadowing: AtomicBool,
+    /// ask_once calls that had no customerRef to ask once for (logged now and then).
+    no_subject: LogSummary,
     metrics: Arc<Metrics>,
     /// The local trial's console, when `--dev` is on.
     bus: Option<Arc<Bus>>,
@@ -94,6 +97,10 @@ impl FeedbackBinding {
             active,
             catalog: ToolCatalog::default(),
             warned_shadowing: AtomicBool::new(false),
+            no_subject: LogSummary::new(
+                "AGENT_FEEDBACK_MODE=ask_once, but tool results name no customer, so agents are asked for consent on every call as in ask_always. Name the caller on each tool result with _meta[\"ai.epode/identity\"] = {\"customerRef\": \"<your customer id>\"} (the sidecar removes it before the client sees it), or have a gateway set a header listed in EPODE_SIDECAR_IDENTITY_HEADERS; see the README's Identity section",
+                std::time::Duration::from_secs(600),
+            ),
             metrics,
             bus,
         }))

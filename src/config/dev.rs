@@ -30,16 +30,18 @@ pub(super) fn is_on(raw: Option<Scalar>) -> Result<bool, ConfigError> {
     })
 }
 
-/// The trial's settings; `listen_loopback` says whether the listener stays on this machine,
-/// which `--dev` requires.
-pub(super) fn check(raw: RawDev, listen_loopback: bool) -> Result<Option<DevConfig>, ConfigError> {
+/// The trial's settings; `--dev` requires a listener that stays on this machine.
+pub(super) fn check(
+    raw: RawDev,
+    listen: std::net::SocketAddr,
+) -> Result<Option<DevConfig>, ConfigError> {
     if !is_on(raw.dev)? {
         return Ok(None);
     }
-    if !listen_loopback {
+    if !listen.ip().is_loopback() {
         return Err(ConfigError::Invalid {
             name: "EPODE_SIDECAR_LISTEN (config key `listen`)".to_owned(),
-            value: "a non-loopback address".to_owned(),
+            value: listen.to_string(),
             accepts: "a loopback address such as 127.0.0.1:8080 with --dev: the local trial's embedded Epode and console are for this machine only",
         });
     }

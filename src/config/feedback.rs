@@ -236,7 +236,14 @@ pub(super) const FEEDBACK: &[Setting] = &[
         accepts: "an Epode product (write) key af_live_<32 hex>_[<32 hex>_]<secret of 20+ characters>",
         help: "The Epode product key `af_live_…`: signs feedback handles and authorises telemetry. Required unless feedback is off. Never printed.",
         secret: true,
-        show: |c| if c.feedback.key.is_some() { "<set>" } else { "<unset>" }.to_owned(),
+        show: |c| {
+            match (c.dev.is_some(), c.feedback.key.is_some()) {
+                (true, _) => "<an ephemeral key made at start by --dev>",
+                (false, true) => "<set>",
+                (false, false) => "<unset>",
+            }
+            .to_owned()
+        },
     },
     setting(
         "api_url",
@@ -244,7 +251,10 @@ pub(super) const FEEDBACK: &[Setting] = &[
         Some("https://app.epode.ai"),
         "an https:// URL (http:// only for a loopback host)",
         "The Epode API origin; `http://` only for a loopback host.",
-        |c| super::redact_userinfo(c.feedback.api_url.as_str()).into_owned(),
+        |c| match c.dev {
+            Some(_) => "<the embedded Epode of --dev, on a loopback port chosen at start>".to_owned(),
+            None => super::redact_userinfo(c.feedback.api_url.as_str()).into_owned(),
+        },
     ),
     setting(
         "feedback_mode",

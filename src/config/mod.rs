@@ -105,6 +105,8 @@ pub(crate) struct UpstreamTarget {
 
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
+    /// What the operator should hear about the configuration once logging runs.
+    pub(crate) warnings: Vec<String>,
     pub(crate) listen: SocketAddr,
     pub(crate) upstream: Transport,
     pub(crate) path: String,
@@ -392,6 +394,10 @@ impl Config {
                 path: path.clone(),
                 message: e.to_string(),
             })?;
+            check_file_keys(&text).map_err(|e| ConfigError::File {
+                path: path.clone(),
+                message: e.to_string(),
+            })?;
             figment = figment.merge(Toml::string(&text));
         }
         // Within the environment, the documented name wins over an alias.
@@ -407,26 +413,50 @@ impl Config {
                 message: without_source_lines(&e.to_string()),
             })?;
         raw.argv.clone_from(&flags.command);
+        let warnings = unknown_variables(&env)?;
         let mut config = Config::try_from(raw)?;
+        config.warnings = warnings;
         if let Transport::Stdio(command) = &mut config.upstream {
             command.select_env(&env);
         }
         Ok(config)
     }
 
-    /// The effective configuration as TOML-like lines, secrets redacted (`--check-config`).
+    /// The effective configuration as TOML, secrets redacted (`--check-config`): a value
+    /// that can be fed back is a line; one that is only described (unset, derived, secret) is
+    /// a comment.
     pub(crate) fn describe(&self) -> String {
         let mut out = String::new();
         for s in settings::all() {
             let value = (s.show)(self);
-            let shown = match (s.secret, value.as_str()) {
-                (true, "<unset>") | (false, _) => value,
-                (true, _) => "<set, redacted>".to_owned(),
+            let described = value.starts_with('<') && value.ends_with('>');
+            let line = if s.secret && (value == "<set>" || !described) {
+                format!("# {} = <set, redacted>", s.key)
+            } else if described {
+                format!("# {} = {value}", s.key)
+            } else {
+                format!("{} = {}", s.key, toml_string(&value))
             };
-            out.push_str(&format!("{} = {shown:?}    # {}\n", s.key, s.env[0]));
+            out.push_str(&format!("{line:<60}  # {}\n", s.env[0]));
         }
         out
     }
+}
+
+/// A TOML basic string.
+fn toml_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 impl fmt::Display for Config {
@@ -528,8 +558,9 @@ impl TryFrom<RawConfig> for Config {
         let raw_dev = raw.take_dev();
         let listen: SocketAddr = parsed(raw.listen, "listen", |v| v.parse().ok())?;
         let loopback = listen.ip().is_loopback();
-        let dev = dev::check(raw_dev, loopback)?;
+        let dev = dev::check(raw_dev, listen)?;
         Ok(Config {
+            warnings: Vec::new(),
             listen,
             upstream,
             limits,
@@ -564,16 +595,7 @@ impl TryFrom<RawConfig> for Config {
             })?,
             feedback: FeedbackConfig::try_from_raw(&mut raw_feedback, dev.is_some())?,
             dev,
-            log: {
-                let log = required(raw.log, "log")?;
-                if tracing_subscriber::EnvFilter::builder()
-                    .parse(&log)
-                    .is_err()
-                {
-                    return Err(invalid("log", &log));
-                }
-                log
-            },
+            log: log_filter(required(raw.log, "log")?)?,
             log_format: parsed(raw.log_format, "log_format", |f| {
                 match f.to_ascii_lowercase().as_str() {
                     "text" => Some(LogFormat::Text),
@@ -582,6 +604,103 @@ impl TryFrom<RawConfig> for Config {
                 }
             })?,
         })
+    }
+}
+
+/// The closest known name to `name` among `known`, with its edit distance.
+fn closest<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Option<(&'a str, usize)> {
+    known
+        .map(|k| (k, strsim::levenshtein(name, k)))
+        .min_by_key(|(_, d)| *d)
+}
+
+fn did_you_mean(closest: Option<(&str, usize)>, within: usize) -> String {
+    match closest {
+        Some((k, d)) if d <= within => format!("; did you mean `{k}`?"),
+        _ => String::new(),
+    }
+}
+
+/// Names Kubernetes puts in a pod's environment for a Service named `epode-sidecar`
+/// (service links): not settings, never refused.
+fn service_link(name: &str) -> bool {
+    let rest = &name["EPODE_SIDECAR_".len()..];
+    rest.starts_with("SERVICE_") || rest == "PORT" || rest.starts_with("PORT_")
+}
+
+/// `EPODE_SIDECAR_*` variables that are no setting: one a typo away from a setting is
+/// refused (a misspelt limit must not be silently ignored); any other is a warning.
+fn unknown_variables(env: &BTreeMap<String, String>) -> Result<Vec<String>, ConfigError> {
+    let known = || {
+        settings::all()
+            .flat_map(|s| s.env.iter().copied())
+            .chain(std::iter::once(CONFIG_FILE_ENV))
+    };
+    let mut warnings = Vec::new();
+    for name in env.keys().filter(|n| n.starts_with("EPODE_SIDECAR_")) {
+        if known().any(|k| k == name) || service_link(name) {
+            continue;
+        }
+        let near = closest(name, known());
+        if near.is_some_and(|(_, d)| d <= 2) {
+            return Err(ConfigError::Unknown {
+                what: "the environment variable",
+                name: name.clone(),
+                hint: did_you_mean(near, 2),
+            });
+        }
+        warnings.push(format!(
+            "the environment variable {name} is not a setting and is ignored{}",
+            did_you_mean(near, 6)
+        ));
+    }
+    Ok(warnings)
+}
+
+/// A configuration file's keys must all be settings.
+fn check_file_keys(text: &str) -> Result<(), ConfigError> {
+    let Ok(data) = figment::Provider::data(&Toml::string(text)) else {
+        return Ok(()); // its syntax error is reported by the extraction
+    };
+    for key in data.values().flat_map(|dict| dict.keys()) {
+        if settings::all().any(|s| s.key == key) {
+            continue;
+        }
+        return Err(ConfigError::Unknown {
+            what: "the configuration file's key",
+            name: key.clone(),
+            hint: did_you_mean(closest(key, settings::all().map(|s| s.key)), 6),
+        });
+    }
+    Ok(())
+}
+
+/// The levels a log filter may name.
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// A log filter: comma-separated `level` or `target=level` directives. tracing takes a bare
+/// word for a target, so `verbose` would silently turn every line off: refused here.
+fn log_filter(log: String) -> Result<String, ConfigError> {
+    let level_ok = |l: &str| LEVELS.contains(&l.trim().to_ascii_lowercase().as_str());
+    let target_ok = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-' | '.'))
+    };
+    let directive_ok = |d: &str| match d.split_once('=') {
+        Some((target, level)) => target_ok(target.trim()) && level_ok(level),
+        None => level_ok(d),
+    };
+    let ok = log
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .all(directive_ok)
+        && tracing_subscriber::EnvFilter::builder().parse(&log).is_ok();
+    if ok {
+        Ok(log)
+    } else {
+        Err(invalid("log", &log))
     }
 }
 

@@ -181,7 +181,7 @@ pub(super) const CORE: &[Setting] = &[
         "log",
         &["EPODE_SIDECAR_LOG"],
         Some("info"),
-        "a tracing filter such as info, debug or epode_sidecar=debug,warn",
+        "comma-separated levels (trace, debug, info, warn, error, off) or target=level directives, such as info or epode_sidecar=debug,warn",
         "Log filter (`debug`, `epode_sidecar=debug,warn`, …). Logs go to stderr.",
         |c| c.log.clone(),
     ),
@@ -276,6 +276,12 @@ pub(crate) enum ConfigError {
     File { path: PathBuf, message: String },
     #[error("the environment variable {name} is not valid UTF-8 text (its value is not shown); set it to text or unset it")]
     NotText { name: String },
+    #[error("{what} `{name}` is not a setting{hint}")]
+    Unknown {
+        what: &'static str,
+        name: String,
+        hint: String,
+    },
 }
 
 pub(super) fn display_name(s: &Setting) -> String {

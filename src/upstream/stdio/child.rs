@@ -172,12 +172,7 @@ fn restart_pauses(command: &StdioCommand) -> impl Iterator<Item = Duration> {
 
 /// Starts the tasks around a fresh child: its stdin, stdout and stderr. The receiver learns
 /// when its stdin can no longer be written.
-fn attach(
-    pipe: &Arc<Pipe>,
-    command: &StdioCommand,
-    child: &mut Child,
-    n: u64,
-) -> Attached {
+fn attach(pipe: &Arc<Pipe>, command: &StdioCommand, child: &mut Child, n: u64) -> Attached {
     let pid = child.id();
     let (stdin_tx, stdin_rx) = mpsc::channel(command.stdin_queue);
     let (broken_tx, broken) = oneshot::channel();

@@ -224,7 +224,10 @@ impl Pipe {
     /// The child's last stderr lines, as one line.
     fn stderr_tail(&self) -> String {
         let tail = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
-        tail.iter().map(String::as_str).collect::<Vec<_>>().join(" | ")
+        tail.iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(" | ")
     }
 
     /// Why there is no child to send to (for `/readyz`).
