@@ -206,7 +206,8 @@ async fn a_killed_child_fails_its_call_at_once_and_the_next_call_succeeds() {
         text.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
     }
     let took = killed.elapsed();
-    assert!(took < Duration::from_secs(1), "the error took {took:?}");
+    // At once, not at the 30 s upstream timeout (with room for a loaded machine).
+    assert!(took < Duration::from_secs(5), "the error took {took:?}");
     let last = messages("text/event-stream", &text).pop().unwrap();
     assert_eq!(last["id"], "doomed", "{text}");
     assert_eq!(last["error"]["code"], -32603, "{text}");

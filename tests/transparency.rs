@@ -42,11 +42,16 @@ fn assert_same_through_sidecar(kind: UpstreamKind, mode: &str) {
         assert!(progress.is_empty());
     } else {
         assert_eq!(progress.len(), 2, "{via}");
-        let first = progress[0]["atMs"].as_f64().unwrap();
-        let done = via["slowResultAtMs"].as_f64().unwrap();
+        // The gap between the first progress and the result, against the same gap measured
+        // directly in this run (a loaded machine stretches or squeezes both): a buffering
+        // proxy closes it to about nothing.
+        let gap = |r: &Value| {
+            r["slowResultAtMs"].as_f64().unwrap() - r["progress"][0]["atMs"].as_f64().unwrap()
+        };
+        let (through, direct_gap) = (gap(&via), gap(&direct));
         assert!(
-            first + 25.0 < done,
-            "first progress at {first} ms, result at {done} ms: not streamed"
+            through > 25.0 || through >= direct_gap / 4.0,
+            "first progress {through} ms before the result through the sidecar, {direct_gap} ms directly: not streamed"
         );
     }
 }

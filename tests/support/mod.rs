@@ -65,10 +65,47 @@ pub struct Proc {
 }
 
 impl Drop for Proc {
+    /// Kills the process and everything it started, so a failed test leaves nothing running.
     fn drop(&mut self) {
+        let tree = descendants(self.child.id());
         let _ = self.child.kill();
         let _ = self.child.wait();
+        for pid in tree {
+            let _ = Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
+        }
     }
+}
+
+/// Every live process descended from `root` (from `/proc`).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let parents: Vec<(u32, u32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                    let ppid = stat
+                        .rsplit(')')
+                        .next()?
+                        .split_whitespace()
+                        .nth(1)?
+                        .parse()
+                        .ok()?;
+                    Some((pid, ppid))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    found.remove(0);
+    found
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +134,14 @@ impl Upstream {
     }
 
     pub fn start_with(kind: UpstreamKind, extra: &[&str]) -> Upstream {
-        Self::start_on(kind, free_port(), extra)
+        // The peer binds port 0 itself and says which it got: a port picked here and bound
+        // there could be taken in between by another test running in parallel.
+        let port = if kind == UpstreamKind::Everything {
+            free_port()
+        } else {
+            0
+        };
+        Self::start_on(kind, port, extra)
     }
 
     /// Starts on a given port (to restart an upstream where a sidecar expects it).
@@ -137,9 +181,27 @@ impl Upstream {
         };
         cmd.args(extra)
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(if port == 0 {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stderr(Stdio::null());
         let mut child = cmd.spawn().expect("start upstream peer");
+        let port = if port == 0 {
+            let mut line = String::new();
+            let mut out = BufReader::new(child.stdout.take().unwrap());
+            out.read_line(&mut line)
+                .expect("read the peer's READY line");
+            // Whatever else it prints is drained, never left to fill the pipe or break it.
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+            line.trim()
+                .strip_prefix("READY ")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or_else(|| panic!("{kind:?} upstream did not start: {line:?}"))
+        } else {
+            port
+        };
         wait_for_port(port, &mut child, &format!("{kind:?} upstream"));
         Upstream {
             kind,
