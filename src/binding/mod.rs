@@ -89,10 +89,11 @@ impl FeedbackBinding {
             }
             _ => None,
         };
+        let catalog = ToolCatalog::new(config.max_tools);
         Ok(Arc::new(FeedbackBinding {
             config,
             active,
-            catalog: ToolCatalog::default(),
+            catalog,
             warned_shadowing: AtomicBool::new(false),
             metrics,
             bus,
@@ -146,6 +147,7 @@ impl FeedbackBinding {
     pub(crate) fn needs_listing(&self, tool: &str) -> bool {
         self.enabled()
             && self.config.includes(tool)
+            && crate::epode::telemetry::valid_operation(tool)
             && self.catalog.listed(tool).is_none()
             && self.catalog.claim_fetch()
     }
