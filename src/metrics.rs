@@ -89,6 +89,7 @@ pub(crate) struct Metrics {
     pub(crate) in_flight: Gauge,
     pub(crate) buffered_bytes: Gauge,
     pub(crate) upstream_sessions: Gauge,
+    pub(crate) rate_limit_clients: Gauge,
 }
 
 impl Metrics {
@@ -106,6 +107,7 @@ impl Metrics {
             in_flight: Gauge::default(),
             buffered_bytes: Gauge::default(),
             upstream_sessions: Gauge::default(),
+            rate_limit_clients: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -138,27 +140,10 @@ impl Metrics {
             "Requests and connections refused by a limit, by kind",
             m.limits_hit.clone(),
         );
-        r.register(
-            "open_connections",
-            "Client connections open now",
-            m.open_connections.clone(),
-        );
-        r.register(
-            "in_flight_requests",
-            "MCP requests being served now",
-            m.in_flight.clone(),
-        );
-        r.register(
-            "buffered_bytes",
-            "Bytes held against the memory budget now",
-            m.buffered_bytes.clone(),
-        );
-        r.register(
-            "upstream_sessions",
-            "2025-era upstream sessions open now",
-            m.upstream_sessions.clone(),
-        );
-        telemetry.register(r.sub_registry_with_prefix("telemetry"));
+        for (name, help, gauge) in m.gauges() {
+            m.registry.register(name, help, gauge);
+        }
+        telemetry.register(m.registry.sub_registry_with_prefix("telemetry"));
         for tool in ["record_product_feedback_consent", "report_product_feedback"] {
             for outcome in FEEDBACK_OUTCOMES {
                 drop(
@@ -171,6 +156,21 @@ impl Metrics {
             drop(m.limits_hit.get_or_create(&LimitLabels { kind }));
         }
         m
+    }
+
+    /// The gauges, with their names and help.
+    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 5] {
+        [
+            ("open_connections", "Client connections open now", self.open_connections.clone()),
+            ("in_flight_requests", "MCP requests being served now", self.in_flight.clone()),
+            ("buffered_bytes", "Bytes held against the memory budget now", self.buffered_bytes.clone()),
+            ("upstream_sessions", "2025-era upstream sessions open now", self.upstream_sessions.clone()),
+            (
+                "rate_limit_clients",
+                "Client addresses the per-client rate limit tracks now (at most rate_limit_clients)",
+                self.rate_limit_clients.clone(),
+            ),
+        ]
     }
 
     /// A limit refused something.

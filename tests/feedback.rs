@@ -839,3 +839,118 @@ async fn epode_answers_are_not_trusted() {
     .await;
     assert_eq!(ok["structuredContent"]["accepted"], true, "{ok}");
 }
+
+/// A `tools/list` result of `n` tools named `tool_000000`….
+fn tools_page(n: usize) -> String {
+    let tools: Vec<String> = (0..n)
+        .map(|i| {
+            format!(r#"{{"name":"tool_{i:06}","description":"Tool {i}","inputSchema":{{"type":"object"}}}}"#)
+        })
+        .collect();
+    format!(
+        r#"{{"tools":[{}],"resultType":"complete"}}"#,
+        tools.join(",")
+    )
+}
+
+/// Lists the tools at `url`; returns the time to the parsed answer and how many it lists.
+async fn timed_list(url: &str) -> (std::time::Duration, usize) {
+    let started = std::time::Instant::now();
+    let body = modern_body(json!("l"), "tools/list", json!({}));
+    let resp = post_modern(url, "tools/list", None, &body).await;
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.unwrap();
+    let n = v["result"]["tools"].as_array().map_or(0, Vec::len);
+    (started.elapsed(), n)
+}
+
+/// An upstream that lists 25,000 tools. The catalog used to keep 10,000 names and rescan them
+/// all for every new name past that, under the lock every call's lookup takes (8 s per list of
+/// 20,000 in a release build, other clients' calls waiting as long). Now the list through the
+/// sidecar takes a small multiple of fetching and parsing it directly, calls made while a list
+/// is being learned are not held up, and the tool listed last is decorated.
+#[tokio::test]
+async fn an_upstream_listing_25_000_tools_is_listed_and_decorated_without_a_cliff() {
+    const N: usize = 25_000;
+    let page = std::sync::Arc::new(tools_page(N));
+    let up = RawUpstream::start(move |mut s: std::net::TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap();
+            let result = if req["method"] == "tools/list" {
+                page.as_str().to_owned()
+            } else {
+                r#"{"content":[{"type":"text","text":"done"}],"resultType":"complete"}"#.to_owned()
+            };
+            reply_json(
+                &mut s,
+                &format!(
+                    r#"{{"jsonrpc":"2.0","id":{},"result":{result}}}"#,
+                    req["id"]
+                ),
+            );
+        }
+    });
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    let mut direct = std::time::Duration::MAX;
+    for _ in 0..3 {
+        let (took, n) = timed_list(&up.url()).await;
+        assert_eq!(n, N);
+        direct = direct.min(took);
+    }
+    let (first, n) = timed_list(&sc.url()).await;
+    assert_eq!(n, N + 2, "the upstream's tools and the two feedback tools");
+    assert!(
+        first < direct * 10,
+        "the list took {first:?} through the sidecar, {direct:?} directly"
+    );
+    // Another client calls a listed tool over and over while the list is learned again (on a
+    // thread of its own: this one is busy parsing the list).
+    let url = sc.url();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let caller = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let mut slowest = std::time::Duration::ZERO;
+                let mut calls = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let started = std::time::Instant::now();
+                    let body = modern_body(
+                        json!(calls),
+                        "tools/call",
+                        json!({"name": "tool_000000", "arguments": {}}),
+                    );
+                    let resp = post_modern(&url, "tools/call", Some("tool_000000"), &body).await;
+                    assert_eq!(resp.status(), 200);
+                    let r: Value = resp.json().await.unwrap();
+                    assert!(agent_feedback(&r["result"]).is_some(), "{r}");
+                    slowest = slowest.max(started.elapsed());
+                    calls += 1;
+                }
+                (calls, slowest)
+            })
+        })
+    };
+    let (again, _) = timed_list(&sc.url()).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (calls, slowest) = caller.join().unwrap();
+    assert!(
+        calls >= 3 && slowest < again / 2,
+        "{calls} calls during a {again:?} list, the slowest {slowest:?}"
+    );
+    let last = call_raw(&sc, &format!("tool_{:06}", N - 1), json!({})).await;
+    assert!(
+        agent_feedback(&last).is_some(),
+        "the tool listed last is decorated: {last}"
+    );
+}

@@ -16,7 +16,7 @@ use crate::feedback::envelope::CachedConsent;
 use crate::feedback::envelope::{Case, Envelope};
 use crate::feedback::identity::{self, IdentityRefs};
 use crate::feedback::{capability, placement, tools, FeedbackMode};
-use crate::mcp::raw::{as_str, is_true, open, raw, RawMap};
+use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::DecorationLabels;
 
@@ -36,15 +36,10 @@ impl ResultHook for ListHook {
         let mut learned = Vec::with_capacity(list.len());
         let mut changed = false;
         for tool in list {
-            let Some(t) = open(&tool) else {
+            let Some((name, has_schema)) = tool_head(&tool) else {
                 kept.push(tool);
                 continue;
             };
-            let name = t
-                .get("name")
-                .and_then(|n| as_str(n))
-                .map(|n| n.into_owned())
-                .unwrap_or_default();
             if tools::is_feedback_tool(&name) {
                 if !self.binding.warned_shadowing.swap(true, Ordering::Relaxed) {
                     tracing::warn!(tool = %name, "the upstream has a tool named like an Epode feedback tool; it is hidden, and the sidecar answers that name itself");
@@ -52,7 +47,7 @@ impl ResultHook for ListHook {
                 changed = true;
                 continue;
             }
-            learned.push((name, t.contains_key("outputSchema")));
+            learned.push((name, has_schema));
             kept.push(tool);
         }
         self.binding.catalog.learn(learned);
@@ -76,6 +71,48 @@ impl ResultHook for ListHook {
             self.binding.catalog.invalidate();
         }
     }
+}
+
+/// What the catalog needs of a tool definition: its name and whether it declares an
+/// `outputSchema`, read without building a map of the definition (a list may hold 100,000).
+#[derive(serde::Deserialize)]
+struct ToolHead<'a> {
+    #[serde(borrow, default)]
+    name: Option<&'a str>,
+    #[serde(rename = "outputSchema", default)]
+    output_schema: Present,
+}
+
+/// Whether a member is there, whatever its value (`null` too).
+#[derive(Default)]
+struct Present(bool);
+
+impl<'de> serde::Deserialize<'de> for Present {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+    }
+}
+
+/// A tool definition's name (empty when it has none) and whether it declares an
+/// `outputSchema`; `None` when it is not an object. A name with escapes, or a definition with
+/// a member twice, is read the slower, general way.
+fn tool_head(tool: &RawValue) -> Option<(String, bool)> {
+    if !is_object(tool) {
+        return None;
+    }
+    if let Ok(head) = serde_json::from_str::<ToolHead<'_>>(tool.get()) {
+        return Some((
+            head.name.unwrap_or_default().to_owned(),
+            head.output_schema.0,
+        ));
+    }
+    let t = open(tool)?;
+    let name = t
+        .get("name")
+        .and_then(|n| as_str(n))
+        .map(|n| n.into_owned())
+        .unwrap_or_default();
+    Some((name, t.contains_key("outputSchema")))
 }
 
 /// One product `tools/call`.
@@ -244,5 +281,34 @@ impl ResultHook for CallHook {
             refs.apply_customer_rule(self.binding.config.mode);
             self.record(active, id, Outcome::Error, refs, None);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(json: &str) -> Option<(String, bool)> {
+        tool_head(&RawValue::from_string(json.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn a_tool_head_reads_the_name_and_whether_an_output_schema_is_declared() {
+        let h = |n: &str, s: bool| Some((n.to_owned(), s));
+        assert_eq!(head(r#"{"name":"add","inputSchema":{}}"#), h("add", false));
+        assert_eq!(
+            head(r#"{"outputSchema":{"type":"object"},"name":"add"}"#),
+            h("add", true)
+        );
+        assert_eq!(head(r#"{"name":"a","outputSchema":null}"#), h("a", true));
+        assert_eq!(head(r#"{"name":"caf\u00e9"}"#), h("café", false), "escapes");
+        assert_eq!(
+            head(r#"{"name":"a","name":"b"}"#),
+            h("b", false),
+            "the last wins"
+        );
+        assert_eq!(head(r#"{"name":7}"#), h("", false));
+        assert_eq!(head(r#"{"inputSchema":{}}"#), h("", false));
+        assert_eq!(head(r#"["add"]"#), None);
     }
 }

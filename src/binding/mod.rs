@@ -92,10 +92,11 @@ impl FeedbackBinding {
             }
             _ => None,
         };
+        let catalog = ToolCatalog::new(config.max_tools);
         Ok(Arc::new(FeedbackBinding {
             config,
             active,
-            catalog: ToolCatalog::default(),
+            catalog,
             warned_shadowing: AtomicBool::new(false),
             no_subject: LogSummary::new(
                 "AGENT_FEEDBACK_MODE=ask_once, but tool results name no customer, so agents are asked for consent on every call as in ask_always. Name the caller on each tool result with _meta[\"ai.epode/identity\"] = {\"customerRef\": \"<your customer id>\"} (the sidecar removes it before the client sees it), or have a gateway set a header listed in EPODE_SIDECAR_IDENTITY_HEADERS; see the README's Identity section",
@@ -153,6 +154,7 @@ impl FeedbackBinding {
     pub(crate) fn needs_listing(&self, tool: &str) -> bool {
         self.enabled()
             && self.config.includes(tool)
+            && crate::epode::telemetry::valid_operation(tool)
             && self.catalog.listed(tool).is_none()
             && self.catalog.claim_fetch()
     }

@@ -38,6 +38,8 @@ pub(crate) struct FeedbackConfig {
     exclude: Option<ToolPatterns>,
     feedback_tools: Option<ToolPatterns>,
     pub(crate) identity_headers: Vec<(RefKind, http::HeaderName)>,
+    /// Upstream tool names the catalog keeps at most.
+    pub(crate) max_tools: usize,
     pub(crate) telemetry_queue: usize,
     pub(crate) telemetry_batch: usize,
     pub(crate) telemetry_flush: Duration,
@@ -76,6 +78,7 @@ pub(super) struct RawFeedback {
     pub(super) exclude_tools: Option<Scalar>,
     pub(super) feedback_tools: Option<Scalar>,
     pub(super) identity_headers: Option<Scalar>,
+    pub(super) max_tools: Option<Scalar>,
     pub(super) telemetry_queue: Option<Scalar>,
     pub(super) telemetry_batch: Option<Scalar>,
     pub(super) telemetry_flush: Option<Scalar>,
@@ -139,6 +142,7 @@ impl FeedbackConfig {
             exclude: parse_patterns("exclude_tools", value(raw.exclude_tools.take()))?,
             feedback_tools: parse_patterns("feedback_tools", value(raw.feedback_tools.take()))?,
             identity_headers: parse_identity_headers(value(raw.identity_headers.take()))?,
+            max_tools: number(raw.max_tools.take(), "max_tools", 1..=10_000_000)?,
             telemetry_queue: number(raw.telemetry_queue.take(), "telemetry_queue", 1..=1_000_000)?,
             telemetry_batch: number(raw.telemetry_batch.take(), "telemetry_batch", 1..=100)?,
             telemetry_flush: duration_in(
@@ -326,6 +330,14 @@ pub(super) const FEEDBACK: &[Setting] = &[
                 .collect::<Vec<_>>()
                 .join(",")
         },
+    ),
+    setting(
+        "max_tools",
+        &["EPODE_SIDECAR_MAX_TOOLS"],
+        Some("100000"),
+        "a whole number from 1 to 10000000",
+        "Upstream tool names the feedback binding remembers from `tools/list` answers (a tool must have been listed to be decorated and observed), at most 160 bytes each; past it the name listed longest ago is forgotten.",
+        |c| c.feedback.max_tools.to_string(),
     ),
     setting(
         "telemetry_queue",

@@ -74,6 +74,8 @@ pub(crate) struct Limits {
     pub(crate) upstream_idle_timeout: Duration,
     pub(crate) rate_limit: Option<Rate>,
     pub(crate) rate_burst: Option<NonZeroU32>,
+    /// Client keys the per-client limiter keeps; past it the least recently seen is evicted.
+    pub(crate) rate_limit_clients: usize,
     pub(crate) tool_rate_limits: Vec<ToolRate>,
     pub(crate) trusted_proxies: Vec<IpNet>,
 }
@@ -97,6 +99,7 @@ pub(super) struct RawLimits {
     pub(super) upstream_idle_timeout: Option<Scalar>,
     pub(super) rate_limit: Option<Scalar>,
     pub(super) rate_burst: Option<Scalar>,
+    pub(super) rate_limit_clients: Option<Scalar>,
     pub(super) tool_rate_limits: Option<Scalar>,
     pub(super) trusted_proxies: Option<Scalar>,
 }
@@ -159,6 +162,11 @@ impl Limits {
                         .ok_or_else(|| invalid("rate_burst", &b))
                 })
                 .transpose()?,
+            rate_limit_clients: number(
+                raw.rate_limit_clients,
+                "rate_limit_clients",
+                1..=10_000_000,
+            )?,
             tool_rate_limits: tool_rates(value(raw.tool_rate_limits))?,
             trusted_proxies: trusted_proxies(value(raw.trusted_proxies))?,
         })
@@ -350,6 +358,14 @@ pub(super) const RATES: &[Setting] = &[
                 .rate_burst
                 .map_or_else(|| "<the rate's count>".to_owned(), |b| b.to_string())
         },
+    ),
+    setting(
+        "rate_limit_clients",
+        &["EPODE_SIDECAR_RATE_LIMIT_CLIENTS"],
+        Some("100000"),
+        "a whole number from 1 to 10000000",
+        "Client addresses (IPv6: /64 prefixes) the per-client limit keeps track of, about 100 bytes each; past it the least recently seen is forgotten, and starts again with a full burst if it comes back. Each request costs the same however many clients there are.",
+        |c| c.limits.rate_limit_clients.to_string(),
     ),
     setting(
         "tool_rate_limits",

@@ -133,6 +133,9 @@ impl Dispatcher {
     pub(crate) fn render_metrics(&self) -> String {
         self.metrics.in_flight.set(self.in_flight.current() as i64);
         self.metrics.buffered_bytes.set(self.budget.used() as i64);
+        self.metrics
+            .rate_limit_clients
+            .set(self.rates.tracked_clients() as i64);
         self.metrics.render()
     }
 

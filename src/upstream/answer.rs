@@ -187,22 +187,46 @@ pub(crate) async fn finish(
     }
     let (bytes, held) = read_body(body, bounds).await?;
     parts.headers.remove(header::CONTENT_LENGTH);
-    let out = match raw::parse_message(&bytes) {
+    let (out, status) = if bytes.len() >= OFF_WORKER_BYTES {
+        // Milliseconds of parsing and rewriting (a list of 100,000 tools, the catalog learning
+        // it): done on the blocking pool, so the worker's other connections are served
+        // meanwhile.
+        tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, fix_status))
+            .await
+            .map_err(|e| Error::new(Kind::Internal, format!("rewriting the answer: {e}")))?
+    } else {
+        rewrite_whole(bytes, plan, fix_status)
+    };
+    if let Some(status) = status {
+        parts.status = status;
+    }
+    Ok(Response::from_parts(parts, body::held(out, held)))
+}
+
+/// A JSON answer this large is rewritten off the worker thread (a hop of microseconds against
+/// a parse of a millisecond or more).
+const OFF_WORKER_BYTES: usize = 256 * 1024;
+
+/// A whole JSON answer rewritten by the plan, and the status 2026 gives it when `fix_status`
+/// and it is an error.
+fn rewrite_whole(
+    bytes: Bytes,
+    mut plan: ResultPlan,
+    fix_status: bool,
+) -> (Bytes, Option<StatusCode>) {
+    match raw::parse_message(&bytes) {
         Some(mut msg) if raw::is_response(&msg) || msg.contains_key("method") => {
-            if fix_status {
-                if let Some(status) = rewrite::modern_error_status(&msg) {
-                    parts.status = status;
-                }
-            }
+            let status = fix_status
+                .then(|| rewrite::modern_error_status(&msg))
+                .flatten();
             if plan.apply(&mut msg) {
-                raw::to_bytes(&msg)
+                (raw::to_bytes(&msg), status)
             } else {
-                bytes
+                (bytes, status)
             }
         }
-        _ => bytes,
-    };
-    Ok(Response::from_parts(parts, body::held(out, held)))
+        _ => (bytes, None),
+    }
 }
 
 /// The upstream's response as it is (less its session id), streamed frame by frame.
