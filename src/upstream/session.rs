@@ -5,7 +5,7 @@
 //! it is closed upstream with a `DELETE` carrying its `Mcp-Session-Id`.
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
+use lru::LruCache;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -58,9 +58,10 @@ pub(crate) struct Closed {
     credentials: HeaderMap,
 }
 
-/// The open sessions, by a hash of the client's credentials; bounded.
+/// The open sessions, by a hash of the client's credentials; bounded, least recently used
+/// first out (O(1) per request, whatever the table's size).
 pub(crate) struct Sessions {
-    table: Mutex<HashMap<u64, Entry>>,
+    table: Mutex<LruCache<u64, Entry>>,
     hasher: RandomState,
     cap: usize,
     idle: Duration,
@@ -69,14 +70,14 @@ pub(crate) struct Sessions {
 impl Sessions {
     pub(crate) fn new(cap: usize, idle: Duration) -> Self {
         Sessions {
-            table: Mutex::new(HashMap::new()),
+            table: Mutex::new(LruCache::unbounded()),
             hasher: RandomState::new(),
             cap: cap.max(1),
             idle,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<u64, Entry>> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -127,24 +128,20 @@ impl Sessions {
         let key = self.key(&credentials);
         let mut table = self.lock();
         let mut closed = Self::sweep_locked(&mut table, self.idle);
-        if let Some(old) = table.remove(&key) {
+        if let Some(old) = table.pop(&key) {
             closed.push(Closed {
                 session: old.session,
                 credentials: old.credentials,
             });
         }
         while table.len() >= self.cap {
-            let Some(oldest) = table.iter().min_by_key(|(_, e)| e.used).map(|(k, _)| *k) else {
-                break;
-            };
-            if let Some(e) = table.remove(&oldest) {
-                closed.push(Closed {
-                    session: e.session,
-                    credentials: e.credentials,
-                });
-            }
+            let Some((_, e)) = table.pop_lru() else { break };
+            closed.push(Closed {
+                session: e.session,
+                credentials: e.credentials,
+            });
         }
-        table.insert(
+        table.put(
             key,
             Entry {
                 session,
@@ -155,20 +152,18 @@ impl Sessions {
         closed
     }
 
-    fn sweep_locked(table: &mut HashMap<u64, Entry>, idle: Duration) -> Vec<Closed> {
-        let stale: Vec<u64> = table
-            .iter()
-            .filter(|(_, e)| e.used.elapsed() >= idle)
-            .map(|(k, _)| *k)
-            .collect();
-        stale
-            .into_iter()
-            .filter_map(|k| table.remove(&k))
-            .map(|e| Closed {
-                session: e.session,
-                credentials: e.credentials,
-            })
-            .collect()
+    /// The sessions idle for `idle`, from the least recently used end: no scan of the rest.
+    fn sweep_locked(table: &mut LruCache<u64, Entry>, idle: Duration) -> Vec<Closed> {
+        let mut closed = Vec::new();
+        while table.peek_lru().is_some_and(|(_, e)| e.used.elapsed() >= idle) {
+            if let Some((_, e)) = table.pop_lru() {
+                closed.push(Closed {
+                    session: e.session,
+                    credentials: e.credentials,
+                });
+            }
+        }
+        closed
     }
 
     /// Lets go of the sessions unused for the idle time.
@@ -178,8 +173,8 @@ impl Sessions {
 
     /// Lets go of every session (the upstream is gone, or changed era).
     pub(crate) fn clear(&self) -> Vec<Closed> {
-        self.lock()
-            .drain()
+        let mut table = self.lock();
+        std::iter::from_fn(|| table.pop_lru())
             .map(|(_, e)| Closed {
                 session: e.session,
                 credentials: e.credentials,
@@ -380,6 +375,28 @@ mod tests {
         assert_eq!(t.len(), 2);
         let replaced = t.insert(&creds("a"), session("s4"));
         assert_eq!(replaced[0].session.id.as_ref().unwrap(), "s1");
+    }
+
+    #[test]
+    fn a_full_table_makes_room_in_constant_time() {
+        let n = 50_000;
+        let t = Sessions::new(n, Duration::from_secs(600));
+        let fill = |from: usize, to: usize| {
+            let started = Instant::now();
+            for i in from..to {
+                t.insert(&creds(&format!("c{i}")), session("s"));
+            }
+            started.elapsed()
+        };
+        let filling = fill(0, 10_000);
+        fill(10_000, n);
+        // Past the cap, each new session evicts the least recently used one.
+        let evicting = fill(n, n + 10_000);
+        assert_eq!(t.len(), n);
+        assert!(
+            evicting < filling * 20 + Duration::from_millis(200),
+            "{evicting:?} for 10,000 evicting inserts, {filling:?} for 10,000 filling ones"
+        );
     }
 
     #[test]
