@@ -15,6 +15,13 @@
 #      capabilities in front of the example Python server; the official TypeScript client calls
 #      a tool through it (pin and legacy), feedback off and in --dev; HEALTHCHECK healthy;
 #      SIGTERM (docker stop) exits 0
+#   7. the pods, as the kubelet runs them (scripts/pod-check.py): the chart's default render, its
+#      classic-sidecar value set, the example parent chart and
+#      deploy/kubernetes/deployment.yaml, each pod's containers on Docker in one network
+#      namespace, native-sidecar start order, every declared probe executed from outside against
+#      the pod's address for a minute, an MCP call through the pod's address (the official
+#      TypeScript client), then the pod deleted: no probe past its threshold, no restart, the
+#      server stopped before the sidecar, within terminationGracePeriodSeconds
 #
 # Exits non-zero at the first failed check. Cleans up its containers and processes on exit.
 set -euo pipefail
@@ -267,5 +274,41 @@ stop_clean "$C2"
 docker logs "$C2" 2>&1 | grep -q '"message":"telemetry flushed","delivered":1' \
   || { docker logs "$C2" 2>&1 | tail -5; fail "$C2: the telemetry event was not delivered to the embedded Epode on shutdown"; }
 say "$C2: decorated result (feedback_ready), telemetry event delivered at shutdown"
+
+# ---- 7. the pods, as the kubelet runs them ---------------------------------------------------
+# The tools above read the manifests; this runs them. The server's image is
+# docker/example-server.Dockerfile with its FROM line swapped for a Python base made from this
+# machine's Python with mcp installed (no registry to pull python:… from), built with no network.
+t0=$SECONDS
+PYBASE="$("$PY" scripts/pod-image-python.py --python "$PEERS/py/bin/python" --tag epode-check/python:local)" \
+  || fail "scripts/pod-image-python.py: no Python base image"
+EXAMPLE_IMAGE=epode-example-server:0.1.0
+CTX="$WORK/example-server-context"
+mkdir -p "$CTX/examples/python-server"
+cp examples/python-server/server.py "$CTX/examples/python-server/"
+grep -c '^FROM ' docker/example-server.Dockerfile | grep -qx 1 || fail "docker/example-server.Dockerfile: expected one FROM line"
+sed "s|^FROM .*|FROM $PYBASE|" docker/example-server.Dockerfile >"$CTX/Dockerfile"
+docker build --quiet --network none -t "$EXAMPLE_IMAGE" "$CTX" >"$WORK/example-build.txt" 2>&1 \
+  || { cat "$WORK/example-build.txt"; fail "docker build docker/example-server.Dockerfile (on $PYBASE)"; }
+say "example server image $EXAMPLE_IMAGE (docker/example-server.Dockerfile on $PYBASE) in $((SECONDS - t0)) s"
+# A product key of the right shape, made here and never printed (no Epode is reachable from the
+# pods' network anyway: it has no way out).
+FAKE_KEY="$("$PY" -c 'import secrets; print("af_live_" + secrets.token_hex(16) + "_" + secrets.token_hex(16) + "_" + secrets.token_urlsafe(24))')"
+t0=$SECONDS
+"$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-60}" \
+  --pod chart="$R/chart-default.yaml" \
+  --pod chart-classic-sidecar="$R/chart-classic-sidecar-values.yaml" \
+  --pod existing-app="$R/existing-app.yaml" \
+  --pod deploy-kubernetes=deploy/kubernetes/deployment.yaml \
+  --image "epode-sidecar=$IMAGE" --image "registry.example.com/acme/epode-sidecar=$IMAGE" \
+  --image "epode-example-server=$EXAMPLE_IMAGE" --image "registry.example.com/acme/orders-mcp=$EXAMPLE_IMAGE" \
+  --secret "epode-sidecar/api-key=$FAKE_KEY" --secret "orders-epode/api-key=$FAKE_KEY" \
+  --secret "orders-epode/product-key=$FAKE_KEY" \
+  --infra "$EXAMPLE_IMAGE python -c 'import signal; signal.pause()'" \
+  --mcp-call "node $PEERS/ts/ts_call.mjs {url} pin call get_order '{\"order_id\":\"A-1001\"}'" \
+  --mcp-expect '"structuredContent":{"order_id":"A-1001","status":"shipped"' \
+  >"$WORK/pod-check.txt" 2>&1 || { cat "$WORK/pod-check.txt"; fail "the pods, run as the kubelet runs them (scripts/pod-check.py)"; }
+sed -n '/^== /,$p' "$WORK/pod-check.txt"
+say "pods run as the kubelet runs them in $((SECONDS - t0)) s"
 
 say "deploy checks OK in $((SECONDS - started)) s"
