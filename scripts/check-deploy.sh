@@ -16,7 +16,7 @@
 #      a tool through it (pin and legacy), feedback off and in --dev; HEALTHCHECK healthy;
 #      SIGTERM (docker stop) exits 0
 #   7. the pods, as the kubelet runs them (scripts/pod-check.py): the chart's default render, its
-#      classic-sidecar value set, the example parent chart and
+#      classic-sidecar and server-exec-probes value sets, the example parent chart and
 #      deploy/kubernetes/deployment.yaml, each pod's containers on Docker in one network
 #      namespace, native-sidecar start order, every declared probe executed from outside against
 #      the pod's address for a minute, an MCP call through the pod's address (the official
@@ -297,6 +297,7 @@ FAKE_KEY="$("$PY" -c 'import secrets; print("af_live_" + secrets.token_hex(16) +
 t0=$SECONDS
 "$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-60}" \
   --pod chart="$R/chart-default.yaml" \
+  --pod chart-server-exec-probes="$R/chart-server-exec-probes-values.yaml" \
   --pod chart-classic-sidecar="$R/chart-classic-sidecar-values.yaml" \
   --pod existing-app="$R/existing-app.yaml" \
   --pod deploy-kubernetes=deploy/kubernetes/deployment.yaml \
