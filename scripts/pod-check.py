@@ -41,6 +41,7 @@ at the pod's deletion.
 Needs PyYAML and the docker CLI. Removes its containers, volumes and networks on exit.
 """
 import argparse
+import datetime
 import http.client
 import json
 import math
@@ -527,51 +528,53 @@ class Pod:
     # -- delete --
 
     def delete(self):
-        """The pod's deletion: app containers first, then native sidecars in reverse order."""
+        """The pod's deletion: app containers first, then native sidecars in reverse order.
+
+        Times are wall-clock seconds from the deletion's start; a container's exit is the
+        engine's FinishedAt (the docker CLI may return late on a loaded machine)."""
         self.stop_probing.set()
         for c in self.containers:
             c.terminating = True
-        t0 = time.monotonic()
-        deadline = t0 + self.grace
+        t0 = time.time()
         self.log(f"deleting the pod (terminationGracePeriodSeconds {self.grace})")
-        apps = [threading.Thread(target=self.stop_container, args=(c, t0, deadline))
-                for c in self.containers if c.role == "app"]
+        apps = [threading.Thread(target=self.stop_container, args=(c, t0)) for c in self.containers if c.role == "app"]
         for t in apps:
             t.start()
         for t in apps:
             t.join()
         last_app = max((c.stop.get("exited", 0) for c in self.containers if c.role == "app"), default=0)
         for c in reversed([c for c in self.containers if c.role == "sidecar"]):
-            self.stop_container(c, t0, deadline)
+            self.stop_container(c, t0)
             if c.stop.get("signal", 0) < last_app:
                 self.violation(f"{c.name} was stopped before the app containers had exited")
-        self.drain = time.monotonic() - t0
+        self.drain = max((c.stop.get("exited", 0) for c in self.containers), default=0)
         self.log(f"pod deleted in {self.drain:.1f} s (of {self.grace})")
 
-    def stop_container(self, c, t0, deadline):
+    def stop_container(self, c, t0):
+        deadline = t0 + self.grace
         if docker("inspect", "-f", "{{.State.Running}}", c.docker_name, check=False) != "true":
             self.violation(f"{c.name} was not running when its turn to stop came")
             return
         hook = (c.spec.get("lifecycle") or {}).get("preStop") or {}
         if "sleep" in hook:
-            time.sleep(max(0.0, min(float(hook["sleep"]["seconds"]), deadline - time.monotonic())))
+            time.sleep(max(0.0, min(float(hook["sleep"]["seconds"]), deadline - time.time())))
         elif "exec" in hook:
             subprocess.run([DOCKER, "exec", c.docker_name, *hook["exec"]["command"]], capture_output=True,
-                           timeout=max(1.0, deadline - time.monotonic()))
+                           timeout=max(1.0, deadline - time.time()))
         elif hook:
             raise PodError(f"{c.name}: preStop {sorted(hook)} is not supported here")
-        c.stop["signal"] = time.monotonic() - t0
-        remaining = max(1, math.ceil(deadline - time.monotonic()))
-        docker("stop", "-t", str(remaining), c.docker_name, timeout=remaining + 30)
-        c.stop["exited"] = time.monotonic() - t0
-        c.stop["code"] = int(docker("inspect", "-f", "{{.State.ExitCode}}", c.docker_name))
+        c.stop["signal"] = time.time() - t0
+        remaining = max(1, math.ceil(deadline - time.time()))
+        docker("stop", "-t", str(remaining), c.docker_name, timeout=remaining + 60)
+        code, finished = docker("inspect", "-f", "{{.State.ExitCode}} {{.State.FinishedAt}}", c.docker_name).split()
+        c.stop["code"], c.stop["exited"] = int(code), wall(finished) - t0
         pre = f"preStop {next(iter(hook))} then " if hook else ""
-        self.log(f"{c.name}: {pre}stop signal at +{c.stop['signal']:.1f}s, exited {c.stop['code']} "
+        self.log(f"{c.name}: {pre}stop signal at +{c.stop['signal']:.1f}s, exited {code} "
                  f"at +{c.stop['exited']:.1f}s of the deletion")
-        if time.monotonic() >= deadline - 0.05 or c.stop["code"] == 137:
+        if c.stop["code"] == 137 or c.stop["exited"] > self.grace:
             self.violation(f"{c.name} was SIGKILLed at the end of terminationGracePeriodSeconds ({self.grace} s)")
         elif c.stop["code"] != 0:
-            self.violation(f"{c.name} exited {c.stop['code']} on its stop signal, not 0")
+            self.violation(f"{c.name} exited {code} on its stop signal, not 0")
 
     def cleanup(self):
         self.stop_probing.set()
@@ -586,6 +589,15 @@ class Pod:
         docker("rm", "-f", *names, check=False, timeout=120)
         if self.volumes:
             docker("volume", "rm", "-f", *self.volumes.values(), check=False)
+
+
+def wall(stamp):
+    """An engine timestamp (RFC 3339, nanoseconds, UTC) as seconds since the epoch."""
+    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z", stamp)
+    if not m:
+        raise PodError(f"unexpected engine timestamp {stamp!r}")
+    whole = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return whole.timestamp() + float("0." + (m.group(2) or "0"))
 
 
 def load_pod(path):
