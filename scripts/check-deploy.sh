@@ -197,10 +197,13 @@ if docker run --rm --entrypoint /bin/sh "$IMAGE" -c true >/dev/null 2>&1; then f
 say "image: user 65532:65532, HEALTHCHECK [/epode-sidecar healthcheck], no /bin/sh"
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# wait_port PORT PID: until PORT accepts a connection, while PID runs (60 s at most: the
+# example server imports mcp, which takes 10 s and more on a loaded 2-core machine).
 wait_port() {
-  local port="$1" i
-  for i in $(seq 1 100); do
+  local port="$1" pid="$2" deadline=$((SECONDS + 60))
+  while (( SECONDS < deadline )); do
     "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $port), 0.2).close()" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.1
   done
   return 1
@@ -210,7 +213,7 @@ wait_port() {
 UP_PORT="$(free_port)"
 "$PEERS/py/bin/python" examples/python-server/server.py --port "$UP_PORT" >"$WORK/server.log" 2>&1 &
 PIDS+=($!)
-wait_port "$UP_PORT" || { cat "$WORK/server.log"; fail "the example server did not listen on $UP_PORT"; }
+wait_port "$UP_PORT" "${PIDS[-1]}" || { cat "$WORK/server.log"; fail "the example server did not listen on $UP_PORT"; }
 
 # run_sidecar NAME LISTEN_PORT ADMIN_PORT [extra docker args...]
 run_sidecar() {
