@@ -15,6 +15,13 @@
 #      capabilities in front of the example Python server; the official TypeScript client calls
 #      a tool through it (pin and legacy), feedback off and in --dev; HEALTHCHECK healthy;
 #      SIGTERM (docker stop) exits 0
+#   7. the pods, as the kubelet runs them (scripts/pod-check.py): the chart's default render, its
+#      classic-sidecar and server-exec-probes value sets, the example parent chart and
+#      deploy/kubernetes/deployment.yaml, each pod's containers on Docker in one network
+#      namespace, native-sidecar start order, every declared probe executed from outside against
+#      the pod's address for a minute, an MCP call through the pod's address (the official
+#      TypeScript client), then the pod deleted: no probe past its threshold, no restart, the
+#      server stopped before the sidecar, within terminationGracePeriodSeconds
 #
 # Exits non-zero at the first failed check. Cleans up its containers and processes on exit.
 set -euo pipefail
@@ -190,10 +197,13 @@ if docker run --rm --entrypoint /bin/sh "$IMAGE" -c true >/dev/null 2>&1; then f
 say "image: user 65532:65532, HEALTHCHECK [/epode-sidecar healthcheck], no /bin/sh"
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# wait_port PORT PID: until PORT accepts a connection, while PID runs (60 s at most: the
+# example server imports mcp, which takes 10 s and more on a loaded 2-core machine).
 wait_port() {
-  local port="$1" i
-  for i in $(seq 1 100); do
+  local port="$1" pid="$2" deadline=$((SECONDS + 60))
+  while (( SECONDS < deadline )); do
     "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $port), 0.2).close()" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.1
   done
   return 1
@@ -203,7 +213,7 @@ wait_port() {
 UP_PORT="$(free_port)"
 "$PEERS/py/bin/python" examples/python-server/server.py --port "$UP_PORT" >"$WORK/server.log" 2>&1 &
 PIDS+=($!)
-wait_port "$UP_PORT" || { cat "$WORK/server.log"; fail "the example server did not listen on $UP_PORT"; }
+wait_port "$UP_PORT" "${PIDS[-1]}" || { cat "$WORK/server.log"; fail "the example server did not listen on $UP_PORT"; }
 
 # run_sidecar NAME LISTEN_PORT ADMIN_PORT [extra docker args...]
 run_sidecar() {
@@ -267,5 +277,42 @@ stop_clean "$C2"
 docker logs "$C2" 2>&1 | grep -q '"message":"telemetry flushed","delivered":1' \
   || { docker logs "$C2" 2>&1 | tail -5; fail "$C2: the telemetry event was not delivered to the embedded Epode on shutdown"; }
 say "$C2: decorated result (feedback_ready), telemetry event delivered at shutdown"
+
+# ---- 7. the pods, as the kubelet runs them ---------------------------------------------------
+# The tools above read the manifests; this runs them. The server's image is
+# docker/example-server.Dockerfile with its FROM line swapped for a Python base made from this
+# machine's Python with mcp installed (no registry to pull python:… from), built with no network.
+t0=$SECONDS
+PYBASE="$("$PY" scripts/pod-image-python.py --python "$PEERS/py/bin/python" --tag epode-check/python:local)" \
+  || fail "scripts/pod-image-python.py: no Python base image"
+EXAMPLE_IMAGE=epode-example-server:0.1.0
+CTX="$WORK/example-server-context"
+mkdir -p "$CTX/examples/python-server"
+cp examples/python-server/server.py "$CTX/examples/python-server/"
+grep -c '^FROM ' docker/example-server.Dockerfile | grep -qx 1 || fail "docker/example-server.Dockerfile: expected one FROM line"
+sed "s|^FROM .*|FROM $PYBASE|" docker/example-server.Dockerfile >"$CTX/Dockerfile"
+docker build --quiet --network none -t "$EXAMPLE_IMAGE" "$CTX" >"$WORK/example-build.txt" 2>&1 \
+  || { cat "$WORK/example-build.txt"; fail "docker build docker/example-server.Dockerfile (on $PYBASE)"; }
+say "example server image $EXAMPLE_IMAGE (docker/example-server.Dockerfile on $PYBASE) in $((SECONDS - t0)) s"
+# A product key of the right shape, made here and never printed (no Epode is reachable from the
+# pods' network anyway: it has no way out).
+FAKE_KEY="$("$PY" -c 'import secrets; print("af_live_" + secrets.token_hex(16) + "_" + secrets.token_hex(16) + "_" + secrets.token_urlsafe(24))')"
+t0=$SECONDS
+"$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-60}" \
+  --pod chart="$R/chart-default.yaml" \
+  --pod chart-server-exec-probes="$R/chart-server-exec-probes-values.yaml" \
+  --pod chart-classic-sidecar="$R/chart-classic-sidecar-values.yaml" \
+  --pod existing-app="$R/existing-app.yaml" \
+  --pod deploy-kubernetes=deploy/kubernetes/deployment.yaml \
+  --image "epode-sidecar=$IMAGE" --image "registry.example.com/acme/epode-sidecar=$IMAGE" \
+  --image "epode-example-server=$EXAMPLE_IMAGE" --image "registry.example.com/acme/orders-mcp=$EXAMPLE_IMAGE" \
+  --secret "epode-sidecar/api-key=$FAKE_KEY" --secret "orders-epode/api-key=$FAKE_KEY" \
+  --secret "orders-epode/product-key=$FAKE_KEY" \
+  --infra "$EXAMPLE_IMAGE python -c 'import signal; signal.pause()'" \
+  --mcp-call "node $PEERS/ts/ts_call.mjs {url} pin call get_order '{\"order_id\":\"A-1001\"}'" \
+  --mcp-expect '"structuredContent":{"order_id":"A-1001","status":"shipped"' \
+  >"$WORK/pod-check.txt" 2>&1 || { cat "$WORK/pod-check.txt"; fail "the pods, run as the kubelet runs them (scripts/pod-check.py)"; }
+sed -n '/^== /,$p' "$WORK/pod-check.txt"
+say "pods run as the kubelet runs them in $((SECONDS - t0)) s"
 
 say "deploy checks OK in $((SECONDS - started)) s"

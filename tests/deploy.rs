@@ -337,6 +337,15 @@ fn the_default_render_has_the_native_sidecar_and_the_security_context() {
     let containers = pod["containers"].as_array().unwrap();
     assert_eq!(containers.len(), 1, "only the MCP server in containers");
     assert!(containers.iter().all(|c| c["name"] != "epode-sidecar"));
+    // The server listens on 127.0.0.1 and the kubelet probes the pod's address: no probe by
+    // default (scripts/pod-check.py runs the pod and executes every probe it declares).
+    for probe in ["startupProbe", "livenessProbe", "readinessProbe"] {
+        assert!(
+            containers[0].get(probe).is_none(),
+            "MCP server {probe}: {}",
+            containers[0][probe]
+        );
+    }
 
     // The key from the Secret, by reference only.
     let env = sidecar["env"].as_array().unwrap();
