@@ -23,7 +23,7 @@ use crate::frontdoor;
 use crate::limits::{retry_after_secs, InFlight, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
-use crate::trial::bus::Bus;
+use crate::trial::bus::{self as console, Bus, Note};
 use crate::upstream::{Client, NotReady, Upstream};
 
 /// One worker's request path: the configuration, its view of the upstream, the binding, and
@@ -48,6 +48,8 @@ struct Seen {
     era: &'static str,
     /// The tool of a `tools/call`, noted only for the local trial's console.
     tool: Option<String>,
+    /// What the binding notes for the local trial's console (only when it is on).
+    note: Option<Arc<Note>>,
 }
 
 impl Dispatcher {
@@ -152,6 +154,7 @@ impl Dispatcher {
             method: "-",
             era: "-",
             tool: None,
+            note: self.bus.as_ref().map(|_| Arc::new(Note::at_start())),
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned, &mut seen).await;
@@ -179,14 +182,19 @@ impl Dispatcher {
             method = seen.method,
             era = seen.era,
             status = status.as_u16(),
-            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            duration_ms = console::millis(elapsed),
             "request"
         );
-        if let Some(bus) = &self.bus {
-            bus.publish(
-                "call",
-                serde_json::json!({"method": seen.method, "tool": seen.tool, "era": seen.era, "status": status.as_u16(), "durationMs": elapsed.as_millis() as u64}),
-            );
+        if let (Some(bus), Some(note)) = (&self.bus, &seen.note) {
+            let mut event = note.fields();
+            event.extend([
+                ("method".into(), seen.method.into()),
+                ("tool".into(), seen.tool.take().into()),
+                ("era".into(), seen.era.into()),
+                ("status".into(), status.as_u16().into()),
+                ("durationMs".into(), console::millis(elapsed).into()),
+            ]);
+            bus.publish("call", serde_json::Value::Object(event));
         }
         resp
     }
@@ -276,7 +284,7 @@ impl Dispatcher {
         self.note(seen, &request);
         let mut cut = self.cut.clone();
         let answered = tokio::select! {
-            answered = self.dispatch(&request, Client::new(&parts.headers, peer), abandoned) => answered,
+            answered = self.dispatch(&request, Client::new(&parts.headers, peer), abandoned, seen.note.as_ref()) => answered,
             _ = cut.wait_for(|c| *c) => Err(Error::new(Kind::ShuttingDown, "")),
         };
         answered.unwrap_or_else(|e| {
