@@ -571,6 +571,41 @@ fn assert_durations(sc: &Sidecar, events: &[Value]) {
     }
 }
 
+#[tokio::test]
+async fn a_tool_call_answered_as_a_stream_shows_with_its_result_and_interaction() {
+    let dir = tempfile::tempdir().unwrap();
+    let sc = dev(&dir.path().join("r.jsonl"));
+    // Progress makes the example server answer as a stream; the result comes at its end.
+    let mut body = modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name": "export_orders", "arguments": {"batches": 2}}),
+    );
+    body["params"]["_meta"]["progressToken"] = json!("p1");
+    let resp = post_modern(&sc.url(), "tools/call", Some("export_orders"), &body).await;
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("notifications/progress") && text.contains("_agentFeedback"),
+        "{text}"
+    );
+    let events = console_events(&sc, |e| {
+        e.iter()
+            .any(|e| e["kind"] == "call" && e["tool"] == "export_orders")
+    })
+    .await;
+    let call = events
+        .iter()
+        .find(|e| e["kind"] == "call" && e["tool"] == "export_orders")
+        .unwrap();
+    assert_eq!(call["isError"], false, "{call}");
+    assert_eq!(
+        call["interactionId"],
+        interaction_of(&events, "export_orders").as_str(),
+        "{call}"
+    );
+}
+
 /// Opens the console in Chromium (`tests/peers/console_check.mjs`), waits for READY, runs
 /// `then`, and returns the page's verdict once every text showed.
 fn in_chromium(sc: &Sidecar, shot: &str, texts: &[&str], then: impl FnOnce()) -> Value {
@@ -731,8 +766,8 @@ fn assert_interaction_rows(rows: &[String]) {
     }
 }
 
-#[test]
-fn the_readme_python_server_and_client_work_as_written_over_stdio_and_http() {
+/// The README's "your own Python server" blocks (server.py, client.py), its commands checked.
+fn readme_own_server() -> (String, String) {
     let readme = std::fs::read_to_string(repo_root().join("README.md")).unwrap();
     let block = |first: &str| -> String {
         let start = readme
@@ -751,6 +786,12 @@ fn the_readme_python_server_and_client_work_as_written_over_stdio_and_http() {
     ] {
         assert!(readme.contains(command), "{command}");
     }
+    (server, client)
+}
+
+#[test]
+fn the_readme_python_server_and_client_work_as_written_over_stdio_and_http() {
+    let (server, client) = readme_own_server();
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     assert!(server.contains("port=8000"), "{server}");

@@ -185,18 +185,10 @@ impl Dispatcher {
             duration_ms = console::millis(elapsed),
             "request"
         );
-        if let (Some(bus), Some(note)) = (&self.bus, &seen.note) {
-            let mut event = note.fields();
-            event.extend([
-                ("method".into(), seen.method.into()),
-                ("tool".into(), seen.tool.take().into()),
-                ("era".into(), seen.era.into()),
-                ("status".into(), status.as_u16().into()),
-                ("durationMs".into(), console::millis(elapsed).into()),
-            ]);
-            bus.publish("call", serde_json::Value::Object(event));
+        match (&self.bus, seen.note.take()) {
+            (Some(bus), Some(note)) => show_call(bus.clone(), note, seen, status, elapsed, resp),
+            _ => resp,
         }
-        resp
     }
 
     /// What the accounting of a request needs to know of it.
@@ -296,4 +288,54 @@ impl Dispatcher {
             e.into_response(Some(request.id))
         })
     }
+}
+
+/// A request's event on the local trial's console, published when dropped.
+struct Shown {
+    bus: Arc<Bus>,
+    note: Arc<Note>,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Drop for Shown {
+    fn drop(&mut self) {
+        let mut event = self.note.fields();
+        event.extend(std::mem::take(&mut self.fields));
+        self.bus.publish("call", serde_json::Value::Object(event));
+    }
+}
+
+/// Shows a request on the local trial's console: now, or, for a tool call answered as a
+/// stream (its result, and what the binding notes of it, come at its end), once the stream is
+/// over.
+fn show_call(
+    bus: Arc<Bus>,
+    note: Arc<Note>,
+    seen: Seen,
+    status: StatusCode,
+    elapsed: std::time::Duration,
+    resp: Response<Body>,
+) -> Response<Body> {
+    let fields = serde_json::Map::from_iter([
+        ("method".into(), seen.method.into()),
+        ("tool".into(), seen.tool.into()),
+        ("era".into(), seen.era.into()),
+        ("status".into(), status.as_u16().into()),
+        ("durationMs".into(), console::millis(elapsed).into()),
+    ]);
+    let shown = Shown { bus, note, fields };
+    let streamed = seen.method == "tools/call"
+        && resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streamed {
+        return resp;
+    }
+    resp.map(|body| {
+        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(body, move |f| {
+            let _alive = &shown;
+            f
+        }))
+    })
 }
