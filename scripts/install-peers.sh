@@ -31,8 +31,6 @@ log() { printf 'install-peers: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 command -v python3 >/dev/null || die "python3 not found"
-command -v node >/dev/null || die "node not found"
-command -v npm >/dev/null || die "npm not found"
 
 # One installer at a time per peers folder (parallel test binaries may call us).
 if command -v flock >/dev/null; then
@@ -84,6 +82,10 @@ if [[ "${EPODE_PEERS_ONLY:-}" == "py" ]]; then
   echo "PEER_PYTHON=$D/py/bin/python"
   exit 0
 fi
+
+# Everything below needs Node (the tests' peers); the Python venv above does not.
+command -v node >/dev/null || die "node not found (the tests' peers run on Node: https://nodejs.org)"
+command -v npm >/dev/null || die "npm not found (it comes with Node: https://nodejs.org)"
 
 # ---- 2. TypeScript SDK (client + server + node adapter) ----------------------
 [[ -f "$SRC/package.json" ]] || die "missing $SRC/package.json"

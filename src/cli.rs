@@ -298,14 +298,14 @@ async fn startup_check(dispatcher: Arc<Dispatcher>) {
     }
 }
 
-/// The local trial's console bus, when `--dev` is on (its embedded Epode is started, and the
-/// binding pointed at it).
-fn start_trial(config: &mut Config) -> Result<Option<Arc<Bus>>, ExitCode> {
+/// The local trial, when `--dev` is on (its embedded Epode is started, and the binding
+/// pointed at it).
+fn start_trial(config: &mut Config) -> Result<Option<Trial>, ExitCode> {
     if config.dev.is_none() {
         return Ok(None);
     }
     match Trial::start(config) {
-        Ok(t) => Ok(Some(t.bus)),
+        Ok(t) => Ok(Some(t)),
         Err(e) => {
             eprintln!("epode-sidecar: cannot start the local trial: {e}");
             Err(ExitCode::FAILURE)
@@ -357,10 +357,11 @@ fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, Exit
 
 async fn run(mut config: Config) -> ExitCode {
     let mut signals = StopSignals::listen();
-    let bus = match start_trial(&mut config) {
-        Ok(bus) => bus,
+    let trial = match start_trial(&mut config) {
+        Ok(trial) => trial,
         Err(code) => return code,
     };
+    let bus = trial.as_ref().map(|t| t.bus.clone());
     let config = Arc::new(config);
     let Prepared {
         listeners,
@@ -383,6 +384,9 @@ async fn run(mut config: Config) -> ExitCode {
         tokio::spawn(server::admin(listener, dispatcher.clone(), stopped.clone()));
     }
     tracing::info!(listen = %local, upstream = %config.upstream.shown(), path = %config.path, workers = config.workers, tls = config.tls.is_some(), "epode-sidecar serving");
+    if let Some(trial) = &trial {
+        trial.announce(&config, local);
+    }
     let sweeper = spawn_sweeper(dispatcher.clone());
     let first_check = tokio::spawn(startup_check(dispatcher.clone()));
     let serving = server::serve(listeners, &dispatcher, shared, stopped);

@@ -19,6 +19,7 @@ use crate::feedback::{capability, placement, tools, FeedbackMode};
 use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::DecorationLabels;
+use crate::trial::bus::Note;
 
 pub(super) struct ListHook {
     pub(super) binding: Arc<FeedbackBinding>,
@@ -124,6 +125,8 @@ pub(super) struct CallHook {
     listed: Option<bool>,
     header_refs: IdentityRefs,
     started: Instant,
+    /// The local trial's note of this request (interaction, `isError`), when `--dev` is on.
+    note: Option<Arc<Note>>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -144,6 +147,7 @@ impl CallHook {
         tool: &str,
         listed: Option<bool>,
         header_refs: IdentityRefs,
+        note: Option<Arc<Note>>,
     ) -> Self {
         CallHook {
             binding,
@@ -151,6 +155,7 @@ impl CallHook {
             listed,
             header_refs,
             started: Instant::now(),
+            note,
         }
     }
 
@@ -188,6 +193,7 @@ impl CallHook {
         active: &Active,
         result: &mut RawMap,
         refs: &IdentityRefs,
+        is_error: bool,
     ) -> (String, bool) {
         let mode = self.binding.config.mode;
         // The consent subject: Ask once with a stable customerRef only.
@@ -223,7 +229,7 @@ impl CallHook {
             if let Some(bus) = &self.binding.bus {
                 bus.publish(
                     "feedback",
-                    serde_json::json!({"tool": self.tool, "state": case.stage().as_str(), "mode": mode.as_str(), "interactionId": minted.claims.i}),
+                    serde_json::json!({"tool": self.tool, "isError": is_error, "state": case.stage().as_str(), "mode": mode.as_str(), "interactionId": minted.claims.i}),
                 );
             }
             let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
@@ -242,6 +248,10 @@ impl ResultHook for CallHook {
     fn result(&mut self, result: &mut RawMap) -> bool {
         let identity = take_identity(result);
         let mut changed = identity.is_some();
+        let is_error = result.get("isError").is_some_and(|v| is_true(v));
+        if let Some(note) = &self.note {
+            note.set("isError", is_error);
+        }
         let input_required = result
             .get("resultType")
             .and_then(|v| as_str(v))
@@ -258,18 +268,21 @@ impl ResultHook for CallHook {
             .get("runtimeHint")
             .and_then(Value::as_str)
             .map(str::to_owned);
-        let outcome = if result.get("isError").is_some_and(|v| is_true(v)) {
+        let outcome = if is_error {
             Outcome::Error
         } else {
             Outcome::Success
         };
         let interaction_id = if self.binding.config.decorates(&self.tool) {
-            let (id, decorated) = self.decorate(active, result, &refs);
+            let (id, decorated) = self.decorate(active, result, &refs, is_error);
             changed |= decorated;
             id
         } else {
             uuid::Uuid::new_v4().hyphenated().to_string()
         };
+        if let Some(note) = &self.note {
+            note.set("interactionId", interaction_id.as_str());
+        }
         self.record(active, interaction_id, outcome, refs, hint);
         changed
     }

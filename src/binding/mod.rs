@@ -30,7 +30,7 @@ use crate::log_summary::LogSummary;
 use crate::mcp::raw::raw;
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::{FeedbackCallLabels, Metrics};
-use crate::trial::bus::Bus;
+use crate::trial::bus::{Bus, Note};
 
 /// The parts that exist only when feedback is on.
 struct Active {
@@ -190,19 +190,27 @@ impl FeedbackBinding {
         self: &Arc<Self>,
         tool: &str,
         client: &HeaderMap,
+        note: Option<Arc<Note>>,
     ) -> Box<dyn ResultHook> {
         Box::new(CallHook::new(
             self.clone(),
             tool,
             self.catalog.listed(tool),
             self.header_refs(client),
+            note,
         ))
     }
 
     /// Answers a call of one of the two feedback tools: validated locally (arguments, then the
     /// handle's signature and expiry with the product key), forwarded to Epode with only the
-    /// fields Epode takes, and answered with the reference binding's result.
-    pub(crate) async fn call_local(&self, name: &str, arguments: &Value) -> Value {
+    /// fields Epode takes, and answered with the reference binding's result. With `--dev`,
+    /// the console's `note` learns the outcome.
+    pub(crate) async fn call_local(
+        &self,
+        name: &str,
+        arguments: &Value,
+        note: Option<&Arc<Note>>,
+    ) -> Value {
         let Some(active) = &self.active else {
             return json!({"content": [], "isError": true});
         };
@@ -215,7 +223,55 @@ impl FeedbackBinding {
             .feedback_calls
             .get_or_create(&FeedbackCallLabels { tool, outcome })
             .inc();
+        if let Some(note) = note {
+            self.show_local(active, note, tool, arguments, &result, outcome);
+        }
         result
+    }
+
+    /// What the local trial's console shows of a feedback tool's call: its outcome, and a
+    /// call the sidecar refused itself (it never reached the embedded Epode) with the reason.
+    fn show_local(
+        &self,
+        active: &Active,
+        note: &Note,
+        tool: &'static str,
+        arguments: &Value,
+        result: &Value,
+        outcome: &'static str,
+    ) {
+        let handle = arguments.get("feedbackHandle").and_then(Value::as_str);
+        let interaction = handle
+            .filter(|h| h.len() <= tools::MAX_HANDLE_LEN)
+            .and_then(|h| capability::verify(&active.key, h, SystemTime::now()).ok())
+            .map(|claims| claims.i);
+        note.set("outcome", outcome);
+        note.set("isError", result.get("isError") == Some(&Value::Bool(true)));
+        if let Some(i) = &interaction {
+            note.set("interactionId", i.as_str());
+        }
+        let refused = match outcome {
+            "invalid_arguments" => result["content"][0]["text"]
+                .as_str()
+                .unwrap_or("invalid arguments")
+                .to_owned(),
+            "invalid_handle" => {
+                let why = handle.map_or(Err("there is none"), |h| verify_handle(active, h));
+                format!("bad feedback handle: {}", why.err().unwrap_or("invalid"))
+            }
+            _ => return,
+        };
+        if let Some(bus) = &self.bus {
+            let kind = if tool == REPORT_TOOL {
+                "report"
+            } else {
+                "consent"
+            };
+            bus.publish(
+                kind,
+                json!({"refused": refused, "by": "sidecar", "interactionId": interaction}),
+            );
+        }
     }
 
     async fn record_consent(&self, active: &Active, arguments: &Value) -> (Value, &'static str) {

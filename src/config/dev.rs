@@ -69,7 +69,7 @@ pub(super) const DEV: &[Setting] = &[
         &["EPODE_SIDECAR_DEV_LOG"],
         Some("epode-dev.jsonl"),
         "a file path",
-        "With `--dev`: the file the embedded Epode appends what it receives to, one JSON object per line (`kind`: `telemetry`, `consent`, `report`; the request body; the status it answered).",
+        "With `--dev`: the file the embedded Epode appends what it receives to, one JSON object per line (`kind`: `telemetry`, `consent`, `report`; the request body; the status it answered). When it cannot be written (a read-only container), a file of the same name in the temporary directory, else none; a warning says which.",
         |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log.display().to_string()),
     ),
     setting(

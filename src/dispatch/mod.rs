@@ -23,7 +23,7 @@ use crate::frontdoor;
 use crate::limits::{retry_after_secs, InFlight, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
-use crate::trial::bus::Bus;
+use crate::trial::bus::{self as console, Bus, Note};
 use crate::upstream::{Client, NotReady, Upstream};
 
 /// One worker's request path: the configuration, its view of the upstream, the binding, and
@@ -48,6 +48,8 @@ struct Seen {
     era: &'static str,
     /// The tool of a `tools/call`, noted only for the local trial's console.
     tool: Option<String>,
+    /// What the binding notes for the local trial's console (only when it is on).
+    note: Option<Arc<Note>>,
 }
 
 impl Dispatcher {
@@ -152,6 +154,7 @@ impl Dispatcher {
             method: "-",
             era: "-",
             tool: None,
+            note: self.bus.as_ref().map(|_| Arc::new(Note::at_start())),
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned, &mut seen).await;
@@ -179,16 +182,13 @@ impl Dispatcher {
             method = seen.method,
             era = seen.era,
             status = status.as_u16(),
-            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            duration_ms = console::millis(elapsed),
             "request"
         );
-        if let Some(bus) = &self.bus {
-            bus.publish(
-                "call",
-                serde_json::json!({"method": seen.method, "tool": seen.tool, "era": seen.era, "status": status.as_u16(), "durationMs": elapsed.as_millis() as u64}),
-            );
+        match (&self.bus, seen.note.take()) {
+            (Some(bus), Some(note)) => show_call(bus.clone(), note, seen, status, elapsed, resp),
+            _ => resp,
         }
-        resp
     }
 
     /// What the accounting of a request needs to know of it.
@@ -276,7 +276,7 @@ impl Dispatcher {
         self.note(seen, &request);
         let mut cut = self.cut.clone();
         let answered = tokio::select! {
-            answered = self.dispatch(&request, Client::new(&parts.headers, peer), abandoned) => answered,
+            answered = self.dispatch(&request, Client::new(&parts.headers, peer), abandoned, seen.note.as_ref()) => answered,
             _ = cut.wait_for(|c| *c) => Err(Error::new(Kind::ShuttingDown, "")),
         };
         answered.unwrap_or_else(|e| {
@@ -288,4 +288,54 @@ impl Dispatcher {
             e.into_response(Some(request.id))
         })
     }
+}
+
+/// A request's event on the local trial's console, published when dropped.
+struct Shown {
+    bus: Arc<Bus>,
+    note: Arc<Note>,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Drop for Shown {
+    fn drop(&mut self) {
+        let mut event = self.note.fields();
+        event.extend(std::mem::take(&mut self.fields));
+        self.bus.publish("call", serde_json::Value::Object(event));
+    }
+}
+
+/// Shows a request on the local trial's console: now, or, for a tool call answered as a
+/// stream (its result, and what the binding notes of it, come at its end), once the stream is
+/// over.
+fn show_call(
+    bus: Arc<Bus>,
+    note: Arc<Note>,
+    seen: Seen,
+    status: StatusCode,
+    elapsed: std::time::Duration,
+    resp: Response<Body>,
+) -> Response<Body> {
+    let fields = serde_json::Map::from_iter([
+        ("method".into(), seen.method.into()),
+        ("tool".into(), seen.tool.into()),
+        ("era".into(), seen.era.into()),
+        ("status".into(), status.as_u16().into()),
+        ("durationMs".into(), console::millis(elapsed).into()),
+    ]);
+    let shown = Shown { bus, note, fields };
+    let streamed = seen.method == "tools/call"
+        && resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streamed {
+        return resp;
+    }
+    resp.map(|body| {
+        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(body, move |f| {
+            let _alive = &shown;
+            f
+        }))
+    })
 }

@@ -4,6 +4,7 @@
 //! era has none, and the two feedback tools. Rewritten: `tools/list` and product `tools/call`.
 //! Everything else goes to the upstream in its era and comes back in the client's.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,6 +23,7 @@ use crate::limits::retry_after_secs;
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
+use crate::trial::bus::Note;
 use crate::upstream::answer;
 use crate::upstream::{translate, Client, Era};
 
@@ -34,6 +36,7 @@ impl Dispatcher {
         req: &Request<'_>,
         client: Client<'_>,
         abandoned: Abandoned,
+        note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
         let modern = req.era.is_modern();
@@ -66,8 +69,8 @@ impl Dispatcher {
             Route::Listen if self.upstream.era(client).await? == Era::Legacy => {
                 Ok(local_listen(req.id, self.cut.clone()))
             }
-            Route::FeedbackTool => self.feedback_tool(req, plan).await,
-            Route::ToolCall => self.tool_call(req, client, plan).await,
+            Route::FeedbackTool => self.feedback_tool(req, plan, note).await,
+            Route::ToolCall => self.tool_call(req, client, plan, note).await,
             Route::ToolList => {
                 let mut plan = plan;
                 plan.hook = self.binding.list_hook();
@@ -172,6 +175,7 @@ impl Dispatcher {
         &self,
         req: &Request<'_>,
         plan: ResultPlan,
+        note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
         let args = req
@@ -180,7 +184,7 @@ impl Dispatcher {
             .arguments
             .and_then(|a| serde_json::from_str(a.get()).ok())
             .unwrap_or_else(|| json!({}));
-        let result = self.binding.call_local(&name, &args).await;
+        let result = self.binding.call_local(&name, &args, note).await;
         Ok(local_result(req.id, result, plan))
     }
 
@@ -191,13 +195,17 @@ impl Dispatcher {
         req: &Request<'_>,
         client: &Client<'_>,
         mut plan: ResultPlan,
+        note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
         if self.binding.needs_listing(&name) {
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }
-        plan.hook = Some(self.binding.call_hook(&name, &req.parts.headers));
+        plan.hook = Some(
+            self.binding
+                .call_hook(&name, &req.parts.headers, note.cloned()),
+        );
         self.forward(req, client, plan).await
     }
 

@@ -16,13 +16,15 @@ use super::bus::Bus;
 use crate::body::{self, Body, BoxError};
 
 const PAGE: &str = include_str!("console.html");
+/// Where the page's script puts the origin it was loaded from.
+const ORIGIN: &str = "__ORIGIN__";
 /// A comment line on an idle stream, so proxies and browsers keep it open.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// The console's routes: `Some` answer for a path under `/_dev/`.
 pub(crate) fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
     let resp = match (method, path) {
-        (&Method::GET, "/_dev" | "/_dev/") => page(),
+        (&Method::GET, "/_dev" | "/_dev/") => page(bus.mcp_path()),
         (&Method::GET, "/_dev/events") => events(bus),
         (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::json(
             StatusCode::NOT_FOUND,
@@ -33,8 +35,22 @@ pub(crate) fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Respo
     Some(resp)
 }
 
-fn page() -> Response<Body> {
-    let mut resp = Response::new(body::full(PAGE));
+/// Text for an HTML element's content or a double-quoted attribute.
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The page, with the MCP endpoint and the command to try filled in (the page's script puts
+/// its own origin in place of [`ORIGIN`]).
+fn page(mcp_path: &str) -> Response<Body> {
+    let endpoint = format!("{ORIGIN}{mcp_path}");
+    let filled = PAGE
+        .replace("__ENDPOINT__", &escape(&endpoint))
+        .replace("__TRY__", &escape(&super::try_command(&endpoint)));
+    let mut resp = Response::new(body::full(filled));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,

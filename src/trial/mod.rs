@@ -21,11 +21,15 @@ use hyper_util::rt::TokioIo;
 
 use self::bus::Bus;
 use self::epode::{DevEpode, BODY_LIMIT};
-use crate::config::{Config, DevConfig};
+use crate::config::Config;
 
-/// The running trial: the console's bus (the embedded Epode runs on its own).
+/// The running trial: the console's bus (the embedded Epode runs on its own), and what its
+/// start lines say.
 pub(crate) struct Trial {
     pub(crate) bus: Arc<Bus>,
+    embedded: SocketAddr,
+    /// Where the record goes (`None`: nowhere writable, the console alone shows it).
+    record: Option<std::path::PathBuf>,
 }
 
 impl Trial {
@@ -43,29 +47,59 @@ impl Trial {
             .local_addr()
             .map_err(|e| format!("the embedded Epode's address: {e}"))?;
         let origin = format!("http://{addr}");
-        let bus = Bus::new();
+        let bus = Bus::new(&config.path);
         let key = config
             .feedback
             .key
             .clone()
             .ok_or("--dev makes its own key, but there is none")?;
         let epode = DevEpode::new(key, config.feedback.mode, origin.clone(), &dev, bus.clone())?;
+        let record = epode.record_path();
         config.feedback.api_url = url::Url::parse(&origin).map_err(|e| e.to_string())?;
         tokio::spawn(serve(listener, Arc::new(epode)));
-        announce(config, &dev, addr);
-        Ok(Trial { bus })
+        Ok(Trial {
+            bus,
+            embedded: addr,
+            record,
+        })
+    }
+
+    /// The start lines, once the listener is bound at `local`: what the trial is, where MCP
+    /// clients connect, the console, and one command to try.
+    pub(crate) fn announce(&self, config: &Config, local: SocketAddr) {
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let origin = format!("{scheme}://{local}");
+        let record = self.record.as_ref().map_or_else(
+            || "no record is kept (see above); the console shows everything".to_owned(),
+            |r| format!("what arrives is also appended to {}", r.display()),
+        );
+        tracing::info!(
+            target: "epode_sidecar::dev",
+            mode = config.feedback.mode.as_str(),
+            embedded_epode = %self.embedded,
+            "--dev: the local trial is on. Feedback goes to an embedded Epode on this machine, with an ephemeral key; nothing reaches the real Epode; {record}"
+        );
+        tracing::info!(target: "epode_sidecar::dev", "--dev: MCP clients connect to {origin}{}", config.path);
+        tracing::info!(target: "epode_sidecar::dev", "--dev: watch it live on the console: {origin}/_dev/");
+        tracing::info!(
+            target: "epode_sidecar::dev",
+            "--dev: try it (lists the tools; then call one the same way with tools/call): {}",
+            try_command(&format!("{origin}{}", config.path))
+        );
     }
 }
 
-fn announce(config: &Config, dev: &DevConfig, epode: SocketAddr) {
-    tracing::warn!(
-        target: "epode_sidecar::dev",
-        mode = config.feedback.mode.as_str(),
-        embedded_epode = %epode,
-        record = %dev.log.display(),
-        console = %format!("http://{}/_dev/", config.listen),
-        "--dev: the local trial is on. Feedback goes to an embedded Epode on this machine, with an ephemeral key; nothing reaches the real Epode. Watch it live on the console; what arrives is also appended to the record"
-    );
+/// One command that calls the sidecar at `endpoint` as a 2026 MCP client would: `tools/list`,
+/// which every server answers (the terminal and the empty console show it).
+pub(crate) fn try_command(endpoint: &str) -> String {
+    format!(
+        "curl -s {endpoint} -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' -H 'mcp-protocol-version: 2026-07-28' -H 'mcp-method: tools/list' -d '{body}'",
+        body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#
+    )
 }
 
 async fn serve(listener: tokio::net::TcpListener, epode: Arc<DevEpode>) {

@@ -142,43 +142,57 @@ impl DevEpode {
         if has_forbidden_key(body) {
             return error(400, FORBIDDEN_KEYS_MESSAGE);
         }
+        // The interaction, for the console only: the checks below keep the service's order.
+        let interaction = self.claims(bearer).map(|(c, _)| c.i);
+        let refused =
+            |status, why: &str| self.refused_report(body, interaction.as_deref(), status, why);
         if let Some(e) = schema_error(&self.validators.report, body) {
-            return self.refused_report(body, 400, &e);
+            return refused(400, &e);
         }
         if report_texts(body).into_iter().any(is_sensitive_text) {
-            let why = "The feedback report appears to contain sensitive data";
-            return self.refused_report(body, 400, why);
+            return refused(400, "The feedback report appears to contain sensitive data");
         }
         let Some((claims, _)) = self.claims(bearer) else {
             return error(401, "Authentication required");
         };
         if self.mode == FeedbackMode::Off {
-            return self.refused_report(body, 410, "Feedback collection is disabled");
+            return refused(410, "Feedback collection is disabled");
         }
         if self.mode != FeedbackMode::NeverAsk && !self.approved(&claims) {
-            let why = "Required user consent is missing or invalid";
-            return self.refused_report(body, 403, why);
+            return refused(403, "Required user consent is missing or invalid");
         }
-        let stored = {
+        let (stored, duplicate) = {
             let mut state = self.lock();
             match state.reports.get(&claims.i) {
-                Some(first) => first.clone(),
+                Some(first) => (first.clone(), true),
                 None => {
                     let report = stored_report(&claims.i, body);
                     keep(&mut state.reports, claims.i.clone(), report.clone());
-                    report
+                    (report, false)
                 }
             }
         };
-        tracing::warn!(
-            target: "epode_sidecar::dev",
-            interaction = %claims.i,
-            impact = stored["impact"].as_str().unwrap_or("-"),
-            findings = stored["findings"].as_array().map_or(0, Vec::len),
-            summary = stored["summary"].as_str().unwrap_or_default(),
-            "--dev: feedback report received by the embedded Epode (the real Epode never sees it)"
-        );
-        let shown = json!({"interactionId": claims.i, "status": 200, "report": stored});
+        if duplicate {
+            tracing::info!(
+                target: "epode_sidecar::dev",
+                interaction = %claims.i,
+                "--dev: a second feedback report for one interaction: the first one stands (the embedded Epode answers with it)"
+            );
+        } else {
+            tracing::info!(
+                target: "epode_sidecar::dev",
+                interaction = %claims.i,
+                impact = stored["impact"].as_str().unwrap_or("-"),
+                findings = stored["findings"].as_array().map_or(0, Vec::len),
+                summary = stored["summary"].as_str().unwrap_or_default(),
+                "--dev: feedback report received by the embedded Epode (the real Epode never sees it)"
+            );
+        }
+        let shown = if duplicate {
+            json!({"interactionId": claims.i, "status": 200, "duplicate": true, "report": body, "stands": stored})
+        } else {
+            json!({"interactionId": claims.i, "status": 200, "report": stored})
+        };
         reply(
             200,
             &json!({"accepted": true, "interactionId": claims.i, "report": stored}),
@@ -203,11 +217,17 @@ impl DevEpode {
     }
 
     /// A refused report: shown on the console (and the terminal) with why, then answered.
-    fn refused_report(&self, body: &Value, status: u16, why: &str) -> Reply {
+    fn refused_report(
+        &self,
+        body: &Value,
+        interaction: Option<&str>,
+        status: u16,
+        why: &str,
+    ) -> Reply {
         tracing::warn!(target: "epode_sidecar::dev", status, reason = why, "--dev: the embedded Epode refused a feedback report");
         error(status, why).showing(
             "report",
-            json!({"status": status, "refused": why, "report": body}),
+            json!({"status": status, "refused": why, "by": "embedded Epode", "interactionId": interaction, "report": body}),
         )
     }
 }

@@ -7,6 +7,7 @@
 //! for the latest [`KEEP`] interactions.
 
 use std::io::Write as _;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -122,6 +123,8 @@ fn keep<V>(map: &mut IndexMap<String, V>, key: String, value: V) {
 /// The JSON-lines record of what arrived, bounded in size.
 struct Record {
     file: Option<std::fs::File>,
+    /// Where `file` is (it may not be where it was configured).
+    path: Option<PathBuf>,
     written: u64,
     max: u64,
     full_warned: bool,
@@ -150,12 +153,11 @@ impl DevEpode {
         dev: &DevConfig,
         bus: Arc<Bus>,
     ) -> Result<Self, String> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&dev.log)
-            .map_err(|e| format!("cannot open {}: {e}", dev.log.display()))?;
-        let written = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let (file, path) = open_record(&dev.log).unzip();
+        let written = file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len());
         Ok(DevEpode {
             key,
             mode,
@@ -167,13 +169,20 @@ impl DevEpode {
             },
             state: Mutex::new(State::default()),
             record: Mutex::new(Record {
-                file: Some(file),
+                file,
+                path,
                 written,
                 max: dev.log_max_bytes,
                 full_warned: false,
             }),
             bus,
         })
+    }
+
+    /// Where the record is written, if anywhere.
+    pub(crate) fn record_path(&self) -> Option<PathBuf> {
+        let r = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        r.path.clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -321,6 +330,54 @@ impl DevEpode {
             .copied()
             .unwrap_or(("unknown", 0));
         reply(200, &json!({"state": state, "revision": revision}))
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// Opens the record where it is configured, or where it can go: a file of the same name in
+/// the temporary directory (a read-only container with a tmpfs), or nowhere (the console
+/// still shows everything). Never fatal: the record is a convenience of the trial.
+fn open_record(configured: &Path) -> Option<(std::fs::File, PathBuf)> {
+    let e = match open_append(configured) {
+        Ok(f) => return Some((f, configured.to_owned())),
+        Err(e) => e,
+    };
+    const FIX: &str = "set EPODE_SIDECAR_DEV_LOG to a file this process can write (in a read-only container, mount a tmpfs: docker run --read-only --tmpfs /tmp)";
+    let fallback = std::env::temp_dir().join(
+        configured
+            .file_name()
+            .unwrap_or(std::ffi::OsStr::new("epode-dev.jsonl")),
+    );
+    let tried = if fallback == configured {
+        Err(e.kind().into())
+    } else {
+        open_append(&fallback)
+    };
+    match tried {
+        Ok(f) => {
+            tracing::warn!(
+                target: "epode_sidecar::dev",
+                "--dev: cannot write the record at {} ({e}): it goes to {} instead; to choose, {FIX}",
+                configured.display(),
+                fallback.display(),
+            );
+            Some((f, fallback))
+        }
+        Err(e2) => {
+            tracing::warn!(
+                target: "epode_sidecar::dev",
+                "--dev: cannot write the record at {} ({e}) nor at {} ({e2}): no record is kept, the console still shows everything; to keep one, {FIX}",
+                configured.display(),
+                fallback.display(),
+            );
+            None
+        }
     }
 }
 
