@@ -182,6 +182,13 @@ exposure="$(systemd-analyze security --offline=true --root="$SD" "$SD/etc/system
 [[ -n "$exposure" ]] || fail "systemd-analyze security gave no exposure level"
 awk -v e="$exposure" 'BEGIN { exit !(e <= 2.0) }' || fail "systemd-analyze security: exposure $exposure > 2.0"
 say "deploy/systemd/epode-sidecar.service: systemd-analyze verify clean; security exposure $exposure (of 10; lower is safer)"
+# The drop-in for a stdio server run as a user of its own must load with the unit.
+mkdir -p "$SD/etc/systemd/system/epode-sidecar.service.d"
+cp deploy/systemd/stdio-separated.conf "$SD/etc/systemd/system/epode-sidecar.service.d/"
+if ! systemd-analyze verify --root="$SD" /etc/systemd/system/epode-sidecar.service >"$WORK/sd.txt" 2>&1 || [[ -s "$WORK/sd.txt" ]]; then
+  cat "$WORK/sd.txt"; fail "systemd-analyze verify with deploy/systemd/stdio-separated.conf"
+fi
+say "deploy/systemd/stdio-separated.conf: systemd-analyze verify clean with the unit"
 
 # ---- 6. the image -------------------------------------------------------------------------------
 t0=$SECONDS
