@@ -43,10 +43,13 @@ pub(crate) struct LimitLabels {
 }
 
 /// Every limit that can refuse something, shown from the start (at 0).
-const LIMIT_KINDS: [&str; 12] = [
+const LIMIT_KINDS: [&str; 15] = [
     "connections",
+    "admin_connections",
+    "dev_epode_connections",
     "header_timeout",
     "idle_timeout",
+    "write_timeout",
     "body_timeout",
     "body_size",
     "body_read",
@@ -138,7 +141,7 @@ impl Metrics {
         );
         r.register(
             "open_connections",
-            "Client connections open now",
+            "Client connections open now, on every listener",
             m.open_connections.clone(),
         );
         r.register(

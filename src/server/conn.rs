@@ -1,8 +1,11 @@
-//! One client connection's bounds: its time to send a request head once it started one, its
-//! idle time between requests, and its place under the connection cap. hyper reads through
-//! [`Watched`], which ends the connection (with a 408 where the client may still read it) when
-//! a deadline passes; the service marks each request's start and end on the shared
-//! [`ConnState`].
+//! One client connection's bounds: its time to send a request head (the first one counted
+//! from accept, a later one from its first byte), its idle time between requests, its time
+//! to take a write that makes no progress (a client that does not read), and its place under
+//! its listener's share of the connection cap. hyper reads and writes through [`Watched`],
+//! which ends the connection (with a 408 where the client may still read it) when a deadline
+//! passes; the service marks each request's start and end on the shared [`ConnState`], and
+//! each response body goes out in chunks of at most [`CHUNK`] bytes ([`track`]), so what
+//! hyper holds for a slow client stays small.
 
 use std::future::Future;
 use std::io;
@@ -14,17 +17,27 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
-use http_body::{Body as HttpBody, Frame};
+use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 
 use crate::body::{Body, BoxError};
+use crate::budget::{self, MemoryBudget};
 use crate::metrics::Metrics;
 
-/// The connections open, and how many may be.
+/// The largest piece of a response body handed to hyper at once. hyper asks for the next
+/// piece only when its write buffer has room, so a client that reads slowly (or not at all)
+/// leaves at most about this much (plus the buffer's own limit) in hyper's hands; the rest
+/// stays in the body, where the memory budget counts it.
+pub(crate) const CHUNK: usize = budget::SMALL;
+
+/// The connections open on one listener, and how many may be.
 pub(crate) struct Connections {
     open: AtomicUsize,
     cap: usize,
+    /// The limit kind counted when a connection is refused.
+    refused: &'static str,
     metrics: Arc<Metrics>,
 }
 
@@ -32,10 +45,11 @@ pub(crate) struct Connections {
 pub(crate) struct Slot(Arc<Connections>);
 
 impl Connections {
-    pub(crate) fn new(cap: usize, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(cap: usize, refused: &'static str, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Connections {
             open: AtomicUsize::new(0),
             cap,
+            refused,
             metrics,
         })
     }
@@ -49,7 +63,7 @@ impl Connections {
             })
             .is_ok();
         if !admitted {
-            self.metrics.limit("connections");
+            self.metrics.limit(self.refused);
             return None;
         }
         self.metrics.open_connections.inc();
@@ -66,20 +80,40 @@ impl Drop for Slot {
 
 /// What the service tells the connection about its requests.
 pub(crate) struct ConnState {
+    /// When the connection was accepted.
     born: Instant,
     in_progress: AtomicUsize,
-    /// Milliseconds after `born` (plus one) when the first byte of the next request head
-    /// arrived; 0 while none has.
+    /// Milliseconds after `born` (plus one) when the next request head started: its first
+    /// byte, or for the connection's first request, the accept; 0 while none has.
     head_started: AtomicU64,
     /// Milliseconds after `born` when the connection last became idle.
     idle_since: AtomicU64,
     /// The connection's reader, woken when a request ends so its idle deadline is armed.
     reader: AtomicWaker,
+    /// HTTP/2 answers that handed a frame and wait for the connection to ask for the next:
+    /// while any does, the connection must take one within the idle time (flow control
+    /// held shut by a client that does not read stalls no write, only this).
+    awaiting: AtomicUsize,
+    /// Milliseconds after `born` when an HTTP/2 answer last handed a frame.
+    handed_at: AtomicU64,
+    /// Told when the connection is to close once its requests are done.
+    closing: Notify,
 }
 
 impl ConnState {
     fn ms(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The connection is to close once its requests are done (HTTP/2; an HTTP/1 answer
+    /// says `Connection: close` itself).
+    pub(crate) fn close_when_done(&self) {
+        self.closing.notify_one();
+    }
+
+    /// Completes when the connection is to close.
+    pub(crate) async fn closing(&self) {
+        self.closing.notified().await;
     }
 
     /// A request's head arrived; until [`RequestGuard`] drops, the connection is busy.
@@ -102,19 +136,64 @@ impl Drop for RequestGuard {
     }
 }
 
-/// A response body that keeps its request marked in progress until it is sent.
-pub(crate) fn track(body: Body, guard: RequestGuard) -> Body {
+/// A response body that keeps its request marked in progress until it is sent, and hands it
+/// to hyper in pieces of at most [`CHUNK`] bytes (zero-copy: each piece shares the frame's
+/// memory). With `counted` (an HTTP/2 stream, whose connection may hold many answers at
+/// once), every piece is counted in that budget until its last byte is written.
+pub(crate) fn track(body: Body, guard: RequestGuard, counted: Option<Arc<MemoryBudget>>) -> Body {
     use http_body_util::BodyExt as _;
     Tracked {
         inner: body,
-        _guard: guard,
+        rest: Bytes::new(),
+        counted,
+        awaiting: false,
+        guard,
     }
     .boxed_unsync()
 }
 
 struct Tracked {
     inner: Body,
-    _guard: RequestGuard,
+    /// What is left of a frame larger than a chunk.
+    rest: Bytes,
+    counted: Option<Arc<MemoryBudget>>,
+    /// (HTTP/2) A frame was handed and the connection has not asked for the next yet.
+    awaiting: bool,
+    guard: RequestGuard,
+}
+
+impl Tracked {
+    fn piece(&mut self, mut data: Bytes) -> Frame<Bytes> {
+        if data.len() > CHUNK {
+            self.rest = data.split_off(CHUNK);
+        }
+        let Some(budget) = &self.counted else {
+            return Frame::data(data);
+        };
+        let s = &self.guard.0;
+        s.handed_at.store(s.ms(), Ordering::Release);
+        if !self.awaiting {
+            self.awaiting = true;
+            if s.awaiting.fetch_add(1, Ordering::AcqRel) == 0 {
+                s.reader.wake();
+            }
+        }
+        Frame::data(budget::counted(budget, data))
+    }
+
+    /// The connection asked for more (or the answer is gone).
+    fn asked(&mut self) {
+        if self.awaiting {
+            self.awaiting = false;
+            self.guard.0.awaiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.asked();
+    }
 }
 
 impl HttpBody for Tracked {
@@ -125,27 +204,62 @@ impl HttpBody for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        self.asked();
+        if !self.rest.is_empty() {
+            let rest = std::mem::take(&mut self.rest);
+            return Poll::Ready(Some(Ok(self.piece(rest))));
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(self.piece(data)))),
+                Err(frame) => Poll::Ready(Some(Ok(frame))),
+            },
+            other => other,
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.rest.is_empty() && self.inner.is_end_stream()
     }
 
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
+    fn size_hint(&self) -> SizeHint {
+        let inner = self.inner.size_hint();
+        let rest = self.rest.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
 /// The deadlines of a connection.
 #[derive(Clone, Copy)]
 pub(crate) struct Deadlines {
+    /// For a request head: from accept for the first, from its first byte for a later one.
     pub(crate) head: Duration,
+    /// Between requests; and for a write that makes no progress (a client that does not read).
     pub(crate) idle: Duration,
 }
 
 /// The answer to a client that did not finish its request head in time.
 const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: 120\r\nconnection: close\r\n\r\n{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32000,\"message\":\"Request timeout: the request head did not arrive in time\"}}";
+
+/// What a connection's read-side deadline bounds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// A request head.
+    Head,
+    /// The time between requests.
+    Idle,
+    /// An HTTP/2 answer's next frame, which the connection must take (a client that does not
+    /// read holds the flow-control window shut).
+    Taken,
+}
+
+/// The first bytes of an HTTP/2 connection (its preface).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
 /// A connection's IO, ending the connection when a deadline passes.
 pub(crate) struct Watched<IO> {
@@ -154,26 +268,54 @@ pub(crate) struct Watched<IO> {
     deadlines: Deadlines,
     sleep: Pin<Box<Sleep>>,
     armed_for: Option<Instant>,
+    /// When a connection that has sent nothing yet is closed.
+    first_head: Instant,
+    /// Armed while a write makes no progress; made at the first such write.
+    stall: Option<Pin<Box<Sleep>>>,
+    stalled: bool,
+    /// Any byte arrived (a connection that never sent one gets no 408: there is no request
+    /// to answer).
+    spoke: bool,
+    /// An HTTP/2 connection: bytes between requests (pings, settings) start no head, and a
+    /// deadline closes it without an HTTP/1 answer.
+    h2: bool,
     metrics: Arc<Metrics>,
     _slot: Slot,
     timed_out: bool,
 }
 
 impl<IO> Watched<IO> {
-    pub(crate) fn new(io: IO, deadlines: Deadlines, slot: Slot, metrics: Arc<Metrics>) -> Self {
-        let now = Instant::now();
+    /// `accepted`: when the connection was accepted (its first head deadline counts from it,
+    /// TLS handshake included).
+    pub(crate) fn new(
+        io: IO,
+        deadlines: Deadlines,
+        slot: Slot,
+        metrics: Arc<Metrics>,
+        accepted: Instant,
+    ) -> Self {
+        // Silent, a new connection is also idle: whichever deadline is nearer applies.
+        let first_head = accepted + deadlines.head.min(deadlines.idle);
         Watched {
             io,
             state: Arc::new(ConnState {
-                born: now,
+                born: accepted,
                 in_progress: AtomicUsize::new(0),
-                head_started: AtomicU64::new(0),
+                head_started: AtomicU64::new(1),
                 idle_since: AtomicU64::new(0),
                 reader: AtomicWaker::new(),
+                awaiting: AtomicUsize::new(0),
+                handed_at: AtomicU64::new(0),
+                closing: Notify::new(),
             }),
             deadlines,
-            sleep: Box::pin(tokio::time::sleep_until(now + deadlines.idle)),
-            armed_for: Some(now + deadlines.idle),
+            sleep: Box::pin(tokio::time::sleep_until(first_head)),
+            armed_for: Some(first_head),
+            first_head,
+            stall: None,
+            stalled: false,
+            spoke: false,
+            h2: false,
             metrics,
             _slot: slot,
             timed_out: false,
@@ -184,20 +326,98 @@ impl<IO> Watched<IO> {
         self.state.clone()
     }
 
-    /// The deadline that applies now, and whether it is the head's (else the idle one).
-    fn deadline(&self) -> Option<(Instant, bool)> {
+    /// The deadline that applies now, and what it bounds.
+    fn deadline(&self) -> Option<(Instant, Due)> {
         let s = &self.state;
-        if s.in_progress.load(Ordering::Acquire) > 0 {
-            return None;
+        if !self.spoke {
+            return Some((self.first_head, Due::Head));
         }
         let at = |ms: u64| s.born + Duration::from_millis(ms);
+        if s.in_progress.load(Ordering::Acquire) > 0 {
+            if s.awaiting.load(Ordering::Acquire) > 0 {
+                let handed = at(s.handed_at.load(Ordering::Acquire));
+                return Some((handed + self.deadlines.idle, Due::Taken));
+            }
+            return None;
+        }
         match s.head_started.load(Ordering::Acquire) {
             0 => Some((
                 at(s.idle_since.load(Ordering::Acquire)) + self.deadlines.idle,
-                false,
+                Due::Idle,
             )),
-            started => Some((at(started - 1) + self.deadlines.head, true)),
+            started => Some((at(started - 1) + self.deadlines.head, Due::Head)),
         }
+    }
+
+    /// Bytes arrived (`fresh`, where the read put them).
+    fn arrived(&mut self, fresh: &[u8]) {
+        let s = &self.state;
+        if !self.spoke {
+            self.spoke = true;
+            if fresh.starts_with(H2_PREFACE) {
+                // HTTP/2: the connection is idle until its first stream.
+                self.h2 = true;
+                s.head_started.store(0, Ordering::Release);
+            }
+            return;
+        }
+        if !self.h2
+            && s.in_progress.load(Ordering::Acquire) == 0
+            && s.head_started.load(Ordering::Acquire) == 0
+        {
+            s.head_started.store(s.ms() + 1, Ordering::Release);
+        }
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> Watched<IO> {
+    /// The read side's deadline passed: the connection ends, with a 408 for an HTTP/1 client
+    /// that started a head.
+    fn read_deadline_passed(&mut self, cx: &mut Context<'_>, due: Due) -> io::Error {
+        self.timed_out = true;
+        match due {
+            Due::Head => {
+                self.metrics.limit("header_timeout");
+                if self.spoke && !self.h2 {
+                    // Best effort: the client may still read why.
+                    let _ = Pin::new(&mut self.io).poll_write(cx, REQUEST_TIMEOUT);
+                    let _ = Pin::new(&mut self.io).poll_flush(cx);
+                }
+            }
+            Due::Idle => self.metrics.limit("idle_timeout"),
+            Due::Taken => self.metrics.limit("write_timeout"),
+        }
+        io::ErrorKind::TimedOut.into()
+    }
+
+    /// A write (or flush) came back: progress clears the stall; none arms its deadline, and
+    /// past it the connection ends.
+    fn written<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled = false;
+            return polled;
+        }
+        if !self.stalled {
+            self.stalled = true;
+            let at = Instant::now() + self.deadlines.idle;
+            match &mut self.stall {
+                Some(stall) => stall.as_mut().reset(at),
+                None => self.stall = Some(Box::pin(tokio::time::sleep_until(at))),
+            }
+        }
+        let Some(stall) = &mut self.stall else {
+            return Poll::Pending;
+        };
+        if stall.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        self.timed_out = true;
+        self.metrics.limit("write_timeout");
+        Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
     }
 }
 
@@ -213,12 +433,8 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = read {
-            let s = &self.state;
-            if buf.filled().len() > before
-                && s.in_progress.load(Ordering::Acquire) == 0
-                && s.head_started.load(Ordering::Acquire) == 0
-            {
-                s.head_started.store(s.ms() + 1, Ordering::Release);
+            if buf.filled().len() > before {
+                self.arrived(&buf.filled()[before..]);
             }
             return read;
         }
@@ -226,7 +442,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
             return read;
         }
         self.state.reader.register(cx.waker());
-        let Some((at, head)) = self.deadline() else {
+        let Some((at, due)) = self.deadline() else {
             return Poll::Pending;
         };
         if self.armed_for != Some(at) {
@@ -236,16 +452,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
         if self.sleep.as_mut().poll(cx).is_pending() {
             return Poll::Pending;
         }
-        self.timed_out = true;
-        if head {
-            self.metrics.limit("header_timeout");
-            // Best effort: the client may still read why.
-            let _ = Pin::new(&mut self.io).poll_write(cx, REQUEST_TIMEOUT);
-            let _ = Pin::new(&mut self.io).poll_flush(cx);
-        } else {
-            self.metrics.limit("idle_timeout");
-        }
-        Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
+        Poll::Ready(Err(self.read_deadline_passed(cx, due)))
     }
 }
 
@@ -255,15 +462,24 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        if self.timed_out {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        self.written(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        if self.timed_out {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        let polled = Pin::new(&mut self.io).poll_flush(cx);
+        self.written(cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let polled = Pin::new(&mut self.io).poll_shutdown(cx);
+        self.written(cx, polled)
     }
 
     fn poll_write_vectored(
@@ -271,7 +487,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        if self.timed_out {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        self.written(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -282,6 +502,67 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn guard() -> RequestGuard {
+        Arc::new(ConnState {
+            born: Instant::now(),
+            in_progress: AtomicUsize::new(0),
+            head_started: AtomicU64::new(0),
+            idle_since: AtomicU64::new(0),
+            reader: AtomicWaker::new(),
+            awaiting: AtomicUsize::new(0),
+            handed_at: AtomicU64::new(0),
+            closing: Notify::new(),
+        })
+        .request_started()
+    }
+
+    /// The frames a body hands over, until its end.
+    fn frames(mut body: Body) -> Vec<Bytes> {
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        let mut out = Vec::new();
+        while let Poll::Ready(Some(frame)) = Pin::new(&mut body).poll_frame(&mut cx) {
+            out.push(frame.unwrap().into_data().unwrap());
+        }
+        out
+    }
+
+    #[test]
+    fn an_answer_goes_to_the_connection_in_chunks_that_share_its_memory() {
+        let whole = Bytes::from(vec![7u8; 3 * CHUNK + 10]);
+        let body = track(crate::body::full(whole.clone()), guard(), None);
+        assert_eq!(body.size_hint().exact(), Some(whole.len() as u64));
+        let pieces = frames(body);
+        assert_eq!(
+            pieces.iter().map(Bytes::len).collect::<Vec<_>>(),
+            [CHUNK, CHUNK, CHUNK, 10]
+        );
+        let start = whole.as_ptr() as usize;
+        for (i, p) in pieces.iter().enumerate() {
+            assert_eq!(p.as_ptr() as usize, start + i * CHUNK, "copied");
+        }
+        // A small answer is handed over as it is.
+        let small = Bytes::from_static(b"{}");
+        assert_eq!(
+            frames(track(crate::body::full(small.clone()), guard(), None)),
+            [small]
+        );
+    }
+
+    #[test]
+    fn http2_frames_stay_counted_until_written() {
+        let budget = MemoryBudget::new(1 << 30);
+        let body = track(
+            crate::body::full(Bytes::from(vec![1u8; CHUNK + 1])),
+            guard(),
+            Some(budget.clone()),
+        );
+        let pieces = frames(body);
+        assert_eq!(budget.used(), CHUNK + 1, "handed over, not yet written");
+        drop(pieces);
+        assert_eq!(budget.used(), 0);
+    }
 
     #[test]
     fn the_408_body_is_what_its_length_says() {
