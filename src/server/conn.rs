@@ -10,7 +10,7 @@
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -98,6 +98,10 @@ pub(crate) struct ConnState {
     handed_at: AtomicU64,
     /// Told when the connection is to close once its requests are done.
     closing: Notify,
+    /// Requests started (to tell whether the current one's answer has begun).
+    requests: AtomicU64,
+    /// The current request is HTTP/1.1 (it may be sent an interim answer).
+    http11: AtomicBool,
 }
 
 impl ConnState {
@@ -117,9 +121,11 @@ impl ConnState {
     }
 
     /// A request's head arrived; until [`RequestGuard`] drops, the connection is busy.
-    pub(crate) fn request_started(self: &Arc<Self>) -> RequestGuard {
+    pub(crate) fn request_started(self: &Arc<Self>, http11: bool) -> RequestGuard {
         self.in_progress.fetch_add(1, Ordering::AcqRel);
         self.head_started.store(0, Ordering::Release);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.http11.store(http11, Ordering::Relaxed);
         RequestGuard(self.clone())
     }
 }
@@ -258,6 +264,29 @@ enum Due {
     Taken,
 }
 
+/// What a connection runs on: plain TCP, or TLS over it.
+pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin {
+    /// Whether a client's end of stream before its answer is probed as a possible half-close
+    /// (plain TCP: a reset tells a client gone for good; TLS hides it).
+    const PROBES: bool = false;
+
+    /// Whether the peer has reset the connection (since the last call).
+    fn reset_by_peer(&self) -> bool {
+        false
+    }
+}
+
+impl Transport for tokio::net::TcpStream {
+    const PROBES: bool = true;
+
+    fn reset_by_peer(&self) -> bool {
+        // A reset after the peer's end of stream is never reported by a read, only here.
+        matches!(self.take_error(), Ok(Some(_)))
+    }
+}
+
+impl Transport for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {}
+
 /// The first bytes of an HTTP/2 connection (its preface).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
@@ -279,9 +308,38 @@ pub(crate) struct Watched<IO> {
     /// An HTTP/2 connection: bytes between requests (pings, settings) start no head, and a
     /// deadline closes it without an HTTP/1 answer.
     h2: bool,
+    /// `state.requests` when the connection last wrote.
+    wrote_for: u64,
+    /// Everything hyper handed over was flushed: an interim answer may go in between.
+    flushed: bool,
+    /// Bytes of [`PROBE`] still to be written before anything else.
+    probe_left: usize,
+    half_closed: Option<HalfClosed>,
     metrics: Arc<Metrics>,
     _slot: Slot,
     timed_out: bool,
+}
+
+/// The interim answer sent to a client whose end of stream arrived before its answer: one
+/// that only shut its sending side reads past it (an HTTP/1.1 client must take any 1xx before
+/// the final answer); a socket closed for good answers it with a reset, which the next read
+/// sees, and the request is then cancelled as when a client leaves.
+const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
+
+/// When a half-closed connection is read again for a reset, after the probe.
+const RECHECKS: [Duration; 5] = [
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_millis(1500),
+    Duration::from_secs(5),
+];
+
+/// A client ended its side after a complete request: its end is kept from hyper (which
+/// would take it for the client leaving) until its answer is sent.
+struct HalfClosed {
+    checks: usize,
+    recheck: Pin<Box<Sleep>>,
 }
 
 impl<IO> Watched<IO> {
@@ -307,6 +365,8 @@ impl<IO> Watched<IO> {
                 awaiting: AtomicUsize::new(0),
                 handed_at: AtomicU64::new(0),
                 closing: Notify::new(),
+                requests: AtomicU64::new(0),
+                http11: AtomicBool::new(false),
             }),
             deadlines,
             sleep: Box::pin(tokio::time::sleep_until(first_head)),
@@ -316,6 +376,10 @@ impl<IO> Watched<IO> {
             stalled: false,
             spoke: false,
             h2: false,
+            wrote_for: 0,
+            flushed: true,
+            probe_left: 0,
+            half_closed: None,
             metrics,
             _slot: slot,
             timed_out: false,
@@ -421,7 +485,91 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
     }
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
+impl<IO: Transport> Watched<IO> {
+    /// The client's end of stream arrived: whether it is kept from hyper as a half-close (an
+    /// HTTP/1.1 request on plain TCP whose answer has not begun, with nothing of hyper's
+    /// waiting to be written). Then the probe goes out.
+    fn hides_end(&mut self, cx: &mut Context<'_>) -> bool {
+        let s = &self.state;
+        if !IO::PROBES
+            || self.h2
+            || !self.flushed
+            || s.in_progress.load(Ordering::Acquire) == 0
+            || !s.http11.load(Ordering::Relaxed)
+            || self.wrote_for == s.requests.load(Ordering::Relaxed)
+        {
+            return false;
+        }
+        self.probe_left = PROBE.len();
+        if let Poll::Ready(Err(_)) = self.poll_probe(cx) {
+            return false;
+        }
+        tracing::debug!("the client ended its side before its answer; answering it");
+        self.half_closed = Some(HalfClosed {
+            checks: 0,
+            recheck: Box::pin(tokio::time::sleep(RECHECKS[0])),
+        });
+        true
+    }
+
+    /// A half-closed connection's read: its end once the answer is sent; before, a reset
+    /// (the client left for good) once a recheck finds one.
+    fn poll_half_closed(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.state.reader.register(cx.waker());
+        if self.state.in_progress.load(Ordering::Acquire) == 0 {
+            self.half_closed = None;
+            return Poll::Ready(Ok(()));
+        }
+        let Some(half) = self.half_closed.as_mut() else {
+            return Poll::Pending;
+        };
+        while half.checks < RECHECKS.len() {
+            if half.recheck.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if self.io.reset_by_peer() {
+                self.half_closed = None;
+                return Poll::Ready(Err(io::ErrorKind::ConnectionReset.into()));
+            }
+            half.checks += 1;
+            if let Some(next) = RECHECKS.get(half.checks) {
+                half.recheck.as_mut().reset(Instant::now() + *next);
+            }
+        }
+        Poll::Pending
+    }
+
+    /// Writes what is left of the probe, before anything of hyper's.
+    fn poll_probe(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.probe_left > 0 {
+            let from = PROBE.len() - self.probe_left;
+            match Pin::new(&mut self.io).poll_write(cx, &PROBE[from..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Err(io::ErrorKind::WriteZero.into())),
+                Poll::Ready(Ok(n)) => self.probe_left -= n,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+
+    /// Before a write of hyper's: the rest of the probe; `Some` to return at once.
+    fn before_write<T>(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<T>>> {
+        if self.timed_out {
+            return Some(Poll::Ready(Err(io::ErrorKind::TimedOut.into())));
+        }
+        if self.probe_left == 0 {
+            return None;
+        }
+        match self.poll_probe(cx) {
+            Poll::Ready(Ok(())) => None,
+            Poll::Ready(Err(e)) => Some(Poll::Ready(Err(e))),
+            Poll::Pending => Some(self.written(cx, Poll::Pending)),
+        }
+    }
+}
+
+impl<IO: Transport> AsyncRead for Watched<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -430,11 +578,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
         if self.timed_out {
             return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
         }
+        if self.half_closed.is_some() {
+            return self.poll_half_closed(cx);
+        }
         let before = buf.filled().len();
         let read = Pin::new(&mut self.io).poll_read(cx, buf);
         if let Poll::Ready(Ok(())) = read {
             if buf.filled().len() > before {
                 self.arrived(&buf.filled()[before..]);
+            } else if self.hides_end(cx) {
+                return self.poll_half_closed(cx);
             }
             return read;
         }
@@ -456,24 +609,33 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<IO> {
     }
 }
 
-impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+impl<IO: Transport> AsyncWrite for Watched<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if self.timed_out {
-            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        if let Some(early) = self.before_write(cx) {
+            return early;
         }
+        self.flushed = false;
         let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = polled {
+            if n > 0 {
+                self.wrote_for = self.state.requests.load(Ordering::Relaxed);
+            }
+        }
         self.written(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        if self.timed_out {
-            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        if let Some(early) = self.before_write(cx) {
+            return early;
         }
         let polled = Pin::new(&mut self.io).poll_flush(cx);
+        if let Poll::Ready(Ok(())) = polled {
+            self.flushed = true;
+        }
         self.written(cx, polled)
     }
 
@@ -487,10 +649,16 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.timed_out {
-            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        if let Some(early) = self.before_write(cx) {
+            return early;
         }
+        self.flushed = false;
         let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = polled {
+            if n > 0 {
+                self.wrote_for = self.state.requests.load(Ordering::Relaxed);
+            }
+        }
         self.written(cx, polled)
     }
 
@@ -513,8 +681,10 @@ mod tests {
             awaiting: AtomicUsize::new(0),
             handed_at: AtomicU64::new(0),
             closing: Notify::new(),
+            requests: AtomicU64::new(0),
+            http11: AtomicBool::new(false),
         })
-        .request_started()
+        .request_started(true)
     }
 
     /// The frames a body hands over, until its end.

@@ -17,12 +17,11 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::{self, Connections, Deadlines, Slot, Watched, CHUNK};
+use super::conn::{self, Connections, Deadlines, Slot, Transport, Watched, CHUNK};
 use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::Limits;
@@ -91,9 +90,10 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
         // while it holds less.
         .max_buf_size(limits.max_header_bytes.max(8192))
         .max_headers(limits.max_headers)
-        // A client that shuts its side after a complete request still gets the answer; an
-        // idle connection still ends at the client's end of stream.
-        .half_close(true);
+        // Not `half_close`: hyper would then never read a busy connection, and a client
+        // that leaves before its answer would not cancel its request; `conn` tells the two
+        // apart instead.
+        .half_close(false);
     builder
         .http2()
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
@@ -205,7 +205,9 @@ impl Bounds {
 
     /// Serves one connection (plain, or after its TLS handshake) to its end, each request
     /// answered by `handler`. With `drain`, the connection finishes its requests and closes
-    /// once it turns true (the receiver is dropped when the connection has ended).
+    /// once it turns true (the receiver is dropped when the connection has ended). On plain
+    /// TCP a client that shuts its sending side after a complete request still gets its
+    /// answer (`conn`: its end is probed; a client gone for good is still cut).
     pub(crate) async fn serve<IO, H, F>(
         &self,
         io: IO,
@@ -213,7 +215,7 @@ impl Bounds {
         handler: H,
         drain: Option<watch::Receiver<bool>>,
     ) where
-        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        IO: Transport + Send + 'static,
         H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
         F: Future<Output = Response<Body>> + Send + 'static,
     {
@@ -230,7 +232,7 @@ impl Bounds {
         let in_service = state.clone();
         let budget = inner.budget.clone();
         let service = service_fn(move |req: Request<Incoming>| {
-            let guard = in_service.request_started();
+            let guard = in_service.request_started(req.version() == Version::HTTP_11);
             let h2 = req.version() == Version::HTTP_2;
             let counted = if h2 { budget.clone() } else { None };
             let closing = h2.then(|| in_service.clone());
@@ -270,6 +272,7 @@ impl Bounds {
         let mut stopping = false;
         let ended = loop {
             tokio::select! {
+                biased;
                 ended = conn.as_mut() => break ended,
                 () = &mut stop, if !stopping => {
                     stopping = true;
