@@ -387,6 +387,7 @@ fn clients_that_do_not_read_stay_within_the_budget() {
         clients.push(s);
     }
     let peak = vm_hwm_kib(sc.pid());
+    eprintln!("VmHWM {peak} KiB, baseline {baseline} KiB, statuses {statuses:?}");
     assert!(
         peak < baseline + 2 * 32 * MIB,
         "peak resident size {peak} KiB: baseline {baseline} KiB plus more than twice the 32 MiB budget"
@@ -719,6 +720,7 @@ async fn http2_clients_that_do_not_read_stay_within_the_budget() {
     }
     let statuses: Vec<u16> = held.iter().map(|r| r.status().as_u16()).collect();
     let peak = vm_hwm_kib(sc.pid());
+    eprintln!("VmHWM {peak} KiB, baseline {baseline} KiB, statuses {statuses:?}");
     assert!(
         peak < baseline + 2 * 32 * MIB,
         "peak resident size {peak} KiB: baseline {baseline} KiB plus more than twice the 32 MiB budget"
