@@ -3,9 +3,10 @@
 //! to take a write that makes no progress (a client that does not read), and its place under
 //! its listener's share of the connection cap. hyper reads and writes through [`Watched`],
 //! which ends the connection (with a 408 where the client may still read it) when a deadline
-//! passes; the service marks each request's start and end on the shared [`ConnState`], and
-//! each response body goes out in chunks of at most [`CHUNK`] bytes ([`track`]), so what
-//! hyper holds for a slow client stays small.
+//! passes, and tells a client that half-closed after its request from one that left
+//! ([`HalfClosed`]); the service marks each request's start and end on the shared
+//! [`ConnState`], and each response body goes out in chunks of at most [`CHUNK`] bytes
+//! ([`track`]), so what hyper holds for a slow client stays small.
 
 use std::future::Future;
 use std::io;
@@ -322,11 +323,11 @@ pub(crate) struct Watched<IO> {
 
 /// The interim answer sent to a client whose end of stream arrived before its answer: one
 /// that only shut its sending side reads past it (an HTTP/1.1 client must take any 1xx before
-/// the final answer); a socket closed for good answers it with a reset, which the next read
-/// sees, and the request is then cancelled as when a client leaves.
+/// the final answer); a socket closed for good answers it with a reset, which a recheck finds
+/// (the socket's pending error), and the request is then cancelled as when a client leaves.
 const PROBE: &[u8] = b"HTTP/1.1 100 Continue\r\n\r\n";
 
-/// When a half-closed connection is read again for a reset, after the probe.
+/// When a half-closed connection is checked for a reset, after the probe.
 const RECHECKS: [Duration; 5] = [
     Duration::from_millis(20),
     Duration::from_millis(100),
