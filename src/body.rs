@@ -21,8 +21,13 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
         .boxed_unsync()
 }
 
-/// Bytes the sidecar made, still counted in the memory budget until they are sent.
+/// Bytes the sidecar made, still counted in the memory budget until they are sent: a large
+/// answer until its last byte is written (it may wait in the connection's write buffer for a
+/// slow client), a small one until it is handed over.
 pub(crate) fn held(bytes: Bytes, reservation: Reservation) -> Body {
+    if bytes.len() > crate::budget::SMALL {
+        return full(crate::budget::keep(bytes, reservation));
+    }
     Held {
         bytes: Some(bytes),
         reservation: Some(reservation),

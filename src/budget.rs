@@ -3,7 +3,9 @@
 //! clients and upstream answers can push the process past it. Bytes are taken from the budget
 //! as they arrive and given back when the holder is dropped. A holder past [`SMALL`] bytes may
 //! use only three quarters of the budget: a crowd of large bodies cannot starve the small
-//! requests and answers that make up normal traffic.
+//! requests and answers that make up normal traffic. Bytes on their way to a client stay
+//! counted until their memory is freed, wherever they then are ([`keep`], [`counted`]): in a
+//! response body, or in a connection's write buffer waiting for a slow client.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -86,6 +88,11 @@ impl Reservation {
         }
     }
 
+    /// The budget this reservation is taken from.
+    pub(crate) fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.budget
+    }
+
     #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         self.held
@@ -95,6 +102,42 @@ impl Reservation {
 impl Drop for Reservation {
     fn drop(&mut self) {
         self.budget.used.fetch_sub(self.held, Ordering::AcqRel);
+    }
+}
+
+/// Bytes that hold their reservation until the last piece of them is dropped (pieces split
+/// off them share their memory, so it is freed only then): wherever they go, a response body
+/// or a connection's write buffer, they stay counted until written.
+pub(crate) fn keep(bytes: Bytes, reservation: Reservation) -> Bytes {
+    Bytes::from_owner(Counted {
+        bytes,
+        _reservation: reservation,
+    })
+}
+
+/// Bytes already in memory, counted in `budget` from now on until the last piece of them is
+/// dropped. They are counted even past the budget (they exist already; what comes next is
+/// refused instead).
+pub(crate) fn counted(budget: &Arc<MemoryBudget>, bytes: Bytes) -> Bytes {
+    let held = bytes.len();
+    budget.used.fetch_add(held, Ordering::AcqRel);
+    keep(
+        bytes,
+        Reservation {
+            budget: budget.clone(),
+            held,
+        },
+    )
+}
+
+struct Counted {
+    bytes: Bytes,
+    _reservation: Reservation,
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
     }
 }
 
@@ -212,6 +255,28 @@ mod tests {
         );
         let mut small = budget.start();
         assert!(small.grow(SMALL), "a small holder still fits");
+    }
+
+    #[test]
+    fn kept_bytes_stay_counted_until_their_last_piece_is_dropped() {
+        let budget = MemoryBudget::new(1 << 20);
+        let mut r = budget.start();
+        assert!(r.grow(1000));
+        let mut kept = keep(Bytes::from(vec![b'x'; 1000]), r);
+        let head = kept.split_to(400);
+        let tail = kept.split_off(300);
+        drop(kept);
+        assert_eq!(budget.used(), 1000, "pieces still held");
+        drop(head);
+        assert_eq!(budget.used(), 1000);
+        drop(tail);
+        assert_eq!(budget.used(), 0);
+        // Bytes already in memory are counted even past the budget.
+        let small = MemoryBudget::new(10);
+        let counted = counted(&small, Bytes::from_static(&[1; 64]));
+        assert_eq!(small.used(), 64);
+        drop(counted);
+        assert_eq!(small.used(), 0);
     }
 
     #[tokio::test]

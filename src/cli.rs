@@ -200,15 +200,22 @@ pub fn main() -> ExitCode {
     runtime.block_on(run(config))
 }
 
-/// The connection cap: as configured, or 80% of the file-descriptor limit (first raised to
-/// its hard limit), so upstream and Epode connections always find a descriptor.
+/// The one connection cap, shared by every listener: 80% of the file-descriptor limit (first
+/// raised to its hard limit), or as configured but never above that, so upstream and Epode
+/// connections always find a descriptor.
 fn connection_cap(cap: ConnectionCap) -> usize {
     let limit = rlimit::increase_nofile_limit(u64::MAX)
         .or_else(|_| rlimit::getrlimit(rlimit::Resource::NOFILE).map(|(soft, _)| soft))
         .unwrap_or(1024);
-    let auto = usize::try_from(limit.saturating_mul(8) / 10).unwrap_or(usize::MAX);
+    let auto = usize::try_from(limit.saturating_mul(8) / 10)
+        .unwrap_or(usize::MAX)
+        .max(1);
     let cap = match cap {
-        ConnectionCap::Auto => auto.max(1),
+        ConnectionCap::Auto => auto,
+        ConnectionCap::Fixed(n) if n > auto => {
+            tracing::warn!(max_connections = n, fd_limit = limit, used = auto, "max_connections is above 80% of the file-descriptor limit; the sidecar keeps the rest for its own connections");
+            auto
+        }
         ConnectionCap::Fixed(n) => n,
     };
     tracing::info!(fd_limit = limit, max_connections = cap, "connection cap");
@@ -298,8 +305,8 @@ async fn startup_check(dispatcher: Arc<Dispatcher>) {
     }
 }
 
-/// The local trial, when `--dev` is on (its embedded Epode is started, and the binding
-/// pointed at it).
+/// The local trial, when `--dev` is on (its embedded Epode is bound, and the binding pointed
+/// at it).
 fn start_trial(config: &mut Config) -> Result<Option<Trial>, ExitCode> {
     if config.dev.is_none() {
         return Ok(None);
@@ -381,11 +388,21 @@ async fn run(mut config: Config) -> ExitCode {
         if let Ok(addr) = listener.local_addr() {
             println!("epode-sidecar admin listening on {addr}");
         }
-        tokio::spawn(server::admin(listener, dispatcher.clone(), stopped.clone()));
+        if let Some(bounds) = shared.admin() {
+            tokio::spawn(server::admin(
+                listener,
+                dispatcher.clone(),
+                bounds,
+                stopped.clone(),
+            ));
+        }
     }
     tracing::info!(listen = %local, upstream = %config.upstream.shown(), path = %config.path, workers = config.workers, tls = config.tls.is_some(), "epode-sidecar serving");
     if let Some(trial) = &trial {
         trial.announce(&config, local);
+    }
+    if let (Some(trial), Some(bounds)) = (trial, shared.dev_epode()) {
+        trial.serve(bounds);
     }
     let sweeper = spawn_sweeper(dispatcher.clone());
     let first_check = tokio::spawn(startup_check(dispatcher.clone()));

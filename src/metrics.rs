@@ -43,10 +43,13 @@ pub(crate) struct LimitLabels {
 }
 
 /// Every limit that can refuse something, shown from the start (at 0).
-const LIMIT_KINDS: [&str; 14] = [
+const LIMIT_KINDS: [&str; 17] = [
     "connections",
+    "admin_connections",
+    "dev_epode_connections",
     "header_timeout",
     "idle_timeout",
+    "write_timeout",
     "body_timeout",
     "body_size",
     "body_read",
@@ -161,7 +164,7 @@ impl Metrics {
     /// The gauges, with their names and help.
     fn gauges(&self) -> [(&'static str, &'static str, Gauge); 5] {
         [
-            ("open_connections", "Client connections open now", self.open_connections.clone()),
+            ("open_connections", "Client connections open now, on every listener", self.open_connections.clone()),
             ("in_flight_requests", "MCP requests being served now", self.in_flight.clone()),
             ("buffered_bytes", "Bytes held against the memory budget now", self.buffered_bytes.clone()),
             ("upstream_sessions", "2025-era upstream sessions open now", self.upstream_sessions.clone()),

@@ -238,7 +238,7 @@ pub(super) const LIMITS: &[Setting] = &[
         &["EPODE_SIDECAR_HEADER_TIMEOUT"],
         Some("10s"),
         "a duration from 1ms to 24h, such as 10s",
-        "Time a client has to send a request's head once it has started it; then 408 (when the client can still read it) and the connection is closed.",
+        "Time a client has to send a request's head, on every listener: a new connection's first from its accept (one that sends nothing is closed then, without an answer, or at the idle timeout when that is nearer), a later one from its first byte; then 408 (when the client can still read it) and the connection is closed.",
         |c| duration(c.limits.header_timeout),
     ),
     setting(
@@ -246,7 +246,7 @@ pub(super) const LIMITS: &[Setting] = &[
         &["EPODE_SIDECAR_BODY_TIMEOUT"],
         Some("30s"),
         "a duration from 1ms to 24h, such as 30s",
-        "Time a client has to send a request's body once its head arrived; then 408 with a JSON-RPC error.",
+        "Time a client has to send a request's body once its head arrived; then 408 with a JSON-RPC error and the connection is closed (on HTTP/2, once its other streams have ended).",
         |c| duration(c.limits.body_timeout),
     ),
     setting(
@@ -254,7 +254,7 @@ pub(super) const LIMITS: &[Setting] = &[
         &["EPODE_SIDECAR_IDLE_TIMEOUT"],
         Some("60s"),
         "a duration from 1ms to 24h, such as 60s",
-        "How long a keep-alive connection may stay idle between requests before the sidecar closes it.",
+        "How long a keep-alive connection may stay idle between requests before the sidecar closes it, and how long a client may take no part of an answer (its writes make no progress) before its connection is cut; on every listener.",
         |c| duration(c.limits.idle_timeout),
     ),
     setting(
@@ -262,7 +262,7 @@ pub(super) const LIMITS: &[Setting] = &[
         &["EPODE_SIDECAR_MAX_CONNECTIONS"],
         Some("auto"),
         "auto or a whole number from 1 to 1000000",
-        "Most client connections open at once; past it a new connection is closed at once. `auto`: 80% of the process's file-descriptor limit (raised to its hard limit at start), so upstream and Epode connections always have descriptors left.",
+        "Most client connections open at once, on every listener together. The admin listener and the `--dev` Epode each keep a sixteenth of it (4 to 256 connections) and the MCP port has the rest, so a flood of one cannot lock out another; past its share a listener closes a new connection at once. `auto`: 80% of the process's file-descriptor limit (raised to its hard limit at start); a number above that is lowered to it, so upstream and Epode connections always have descriptors left.",
         |c| match c.limits.max_connections {
             ConnectionCap::Auto => "auto".to_owned(),
             ConnectionCap::Fixed(n) => n.to_string(),
@@ -281,7 +281,7 @@ pub(super) const LIMITS: &[Setting] = &[
         &["EPODE_SIDECAR_MEMORY_BUDGET_BYTES"],
         Some("134217728"),
         "a whole number of bytes, at least 1048576",
-        "One budget for everything the sidecar holds in memory at once (request bodies, upstream answers it must parse, SSE events it must rewrite, Epode answers); a request that would pass it gets 503 with `Retry-After: 1`.",
+        "One budget for everything the sidecar holds in memory at once (request bodies, upstream answers it must parse, SSE events it must rewrite, answers waiting for a slow client until written, Epode answers); a request that would pass it gets 503 with `Retry-After: 1`.",
         |c| bytes(c.limits.memory_budget),
     ),
     setting(

@@ -114,6 +114,11 @@ impl Dispatcher {
         self.metrics.clone()
     }
 
+    /// The one memory budget (the listeners count what connections hold in it).
+    pub(crate) fn budget(&self) -> Arc<MemoryBudget> {
+        self.budget.clone()
+    }
+
     /// Stops a stdio upstream's child process (after the last request) and waits for it.
     pub(crate) async fn stop_upstream(&self) {
         self.upstream.shutdown().await;

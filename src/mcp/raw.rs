@@ -57,6 +57,19 @@ pub(crate) fn to_bytes(msg: &RawMap) -> bytes::Bytes {
     }
 }
 
+/// An object as raw JSON, serialised into a buffer sized once: a large result grown by
+/// doubling held up to twice its size, copied at every step.
+pub(crate) fn raw_object(map: &RawMap) -> Box<RawValue> {
+    let mut out = Vec::with_capacity(size_of_unescaped(map));
+    if serde_json::to_writer(&mut out, map).is_err() {
+        return null();
+    }
+    String::from_utf8(out)
+        .ok()
+        .and_then(|s| RawValue::from_string(s).ok())
+        .unwrap_or_else(null)
+}
+
 /// The message's serialised size when no key needs escaping: braces, and per member its key,
 /// two quotes, a colon and a comma.
 fn size_of_unescaped(msg: &RawMap) -> usize {
@@ -93,5 +106,7 @@ mod tests {
         assert_eq!(&out[..], text.as_bytes());
         // Exact when no key needs escaping (the separator after the last member is spare).
         assert_eq!(size_of_unescaped(&msg), out.len() + 1);
+        let result = open(&msg["result"]).unwrap();
+        assert_eq!(raw_object(&result).get(), msg["result"].get());
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::raw::{as_str, is_object, null, open, raw, RawMap};
+use super::raw::{as_str, is_object, null, open, raw, raw_object, RawMap};
 use super::version::META_SERVER_INFO;
 use crate::error::code;
 
@@ -154,8 +154,11 @@ impl ResultPlan {
                 }
             }
         }
-        if changed {
-            msg.insert("result".into(), raw(&result));
+        if let (true, Some(slot)) = (changed, msg.get_mut("result")) {
+            // The old text goes before the new one is made: a large result is then held
+            // twice at most (the map and its new text), not three times.
+            *slot = null();
+            *slot = raw_object(&result);
         }
         changed
     }

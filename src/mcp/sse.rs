@@ -278,7 +278,11 @@ where
     let s = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(block) = st.pending.pop_front() {
-                let block = transform(&block, &mut st).unwrap_or(block);
+                let mut block = transform(&block, &mut st).unwrap_or(block);
+                if block.len() > crate::budget::SMALL {
+                    // Counted until written: a slow client may keep it in the write buffer.
+                    block = crate::budget::counted(st.bounds.held.budget(), block);
+                }
                 return Some((Ok::<_, BoxError>(Frame::data(block)), st));
             }
             if st.done {

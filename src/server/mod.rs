@@ -2,13 +2,15 @@
 //! single-threaded event loop, its own `SO_REUSEPORT` listener on the shared address and its
 //! own request path ([`Dispatcher::for_worker`]: its own upstream connection pool), so a
 //! request is served start to finish on one thread with no cross-thread wake-ups. Every
-//! connection is bounded (`conn`): the connection cap, the head and idle deadlines, the header
-//! size and count; TLS (HTTP/1.1 and HTTP/2 by ALPN) when configured. Routes: the MCP path,
-//! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
-//! one). On shutdown every worker stops accepting and lets its in-flight requests finish; the
-//! caller cuts what outlives the grace period.
+//! listener (the MCP port, the admin port, the `--dev` Epode's) runs the same way
+//! (`listener`): its share of the connection cap, the head, idle and write deadlines, the
+//! header size and count (`conn`); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
+//! configured. Routes: the MCP path, `/healthz` and `/health`, `/readyz`, and `/metrics` (on
+//! the admin listener when there is one). On shutdown every worker stops accepting and lets
+//! its in-flight requests finish; the caller cuts what outlives the grace period.
 
 mod conn;
+mod listener;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,19 +21,14 @@ use std::time::Duration;
 
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use self::conn::{Connections, Deadlines, Watched};
+pub(crate) use self::listener::{Admitted, Bounds, Role, Shares};
 use crate::body::{self, Body};
 use crate::dispatch::Dispatcher;
-use crate::log_summary::LogSummary;
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics;
 
@@ -75,30 +72,61 @@ pub(crate) fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Listener
     })
 }
 
-/// What every worker shares besides its request path.
+/// What every worker shares besides its request path: the bounds of each listener (their
+/// shares of the one connection cap) and the MCP port's TLS.
 #[derive(Clone)]
 pub(crate) struct Shared {
-    pub(crate) connections: Arc<Connections>,
+    pub(crate) mcp: Bounds,
+    admin: Option<Bounds>,
+    dev_epode: Option<Bounds>,
     pub(crate) tls: Option<TlsAcceptor>,
-    /// Repeated accept failures (out of descriptors) are logged as summaries.
-    pub(crate) accept_errors: Arc<LogSummary>,
 }
 
 impl Shared {
+    /// `max_connections`: the one cap, shared between the listeners the configuration has.
     pub(crate) fn new(
         dispatcher: &Dispatcher,
         max_connections: usize,
         tls: Option<TlsAcceptor>,
     ) -> Self {
+        let config = dispatcher.config();
+        let shares = Shares::of(
+            max_connections,
+            config.admin_listen.is_some(),
+            config.dev.is_some(),
+        );
+        tracing::info!(
+            mcp = shares.mcp,
+            admin = shares.admin,
+            dev_epode = shares.dev_epode,
+            "connection cap shares"
+        );
+        let metrics = dispatcher.metrics_handle();
+        let bounds =
+            |role, cap, budget| Bounds::new(role, cap, &config.limits, metrics.clone(), budget);
         Shared {
-            connections: Connections::new(max_connections, dispatcher.metrics_handle()),
+            mcp: bounds(Role::Mcp, shares.mcp, Some(dispatcher.budget())),
+            admin: (shares.admin > 0).then(|| bounds(Role::Admin, shares.admin, None)),
+            dev_epode: (shares.dev_epode > 0)
+                .then(|| bounds(Role::DevEpode, shares.dev_epode, None)),
             tls,
-            accept_errors: Arc::new(LogSummary::new(
-                "accepting connections failed",
-                Duration::from_secs(10),
-            )),
         }
     }
+
+    /// The admin listener's bounds (when there is one).
+    pub(crate) fn admin(&self) -> Option<Bounds> {
+        self.admin.clone()
+    }
+
+    /// The `--dev` Epode listener's bounds (when there is one).
+    pub(crate) fn dev_epode(&self) -> Option<Bounds> {
+        self.dev_epode.clone()
+    }
+}
+
+/// Completes when `shutdown` turns true (or its sender is gone).
+async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|stop| *stop).await;
 }
 
 /// Runs the workers until `shutdown` turns true, then drains them. Returns whether every
@@ -160,97 +188,40 @@ async fn timer_pacer() {
     }
 }
 
-/// The HTTP/1 and HTTP/2 server settings every connection gets.
-fn http_builder(dispatcher: &Dispatcher) -> auto::Builder<TokioExecutor> {
-    let limits = &dispatcher.config().limits;
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        // hyper answers a head larger than its read buffer, or with more fields, with 431.
-        .max_buf_size(limits.max_header_bytes.max(8192))
-        .max_headers(limits.max_headers);
-    builder
-        .http2()
-        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
-    builder
-}
-
 async fn worker(
     listener: std::net::TcpListener,
     dispatcher: Arc<Dispatcher>,
     shared: Shared,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> bool {
-    let listener = match listener
-        .set_nonblocking(true)
-        .and_then(|()| TcpListener::from_std(listener))
-    {
+    let listener = match listener::register(listener) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(error = %e, "cannot register the listener");
             return false;
         }
     };
-    let builder = Arc::new(http_builder(&dispatcher));
-    let graceful = GracefulShutdown::new();
     let _pacer = tokio::spawn(timer_pacer());
-    let limits = &dispatcher.config().limits;
-    let deadlines = Deadlines {
-        head: limits.header_timeout,
-        idle: limits.idle_timeout,
-    };
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let (stream, peer) = match accepted {
-                    Ok(a) => a,
-                    Err(e) => {
-                        // Out of file descriptors and the like: pause instead of spinning.
-                        shared.accept_errors.add(accept_error_kind(&e), 1);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let Some(slot) = shared.connections.admit() else {
-                    // Past the cap: closed at once (a reset), costing nothing more.
-                    // A zero linger resets the connection at close; it never blocks.
-                    #[allow(deprecated)]
-                    let _ = stream.set_linger(Some(Duration::ZERO));
-                    drop(stream);
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let ctx = ConnCtx {
-                    dispatcher: dispatcher.clone(),
-                    builder: builder.clone(),
-                    watcher: graceful.watcher(),
-                    deadlines,
-                    peer,
-                };
-                let tls = shared.tls.clone();
-                tokio::spawn(async move {
-                    match tls {
-                        None => serve_io(stream, slot, ctx).await,
-                        Some(acceptor) => {
-                            let head = ctx.deadlines.head;
-                            if let Some(tls) = tls_handshake(&acceptor, stream, head).await {
-                                serve_io(tls, slot, ctx).await;
-                            }
-                        }
-                    }
-                });
-            }
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    break;
-                }
-            }
-        }
-    }
+    // Every connection holds a receiver: once they are all gone, the worker has drained.
+    let (drain, draining) = watch::channel(false);
+    let bounds = &shared.mcp;
+    bounds
+        .accept_until(&listener, stopped(shutdown), |stream, admitted| {
+            tokio::spawn(serve_mcp(
+                stream,
+                admitted,
+                dispatcher.clone(),
+                shared.clone(),
+                draining.clone(),
+            ));
+        })
+        .await;
     drop(listener);
+    drop(draining);
+    let _ = drain.send(true);
     let grace = dispatcher.config().shutdown_grace;
     tokio::select! {
-        () = graceful.shutdown() => true,
+        () = drain.closed() => true,
         // The caller cuts what is left after the grace period; the flush window lets those
         // answers reach their clients.
         () = tokio::time::sleep(grace + CUT_FLUSH) => {
@@ -260,20 +231,38 @@ async fn worker(
     }
 }
 
-fn accept_error_kind(e: &std::io::Error) -> &'static str {
-    match e.raw_os_error() {
-        Some(24 | 23) => "out_of_file_descriptors",
-        _ => "other",
+/// Serves one connection of the MCP port (after its TLS handshake, when configured).
+async fn serve_mcp(
+    stream: TcpStream,
+    admitted: Admitted,
+    dispatcher: Arc<Dispatcher>,
+    shared: Shared,
+    drain: watch::Receiver<bool>,
+) {
+    let peer = admitted.peer;
+    let handler = move |req| {
+        let dispatcher = dispatcher.clone();
+        async move { route(&dispatcher, req, peer).await }
+    };
+    let bounds = &shared.mcp;
+    match &shared.tls {
+        None => bounds.serve(stream, admitted, handler, Some(drain)).await,
+        Some(acceptor) => {
+            let due = admitted.head_due(bounds);
+            if let Some(tls) = tls_handshake(acceptor, stream, due).await {
+                bounds.serve(tls, admitted, handler, Some(drain)).await;
+            }
+        }
     }
 }
 
-/// The TLS handshake, within the head deadline.
+/// The TLS handshake, by the head deadline.
 async fn tls_handshake(
     acceptor: &TlsAcceptor,
     stream: TcpStream,
-    within: Duration,
+    due: Instant,
 ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
-    match tokio::time::timeout(within, acceptor.accept(stream)).await {
+    match tokio::time::timeout_at(due, acceptor.accept(stream)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "TLS handshake failed");
@@ -283,41 +272,6 @@ async fn tls_handshake(
             tracing::debug!("TLS handshake timed out");
             None
         }
-    }
-}
-
-/// What serving one connection needs.
-struct ConnCtx {
-    dispatcher: Arc<Dispatcher>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    watcher: hyper_util::server::graceful::Watcher,
-    deadlines: Deadlines,
-    peer: SocketAddr,
-}
-
-/// Serves one connection (plain, or after its TLS handshake) to its end.
-async fn serve_io<IO>(io: IO, slot: conn::Slot, ctx: ConnCtx)
-where
-    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let watched = Watched::new(io, ctx.deadlines, slot, ctx.dispatcher.metrics_handle());
-    let state = watched.state();
-    let dispatcher = ctx.dispatcher.clone();
-    let peer = ctx.peer;
-    let service = service_fn(move |req| {
-        let dispatcher = dispatcher.clone();
-        let guard = state.request_started();
-        async move {
-            let resp = route(&dispatcher, req, peer).await;
-            Ok::<_, std::convert::Infallible>(resp.map(|b| conn::track(b, guard)))
-        }
-    });
-    let conn = ctx
-        .builder
-        .serve_connection_with_upgrades(TokioIo::new(watched), service)
-        .into_owned();
-    if let Err(e) = ctx.watcher.watch(conn).await {
-        tracing::debug!(%peer, error = %e, "connection ended with an error");
     }
 }
 
@@ -380,52 +334,34 @@ pub(crate) async fn operations<B>(
     }
 }
 
-/// The admin listener: `/metrics`, `/healthz`, `/readyz`, plain HTTP/1.1, on the caller's
-/// event loop, until `shutdown`.
+/// The admin listener: `/metrics`, `/healthz`, `/readyz`, on the caller's event loop, within
+/// its own share of the connection cap, until `shutdown`.
 pub(crate) async fn admin(
     listener: std::net::TcpListener,
     dispatcher: Arc<Dispatcher>,
-    mut shutdown: watch::Receiver<bool>,
+    bounds: Bounds,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let listener = match listener
-        .set_nonblocking(true)
-        .and_then(|()| TcpListener::from_std(listener))
-    {
+    let listener = match listener::register(listener) {
         Ok(l) => l,
         Err(e) => {
             tracing::error!(error = %e, "cannot register the admin listener");
             return;
         }
     };
-    loop {
-        tokio::select! {
-            accepted = listener.accept() => {
-                let Ok((stream, _)) = accepted else {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+    bounds
+        .accept_until(&listener, stopped(shutdown), |stream, admitted| {
+            let dispatcher = dispatcher.clone();
+            let bounds = bounds.clone();
+            tokio::spawn(async move {
+                let handler = move |req: Request<Incoming>| {
+                    let dispatcher = dispatcher.clone();
+                    async move { operations(&dispatcher, &req, true).await }
                 };
-                let dispatcher = dispatcher.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let dispatcher = dispatcher.clone();
-                        async move {
-                            Ok::<_, std::convert::Infallible>(
-                                operations(&dispatcher, &req, true).await,
-                            )
-                        }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
-            changed = shutdown.changed() => {
-                if changed.is_err() || *shutdown.borrow() {
-                    return;
-                }
-            }
-        }
-    }
+                bounds.serve(stream, admitted, handler, None).await;
+            });
+        })
+        .await;
 }
 
 /// A request's future that marks the request abandoned when it is dropped before it

@@ -1,8 +1,9 @@
 //! The local trial (`--dev`): for a product team without an Epode account yet. An embedded
-//! Epode (`epode`, its admission rules in `rules`) listens on a loopback port of its own and
-//! the sidecar's Epode client talks to it exactly as to the real service, with an ephemeral
-//! key; what happens is published on a `bus` and shown live by the `console` page the
-//! sidecar serves at `/_dev/`.
+//! Epode (`epode`, its admission rules in `rules`) listens on a loopback port of its own
+//! (bounded as every listener is: its share of the connection cap, the head, body and idle
+//! deadlines) and the sidecar's Epode client talks to it exactly as to the real service, with
+//! an ephemeral key; what happens is published on a `bus` and shown live by the `console`
+//! page the sidecar serves at `/_dev/`.
 
 pub(crate) mod bus;
 pub(crate) mod console;
@@ -11,30 +12,32 @@ mod rules;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
-use bytes::Bytes;
-use http::{header, Request, Response};
-use http_body_util::{BodyExt as _, Full, Limited};
+use http::{header, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt as _, Limited};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 
 use self::bus::Bus;
 use self::epode::{DevEpode, BODY_LIMIT};
+use crate::body::{self, Body};
 use crate::config::Config;
+use crate::server::Bounds;
 
-/// The running trial: the console's bus (the embedded Epode runs on its own), and what its
+/// The running trial: the console's bus, the embedded Epode until it is served, and what its
 /// start lines say.
 pub(crate) struct Trial {
     pub(crate) bus: Arc<Bus>,
+    listener: tokio::net::TcpListener,
+    epode: Arc<DevEpode>,
     embedded: SocketAddr,
     /// Where the record goes (`None`: nowhere writable, the console alone shows it).
     record: Option<std::path::PathBuf>,
 }
 
 impl Trial {
-    /// Starts the embedded Epode on a free loopback port (on the current runtime) and points
-    /// the binding at it.
+    /// Binds the embedded Epode on a free loopback port (on the current runtime) and points
+    /// the binding at it; [`Trial::serve`] then serves it.
     pub(crate) fn start(config: &mut Config) -> Result<Self, String> {
         let Some(dev) = config.dev.clone() else {
             return Err("the local trial is off".to_owned());
@@ -56,12 +59,19 @@ impl Trial {
         let epode = DevEpode::new(key, config.feedback.mode, origin.clone(), &dev, bus.clone())?;
         let record = epode.record_path();
         config.feedback.api_url = url::Url::parse(&origin).map_err(|e| e.to_string())?;
-        tokio::spawn(serve(listener, Arc::new(epode)));
         Ok(Trial {
             bus,
+            listener,
+            epode: Arc::new(epode),
             embedded: addr,
             record,
         })
+    }
+
+    /// Serves the embedded Epode within `bounds`, until the process ends (telemetry queued
+    /// at shutdown is still delivered to it).
+    pub(crate) fn serve(self, bounds: Bounds) {
+        tokio::spawn(serve(self.listener, self.epode, bounds));
     }
 
     /// The start lines, once the listener is bound at `local`: what the trial is, where MCP
@@ -102,26 +112,24 @@ pub(crate) fn try_command(endpoint: &str) -> String {
     )
 }
 
-async fn serve(listener: tokio::net::TcpListener, epode: Arc<DevEpode>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-        let epode = epode.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |req| {
-                let epode = epode.clone();
-                async move { Ok::<_, std::convert::Infallible>(answer(&epode, req).await) }
+async fn serve(listener: tokio::net::TcpListener, epode: Arc<DevEpode>, bounds: Bounds) {
+    let within = bounds.body_timeout();
+    bounds
+        .accept_until(&listener, std::future::pending(), |stream, admitted| {
+            let epode = epode.clone();
+            let bounds = bounds.clone();
+            tokio::spawn(async move {
+                let handler = move |req| {
+                    let epode = epode.clone();
+                    async move { answer(&epode, req, within).await }
+                };
+                bounds.serve(stream, admitted, handler, None).await;
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+        })
+        .await;
 }
 
-async fn answer(epode: &DevEpode, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn answer(epode: &DevEpode, req: Request<Incoming>, within: Duration) -> Response<Body> {
     let (parts, body) = req.into_parts();
     let bearer = parts
         .headers
@@ -135,7 +143,10 @@ async fn answer(epode: &DevEpode, req: Request<Incoming>) -> Response<Full<Bytes
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(';').next().unwrap_or_default().trim() == "application/json");
     let reply = if parts.method == http::Method::POST {
-        let read = Limited::new(body, BODY_LIMIT).collect().await;
+        let read = Limited::new(body, BODY_LIMIT).collect();
+        let Ok(read) = tokio::time::timeout(within, read).await else {
+            return body_timed_out(within);
+        };
         let bytes = read.ok().map(|c| c.to_bytes());
         epode.answer(
             parts.uri.path(),
@@ -146,7 +157,7 @@ async fn answer(epode: &DevEpode, req: Request<Incoming>) -> Response<Full<Bytes
     } else {
         epode.answer("", None, false, None)
     };
-    let mut resp = Response::new(Full::new(Bytes::from(reply.body)));
+    let mut resp = Response::new(body::full(reply.body));
     *resp.status_mut() = reply.status;
     let ct = if reply.json {
         "application/json"
@@ -154,6 +165,21 @@ async fn answer(epode: &DevEpode, req: Request<Incoming>) -> Response<Full<Bytes
         "text/plain; charset=utf-8"
     };
     resp.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(ct));
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    resp
+}
+
+/// A body that did not arrive within the body timeout: 408, and the connection is closed.
+fn body_timed_out(within: Duration) -> Response<Body> {
+    let message = format!(
+        "Request timeout: the body did not arrive within {}",
+        humantime::format_duration(within)
+    );
+    let mut resp = body::json(
+        StatusCode::REQUEST_TIMEOUT,
+        serde_json::json!({ "error": message }).to_string(),
+    );
+    resp.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
 }

@@ -73,7 +73,13 @@ pub(crate) async fn read_answer(
     bounds: &AnswerBounds,
 ) -> Result<ReadAnswer, Error> {
     let (parts, body) = resp.into_parts();
-    let (bytes, _held) = read_body(body, bounds).await?;
+    let (bytes, held) = read_body(body, bounds).await?;
+    // Counted for as long as it is kept: it may be passed on to the client as it was.
+    let bytes = if bytes.len() > budget::SMALL {
+        budget::keep(bytes, held)
+    } else {
+        bytes
+    };
     let message = parse_message(&parts.headers, &bytes);
     Ok(ReadAnswer {
         answer: Buffered {
@@ -185,7 +191,17 @@ pub(crate) async fn finish(
             .await;
         return Ok(Response::from_parts(parts, body));
     }
-    let (bytes, held) = read_body(body, bounds).await?;
+    let (bytes, mut held) = read_body(body, bounds).await?;
+    if bytes.len() > budget::SMALL && !held.grow(bytes.len() / 2) {
+        // Rewriting a large answer holds it three times at its peak (the answer, the parsed
+        // result, its new text): half a copy more is counted, so what the budget lets in
+        // stays within twice its size.
+        (bounds.on_limit)("memory_budget");
+        return Err(Error::new(
+            Kind::Overloaded { retry_after: 1 },
+            "its memory budget is spent",
+        ));
+    }
     parts.headers.remove(header::CONTENT_LENGTH);
     let (out, status) = if bytes.len() >= OFF_WORKER_BYTES {
         // Milliseconds of parsing and rewriting (a list of 100,000 tools, the catalog learning
@@ -200,6 +216,7 @@ pub(crate) async fn finish(
     if let Some(status) = status {
         parts.status = status;
     }
+    held.resize(out.len());
     Ok(Response::from_parts(parts, body::held(out, held)))
 }
 
@@ -220,6 +237,8 @@ fn rewrite_whole(
                 .then(|| rewrite::modern_error_status(&msg))
                 .flatten();
             if plan.apply(&mut msg) {
+                // Gone before the rewritten copy is made: one copy less at the peak.
+                drop(bytes);
                 (raw::to_bytes(&msg), status)
             } else {
                 (bytes, status)
