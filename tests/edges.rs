@@ -559,15 +559,23 @@ fn counting_upstream() -> (
     let opened = Arc::new(AtomicUsize::new(0));
     let closed = Arc::new(AtomicUsize::new(0));
     let (o, c) = (opened.clone(), closed.clone());
+    // Counted: the connections that carried a client's request (not the sidecar's own
+    // readiness ping at start, which `read_http_request` answers and skips).
     let up = RawUpstream::start(move |mut s: TcpStream| {
-        o.fetch_add(1, Ordering::SeqCst);
+        let mut counted = false;
         while read_http_request(&mut s).is_some() {
+            if !counted {
+                o.fetch_add(1, Ordering::SeqCst);
+                counted = true;
+            }
             reply_json(
                 &mut s,
                 r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}"#,
             );
         }
-        c.fetch_add(1, Ordering::SeqCst);
+        if counted {
+            c.fetch_add(1, Ordering::SeqCst);
+        }
     });
     (up, opened, closed)
 }

@@ -383,7 +383,16 @@ async fn a_ten_megabyte_result_passes_as_json_or_as_an_sse_event() {
 #[tokio::test]
 async fn an_endless_sse_event_is_cut() {
     let up = sse_upstream(None);
-    let sc = Sidecar::start(&up.url(), &[MODERN, ("EPODE_SIDECAR_WORKERS", "1")]);
+    // The cap set to 4 MiB (the default is the answer cap, 16 MiB), so the memory bound below
+    // says something about it.
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            MODERN,
+            ("EPODE_SIDECAR_WORKERS", "1"),
+            ("EPODE_SIDECAR_MAX_SSE_EVENT_BYTES", "4194304"),
+        ],
+    );
     let client = warm_client(&sc).await;
     let before = cpu_ms(sc.pid());
     let stream = tokio::spawn({

@@ -589,7 +589,11 @@ async fn read_until(
         {
             return m;
         }
-        let chunk = stream.next().await.expect("the stream ended").unwrap();
+        let chunk = stream
+            .next()
+            .await
+            .unwrap_or_else(|| panic!("the stream ended: {text}"))
+            .unwrap();
         text.push_str(&String::from_utf8_lossy(&chunk));
     }
 }
@@ -658,23 +662,32 @@ async fn a_server_request_never_reaches_a_client_that_did_not_cause_it() {
         ts_call_roots(
             &url,
             "legacy",
-            ("slow", &json!({"steps": 40})),
+            ("slow", &json!({"steps": 60})),
             "file:///bob",
             &["Authorization: Bearer bob"],
         )
     });
-    let metrics = |sc: &Sidecar| {
-        let body = get_blocking(sc.addr, "/metrics");
-        body.lines()
-            .find(|l| l.starts_with("epode_sidecar_in_flight_requests "))
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+    // Bob's call is open once his client's handshake is done and a request stays in flight
+    // for a second (the call lasts six).
+    let metric = |sc: &Sidecar, prefix: &str| {
+        get_blocking(sc.addr, "/metrics")
+            .lines()
+            .filter(|l| l.starts_with(prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
     };
-    let mut busy = 0;
+    let initialized = r#"epode_sidecar_requests_total{method="initialize""#;
+    let mut since: Option<Instant> = None;
     assert!(
-        eventually(Duration::from_secs(30), || {
-            busy = if metrics(&sc) >= 1.0 { busy + 1 } else { 0 };
-            busy >= 4
+        eventually(Duration::from_secs(60), || {
+            let open = metric(&sc, initialized) >= 1.0
+                && metric(&sc, "epode_sidecar_in_flight_requests ") >= 1.0;
+            since = if open {
+                since.or(Some(Instant::now()))
+            } else {
+                None
+            };
+            since.is_some_and(|t| t.elapsed() >= Duration::from_secs(1))
         }),
         "bob's call never started"
     );
@@ -691,7 +704,7 @@ async fn a_server_request_never_reaches_a_client_that_did_not_cause_it() {
     assert!(!seen.contains("file:///bob"), "{seen}");
     assert!(seen.contains("more than one client"), "{seen}");
     let bob = bob.join().unwrap();
-    assert_eq!(bob["result"]["content"][0]["text"], "done 40", "{bob}");
+    assert_eq!(bob["result"]["content"][0]["text"], "done 60", "{bob}");
     // Alone, Alice is asked, and answers for herself.
     let alone = ts_call_roots(
         &sc.url(),
@@ -751,6 +764,17 @@ async fn a_child_per_client_is_bounded_and_stopped_when_idle() {
         ("EPODE_SIDECAR_STDIO_MAX_CHILDREN", "1"),
         ("EPODE_SIDECAR_STDIO_CHILD_IDLE", "1s"),
     ]);
+    // Ready first: the start-up probe is done with the first child.
+    let ready = format!("{}/readyz", sc.base());
+    let mut ok = false;
+    for _ in 0..100 {
+        ok = http().get(&ready).send().await.unwrap().status() == 200;
+        if ok {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ok, "never ready");
     let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "slow", "arguments": {"steps": 20}, "_meta": {"progressToken": "p"}}});
     let resp = post_as(&sc, Some("alice"), &slow).await;
     let mut stream = resp.bytes_stream();

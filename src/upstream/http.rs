@@ -272,7 +272,9 @@ impl HttpUpstream {
                 "the upstream {url} answers {status}"
             )));
         }
-        if status == http::StatusCode::NOT_FOUND && !is_json_rpc(resp, within).await {
+        // Read to its end (a small answer): the connection then goes back to the pool.
+        let json_rpc = is_json_rpc(resp, within).await;
+        if status == http::StatusCode::NOT_FOUND && !json_rpc {
             return Err(NotReady::lasting(format!(
                 "the upstream answers 404 Not Found at {url}: is the path right? It is usually /mcp (EPODE_SIDECAR_UPSTREAM)"
             )));
@@ -283,9 +285,18 @@ impl HttpUpstream {
 }
 
 /// Whether a (small) answer's body is a JSON-RPC message: an MCP endpoint's refusal, not a
-/// web framework's page for a path it does not serve.
+/// web framework's page for a path it does not serve. An SSE answer counts by its content
+/// type (its stream may not end).
 async fn is_json_rpc(resp: Response<PooledBody>, within: Duration) -> bool {
     use http_body_util::BodyExt as _;
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if sse {
+        return true;
+    }
     let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024).collect();
     match tokio::time::timeout(within, body).await {
         Ok(Ok(b)) => serde_json::from_slice::<serde_json::Value>(&b.to_bytes())

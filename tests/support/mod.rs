@@ -493,8 +493,27 @@ impl RawUpstream {
     }
 }
 
-/// Reads one HTTP/1.1 request (head and Content-Length body) from a raw stream.
+/// Reads one HTTP/1.1 request (head and Content-Length body) from a raw stream. The
+/// sidecar's own readiness `ping` (sent at start and by `/readyz`) is answered here and
+/// skipped, so a test's upstream sees only what clients sent.
 pub fn read_http_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+    loop {
+        let (head, body) = read_one_http_request(stream)?;
+        if body
+            .windows(25)
+            .any(|w| w == b"\"epode-sidecar-readiness\"")
+        {
+            reply_json(
+                stream,
+                r#"{"jsonrpc":"2.0","id":"epode-sidecar-readiness","result":{}}"#,
+            );
+            continue;
+        }
+        return Some((head, body));
+    }
+}
+
+fn read_one_http_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut byte = [0u8; 1];
     while !buf.ends_with(b"\r\n\r\n") {

@@ -25,7 +25,7 @@ mod pool;
 mod scan;
 mod table;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -106,6 +106,24 @@ pub(super) struct Pipe {
     stderr_tail: Mutex<std::collections::VecDeque<String>>,
     /// How the last run ended, while the next has not answered yet (for `/readyz`).
     last_end: Mutex<Option<String>>,
+    /// Requests on their way in (a child still starting is not idle).
+    users: AtomicUsize,
+}
+
+/// A request on its way to a pipe, until it is registered there (or fails).
+struct Using<'a>(&'a Pipe);
+
+impl<'a> Using<'a> {
+    fn new(pipe: &'a Pipe) -> Self {
+        pipe.users.fetch_add(1, Ordering::AcqRel);
+        Using(pipe)
+    }
+}
+
+impl Drop for Using<'_> {
+    fn drop(&mut self) {
+        self.0.users.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Pipe {
@@ -117,9 +135,10 @@ impl Pipe {
         self.live.borrow().clone()
     }
 
-    /// Whether any request waits on this pipe's child.
+    /// Whether a request is on its way to this pipe's child or waits on it.
     fn busy(&self) -> bool {
-        self.current().is_some_and(|g| self.lock().busy(g.n))
+        self.users.load(Ordering::Acquire) > 0
+            || self.current().is_some_and(|g| self.lock().busy(g.n))
     }
 
     /// Tells child `generation` that the client of request `key` went away.
@@ -329,6 +348,7 @@ fn start_pipe(
         alone,
         stderr_tail: Mutex::new(std::collections::VecDeque::with_capacity(STDERR_TAIL)),
         last_end: Mutex::new(None),
+        users: AtomicUsize::new(0),
     });
     let task = tokio::spawn(child::supervise(pipe.clone(), command.clone(), first));
     *pipe.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
@@ -379,10 +399,14 @@ impl StdioUpstream {
     /// Whether the child runs and answers: it said something since it started, or it
     /// answers a `ping` now (any answer, an error included).
     pub(crate) async fn ready(&self) -> Result<(), NotReady> {
-        let pipe = self
-            .pipe(&Caller::internal())
-            .await
-            .map_err(|e| NotReady::passing(e.to_string()))?;
+        let pipe = match &*self.children {
+            Children::Shared(p) => p.clone(),
+            // Any child that runs tells: a probe must not take a client's place in the pool.
+            Children::PerClient(pool) => pool
+                .any()
+                .await
+                .map_err(|e| NotReady::passing(e.to_string()))?,
+        };
         let Some(g) = pipe.current() else {
             return Err(NotReady::passing(pipe.why_not_running()));
         };
@@ -428,6 +452,7 @@ impl StdioUpstream {
             return Err(Error::new(Kind::Parse, "the request is not a JSON object"));
         };
         let pipe = self.pipe(caller).await?;
+        let _using = Using::new(&pipe);
         let g = generation(&pipe).await?;
         if session_of(headers).is_some_and(|s| s != g.n) {
             let gone = Error::new(

@@ -128,6 +128,22 @@ impl Pool {
         Ok(started)
     }
 
+    /// The child used most recently (for readiness), or the one of clients without
+    /// credentials when none runs.
+    pub(super) async fn any(&self) -> Result<Arc<Pipe>, Error> {
+        let newest = {
+            let children = self.inner.lock();
+            children
+                .values()
+                .max_by_key(|e| e.used)
+                .map(|e| e.pipe.clone())
+        };
+        match newest {
+            Some(pipe) => Ok(pipe),
+            None => self.get(0).await,
+        }
+    }
+
     /// Stops every child and waits until they are gone.
     pub(super) async fn shutdown(&self) {
         self.sweeper.abort();
