@@ -14,33 +14,10 @@ use http_body::Frame;
 use super::caller::Caller;
 use super::http::HttpUpstream;
 use super::pool::PooledBody;
+use super::ready::NotReady;
 use super::stdio::{StdioBody, StdioUpstream};
 use crate::body::BoxError;
 use crate::error::Error;
-
-/// Why the upstream is not ready, and whether that is likely to last (a wrong path, an
-/// error status: a person must look) or to pass (not reachable yet, still starting).
-#[derive(Debug)]
-pub(crate) struct NotReady {
-    pub(crate) reason: String,
-    pub(crate) lasting: bool,
-}
-
-impl NotReady {
-    pub(crate) fn passing(reason: impl Into<String>) -> Self {
-        NotReady {
-            reason: reason.into(),
-            lasting: false,
-        }
-    }
-
-    pub(crate) fn lasting(reason: impl Into<String>) -> Self {
-        NotReady {
-            reason: reason.into(),
-            lasting: true,
-        }
-    }
-}
 
 /// How recently the upstream must have answered for readiness to hold without a probe.
 const READY_WINDOW: Duration = Duration::from_secs(10);

@@ -14,8 +14,8 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
-use super::hop::NotReady;
 use super::pool::{Connector, IdleBound, Pool, PoolError, PooledBody};
+use super::ready::NotReady;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
 

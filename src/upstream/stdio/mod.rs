@@ -39,7 +39,7 @@ use self::body::{Streamed, Waiter};
 use self::pool::Pool;
 use self::table::{FromClient, Held, Key, Routed, Table, Waiting, NOTES};
 use super::caller::Caller;
-use super::hop::NotReady;
+use super::ready::NotReady;
 use crate::budget::{MemoryBudget, Reservation};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, Kind};
