@@ -82,34 +82,45 @@ fn answer(status: u16, body: &str) -> Answer {
 fn receipts_are_judged() {
     assert_eq!(
         judge(&answer(202, r#"{"accepted":3,"dropped":0}"#), 3),
-        Delivery::Delivered
+        Delivery::Receipt {
+            accepted: 3,
+            dropped: 0
+        }
     );
+    // A partial receipt: the accepted events are delivered, only the dropped ones lost.
     assert_eq!(
         judge(&answer(202, r#"{"accepted":2,"dropped":1}"#), 3),
-        Delivery::Terminal(Terminal::EpodeDropped { dropped: 1, of: 3 })
+        Delivery::Receipt {
+            accepted: 2,
+            dropped: 1
+        }
     );
-    assert!(matches!(
+    assert_eq!(
         judge(&answer(202, r#"{"accepted":2,"dropped":0}"#), 3),
-        Delivery::Terminal(_)
-    ));
+        Delivery::Rejected {
+            reason: "the receipt (2 accepted, 0 dropped) does not account for the 3 events sent"
+                .into(),
+            reported: Some((2, 0))
+        }
+    );
     assert!(matches!(
         judge(
             &answer(202, r#"{"accepted":18446744073709551615,"dropped":1}"#),
             3
         ),
-        Delivery::Terminal(_)
+        Delivery::Rejected { reported: None, .. }
     ));
     assert!(matches!(
         judge(&answer(202, "ok"), 3),
-        Delivery::Terminal(_)
+        Delivery::Rejected { .. }
     ));
     assert!(matches!(
         judge(&answer(202, r#"{"accepted":"3","dropped":0}"#), 3),
-        Delivery::Terminal(_)
+        Delivery::Rejected { .. }
     ));
     assert!(matches!(
         judge(&answer(200, r#"{"accepted":3,"dropped":0}"#), 3),
-        Delivery::Terminal(_)
+        Delivery::Rejected { .. }
     ));
     for s in [408, 429, 500, 503] {
         assert!(
@@ -119,7 +130,7 @@ fn receipts_are_judged() {
     }
     for s in [400, 401, 413] {
         assert!(
-            matches!(judge(&answer(s, ""), 3), Delivery::Terminal(_)),
+            matches!(judge(&answer(s, ""), 3), Delivery::Rejected { .. }),
             "{s}"
         );
     }
