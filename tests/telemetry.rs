@@ -576,6 +576,39 @@ async fn sigterm_flushes_every_delivery_in_flight_and_a_full_queue() {
     eprintln!("{enqueued} events flushed in {took:?}; {full} dropped while the queue was full");
 }
 
+/// Events as large as the protocol allows (three refs of 160 characters, a runtime hint of
+/// 200 four-byte characters: about 1.7 KB each): a batch of them would pass Epode's 64 KiB
+/// body limit (a 413, every event lost), so it goes in parts that each fit.
+#[tokio::test]
+async fn large_events_go_in_batches_epode_reads_whole() {
+    let long = |c: &str| c.repeat(160);
+    let identity = json!({"accountRef": long("a"), "userRef": long("u"), "sessionRef": long("s"),
+                          "runtimeHint": "\u{1F680}".repeat(200)});
+    let up = RawUpstream::start(move |mut s: TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let result = if req["method"] == "tools/list" {
+                json!({"tools": [{"name": "work", "inputSchema": {"type": "object"}}]})
+            } else {
+                json!({"content": [{"type": "text", "text": "ok"}],
+                       "_meta": {"ai.epode/identity": identity.clone()}})
+            };
+            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": result});
+            reply_json(&mut s, &reply.to_string());
+        }
+    });
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_TELEMETRY_FLUSH", "3s")]);
+    calls(&sc, 1, 60).await;
+    let events = wait_events(&epode, 60, Duration::from_secs(15)).await;
+    let sent = epode.requests(Endpoint::Telemetry);
+    let sizes: Vec<(u16, usize)> = sent.iter().map(|r| (r.status, r.raw_body.len())).collect();
+    assert_eq!(events.len(), 60, "requests (status, bytes): {sizes:?}");
+    assert!(events[0]["runtimeHint"].as_str().is_some());
+    assert!(sent.len() >= 2, "{sizes:?}");
+    assert!(sizes.iter().all(|(status, _)| *status == 202), "{sizes:?}");
+}
+
 #[tokio::test]
 async fn reported_drops_and_malformed_receipts_are_not_retried() {
     for fault in [

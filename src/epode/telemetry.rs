@@ -14,12 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
@@ -58,6 +59,10 @@ impl Default for QueueSettings {
         }
     }
 }
+
+/// Epode reads at most this much of a request body (the real service's 64 KiB body limit): a
+/// batch whose body would be larger is sent in parts.
+const MAX_BATCH_BYTES: usize = 64 * 1024;
 
 /// How often dropped telemetry is summarised in the log.
 const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
@@ -670,11 +675,42 @@ fn far_future() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(86_400)
 }
 
-/// Delivers one batch, retrying what may be retried, and counts the outcome.
+/// The request body of a batch, serialised once for all its attempts.
+#[derive(serde::Serialize)]
+struct BatchBody<'a> {
+    events: &'a [Map<String, Value>],
+}
+
+/// The batch as request bodies Epode will read whole: halved until each part is at most
+/// [`MAX_BATCH_BYTES`] (or a single event). In order, with each part's event count.
+fn bodies(batch: Vec<Map<String, Value>>) -> Vec<(usize, Bytes)> {
+    let mut out = Vec::new();
+    let mut todo = vec![batch];
+    while let Some(mut part) = todo.pop() {
+        let n = part.len();
+        let body = serde_json::to_vec(&BatchBody { events: &part }).unwrap_or_default();
+        if body.len() > MAX_BATCH_BYTES && n > 1 {
+            let second = part.split_off(n / 2);
+            todo.push(second);
+            todo.push(part);
+        } else {
+            out.push((n, Bytes::from(body)));
+        }
+    }
+    out
+}
+
+/// Delivers one batch (in parts when its body would be too large), holding its slot.
 async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
-    let shared = slot.shared.clone();
-    let n = batch.len();
-    let body = json!({ "events": batch });
+    for (n, body) in bodies(batch) {
+        deliver_part(&slot.shared, n, body).await;
+    }
+    drop(slot);
+}
+
+/// Delivers one request body of `n` events, retrying what may be retried, and counts the
+/// outcome.
+async fn deliver_part(shared: &Shared, n: usize, body: Bytes) {
     let mut delays = ExponentialBuilder::new()
         .with_min_delay(shared.settings.backoff_base)
         .with_factor(2.0)
@@ -684,10 +720,10 @@ async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
     let mut attempt = 1;
     loop {
         let round = shared.with_limiter(|l| l.round());
-        match attempt_once(&shared, &body, n).await {
+        match attempt_once(shared, body.clone(), n).await {
             Delivery::Receipt { accepted, dropped } => {
                 shared.with_limiter(Limiter::delivered);
-                counted(&shared, n, accepted, dropped, attempt);
+                counted(shared, n, accepted, dropped, attempt);
                 break;
             }
             Delivery::Rejected { reason, reported } => {
@@ -730,7 +766,6 @@ async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
         }
     }
     shared.counters.depth.dec_by(n as i64);
-    drop(slot);
 }
 
 /// Counts a batch's receipt: its accepted events are delivered, its dropped ones lost.
@@ -761,7 +796,7 @@ fn attempt_timeout(shared: &Shared) -> Duration {
     }
 }
 
-async fn attempt_once(shared: &Shared, body: &Value, n: usize) -> Delivery {
+async fn attempt_once(shared: &Shared, body: Bytes, n: usize) -> Delivery {
     let timeout = attempt_timeout(shared);
     if timeout.is_zero() {
         return Delivery::Retryable {

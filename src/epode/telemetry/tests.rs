@@ -1,5 +1,6 @@
 //! Unit tests of `telemetry`.
 use super::*;
+use serde_json::json;
 
 fn vectors() -> Value {
     let path = concat!(
@@ -153,4 +154,33 @@ fn operations() {
     assert!(!valid_operation("https://customer.example/tool"));
     assert!(!valid_operation(""));
     assert!(!valid_operation(&"x".repeat(161)));
+}
+
+fn event_of(bytes: usize, sequence: u64) -> Map<String, Value> {
+    let mut e = Map::new();
+    e.insert("sequence".into(), Value::from(sequence));
+    e.insert("runtimeHint".into(), Value::from("é".repeat(bytes / 2)));
+    e
+}
+
+/// A batch whose body would pass Epode's 64 KiB limit goes in parts that each fit, in
+/// order; a batch that fits goes whole.
+#[test]
+fn large_batches_are_sent_in_parts_that_fit() {
+    let batch: Vec<_> = (1..=100).map(|i| event_of(1800, i)).collect();
+    let parts = bodies(batch);
+    assert!(parts.len() > 1, "{} parts", parts.len());
+    let mut seen = Vec::new();
+    for (n, body) in &parts {
+        assert!(body.len() <= MAX_BATCH_BYTES, "{}", body.len());
+        let v: Value = serde_json::from_slice(body).unwrap();
+        let events = v["events"].as_array().unwrap();
+        assert_eq!(events.len(), *n);
+        seen.extend(events.iter().map(|e| e["sequence"].as_u64().unwrap()));
+    }
+    assert_eq!(seen, (1..=100).collect::<Vec<_>>());
+    let small: Vec<_> = (1..=100).map(|i| event_of(300, i)).collect();
+    assert_eq!(bodies(small).len(), 1);
+    // One event larger than the limit is sent alone (Epode's answer judges it).
+    assert_eq!(bodies(vec![event_of(70_000, 1)]).len(), 1);
 }
