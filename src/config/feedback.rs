@@ -359,7 +359,7 @@ pub(super) const FEEDBACK: &[Setting] = &[
         &["EPODE_SIDECAR_TELEMETRY_BATCH"],
         Some("100"),
         "a whole number of events from 1 to 100",
-        "Most events per telemetry batch (Epode takes up to 100).",
+        "Most events per telemetry batch (Epode takes up to 100); a batch whose body would pass Epode's 64 KiB limit is sent in parts.",
         |c| c.feedback.telemetry_batch.to_string(),
     ),
     setting(
@@ -367,7 +367,7 @@ pub(super) const FEEDBACK: &[Setting] = &[
         &["EPODE_SIDECAR_TELEMETRY_CONCURRENCY"],
         Some("16"),
         "a whole number of deliveries from 1 to 256",
-        "Most telemetry batches in delivery at once. The number in flight adapts below it: it starts at a quarter, doubles each round trip while Epode answers, halves on a 429, 5xx, timeout or network failure, and no batch starts before Epode's `Retry-After` has passed. Up to this many batches (events) are held in delivery besides the queue.",
+        "Most telemetry batches in delivery at once. The number in flight adapts below it: it starts at a quarter, doubles each round trip while Epode answers, halves on a 429, 5xx, timeout or network failure, and no batch starts before Epode's `Retry-After` has passed. Up to this many batches of events are held in delivery besides the queue.",
         |c| c.feedback.telemetry_concurrency.to_string(),
     ),
     setting(
