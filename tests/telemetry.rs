@@ -609,6 +609,33 @@ async fn large_events_go_in_batches_epode_reads_whole() {
     assert!(sizes.iter().all(|(status, _)| *status == 202), "{sizes:?}");
 }
 
+/// Many callers at once, a batch of 2 and a flush time of a minute: a batch leaves as soon
+/// as it is full, every time. (The request path says "a full batch is waiting"; when two
+/// calls enqueued at once stepped over the count it watched for, nobody said it, and the
+/// batch waited for the flush while the queue filled.)
+#[tokio::test]
+async fn full_batches_leave_at_once_whatever_the_concurrency() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "2"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "1m"),
+        ],
+    );
+    calls(&sc, 1, 2).await;
+    calls(&sc, 16, 40).await;
+    let events = wait_events(&epode, 642, Duration::from_secs(20)).await;
+    assert_eq!(
+        events.len(),
+        642,
+        "events still waiting for the flush: {}",
+        metric(&sc, "epode_sidecar_telemetry_queue_depth").await
+    );
+}
+
 #[tokio::test]
 async fn reported_drops_and_malformed_receipts_are_not_retried() {
     for fault in [

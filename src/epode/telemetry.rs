@@ -10,6 +10,7 @@
 
 mod limit;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -346,9 +347,11 @@ pub(crate) struct Telemetry {
     /// The last sequence number given; held while an event is sent so numbers follow the
     /// queue's order.
     sequence: parking_lot::Mutex<u64>,
-    /// Told when the queue holds a full batch (the dispatcher otherwise sleeps until the flush).
+    /// Told when the queue holds what the dispatcher waits for to fill its batch (it otherwise
+    /// sleeps until the flush time).
     batch_ready: Arc<Notify>,
-    full_batch: usize,
+    /// How many queued events the dispatcher waits for; `usize::MAX` when it is not waiting.
+    wanted: Arc<AtomicUsize>,
     counters: Counters,
     stop: watch::Sender<Option<Instant>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -382,6 +385,7 @@ impl Telemetry {
             }
         });
         let batch_ready = Arc::new(Notify::new());
+        let wanted = Arc::new(AtomicUsize::new(usize::MAX));
         // A batch is at most the queue's size: memory holds at most the queue and
         // `concurrency` batches.
         let full_batch = settings.batch_max.clamp(1, capacity);
@@ -401,6 +405,7 @@ impl Telemetry {
         let dispatcher = Dispatcher {
             shared,
             batch_ready: batch_ready.clone(),
+            wanted: wanted.clone(),
             rx,
             stop: stop_rx,
             deliveries: JoinSet::new(),
@@ -409,7 +414,7 @@ impl Telemetry {
             tx,
             sequence: parking_lot::Mutex::new(0),
             batch_ready,
-            full_batch,
+            wanted,
             counters,
             stop,
             task: Mutex::new(Some(tokio::spawn(dispatcher.run()))),
@@ -442,7 +447,10 @@ impl Telemetry {
             Ok(()) => {
                 self.counters.enqueued.inc();
                 self.counters.depth.inc();
-                if self.tx.max_capacity() - self.tx.capacity() == self.full_batch {
+                // At or past what the dispatcher waits for (never an exact count: another
+                // call may enqueue between this one's send and its look).
+                let queued = self.tx.max_capacity() - self.tx.capacity();
+                if queued >= self.wanted.load(Ordering::SeqCst) {
                     self.batch_ready.notify_one();
                 }
             }
@@ -544,6 +552,7 @@ impl Drop for Slot {
 struct Dispatcher {
     shared: Arc<Shared>,
     batch_ready: Arc<Notify>,
+    wanted: Arc<AtomicUsize>,
     rx: mpsc::Receiver<Queued>,
     stop: watch::Receiver<Option<Instant>>,
     deliveries: JoinSet<()>,
@@ -652,16 +661,24 @@ impl Dispatcher {
                 r = self.stop.changed() => if r.is_err() { return false },
             }
         }
-        // Sleep until the flush time, or until the request path says a full batch is
-        // waiting: not woken once per event (each wake is a cross-thread signal).
-        if batch.len() < batch_max && self.rx.len() + batch.len() < batch_max {
-            let flush_at = tokio::time::Instant::now() + self.shared.settings.flush_every;
+        // Sleep until the flush time, or until the request path says the queue holds what
+        // fills the batch: not woken once per event (each wake is a cross-thread signal).
+        // `wanted` is set before the queue is looked at, so an event enqueued meanwhile is
+        // seen here or signalled there; a signal left from before is only a reason to look.
+        let flush_at = tokio::time::Instant::now() + self.shared.settings.flush_every;
+        loop {
+            let need = batch_max - batch.len();
+            self.wanted.store(need, Ordering::SeqCst);
+            if need == 0 || self.rx.len() >= need {
+                break;
+            }
             tokio::select! {
-                () = tokio::time::sleep_until(flush_at) => {}
+                () = tokio::time::sleep_until(flush_at) => break,
                 () = self.batch_ready.notified() => {}
-                _ = self.stop.changed() => {}
+                _ = self.stop.changed() => break,
             }
         }
+        self.wanted.store(usize::MAX, Ordering::SeqCst);
         if batch.len() < batch_max && !self.rx.is_empty() {
             let room = batch_max - batch.len();
             self.rx.recv_many(batch, room).await;
