@@ -547,9 +547,9 @@ impl Plan {
             return (rows.clone(), None);
         }
         let modelled: &[f64] = if self.quick {
-            &[1000.0, 5000.0, 6500.0]
+            &[1000.0, 5000.0, 6000.0]
         } else {
-            &[1000.0, 2000.0, 3000.0, 5000.0, 6500.0]
+            &[1000.0, 2000.0, 3000.0, 5000.0, 6000.0]
         };
         let mut fast: Vec<f64> = if self.quick {
             vec![5000.0, 10_000.0]
