@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fake_epode::{
     consent_subject, decode_handle, format_timestamp, mint_handle, product_key_parts,
-    verify_handle, Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY, FAKE_WORKSPACE_ID,
-    FAULT_SECRET, PROTOCOL_DIR,
+    verify_handle, BatchCost, Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY,
+    FAKE_WORKSPACE_ID, FAULT_SECRET, PROTOCOL_DIR,
 };
 use serde_json::{json, Value};
 
@@ -1611,6 +1611,65 @@ async fn max_concurrent_counts_requests_in_flight() {
         .await;
     }
     assert_eq!(fake.max_concurrent(Endpoint::Telemetry), 1);
+}
+
+/// The cost model: a batch is held `base + per_event × events` before it is stored, at most
+/// `at_once` are processed together and the others wait their turn; a 429 with
+/// `Retry-After` answers at once, without a turn.
+#[tokio::test]
+async fn batches_cost_time_and_wait_for_a_place() {
+    let fake = start("never_ask");
+    let cost = BatchCost {
+        base: Duration::from_millis(300),
+        per_event: Duration::from_millis(100),
+        at_once: 2,
+    };
+    assert_eq!(cost.of(2), Duration::from_millis(500));
+    assert!((cost.capacity(2) - 8.0).abs() < 1e-9);
+    assert!((BatchCost::modelled().capacity(100) - 5882.35).abs() < 0.01);
+    fake.set_batch_cost(Some(cost));
+    let url = telemetry_url(&fake);
+    let started = std::time::Instant::now();
+    let requests: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let events = [mcp_event(&new_id()), mcp_event(&new_id())];
+                post(&url, Some(DEMO_PRODUCT_KEY), &json!({ "events": events })).await
+            })
+        })
+        .collect();
+    // Nothing is stored before a batch's cost has passed.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(fake.events().len(), 0);
+    for request in requests {
+        assert_eq!(request.await.expect("join").status, 202);
+    }
+    let took = started.elapsed();
+    assert_eq!(fake.events().len(), 8);
+    assert_eq!(fake.max_concurrent(Endpoint::Telemetry), 4);
+    assert_eq!(fake.max_batches_processing(), 2);
+    // Two rounds of 500 ms: the second pair waited for the first.
+    assert!(took >= Duration::from_millis(1000), "{took:?}");
+    fake.inject(Endpoint::Telemetry, Fault::StatusRetryAfter(429, 3));
+    let t = std::time::Instant::now();
+    let resp = post(
+        &url,
+        Some(DEMO_PRODUCT_KEY),
+        &json!({ "events": [mcp_event(&new_id())] }),
+    )
+    .await;
+    assert_eq!(resp.status, 429);
+    assert_eq!(resp.header("retry-after"), "3");
+    assert!(
+        t.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        t.elapsed()
+    );
+    let last = fake.requests(Endpoint::Telemetry).pop().expect("recorded");
+    assert!(last.answered.expect("answered") >= last.at);
+    fake.reset_max_concurrent();
+    assert_eq!(fake.max_batches_processing(), 0);
 }
 
 fn url_of(fake: &FakeEpode) -> String {

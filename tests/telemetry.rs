@@ -1,6 +1,8 @@
-//! Confirmed telemetry through the sidecar to the strict fake Epode: exact events, order, one
-//! delivery in flight, retries judged by the receipt, overflow, shutdown flush, and product
-//! latency that does not depend on Epode.
+//! Confirmed telemetry through the sidecar to the strict fake Epode: exact events, sequence
+//! numbers, several deliveries in flight within an adaptive limit, retries judged by the
+//! receipt, Epode's pauses, overflow, shutdown flush, and product latency that does not
+//! depend on Epode. The fake's cost model (`BatchCost`) makes batches take time, as the real
+//! backend's do, with small numbers to keep the tests short.
 
 mod support;
 
@@ -8,7 +10,7 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use support::fake_epode::{Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY};
+use support::fake_epode::{BatchCost, Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY};
 use support::*;
 
 /// A fast 2026 upstream: `tools/list` names `work` (schema-less) and `ask` (which answers
@@ -193,27 +195,18 @@ async fn upstream_failures_are_500_events() {
     assert_eq!(events[0]["operation"], "work");
 }
 
-/// 2,000 rapid calls: every event arrives, in order, never more than one delivery at a time,
-/// and the sidecar's memory stays flat.
-#[tokio::test]
-async fn two_thousand_calls_in_order_one_delivery_at_a_time() {
-    let up = fast_upstream();
-    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let sc = sidecar(&up, &epode, &[]);
+/// `workers` concurrent loops of `per_worker` calls of `work`. (A first call alone makes the
+/// sidecar learn the tool: calls made while it is not yet listed are not product calls.)
+async fn calls(sc: &Sidecar, workers: u64, per_worker: u64) {
     let c = http();
-    for i in 0..200 {
-        call(&c, &sc, "work", i).await;
-    }
-    let rss_warm = rss_kib(sc.pid());
-    let started = Instant::now();
     let mut tasks = Vec::new();
-    for w in 0..4u64 {
+    for w in 0..workers {
         let c = c.clone();
         let url = sc.url();
         tasks.push(tokio::spawn(async move {
-            for i in 0..450u64 {
+            for i in 0..per_worker {
                 let body = modern_body(
-                    json!(w * 1000 + i),
+                    json!(w * 100_000 + i),
                     "tools/call",
                     json!({"name": "work", "arguments": {}}),
                 );
@@ -228,30 +221,97 @@ async fn two_thousand_calls_in_order_one_delivery_at_a_time() {
     for t in tasks {
         t.await.unwrap();
     }
+}
+
+/// Every delivery the fake accepted: each event exactly once, numbered 1..=n, and numbered
+/// in order within each batch and from batch to batch (batches cover disjoint ranges,
+/// whatever order they arrived in).
+fn assert_sequences(epode: &FakeEpode, n: u64) {
+    let mut batches: Vec<Vec<u64>> = epode
+        .requests(Endpoint::Telemetry)
+        .iter()
+        .filter(|r| r.status == 202)
+        .map(|r| {
+            r.body["events"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|e| e["sequence"].as_u64().unwrap())
+                .collect()
+        })
+        .collect();
+    for b in &batches {
+        assert!(
+            b.windows(2).all(|w| w[0] < w[1]),
+            "a batch out of order: {b:?}"
+        );
+    }
+    batches.sort_by_key(|b| b[0]);
+    for pair in batches.windows(2) {
+        assert!(
+            pair[0].last() < pair[1].first(),
+            "batches interleave: {:?} and {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let all: Vec<u64> = batches.concat();
+    assert_eq!(
+        all,
+        (1..=n).collect::<Vec<_>>(),
+        "each sequence exactly once"
+    );
+    let mut ids: Vec<String> = epode
+        .deliveries()
+        .iter()
+        .map(|e| e["interactionId"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len() as u64,
+        n,
+        "each interaction delivered exactly once"
+    );
+}
+
+/// 2,000 rapid calls against an Epode whose batches take time (the cost model, scaled
+/// down): deliveries overlap, every event arrives exactly once with its sequence, batches
+/// hold up to the protocol's 100 events, and the sidecar's memory stays flat.
+#[tokio::test]
+async fn two_thousand_calls_in_parallel_deliveries_each_exactly_once() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    // Slower than the flush interval (500 ms), so deliveries overlap at any call rate.
+    epode.set_batch_cost(Some(BatchCost {
+        base: Duration::from_millis(1000),
+        per_event: Duration::from_millis(1),
+        at_once: 10,
+    }));
+    let sc = sidecar(&up, &epode, &[]);
+    calls(&sc, 1, 200).await;
+    let rss_warm = rss_kib(sc.pid());
+    let started = Instant::now();
+    calls(&sc, 4, 450).await;
     let calls_took = started.elapsed();
     let rss_after = rss_kib(sc.pid());
     let events = wait_events(&epode, 2000, Duration::from_secs(30)).await;
     assert_eq!(events.len(), 2000, "every event delivered");
-    let seqs: Vec<u64> = epode
-        .deliveries()
-        .iter()
-        .filter_map(|e| e["sequence"].as_u64())
-        .collect();
+    assert_sequences(&epode, 2000);
+    let overlap = epode.max_concurrent(Endpoint::Telemetry);
     assert!(
-        seqs.windows(2).all(|w| w[0] < w[1]),
-        "events arrived out of order"
-    );
-    assert_eq!(
-        epode.max_concurrent(Endpoint::Telemetry),
-        1,
-        "more than one delivery in flight"
+        (2..=16).contains(&overlap),
+        "deliveries in flight at once: {overlap} (the cap is 16)"
     );
     let batches = epode.requests(Endpoint::Telemetry);
-    assert!(batches
+    let largest = batches
         .iter()
-        .all(|b| b.body["events"].as_array().unwrap().len() <= 50));
+        .map(|b| b.body["events"].as_array().unwrap().len())
+        .max()
+        .unwrap();
+    assert!(largest <= 100, "a batch of {largest}");
     eprintln!(
-        "2000 calls in {calls_took:?}; {} batches; RSS {rss_warm} KiB warm, {rss_after} KiB after",
+        "2000 calls ({calls_took:?} for the last 1800); {} batches, the largest {largest}, {overlap} in flight at most; RSS {rss_warm} KiB warm, {rss_after} KiB after",
         batches.len()
     );
     assert!(
@@ -262,6 +322,54 @@ async fn two_thousand_calls_in_order_one_delivery_at_a_time() {
         metric(&sc, "epode_sidecar_telemetry_delivered_total").await,
         2000
     );
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_epode_accepted_total").await,
+        2000
+    );
+}
+
+/// The fake processes any number of batches at once, so what it sees in flight is the
+/// sidecar's limit: it reaches `EPODE_SIDECAR_TELEMETRY_CONCURRENCY` (4) and never goes past
+/// it, and the gauges say so.
+#[tokio::test]
+async fn deliveries_overlap_up_to_the_limit_and_never_beyond() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.set_batch_cost(Some(BatchCost {
+        base: Duration::from_millis(200),
+        per_event: Duration::ZERO,
+        at_once: 1000,
+    }));
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_CONCURRENCY", "4"),
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "5"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms"),
+        ],
+    );
+    calls(&sc, 1, 1).await;
+    calls(&sc, 4, 60).await;
+    let mut gauge_max = 0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while epode.events().len() < 241 && Instant::now() < deadline {
+        gauge_max =
+            gauge_max.max(metric(&sc, "epode_sidecar_telemetry_deliveries_in_flight").await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(epode.events().len(), 241);
+    assert_eq!(
+        epode.max_concurrent(Endpoint::Telemetry),
+        4,
+        "deliveries in flight at once, with a limit of 4"
+    );
+    assert!((1..=4).contains(&gauge_max), "the gauge showed {gauge_max}");
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_concurrency_limit").await,
+        4
+    );
+    assert_sequences(&epode, 241);
 }
 
 #[tokio::test]
@@ -304,6 +412,227 @@ async fn too_many_requests_waits_for_retry_after() {
     assert!(
         gap >= Duration::from_millis(1900),
         "Retry-After: 2 not honoured: {gap:?}"
+    );
+}
+
+/// A 429 with `Retry-After` while several deliveries are allowed: the limit is halved, and
+/// no batch reaches Epode until the pause is over, however many are waiting; then every
+/// event arrives.
+#[tokio::test]
+async fn too_many_requests_halves_the_limit_and_pauses_every_delivery() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.set_batch_cost(Some(BatchCost {
+        base: Duration::from_millis(100),
+        per_event: Duration::ZERO,
+        at_once: 1000,
+    }));
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_CONCURRENCY", "8"),
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "5"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms"),
+        ],
+    );
+    let limit = "epode_sidecar_telemetry_concurrency_limit";
+    // Enough batches for the limit to grow from 2 to its cap of 8.
+    calls(&sc, 1, 1).await;
+    calls(&sc, 4, 40).await;
+    assert!(
+        epode
+            .wait_until_async(Duration::from_secs(20), |e| e.events().len() == 161)
+            .await
+    );
+    assert_eq!(metric(&sc, limit).await, 8);
+    epode.inject(Endpoint::Telemetry, Fault::StatusRetryAfter(429, 2));
+    calls(&sc, 1, 5).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&sc, limit).await == 8 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(metric(&sc, limit).await, 4, "the limit after a 429");
+    // Many batches now wait; none may start before the pause ends.
+    calls(&sc, 4, 25).await;
+    assert!(
+        epode
+            .wait_until_async(Duration::from_secs(20), |e| e.events().len() == 266)
+            .await,
+        "every event arrives after the pause"
+    );
+    let sent = epode.requests(Endpoint::Telemetry);
+    let refused = sent.iter().position(|r| r.status == 429).expect("the 429");
+    let pause_end = sent[refused].answered.unwrap() + Duration::from_secs(2);
+    let early: Vec<Duration> = sent[refused + 1..]
+        .iter()
+        .filter(|r| r.at < pause_end)
+        .map(|r| pause_end - r.at)
+        .collect();
+    assert!(
+        early.is_empty(),
+        "{} batches arrived before Retry-After had passed (by {early:?})",
+        early.len()
+    );
+    assert!(sent.len() - refused > 20, "the batches after the 429");
+}
+
+/// A 202 whose receipt says Epode stored 3 of 5 events and dropped 2: the 3 are delivered,
+/// only the 2 are counted as `epode_dropped`, and the receipt's counts are on `/metrics` as
+/// Epode reported them.
+#[tokio::test]
+async fn a_partial_receipt_counts_only_the_dropped_events() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.inject(Endpoint::Telemetry, Fault::Dropped(2));
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "5"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "2s"),
+        ],
+    );
+    calls(&sc, 1, 5).await;
+    assert!(
+        epode
+            .wait_until_async(Duration::from_secs(10), |e| e.events().len() == 3)
+            .await
+    );
+    let sent = epode.requests(Endpoint::Telemetry);
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body["events"].as_array().unwrap().len(), 5);
+    let m = |name: &'static str| metric(&sc, name);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while m("epode_sidecar_telemetry_queue_depth").await > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(m("epode_sidecar_telemetry_delivered_total").await, 3);
+    assert_eq!(
+        m("epode_sidecar_telemetry_dropped_total{reason=\"epode_dropped\"}").await,
+        2
+    );
+    assert_eq!(m("epode_sidecar_telemetry_epode_accepted_total").await, 3);
+    assert_eq!(m("epode_sidecar_telemetry_epode_dropped_total").await, 2);
+    assert_eq!(
+        m("epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}").await,
+        0
+    );
+}
+
+/// SIGTERM while several slow deliveries are in flight and the queue is full: everything
+/// accepted is delivered before exit, within the shutdown setting. One delivery at a time
+/// would need about 13 batches x 500 ms, longer than the 5 s allowed.
+#[tokio::test]
+async fn sigterm_flushes_every_delivery_in_flight_and_a_full_queue() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    epode.set_batch_cost(Some(BatchCost {
+        base: Duration::from_millis(500),
+        per_event: Duration::ZERO,
+        at_once: 1000,
+    }));
+    let mut sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_QUEUE", "100"),
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "10"),
+            ("EPODE_SIDECAR_TELEMETRY_CONCURRENCY", "8"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms"),
+            ("EPODE_SIDECAR_TELEMETRY_SHUTDOWN", "5s"),
+        ],
+    );
+    calls(&sc, 1, 1).await;
+    calls(&sc, 4, 60).await;
+    let full = metric(
+        &sc,
+        "epode_sidecar_telemetry_dropped_total{reason=\"queue_full\"}",
+    )
+    .await;
+    assert!(full > 0, "the queue never filled");
+    let enqueued = metric(&sc, "epode_sidecar_telemetry_enqueued_total").await;
+    assert!(
+        epode.in_flight(Endpoint::Telemetry) >= 2,
+        "deliveries in flight: {}",
+        epode.in_flight(Endpoint::Telemetry)
+    );
+    let stopped = Instant::now();
+    sc.terminate();
+    let (code, sc) = tokio::task::spawn_blocking(move || {
+        let code = sc.wait_exit(Duration::from_secs(15));
+        (code, sc)
+    })
+    .await
+    .unwrap();
+    let took = stopped.elapsed();
+    assert_eq!(code, Some(0), "{}", sc.logs().join("\n"));
+    assert_eq!(
+        epode.events().len() as u64,
+        enqueued,
+        "accepted events were lost at shutdown ({took:?})"
+    );
+    assert!(took < Duration::from_secs(7), "shutdown took {took:?}");
+    eprintln!("{enqueued} events flushed in {took:?}; {full} dropped while the queue was full");
+}
+
+/// Events as large as the protocol allows (three refs of 160 characters, a runtime hint of
+/// 200 four-byte characters: about 1.7 KB each): a batch of them would pass Epode's 64 KiB
+/// body limit (a 413, every event lost), so it goes in parts that each fit.
+#[tokio::test]
+async fn large_events_go_in_batches_epode_reads_whole() {
+    let long = |c: &str| c.repeat(160);
+    let identity = json!({"accountRef": long("a"), "userRef": long("u"), "sessionRef": long("s"),
+                          "runtimeHint": "\u{1F680}".repeat(200)});
+    let up = RawUpstream::start(move |mut s: TcpStream| {
+        while let Some((_, body)) = read_http_request(&mut s) {
+            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            let result = if req["method"] == "tools/list" {
+                json!({"tools": [{"name": "work", "inputSchema": {"type": "object"}}]})
+            } else {
+                json!({"content": [{"type": "text", "text": "ok"}],
+                       "_meta": {"ai.epode/identity": identity.clone()}})
+            };
+            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": result});
+            reply_json(&mut s, &reply.to_string());
+        }
+    });
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_TELEMETRY_FLUSH", "3s")]);
+    calls(&sc, 1, 60).await;
+    let events = wait_events(&epode, 60, Duration::from_secs(15)).await;
+    let sent = epode.requests(Endpoint::Telemetry);
+    let sizes: Vec<(u16, usize)> = sent.iter().map(|r| (r.status, r.raw_body.len())).collect();
+    assert_eq!(events.len(), 60, "requests (status, bytes): {sizes:?}");
+    assert!(events[0]["runtimeHint"].as_str().is_some());
+    assert!(sent.len() >= 2, "{sizes:?}");
+    assert!(sizes.iter().all(|(status, _)| *status == 202), "{sizes:?}");
+}
+
+/// Many callers at once, a batch of 2 and a flush time of a minute: a batch leaves as soon
+/// as it is full, every time. (The request path says "a full batch is waiting"; when two
+/// calls enqueued at once stepped over the count it watched for, nobody said it, and the
+/// batch waited for the flush while the queue filled.)
+#[tokio::test]
+async fn full_batches_leave_at_once_whatever_the_concurrency() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_BATCH", "2"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "1m"),
+        ],
+    );
+    calls(&sc, 1, 2).await;
+    calls(&sc, 16, 40).await;
+    let events = wait_events(&epode, 642, Duration::from_secs(20)).await;
+    assert_eq!(
+        events.len(),
+        642,
+        "events still waiting for the flush: {}",
+        metric(&sc, "epode_sidecar_telemetry_queue_depth").await
     );
 }
 
@@ -358,7 +687,14 @@ async fn a_full_queue_drops_and_counts() {
     let up = fast_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_down(true);
-    let sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_TELEMETRY_QUEUE", "5")]);
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_TELEMETRY_QUEUE", "5"),
+            ("EPODE_SIDECAR_TELEMETRY_CONCURRENCY", "2"),
+        ],
+    );
     let c = http();
     for i in 0..40 {
         call(&c, &sc, "work", i).await;
@@ -369,8 +705,9 @@ async fn a_full_queue_drops_and_counts() {
     )
     .await;
     assert!(dropped >= 20, "only {dropped} dropped");
-    // The bound: 5 queued, plus the batch in delivery (at most 5: it came from the queue).
-    assert!(metric(&sc, "epode_sidecar_telemetry_queue_depth").await <= 10);
+    // The bound: 5 queued, plus the batches in delivery (at most 2, of at most 5: a batch
+    // is never larger than the queue).
+    assert!(metric(&sc, "epode_sidecar_telemetry_queue_depth").await <= 15);
 }
 
 #[tokio::test]
@@ -537,6 +874,7 @@ async fn dropped_telemetry_is_logged_as_summaries() {
         &epode,
         &[
             ("EPODE_SIDECAR_TELEMETRY_QUEUE", "1"),
+            ("EPODE_SIDECAR_TELEMETRY_CONCURRENCY", "1"),
             ("EPODE_SIDECAR_TELEMETRY_SHUTDOWN", "1s"),
         ],
     );

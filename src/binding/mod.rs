@@ -74,6 +74,7 @@ impl FeedbackBinding {
                 let settings = QueueSettings {
                     capacity: config.telemetry_queue,
                     batch_max: config.telemetry_batch,
+                    concurrency: config.telemetry_concurrency,
                     flush_every: config.telemetry_flush,
                     backoff_base: config.telemetry_retry_base,
                     ..QueueSettings::default()

@@ -76,7 +76,7 @@ impl EpodeClient {
         &self,
         path: &str,
         bearer: &str,
-        body: &Value,
+        body: Bytes,
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
         let req = self
@@ -84,7 +84,7 @@ impl EpodeClient {
             .post(self.url(path))
             .header(AUTHORIZATION, format!("Bearer {bearer}"))
             .header(CONTENT_TYPE, "application/json")
-            .body(body.to_string())
+            .body(body)
             .timeout(timeout);
         let mut resp = req.send().await.map_err(|e| classify(&e, timeout))?;
         let status = resp.status().as_u16();
@@ -117,7 +117,8 @@ impl EpodeClient {
         body: &Value,
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
-        self.post(DECISIONS_PATH, handle, body, timeout).await
+        self.post(DECISIONS_PATH, handle, json_body(body), timeout)
+            .await
     }
 
     /// Submits a feedback report (agent-side: the handle is the credential).
@@ -127,7 +128,8 @@ impl EpodeClient {
         body: &Value,
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
-        self.post(REPORTS_PATH, handle, body, timeout).await
+        self.post(REPORTS_PATH, handle, json_body(body), timeout)
+            .await
     }
 
     /// Looks up an Ask-once consent subject's state (product key).
@@ -137,19 +139,28 @@ impl EpodeClient {
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
         let body = serde_json::json!({ "subject": subject });
-        self.post(STATE_PATH, self.key.expose_secret(), &body, timeout)
-            .await
+        self.post(
+            STATE_PATH,
+            self.key.expose_secret(),
+            json_body(&body),
+            timeout,
+        )
+        .await
     }
 
-    /// Delivers a telemetry batch (product key).
+    /// Delivers a telemetry batch, its body already serialised (product key).
     pub(crate) async fn post_batch(
         &self,
-        body: &Value,
+        body: Bytes,
         timeout: Duration,
     ) -> Result<Answer, EpodeError> {
         self.post(BATCHES_PATH, self.key.expose_secret(), body, timeout)
             .await
     }
+}
+
+fn json_body(body: &Value) -> Bytes {
+    Bytes::from(body.to_string())
 }
 
 fn classify(e: &reqwest::Error, timeout: Duration) -> EpodeError {

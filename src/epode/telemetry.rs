@@ -1,32 +1,44 @@
-//! Confirmed MCP telemetry: one event per completed product tool call, enqueued without waiting
-//! (a product response never waits for Epode) on a bounded channel, and delivered in order by
-//! one background task: batches of up to `batch_max` every `flush_every` (or as soon as a
-//! batch is full), one delivery in flight. A delivery is judged by its receipt; only network
-//! failures, timeouts, 408, 429 and 5xx are retried, with exponential backoff (`backon`) or
-//! the `Retry-After` Epode gives.
+//! Confirmed MCP telemetry: one event per completed product tool call, numbered (`sequence`)
+//! and enqueued without waiting (a product response never waits for Epode) on a bounded
+//! channel. One dispatcher task forms batches of up to `batch_max` (sent as soon as one is
+//! full, or `flush_every` after its first event) and starts a delivery task for each, as many
+//! in flight as the adaptive limit of [`limit`] allows (at most `concurrency`). A delivery is
+//! judged by its receipt; only network failures, timeouts, 408, 429 and 5xx are retried, with
+//! exponential backoff (`backon`) or the `Retry-After` Epode gives, which also holds back every
+//! other delivery. Epode orders interactions by `(occurredAt, sequence)` and upserts each event
+//! by its id, so batches may arrive in any order and a duplicate is harmless.
 
+mod limit;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinSet;
 
 use super::client::{Answer, EpodeClient, EpodeError};
 use crate::feedback::identity::{IdentityRefs, RefKind};
 use crate::log_summary::LogSummary;
+use limit::{Limiter, Wait};
 
-/// How the queue behaves; the defaults are the Epode SDKs' documented ones.
+/// How the queue behaves; the defaults are the Epode SDKs' documented ones, but for the batch
+/// (the protocol's most, 100) and the deliveries in flight (the SDKs send one at a time).
 #[derive(Debug, Clone)]
 pub(crate) struct QueueSettings {
-    /// Events waiting in the queue (one batch more may be in delivery).
+    /// Events waiting in the queue (up to `concurrency` batches more may be in delivery).
     pub(crate) capacity: usize,
     pub(crate) batch_max: usize,
+    /// The most deliveries in flight at once (the adaptive limit's cap).
+    pub(crate) concurrency: usize,
     pub(crate) flush_every: Duration,
     pub(crate) max_attempts: usize,
     pub(crate) backoff_base: Duration,
@@ -38,7 +50,8 @@ impl Default for QueueSettings {
     fn default() -> Self {
         QueueSettings {
             capacity: 1000,
-            batch_max: 50,
+            batch_max: 100,
+            concurrency: 16,
             flush_every: Duration::from_millis(500),
             max_attempts: 6,
             backoff_base: Duration::from_millis(500),
@@ -47,6 +60,10 @@ impl Default for QueueSettings {
         }
     }
 }
+
+/// Epode reads at most this much of a request body (the real service's 64 KiB body limit): a
+/// batch whose body would be larger is sent in parts.
+const MAX_BATCH_BYTES: usize = 64 * 1024;
 
 /// How often dropped telemetry is summarised in the log.
 const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
@@ -103,8 +120,8 @@ fn runtime_hint(raw: &str) -> Option<String> {
     ((1..=200).contains(&n) && !t.chars().any(char::is_control)).then(|| t.to_owned())
 }
 
-/// The event for a completion, without its `sequence` (given in queue order when it is
-/// batched): absent fields are omitted, never null or empty.
+/// The event for a completion, without its `sequence` (given when it is enqueued, added when
+/// it is batched): absent fields are omitted, never null or empty.
 pub(crate) fn build_event(
     c: &McpCompletion,
     occurred_at: SystemTime,
@@ -169,9 +186,13 @@ pub(crate) struct Counters {
     delivered: Counter,
     retried: Counter,
     dropped: Family<DropReason, Counter>,
+    /// The sums of Epode's receipts, as it reports them.
+    epode_accepted: Counter,
+    epode_dropped: Counter,
     /// Events accepted and not yet delivered or given up.
     depth: Gauge,
     deliveries_in_flight: Gauge,
+    concurrency_limit: Gauge,
 }
 
 /// Every reason an event may be dropped for.
@@ -216,14 +237,29 @@ impl Counters {
             self.dropped.clone(),
         );
         registry.register(
+            "epode_accepted",
+            "Telemetry events Epode's receipts say it stored",
+            self.epode_accepted.clone(),
+        );
+        registry.register(
+            "epode_dropped",
+            "Telemetry events Epode's receipts say it dropped",
+            self.epode_dropped.clone(),
+        );
+        registry.register(
             "queue_depth",
             "Telemetry events queued or in delivery",
             self.depth.clone(),
         );
         registry.register(
             "deliveries_in_flight",
-            "Telemetry batch deliveries in flight (at most one)",
+            "Telemetry batch deliveries in flight (at most the concurrency limit)",
             self.deliveries_in_flight.clone(),
+        );
+        registry.register(
+            "concurrency_limit",
+            "Telemetry deliveries allowed in flight now (adapts to Epode's answers, up to EPODE_SIDECAR_TELEMETRY_CONCURRENCY)",
+            self.concurrency_limit.clone(),
         );
     }
 
@@ -240,31 +276,36 @@ impl Counters {
     pub(crate) fn delivered(&self) -> u64 {
         self.delivered.get()
     }
+
+    fn show(&self, limiter: &Limiter) {
+        self.deliveries_in_flight
+            .set(i64::try_from(limiter.in_flight()).unwrap_or(i64::MAX));
+        self.concurrency_limit
+            .set(i64::try_from(limiter.limit()).unwrap_or(i64::MAX));
+    }
 }
 
-/// Why a batch is given up without a retry.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Terminal {
-    /// Epode accepted the batch but dropped some of its events.
-    EpodeDropped { dropped: u64, of: usize },
-    /// The status or the receipt says the batch is bad.
-    Rejected(String),
-}
-
-/// A delivery's verdict, judged from the receipt.
+/// A delivery's verdict, judged from the answer.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Delivery {
-    Delivered,
-    Terminal(Terminal),
+    /// A 202 whose receipt accounts for the batch: Epode stored `accepted` events and dropped
+    /// `dropped` (not retried: a dropped event is one Epode will not take).
+    Receipt { accepted: u64, dropped: u64 },
+    /// The status or the receipt says the batch is bad; not retried. `reported` is the
+    /// receipt's counts when it has them but they do not account for the batch.
+    Rejected {
+        reason: String,
+        reported: Option<(u64, u64)>,
+    },
     Retryable {
         reason: String,
         retry_after: Option<Duration>,
     },
 }
 
-/// Success only on 202 with integer `accepted` + `dropped` that account for the batch and
-/// `dropped == 0`.
+/// A receipt is a 202 with integer `accepted` + `dropped` that account for the batch.
 pub(crate) fn judge(answer: &Answer, batch_len: usize) -> Delivery {
+    let rejected = |reason: String, reported| Delivery::Rejected { reason, reported };
     match answer.status {
         202 => {
             let receipt = answer.json().unwrap_or(Value::Null);
@@ -272,20 +313,17 @@ pub(crate) fn judge(answer: &Answer, batch_len: usize) -> Delivery {
                 receipt.get("accepted").and_then(Value::as_u64),
                 receipt.get("dropped").and_then(Value::as_u64),
             ) else {
-                return Delivery::Terminal(Terminal::Rejected("malformed receipt".to_owned()));
+                return rejected("malformed receipt".to_owned(), None);
             };
-            if accepted.checked_add(dropped) != Some(batch_len as u64) {
-                return Delivery::Terminal(Terminal::Rejected(format!(
+            let n = batch_len as u64;
+            if accepted.checked_add(dropped) != Some(n) {
+                // Counts each within the batch are shown as reported; others are garbage.
+                let reported = (accepted <= n && dropped <= n).then_some((accepted, dropped));
+                return rejected(format!(
                     "the receipt ({accepted} accepted, {dropped} dropped) does not account for the {batch_len} events sent"
-                )));
+                ), reported);
             }
-            if dropped > 0 {
-                return Delivery::Terminal(Terminal::EpodeDropped {
-                    dropped,
-                    of: batch_len,
-                });
-            }
-            Delivery::Delivered
+            Delivery::Receipt { accepted, dropped }
         }
         408 | 429 | 500..=599 => Delivery::Retryable {
             reason: format!("HTTP {}", answer.status),
@@ -296,16 +334,24 @@ pub(crate) fn judge(answer: &Answer, batch_len: usize) -> Delivery {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs),
         },
-        s => Delivery::Terminal(Terminal::Rejected(format!("HTTP {s}"))),
+        s => rejected(format!("HTTP {s}"), None),
     }
 }
 
+/// An event on its way to the dispatcher, with the sequence number it was given.
+type Queued = (u64, Map<String, Value>);
+
 /// The handle the request path holds: enqueueing is a `try_send` on a bounded channel.
 pub(crate) struct Telemetry {
-    tx: mpsc::Sender<Map<String, Value>>,
-    /// Told when the queue holds a full batch (the worker otherwise sleeps until the flush).
+    tx: mpsc::Sender<Queued>,
+    /// The last sequence number given; held while an event is sent so numbers follow the
+    /// queue's order.
+    sequence: parking_lot::Mutex<u64>,
+    /// Told when the queue holds what the dispatcher waits for to fill its batch (it otherwise
+    /// sleeps until the flush time).
     batch_ready: Arc<Notify>,
-    full_batch: usize,
+    /// How many queued events the dispatcher waits for; `usize::MAX` when it is not waiting.
+    wanted: Arc<AtomicUsize>,
     counters: Counters,
     stop: watch::Sender<Option<Instant>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -315,7 +361,7 @@ pub(crate) struct Telemetry {
 }
 
 impl Telemetry {
-    /// Starts the background delivery task on the current runtime.
+    /// Starts the dispatcher task on the current runtime.
     pub(crate) fn start(
         client: Arc<EpodeClient>,
         settings: QueueSettings,
@@ -339,9 +385,13 @@ impl Telemetry {
             }
         });
         let batch_ready = Arc::new(Notify::new());
-        // A batch is at most the queue's size, so memory holds at most two queues' worth.
+        let wanted = Arc::new(AtomicUsize::new(usize::MAX));
+        // A batch is at most the queue's size: memory holds at most the queue and
+        // `concurrency` batches.
         let full_batch = settings.batch_max.clamp(1, capacity);
-        let worker = Worker {
+        let limiter = Limiter::new(settings.concurrency);
+        counters.show(&limiter);
+        let shared = Arc::new(Shared {
             client,
             settings: QueueSettings {
                 batch_max: full_batch,
@@ -349,25 +399,33 @@ impl Telemetry {
             },
             counters: counters.clone(),
             drops: drops.clone(),
+            limiter: parking_lot::Mutex::new(limiter),
+            stop: stop_rx.clone(),
+        });
+        let dispatcher = Dispatcher {
+            shared,
             batch_ready: batch_ready.clone(),
+            wanted: wanted.clone(),
             rx,
             stop: stop_rx,
-            sequence: 0,
+            deliveries: JoinSet::new(),
         };
         Arc::new(Telemetry {
             tx,
+            sequence: parking_lot::Mutex::new(0),
             batch_ready,
-            full_batch,
+            wanted,
             counters,
             stop,
-            task: Mutex::new(Some(tokio::spawn(worker.run()))),
+            task: Mutex::new(Some(tokio::spawn(dispatcher.run()))),
             drops,
             summary_timer,
         })
     }
 
-    /// Builds and enqueues the event for a completion; never waits. Invalid completions and a
-    /// full queue are counted and summarised in the log, not errors for the caller.
+    /// Builds, numbers and enqueues the event for a completion; never waits. Invalid
+    /// completions and a full queue are counted and summarised in the log, not errors for
+    /// the caller.
     pub(crate) fn record(&self, c: McpCompletion) {
         let event = match build_event(&c, SystemTime::now()) {
             Ok(e) => e,
@@ -377,11 +435,22 @@ impl Telemetry {
                 return;
             }
         };
-        match self.tx.try_send(event) {
+        let sent = {
+            let mut last = self.sequence.lock();
+            let sent = self.tx.try_send((*last + 1, event));
+            if sent.is_ok() {
+                *last += 1;
+            }
+            sent
+        };
+        match sent {
             Ok(()) => {
                 self.counters.enqueued.inc();
                 self.counters.depth.inc();
-                if self.tx.max_capacity() - self.tx.capacity() == self.full_batch {
+                // At or past what the dispatcher waits for (never an exact count: another
+                // call may enqueue between this one's send and its look).
+                let queued = self.tx.max_capacity() - self.tx.capacity();
+                if queued >= self.wanted.load(Ordering::SeqCst) {
                     self.batch_ready.notify_one();
                 }
             }
@@ -396,23 +465,25 @@ impl Telemetry {
         }
     }
 
-    /// Events accepted and not yet delivered or given up (queued, or in the batch being
+    /// Events accepted and not yet delivered or given up (queued, or in a batch being
     /// delivered).
     pub(crate) fn depth(&self) -> u64 {
         u64::try_from(self.counters.depth.get()).unwrap_or(0)
     }
 
-    /// Flushes what is queued within `within`, then stops the task. Returns how many events
-    /// could not be delivered.
+    /// Flushes what is queued and in flight within `within`, then stops the tasks. Returns
+    /// how many events could not be delivered.
     pub(crate) async fn shutdown(&self, within: Duration) -> u64 {
         let deadline = Instant::now() + within;
         let _ = self.stop.send(Some(deadline));
         let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(mut task) = task {
-            // The worker watches the deadline itself; the extra second covers a send in flight.
+            // The tasks watch the deadline themselves; the extra second covers a send in
+            // flight. Aborting the dispatcher aborts its deliveries.
             let limit = within + Duration::from_secs(1);
             if tokio::time::timeout(limit, &mut task).await.is_err() {
                 task.abort();
+                let _ = task.await;
             }
         }
         let left = self.depth();
@@ -433,93 +504,24 @@ impl Telemetry {
     }
 }
 
-struct Worker {
+/// What the dispatcher and its deliveries share.
+struct Shared {
     client: Arc<EpodeClient>,
     settings: QueueSettings,
     counters: Counters,
     drops: Arc<LogSummary>,
-    batch_ready: Arc<Notify>,
-    rx: mpsc::Receiver<Map<String, Value>>,
+    limiter: parking_lot::Mutex<Limiter>,
     stop: watch::Receiver<Option<Instant>>,
-    /// The last sequence number given: events are numbered in queue order.
-    sequence: u64,
 }
 
-impl Worker {
+impl Shared {
+    /// The shutdown deadline, once shutdown has begun.
     fn deadline(&self) -> Option<Instant> {
         *self.stop.borrow()
     }
 
-    async fn run(mut self) {
-        let batch_max = self.settings.batch_max.max(1);
-        let mut batch = Vec::with_capacity(batch_max);
-        loop {
-            // Wait for the first events of a batch, or the stop signal.
-            if self.deadline().is_some() {
-                if self.rx.is_empty() {
-                    return;
-                }
-                self.rx.recv_many(&mut batch, batch_max).await;
-            } else {
-                tokio::select! {
-                    n = self.rx.recv_many(&mut batch, batch_max) => if n == 0 { return },
-                    _ = self.stop.changed() => continue,
-                }
-                // Sleep until the flush time, or until the request path says a full batch is
-                // waiting: not woken once per event (each wake is a cross-thread signal).
-                if batch.len() < batch_max && self.rx.len() + batch.len() < batch_max {
-                    let flush_at = tokio::time::Instant::now() + self.settings.flush_every;
-                    tokio::select! {
-                        _ = tokio::time::sleep_until(flush_at) => {}
-                        _ = self.batch_ready.notified() => {}
-                        _ = self.stop.changed() => {}
-                    }
-                }
-                if batch.len() < batch_max && !self.rx.is_empty() {
-                    let room = batch_max - batch.len();
-                    self.rx.recv_many(&mut batch, room).await;
-                }
-            }
-            for event in &mut batch {
-                self.sequence += 1;
-                event.insert("sequence".into(), Value::from(self.sequence));
-            }
-            let n = batch.len();
-            self.deliver(std::mem::take(&mut batch)).await;
-            self.counters.depth.dec_by(n as i64);
-            if self.deadline().is_some_and(|d| Instant::now() >= d) {
-                return;
-            }
-        }
-    }
-
-    /// The next attempt's timeout, shortened by the shutdown deadline.
-    fn attempt_timeout(&self) -> Duration {
-        let t = self.settings.attempt_timeout;
-        match self.deadline() {
-            Some(d) => t.min(d.saturating_duration_since(Instant::now())),
-            None => t,
-        }
-    }
-
-    async fn attempt(&self, body: &Value, n: usize) -> Delivery {
-        let timeout = self.attempt_timeout();
-        if timeout.is_zero() {
-            return Delivery::Retryable {
-                reason: "shutdown deadline".into(),
-                retry_after: None,
-            };
-        }
-        match self.client.post_batch(body, timeout).await {
-            Ok(answer) => judge(&answer, n),
-            Err(EpodeError::TooLarge) => Delivery::Terminal(Terminal::Rejected(
-                "the receipt is not a receipt".to_owned(),
-            )),
-            Err(e @ (EpodeError::Timeout(_) | EpodeError::Network(_))) => Delivery::Retryable {
-                reason: e.to_string(),
-                retry_after: None,
-            },
-        }
+    fn past_deadline(&self) -> bool {
+        self.deadline().is_some_and(|d| Instant::now() >= d)
     }
 
     fn given_up(&self, reason: &'static str, n: usize) {
@@ -527,61 +529,308 @@ impl Worker {
         self.drops.add(reason, n as u64);
     }
 
-    async fn deliver(&mut self, batch: Vec<Map<String, Value>>) {
-        let n = batch.len();
-        let body = json!({ "events": batch });
-        self.counters.deliveries_in_flight.inc();
-        let mut delays = ExponentialBuilder::new()
-            .with_min_delay(self.settings.backoff_base)
-            .with_factor(2.0)
-            .with_max_times(self.settings.max_attempts.saturating_sub(1))
-            .without_max_delay()
-            .build();
-        let mut attempt = 1;
+    fn with_limiter<T>(&self, f: impl FnOnce(&mut Limiter) -> T) -> T {
+        let mut limiter = self.limiter.lock();
+        let out = f(&mut limiter);
+        self.counters.show(&limiter);
+        out
+    }
+}
+
+/// A delivery's place in the limit, given back when the delivery ends (or is aborted).
+struct Slot {
+    shared: Arc<Shared>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.shared.with_limiter(Limiter::finish);
+    }
+}
+
+/// Forms batches and starts their deliveries.
+struct Dispatcher {
+    shared: Arc<Shared>,
+    batch_ready: Arc<Notify>,
+    wanted: Arc<AtomicUsize>,
+    rx: mpsc::Receiver<Queued>,
+    stop: watch::Receiver<Option<Instant>>,
+    deliveries: JoinSet<()>,
+}
+
+impl Dispatcher {
+    async fn run(mut self) {
+        let batch_max = self.shared.settings.batch_max.max(1);
         loop {
-            match self.attempt(&body, n).await {
-                Delivery::Delivered => {
-                    self.counters.delivered.inc_by(n as u64);
-                    tracing::debug!(events = n, attempt, "telemetry batch delivered");
-                    break;
+            // Room for a delivery first, so the batch takes what queued up meanwhile.
+            if !self.wait_for_room(false).await {
+                break;
+            }
+            let mut batch = Vec::with_capacity(batch_max);
+            if !self.collect(&mut batch, batch_max).await {
+                break;
+            }
+            // Epode may have asked for a pause while the batch filled.
+            if !self.wait_for_room(true).await {
+                break;
+            }
+            let events = batch
+                .into_iter()
+                .map(|(sequence, mut event)| {
+                    event.insert("sequence".into(), Value::from(sequence));
+                    event
+                })
+                .collect();
+            let slot = Slot {
+                shared: self.shared.clone(),
+            };
+            self.deliveries.spawn(deliver(slot, events));
+        }
+        // What is in flight ends on its own by the deadline; a delivery still running shortly
+        // after it is stopped (its events, like a batch not started and what is left
+        // queued, are counted as lost at shutdown).
+        let grace = self
+            .shared
+            .deadline()
+            .map(|d| tokio::time::Instant::from(d) + Duration::from_millis(500));
+        let deliveries = &mut self.deliveries;
+        let all = async { while deliveries.join_next().await.is_some() {} };
+        if tokio::time::timeout_at(grace.unwrap_or_else(far_future), all)
+            .await
+            .is_err()
+        {
+            self.deliveries.shutdown().await;
+        }
+    }
+
+    /// Waits until a delivery may start; with `start`, starts it (counted in flight).
+    /// False when shutdown's deadline has passed.
+    async fn wait_for_room(&mut self, start: bool) -> bool {
+        loop {
+            while self.deliveries.try_join_next().is_some() {}
+            let now = Instant::now();
+            let wait = self.shared.with_limiter(|l| {
+                if start {
+                    l.start(now).map(drop)
+                } else {
+                    l.check(now)
                 }
-                Delivery::Terminal(terminal) => {
-                    tracing::debug!(
-                        ?terminal,
-                        events = n,
-                        "telemetry batch not accepted; not retried"
-                    );
-                    match terminal {
-                        Terminal::EpodeDropped { .. } => self.given_up("epode_dropped", n),
-                        Terminal::Rejected(_) => self.given_up("rejected", n),
-                    }
-                    break;
+            });
+            let until = match wait {
+                Ok(()) => return true,
+                Err(Wait::Slot) => None,
+                Err(Wait::Until(t)) => Some(t),
+            };
+            if self.shared.past_deadline() {
+                return false;
+            }
+            let deadline = self.shared.deadline();
+            let sleep = |t: Option<Instant>| async move {
+                match t {
+                    Some(t) => tokio::time::sleep_until(t.into()).await,
+                    None => std::future::pending().await,
                 }
-                Delivery::Retryable {
-                    reason,
-                    retry_after,
-                } => {
-                    let Some(backoff) = delays.next() else {
-                        tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up");
-                        self.given_up("retries_exhausted", n);
-                        break;
-                    };
-                    let wait = retry_after
-                        .map(|r| r.min(self.settings.max_retry_after))
-                        .unwrap_or(backoff);
-                    if self.deadline().is_some_and(|d| Instant::now() + wait >= d) {
-                        tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up at shutdown");
-                        self.given_up("shutdown", n);
-                        break;
-                    }
-                    self.counters.retried.inc();
-                    tracing::debug!(%reason, attempt, ?wait, "telemetry batch will be retried");
-                    tokio::time::sleep(wait).await;
-                    attempt += 1;
-                }
+            };
+            tokio::select! {
+                _ = self.deliveries.join_next(), if !self.deliveries.is_empty() => {}
+                () = sleep(until) => {}
+                () = sleep(deadline) => {}
+                r = self.stop.changed() => if r.is_err() { return false },
             }
         }
-        self.counters.deliveries_in_flight.dec();
+    }
+
+    /// Takes the next batch from the queue: waits for its first event, then up to the flush
+    /// time for it to fill (not at shutdown). False when there is nothing more to send.
+    async fn collect(&mut self, batch: &mut Vec<Queued>, batch_max: usize) -> bool {
+        loop {
+            if self.shared.deadline().is_some() {
+                if self.rx.is_empty() {
+                    return false;
+                }
+                self.rx.recv_many(batch, batch_max).await;
+                return true;
+            }
+            tokio::select! {
+                n = self.rx.recv_many(batch, batch_max) => {
+                    if n == 0 {
+                        return false;
+                    }
+                    break;
+                }
+                r = self.stop.changed() => if r.is_err() { return false },
+            }
+        }
+        // Sleep until the flush time, or until the request path says the queue holds what
+        // fills the batch: not woken once per event (each wake is a cross-thread signal).
+        // `wanted` is set before the queue is looked at, so an event enqueued meanwhile is
+        // seen here or signalled there; a signal left from before is only a reason to look.
+        let flush_at = tokio::time::Instant::now() + self.shared.settings.flush_every;
+        loop {
+            let need = batch_max - batch.len();
+            self.wanted.store(need, Ordering::SeqCst);
+            if need == 0 || self.rx.len() >= need {
+                break;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(flush_at) => break,
+                () = self.batch_ready.notified() => {}
+                _ = self.stop.changed() => break,
+            }
+        }
+        self.wanted.store(usize::MAX, Ordering::SeqCst);
+        if batch.len() < batch_max && !self.rx.is_empty() {
+            let room = batch_max - batch.len();
+            self.rx.recv_many(batch, room).await;
+        }
+        true
+    }
+}
+
+/// An instant no wait reaches (a day away).
+fn far_future() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(86_400)
+}
+
+/// The request body of a batch, serialised once for all its attempts.
+#[derive(serde::Serialize)]
+struct BatchBody<'a> {
+    events: &'a [Map<String, Value>],
+}
+
+/// The batch as request bodies Epode will read whole: halved until each part is at most
+/// [`MAX_BATCH_BYTES`] (or a single event). In order, with each part's event count.
+fn bodies(batch: Vec<Map<String, Value>>) -> Vec<(usize, Bytes)> {
+    let mut out = Vec::new();
+    let mut todo = vec![batch];
+    while let Some(mut part) = todo.pop() {
+        let n = part.len();
+        let body = serde_json::to_vec(&BatchBody { events: &part }).unwrap_or_default();
+        if body.len() > MAX_BATCH_BYTES && n > 1 {
+            let second = part.split_off(n / 2);
+            todo.push(second);
+            todo.push(part);
+        } else {
+            out.push((n, Bytes::from(body)));
+        }
+    }
+    out
+}
+
+/// Delivers one batch (in parts when its body would be too large), holding its slot.
+async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
+    for (n, body) in bodies(batch) {
+        deliver_part(&slot.shared, n, body).await;
+    }
+    drop(slot);
+}
+
+/// Delivers one request body of `n` events, retrying what may be retried, and counts the
+/// outcome.
+async fn deliver_part(shared: &Shared, n: usize, body: Bytes) {
+    let mut delays = ExponentialBuilder::new()
+        .with_min_delay(shared.settings.backoff_base)
+        .with_factor(2.0)
+        .with_max_times(shared.settings.max_attempts.saturating_sub(1))
+        .without_max_delay()
+        .build();
+    let mut attempt = 1;
+    loop {
+        let round = shared.with_limiter(|l| l.round());
+        match attempt_once(shared, body.clone(), n).await {
+            Delivery::Receipt { accepted, dropped } => {
+                shared.with_limiter(Limiter::delivered);
+                counted(shared, n, accepted, dropped, attempt);
+                break;
+            }
+            Delivery::Rejected { reason, reported } => {
+                if let Some((accepted, dropped)) = reported {
+                    shared.counters.epode_accepted.inc_by(accepted);
+                    shared.counters.epode_dropped.inc_by(dropped);
+                }
+                tracing::debug!(%reason, events = n, "telemetry batch not accepted; not retried");
+                shared.given_up("rejected", n);
+                break;
+            }
+            Delivery::Retryable {
+                reason,
+                retry_after,
+            } => {
+                let now = Instant::now();
+                let retry_after = retry_after.map(|r| r.min(shared.settings.max_retry_after));
+                let paused = shared.with_limiter(|l| {
+                    l.failed(round, now, retry_after);
+                    l.paused_until(now)
+                });
+                let Some(backoff) = delays.next() else {
+                    tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up");
+                    shared.given_up("retries_exhausted", n);
+                    break;
+                };
+                // A pause another delivery was asked for holds this retry too.
+                let pause = paused.map_or(Duration::ZERO, |t| t - now);
+                let wait = retry_after.unwrap_or(backoff).max(pause);
+                if shared.deadline().is_some_and(|d| now + wait >= d) {
+                    tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up at shutdown");
+                    shared.given_up("shutdown", n);
+                    break;
+                }
+                shared.counters.retried.inc();
+                tracing::debug!(%reason, attempt, ?wait, "telemetry batch will be retried");
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+        }
+    }
+    shared.counters.depth.dec_by(n as i64);
+}
+
+/// Counts a batch's receipt: its accepted events are delivered, its dropped ones lost.
+fn counted(shared: &Shared, n: usize, accepted: u64, dropped: u64, attempt: usize) {
+    let c = &shared.counters;
+    c.epode_accepted.inc_by(accepted);
+    c.epode_dropped.inc_by(dropped);
+    c.delivered.inc_by(accepted);
+    if dropped > 0 {
+        tracing::debug!(
+            events = n,
+            accepted,
+            dropped,
+            "Epode dropped events of a telemetry batch; not retried"
+        );
+        shared.given_up("epode_dropped", usize::try_from(dropped).unwrap_or(n));
+    } else {
+        tracing::debug!(events = n, attempt, "telemetry batch delivered");
+    }
+}
+
+/// The next attempt's timeout, shortened by the shutdown deadline.
+fn attempt_timeout(shared: &Shared) -> Duration {
+    let t = shared.settings.attempt_timeout;
+    match shared.deadline() {
+        Some(d) => t.min(d.saturating_duration_since(Instant::now())),
+        None => t,
+    }
+}
+
+async fn attempt_once(shared: &Shared, body: Bytes, n: usize) -> Delivery {
+    let timeout = attempt_timeout(shared);
+    if timeout.is_zero() {
+        return Delivery::Retryable {
+            reason: "shutdown deadline".into(),
+            retry_after: None,
+        };
+    }
+    match shared.client.post_batch(body, timeout).await {
+        Ok(answer) => judge(&answer, n),
+        Err(EpodeError::TooLarge) => Delivery::Rejected {
+            reason: "the receipt is not a receipt".to_owned(),
+            reported: None,
+        },
+        Err(e @ (EpodeError::Timeout(_) | EpodeError::Network(_))) => Delivery::Retryable {
+            reason: e.to_string(),
+            retry_after: None,
+        },
     }
 }
 

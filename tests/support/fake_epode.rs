@@ -201,6 +201,49 @@ pub enum Fault {
     ReceiptOverflow,
 }
 
+/// What a telemetry batch costs the fake, modelled on the real backend: the batch is held
+/// for `base + per_event × events` before it is stored and answered, and at most `at_once`
+/// batches are processed together (the database pool); the others wait their turn, which
+/// counts in their round trip as it does on the real service. Faults that answer without
+/// processing (a status, a redirect, a hang-up) cost nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchCost {
+    pub base: Duration,
+    pub per_event: Duration,
+    pub at_once: usize,
+}
+
+impl BatchCost {
+    /// The real backend as measured (issue 21): about 50 ms plus 1.2 ms per event (each
+    /// event is its own savepoint), a pool of 10 connections.
+    pub fn modelled() -> Self {
+        Self {
+            base: Duration::from_millis(50),
+            per_event: Duration::from_micros(1200),
+            at_once: 10,
+        }
+    }
+
+    /// A fast Epode: 5 ms a batch, whatever its size, 10 at once.
+    pub fn fast() -> Self {
+        Self {
+            base: Duration::from_millis(5),
+            per_event: Duration::ZERO,
+            at_once: 10,
+        }
+    }
+
+    /// How long one batch of `events` is held.
+    pub fn of(&self, events: usize) -> Duration {
+        self.base + self.per_event * u32::try_from(events).unwrap_or(u32::MAX)
+    }
+
+    /// Events a second the fake stores at most, with batches of `batch` events.
+    pub fn capacity(&self, batch: usize) -> f64 {
+        self.at_once.max(1) as f64 * batch as f64 / self.of(batch).as_secs_f64()
+    }
+}
+
 /// One request as the fake saw it.
 #[derive(Clone, Debug)]
 pub struct Recorded {
@@ -218,6 +261,8 @@ pub struct Recorded {
     pub status: u16,
     /// Arrival time.
     pub at: Instant,
+    /// When the answer was ready to be sent (`None` for a hang-up, or while in flight).
+    pub answered: Option<Instant>,
     /// The fault this request consumed, if any.
     pub fault: Option<Fault>,
 }
@@ -762,6 +807,13 @@ struct State {
     requests: Vec<Recorded>,
     in_flight: HashMap<Endpoint, usize>,
     max_in_flight: HashMap<Endpoint, usize>,
+    /// Telemetry batches being processed under the cost model, and the most at once.
+    processing: usize,
+    max_processing: usize,
+    batch_cost: Option<(BatchCost, Arc<tokio::sync::Semaphore>)>,
+    /// Whether request bodies and every event delivery are kept (a benchmark turns it off
+    /// to keep memory flat; the stored events and the counters are always kept).
+    keep_bodies: bool,
     events: Vec<Value>,
     event_index: HashMap<String, usize>,
     deliveries: Vec<Value>,
@@ -856,6 +908,10 @@ impl FakeEpode {
                 requests: Vec::new(),
                 in_flight: HashMap::new(),
                 max_in_flight: HashMap::new(),
+                processing: 0,
+                max_processing: 0,
+                batch_cost: None,
+                keep_bodies: true,
                 events: Vec::new(),
                 event_index: HashMap::new(),
                 deliveries: Vec::new(),
@@ -968,6 +1024,18 @@ impl FakeEpode {
             .map_or(0, VecDeque::len)
     }
 
+    /// Gives telemetry batches a cost ([`BatchCost`]); `None`: answered at once.
+    pub fn set_batch_cost(&self, cost: Option<BatchCost>) {
+        self.shared.lock().batch_cost =
+            cost.map(|c| (c, Arc::new(tokio::sync::Semaphore::new(c.at_once.max(1)))));
+    }
+
+    /// Whether request bodies and every event delivery are kept (default true). Off, a
+    /// long benchmark keeps only the stored events and the counters.
+    pub fn set_keep_bodies(&self, keep: bool) {
+        self.shared.lock().keep_bodies = keep;
+    }
+
     /// While true, every request's connection is closed without a response.
     pub fn set_down(&self, down: bool) {
         self.shared.lock().down = down;
@@ -1071,6 +1139,22 @@ impl FakeEpode {
             .get(&endpoint)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// The most telemetry batches processed at once under the cost model (at most its
+    /// `at_once`; the requests in flight, [`FakeEpode::max_concurrent`], include those
+    /// waiting their turn).
+    pub fn max_batches_processing(&self) -> usize {
+        self.shared.lock().max_processing
+    }
+
+    /// Resets the highest-concurrency marks (requests in flight, batches processing) to
+    /// what is in flight now, to measure one phase of a test.
+    pub fn reset_max_concurrent(&self) {
+        let mut state = self.shared.lock();
+        let now: Vec<(Endpoint, usize)> = state.in_flight.iter().map(|(e, n)| (*e, *n)).collect();
+        state.max_in_flight = now.into_iter().collect();
+        state.max_processing = state.processing;
     }
 
     pub fn in_flight(&self, endpoint: Endpoint) -> usize {
@@ -1379,6 +1463,7 @@ async fn serve(
             raw_body: String::new(),
             status: 0,
             at: started,
+            answered: None,
             fault: fault.clone(),
         });
         (state.requests.len() - 1, down, fault)
@@ -1413,6 +1498,15 @@ async fn serve(
     let raw = match &body {
         BodyRead::Complete(bytes) | BodyRead::TooLarge(bytes) => bytes.clone(),
     };
+    let answers_without_processing = matches!(
+        fault,
+        Some(Fault::Status(_) | Fault::StatusRetryAfter(..) | Fault::Redirect(_))
+    );
+    let _turn = if endpoint == Endpoint::Telemetry && !answers_without_processing {
+        batch_turn(&shared, &raw).await
+    } else {
+        None
+    };
     let reply = {
         let mut state = shared.lock();
         let reply = match &fault {
@@ -1433,9 +1527,12 @@ async fn serve(
                 fault.as_ref(),
             ),
         };
+        let keep = state.keep_bodies;
         if let Some(recorded) = state.requests.get_mut(slot) {
-            recorded.body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-            recorded.raw_body = String::from_utf8_lossy(&raw).into_owned();
+            if keep {
+                recorded.body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
+                recorded.raw_body = String::from_utf8_lossy(&raw).into_owned();
+            }
             recorded.status = reply.status;
         }
         reply
@@ -1443,8 +1540,45 @@ async fn serve(
     if let Some(Fault::Delay(delay)) = &fault {
         tokio::time::sleep(*delay).await;
     }
+    if let Some(recorded) = shared.lock().requests.get_mut(slot) {
+        recorded.answered = Some(Instant::now());
+    }
     log(reply.status, if fault.is_some() { " [fault]" } else { "" });
     Ok(reply.into_response())
+}
+
+/// A batch's turn under the cost model: waits for one of the `at_once` places, then holds
+/// it for the batch's cost. Processing follows while the turn is held.
+async fn batch_turn(shared: &Arc<Shared>, raw: &[u8]) -> Option<BatchTurn> {
+    let (cost, places) = shared.lock().batch_cost.clone()?;
+    // The events, counted without parsing the batch twice (it is parsed when processed).
+    let key = br#""interactionId""#;
+    let events = raw.windows(key.len()).filter(|w| *w == key).count();
+    let permit = places.acquire_owned().await.ok()?;
+    {
+        let mut state = shared.lock();
+        state.processing += 1;
+        state.max_processing = state.max_processing.max(state.processing);
+    }
+    let turn = BatchTurn {
+        shared: Arc::clone(shared),
+        _permit: permit,
+    };
+    tokio::time::sleep(cost.of(events)).await;
+    Some(turn)
+}
+
+/// A place among the batches processed at once, given back when dropped.
+struct BatchTurn {
+    shared: Arc<Shared>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl Drop for BatchTurn {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.processing = state.processing.saturating_sub(1);
+    }
 }
 
 fn fault_reply(status: u16, retry_after: Option<u64>) -> Reply {
@@ -1847,7 +1981,9 @@ fn event_drop_reason(
 /// Upsert: the first values win, missing fields are filled, occurredAt keeps the
 /// earliest.
 fn store_event(state: &mut State, id: String, event: Value) {
-    state.deliveries.push(event.clone());
+    if state.keep_bodies {
+        state.deliveries.push(event.clone());
+    }
     match state.event_index.get(&id).copied() {
         Some(index) => {
             let Some(Value::Object(existing)) = state.events.get_mut(index) else {

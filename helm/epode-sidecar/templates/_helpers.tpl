@@ -200,6 +200,7 @@ An empty string or null leaves the setting to the sidecar's default.
   (list "EPODE_SIDECAR_IDENTITY_HEADERS" "epode.identityHeaders" (join "," $ids))
   (list "EPODE_SIDECAR_TELEMETRY_QUEUE" "epode.telemetry.queue" $t.queue)
   (list "EPODE_SIDECAR_TELEMETRY_BATCH" "epode.telemetry.batch" $t.batch)
+  (list "EPODE_SIDECAR_TELEMETRY_CONCURRENCY" "epode.telemetry.concurrency" $t.concurrency)
   (list "EPODE_SIDECAR_TELEMETRY_FLUSH" "epode.telemetry.flush" $t.flush)
   (list "EPODE_SIDECAR_TELEMETRY_RETRY_BASE" "epode.telemetry.retryBase" $t.retryBase)
   (list "EPODE_SIDECAR_TELEMETRY_SHUTDOWN" "epode.telemetry.shutdown" $t.shutdown)

@@ -1,5 +1,6 @@
 //! Unit tests of `telemetry`.
 use super::*;
+use serde_json::json;
 
 fn vectors() -> Value {
     let path = concat!(
@@ -82,34 +83,45 @@ fn answer(status: u16, body: &str) -> Answer {
 fn receipts_are_judged() {
     assert_eq!(
         judge(&answer(202, r#"{"accepted":3,"dropped":0}"#), 3),
-        Delivery::Delivered
+        Delivery::Receipt {
+            accepted: 3,
+            dropped: 0
+        }
     );
+    // A partial receipt: the accepted events are delivered, only the dropped ones lost.
     assert_eq!(
         judge(&answer(202, r#"{"accepted":2,"dropped":1}"#), 3),
-        Delivery::Terminal(Terminal::EpodeDropped { dropped: 1, of: 3 })
+        Delivery::Receipt {
+            accepted: 2,
+            dropped: 1
+        }
     );
-    assert!(matches!(
+    assert_eq!(
         judge(&answer(202, r#"{"accepted":2,"dropped":0}"#), 3),
-        Delivery::Terminal(_)
-    ));
+        Delivery::Rejected {
+            reason: "the receipt (2 accepted, 0 dropped) does not account for the 3 events sent"
+                .into(),
+            reported: Some((2, 0))
+        }
+    );
     assert!(matches!(
         judge(
             &answer(202, r#"{"accepted":18446744073709551615,"dropped":1}"#),
             3
         ),
-        Delivery::Terminal(_)
+        Delivery::Rejected { reported: None, .. }
     ));
     assert!(matches!(
         judge(&answer(202, "ok"), 3),
-        Delivery::Terminal(_)
+        Delivery::Rejected { .. }
     ));
     assert!(matches!(
         judge(&answer(202, r#"{"accepted":"3","dropped":0}"#), 3),
-        Delivery::Terminal(_)
+        Delivery::Rejected { .. }
     ));
     assert!(matches!(
         judge(&answer(200, r#"{"accepted":3,"dropped":0}"#), 3),
-        Delivery::Terminal(_)
+        Delivery::Rejected { .. }
     ));
     for s in [408, 429, 500, 503] {
         assert!(
@@ -119,7 +131,7 @@ fn receipts_are_judged() {
     }
     for s in [400, 401, 413] {
         assert!(
-            matches!(judge(&answer(s, ""), 3), Delivery::Terminal(_)),
+            matches!(judge(&answer(s, ""), 3), Delivery::Rejected { .. }),
             "{s}"
         );
     }
@@ -142,4 +154,33 @@ fn operations() {
     assert!(!valid_operation("https://customer.example/tool"));
     assert!(!valid_operation(""));
     assert!(!valid_operation(&"x".repeat(161)));
+}
+
+fn event_of(bytes: usize, sequence: u64) -> Map<String, Value> {
+    let mut e = Map::new();
+    e.insert("sequence".into(), Value::from(sequence));
+    e.insert("runtimeHint".into(), Value::from("é".repeat(bytes / 2)));
+    e
+}
+
+/// A batch whose body would pass Epode's 64 KiB limit goes in parts that each fit, in
+/// order; a batch that fits goes whole.
+#[test]
+fn large_batches_are_sent_in_parts_that_fit() {
+    let batch: Vec<_> = (1..=100).map(|i| event_of(1800, i)).collect();
+    let parts = bodies(batch);
+    assert!(parts.len() > 1, "{} parts", parts.len());
+    let mut seen = Vec::new();
+    for (n, body) in &parts {
+        assert!(body.len() <= MAX_BATCH_BYTES, "{}", body.len());
+        let v: Value = serde_json::from_slice(body).unwrap();
+        let events = v["events"].as_array().unwrap();
+        assert_eq!(events.len(), *n);
+        seen.extend(events.iter().map(|e| e["sequence"].as_u64().unwrap()));
+    }
+    assert_eq!(seen, (1..=100).collect::<Vec<_>>());
+    let small: Vec<_> = (1..=100).map(|i| event_of(300, i)).collect();
+    assert_eq!(bodies(small).len(), 1);
+    // One event larger than the limit is sent alone (Epode's answer judges it).
+    assert_eq!(bodies(vec![event_of(70_000, 1)]).len(), 1);
 }
