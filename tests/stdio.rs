@@ -443,9 +443,12 @@ async fn a_child_that_stops_reading_is_restarted_and_nothing_is_held_past_the_bu
         "{reasons:?}"
     );
     // Every byte held (the bodies being read, the lines queued for the child) was inside the
-    // one budget: the peak stays within twice the budget of the idle figure.
+    // one budget: the peak stays within twice the budget of the idle figure, plus what each
+    // of the 300 connections costs whatever it sends (hyper's first 8 KiB read buffer, the
+    // task, the socket's state: 16 KiB is allowed each). Before the budget covered queued
+    // lines the peak was 235 MB.
     let peak = status_kib(sc.pid(), "VmHWM");
-    let bound = baseline + 2 * budget / 1024;
+    let bound = baseline + 2 * budget / 1024 + 300 * 16;
     eprintln!("stdin budget: VmHWM {peak} KiB, idle {baseline} KiB, bound {bound} KiB, statuses {reasons:?}");
     assert!(
         peak <= bound,

@@ -22,6 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::{Map, Value};
+use std::collections::{HashMap, VecDeque};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
@@ -402,14 +403,7 @@ impl Telemetry {
             limiter: parking_lot::Mutex::new(limiter),
             stop: stop_rx.clone(),
         });
-        let dispatcher = Dispatcher {
-            shared,
-            batch_ready: batch_ready.clone(),
-            wanted: wanted.clone(),
-            rx,
-            stop: stop_rx,
-            deliveries: JoinSet::new(),
-        };
+        let dispatcher = Dispatcher::new(shared, batch_ready.clone(), wanted.clone(), rx, stop_rx);
         Arc::new(Telemetry {
             tx,
             sequence: parking_lot::Mutex::new(0),
@@ -556,9 +550,38 @@ struct Dispatcher {
     rx: mpsc::Receiver<Queued>,
     stop: watch::Receiver<Option<Instant>>,
     deliveries: JoinSet<()>,
+    /// The customer keys each delivery in flight holds (a delivery that panicked still
+    /// gives its keys back: they are found by its task id).
+    holding: HashMap<tokio::task::Id, Vec<u64>>,
+    /// The customer keys of the batches in flight, and how many hold each.
+    held: HashMap<u64, usize>,
+    /// Events taken from the queue that name a customer a batch in flight names (with their
+    /// keys): they go in a later batch, ahead of the queue. At most as many as the batches
+    /// in flight may hold: while that many wait here nothing more is taken from the queue.
+    deferred: VecDeque<(Queued, Vec<u64>)>,
 }
 
 impl Dispatcher {
+    fn new(
+        shared: Arc<Shared>,
+        batch_ready: Arc<Notify>,
+        wanted: Arc<AtomicUsize>,
+        rx: mpsc::Receiver<Queued>,
+        stop: watch::Receiver<Option<Instant>>,
+    ) -> Dispatcher {
+        Dispatcher {
+            shared,
+            batch_ready,
+            wanted,
+            rx,
+            stop,
+            deliveries: JoinSet::new(),
+            holding: HashMap::new(),
+            held: HashMap::new(),
+            deferred: VecDeque::new(),
+        }
+    }
+
     async fn run(mut self) {
         let batch_max = self.shared.settings.batch_max.max(1);
         loop {
@@ -567,12 +590,15 @@ impl Dispatcher {
                 break;
             }
             let mut batch = Vec::with_capacity(batch_max);
-            if !self.collect(&mut batch, batch_max).await {
+            let Some(keys) = self.collect(&mut batch, batch_max).await else {
                 break;
-            }
+            };
             // Epode may have asked for a pause while the batch filled.
             if !self.wait_for_room(true).await {
                 break;
+            }
+            for k in &keys {
+                *self.held.entry(*k).or_default() += 1;
             }
             let events = batch
                 .into_iter()
@@ -584,11 +610,12 @@ impl Dispatcher {
             let slot = Slot {
                 shared: self.shared.clone(),
             };
-            self.deliveries.spawn(deliver(slot, events));
+            let id = self.deliveries.spawn(deliver(slot, events)).id();
+            self.holding.insert(id, keys);
         }
         // What is in flight ends on its own by the deadline; a delivery still running shortly
         // after it is stopped (its events, like a batch not started and what is left
-        // queued, are counted as lost at shutdown).
+        // queued or deferred, are counted as lost at shutdown).
         let grace = self
             .shared
             .deadline()
@@ -607,7 +634,9 @@ impl Dispatcher {
     /// False when shutdown's deadline has passed.
     async fn wait_for_room(&mut self, start: bool) -> bool {
         loop {
-            while self.deliveries.try_join_next().is_some() {}
+            while let Some(done) = self.deliveries.try_join_next_with_id() {
+                self.ended(done);
+            }
             let now = Instant::now();
             let wait = self.shared.with_limiter(|l| {
                 if start {
@@ -632,7 +661,7 @@ impl Dispatcher {
                 }
             };
             tokio::select! {
-                _ = self.deliveries.join_next(), if !self.deliveries.is_empty() => {}
+                Some(done) = self.deliveries.join_next_with_id() => self.ended(done),
                 () = sleep(until) => {}
                 () = sleep(deadline) => {}
                 r = self.stop.changed() => if r.is_err() { return false },
@@ -640,51 +669,175 @@ impl Dispatcher {
         }
     }
 
-    /// Takes the next batch from the queue: waits for its first event, then up to the flush
-    /// time for it to fill (not at shutdown). False when there is nothing more to send.
-    async fn collect(&mut self, batch: &mut Vec<Queued>, batch_max: usize) -> bool {
-        loop {
-            if self.shared.deadline().is_some() {
-                if self.rx.is_empty() {
-                    return false;
+    /// A delivery ended (or panicked): the customers it held are free.
+    fn ended(&mut self, done: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
+        let id = match done {
+            Ok((id, ())) => id,
+            Err(e) => e.id(),
+        };
+        for k in self.holding.remove(&id).unwrap_or_default() {
+            if let Some(n) = self.held.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.held.remove(&k);
                 }
-                self.rx.recv_many(batch, batch_max).await;
-                return true;
-            }
-            tokio::select! {
-                n = self.rx.recv_many(batch, batch_max) => {
-                    if n == 0 {
-                        return false;
-                    }
-                    break;
-                }
-                r = self.stop.changed() => if r.is_err() { return false },
             }
         }
-        // Sleep until the flush time, or until the request path says the queue holds what
-        // fills the batch: not woken once per event (each wake is a cross-thread signal).
-        // `wanted` is set before the queue is looked at, so an event enqueued meanwhile is
-        // seen here or signalled there; a signal left from before is only a reason to look.
-        let flush_at = tokio::time::Instant::now() + self.shared.settings.flush_every;
+    }
+
+    /// Takes the next batch: deferred events whose customers are free first, then the queue
+    /// (waiting for a first event, then up to the flush time for the batch to fill; not at
+    /// shutdown). Returns the customer keys the batch names, or None when there is nothing
+    /// more to send.
+    async fn collect(&mut self, batch: &mut Vec<Queued>, batch_max: usize) -> Option<Vec<u64>> {
+        let mut keys = Vec::new();
+        let mut flush_at = None;
+        let most_deferred = batch_max * self.shared.settings.concurrency.max(1);
         loop {
+            self.take_deferred(batch, &mut keys, batch_max);
+            if batch.len() == batch_max {
+                return Some(keys);
+            }
+            let stopping = self.shared.deadline().is_some();
+            if stopping && !self.rx.is_empty() {
+                self.take_queued(batch, &mut keys, batch_max).await;
+                continue;
+            }
+            if stopping || self.deferred.len() >= most_deferred {
+                if !batch.is_empty() {
+                    return Some(keys);
+                }
+                if self.deferred.is_empty() {
+                    return None;
+                }
+                // What waits names customers in flight: wait for a delivery to end.
+                tokio::select! {
+                    Some(done) = self.deliveries.join_next_with_id() => self.ended(done),
+                    r = self.stop.changed() => if r.is_err() { return None },
+                }
+                continue;
+            }
+            let deferred = !self.deferred.is_empty();
+            if batch.is_empty() {
+                let mut incoming = Vec::new();
+                tokio::select! {
+                    n = self.rx.recv_many(&mut incoming, batch_max) => if n == 0 { return None },
+                    // A deferred event may go once a delivery ends.
+                    Some(done) = self.deliveries.join_next_with_id(), if deferred => self.ended(done),
+                    r = self.stop.changed() => if r.is_err() { return None },
+                }
+                self.admit(incoming, batch, &mut keys);
+                continue;
+            }
+            // Sleep until the flush time, or until the request path says the queue holds what
+            // fills the batch: not woken once per event (each wake is a cross-thread signal).
+            // `wanted` is set before the queue is looked at, so an event enqueued meanwhile is
+            // seen here or signalled there; a signal left from before is only a reason to look.
+            let flush_at = *flush_at.get_or_insert_with(|| {
+                tokio::time::Instant::now() + self.shared.settings.flush_every
+            });
             let need = batch_max - batch.len();
             self.wanted.store(need, Ordering::SeqCst);
-            if need == 0 || self.rx.len() >= need {
-                break;
+            if self.rx.len() >= need {
+                self.wanted.store(usize::MAX, Ordering::SeqCst);
+                self.take_queued(batch, &mut keys, batch_max).await;
+                continue;
             }
-            tokio::select! {
-                () = tokio::time::sleep_until(flush_at) => break,
-                () = self.batch_ready.notified() => {}
-                _ = self.stop.changed() => break,
+            let flushed = tokio::select! {
+                () = tokio::time::sleep_until(flush_at) => true,
+                () = self.batch_ready.notified() => false,
+                Some(done) = self.deliveries.join_next_with_id(), if deferred => {
+                    self.ended(done);
+                    false
+                }
+                _ = self.stop.changed() => false,
+            };
+            self.wanted.store(usize::MAX, Ordering::SeqCst);
+            if flushed {
+                self.take_queued(batch, &mut keys, batch_max).await;
+                return Some(keys);
             }
         }
-        self.wanted.store(usize::MAX, Ordering::SeqCst);
+    }
+
+    /// Takes what the queue holds, up to the batch's room.
+    async fn take_queued(
+        &mut self,
+        batch: &mut Vec<Queued>,
+        keys: &mut Vec<u64>,
+        batch_max: usize,
+    ) {
         if batch.len() < batch_max && !self.rx.is_empty() {
-            let room = batch_max - batch.len();
-            self.rx.recv_many(batch, room).await;
+            let mut incoming = Vec::new();
+            self.rx
+                .recv_many(&mut incoming, batch_max - batch.len())
+                .await;
+            self.admit(incoming, batch, keys);
+        }
+    }
+
+    /// Moves into the batch the deferred events whose customers are free, oldest first.
+    fn take_deferred(&mut self, batch: &mut Vec<Queued>, keys: &mut Vec<u64>, batch_max: usize) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let waiting = std::mem::take(&mut self.deferred);
+        for (queued, mine) in waiting {
+            if batch.len() < batch_max && self.free(&mine, keys) {
+                batch.push(queued);
+            } else {
+                self.deferred.push_back((queued, mine));
+            }
+        }
+    }
+
+    /// Events just taken from the queue join the batch, or wait behind the deferred ones
+    /// when a batch in flight names their customer.
+    fn admit(&mut self, incoming: Vec<Queued>, batch: &mut Vec<Queued>, keys: &mut Vec<u64>) {
+        for queued in incoming {
+            let mine = customer_keys(&queued.1);
+            if self.free(&mine, keys) {
+                batch.push(queued);
+            } else {
+                self.deferred.push_back((queued, mine));
+            }
+        }
+    }
+
+    /// Whether no batch in flight names a customer this event names; if so its keys join the
+    /// batch's. The real Epode locks each customer a batch names, in the batch's interaction
+    /// order, until the batch commits: two batches in flight that share customers can
+    /// deadlock there (one of them fails with a 500), so they are kept apart.
+    fn free(&self, mine: &[u64], keys: &mut Vec<u64>) -> bool {
+        if mine.iter().any(|k| self.held.contains_key(k)) {
+            return false;
+        }
+        for k in mine {
+            if !keys.contains(k) {
+                keys.push(*k);
+            }
         }
         true
     }
+}
+
+/// The identity references of an event that name a customer (its session is not locked),
+/// as keys.
+fn customer_keys(event: &Map<String, Value>) -> Vec<u64> {
+    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
+    static HASHER: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let hasher = HASHER.get_or_init(Default::default);
+    ["accountRef", "userRef", "anonymousRef", "customerRef"]
+        .iter()
+        .filter_map(|field| {
+            let value = event.get(*field)?.as_str()?;
+            let mut h = hasher.build_hasher();
+            field.hash(&mut h);
+            value.hash(&mut h);
+            Some(h.finish())
+        })
+        .collect()
 }
 
 /// An instant no wait reaches (a day away).
