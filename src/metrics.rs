@@ -43,7 +43,7 @@ pub(crate) struct LimitLabels {
 }
 
 /// Every limit that can refuse something, shown from the start (at 0).
-const LIMIT_KINDS: [&str; 14] = [
+const LIMIT_KINDS: [&str; 15] = [
     "connections",
     "header_timeout",
     "idle_timeout",
@@ -58,6 +58,7 @@ const LIMIT_KINDS: [&str; 14] = [
     "sse_event_size",
     "upstream_stdin",
     "stdio_not_owner",
+    "upstream_connections",
 ];
 
 /// How a feedback tool call can end.

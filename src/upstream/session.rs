@@ -4,8 +4,8 @@
 //! session makes room for a new one, and a session unused for the idle time goes; either way
 //! it is closed upstream with a `DELETE` carrying its `Mcp-Session-Id`.
 
-use std::collections::hash_map::RandomState;
 use lru::LruCache;
+use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -155,7 +155,10 @@ impl Sessions {
     /// The sessions idle for `idle`, from the least recently used end: no scan of the rest.
     fn sweep_locked(table: &mut LruCache<u64, Entry>, idle: Duration) -> Vec<Closed> {
         let mut closed = Vec::new();
-        while table.peek_lru().is_some_and(|(_, e)| e.used.elapsed() >= idle) {
+        while table
+            .peek_lru()
+            .is_some_and(|(_, e)| e.used.elapsed() >= idle)
+        {
             if let Some((_, e)) = table.pop_lru() {
                 closed.push(Closed {
                     session: e.session,
