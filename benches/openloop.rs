@@ -225,8 +225,9 @@ fn call_body() -> Bytes {
     )
 }
 
-/// `rate` calls a second to `target` for `length`, each sent when due.
-async fn open_loop(target: SocketAddr, rate: f64, length: Duration) -> Outcome {
+/// `rate` calls a second to `target` for `length`, each sent when due; and the connections
+/// the clients leave open (dropped: closed).
+async fn open_loop(target: SocketAddr, rate: f64, length: Duration) -> (Outcome, Idle) {
     let idle: Idle = Arc::default();
     let body = call_body();
     let total = (rate * length.as_secs_f64()).round() as u64;
@@ -263,18 +264,17 @@ async fn open_loop(target: SocketAddr, rate: f64, length: Duration) -> Outcome {
         }
     }
     out.elapsed = started.elapsed();
-    // The clients go away: their connections close.
-    idle.lock().unwrap().clear();
-    out
+    (out, idle)
 }
 
 // ---------------------------------------------------------------------------------------
 // Readings of the sidecar while the load runs.
 
-/// Connections open from this machine to `port` now (established or being opened), by `ss`.
+/// Connections open from this machine to `port` now (established or being opened; not those
+/// being closed), by `ss`.
 fn connections_to(port: u16) -> usize {
     Command::new("ss")
-        .args(["-Htn", "state", "connected", "exclude", "time-wait"])
+        .args(["-Htn", "state", "established", "state", "syn-sent"])
         .arg(format!("( dport = :{port} )"))
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).lines().count())
@@ -328,7 +328,21 @@ fn limits_hit(port: u16) -> Value {
     Value::Object(hits)
 }
 
-fn start_sidecar(port: u16, upstream: u16, mode: &str) -> Proc {
+/// The resident set by kind (KiB): the heap and stacks (`RssAnon`), the binary's pages read
+/// from its file (`RssFile`, clean: the kernel drops them under pressure), and the threads.
+fn rss_parts(pid: u32) -> Value {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let get = |k: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    json!({"rss": get("VmRSS:"), "anon": get("RssAnon:"), "file": get("RssFile:"), "threads": get("Threads:")})
+}
+
+fn start_sidecar(port: u16, upstream: u16, epode: u16, mode: &str) -> Proc {
     let passed = std::env::vars().filter(|(k, _)| {
         k.starts_with("MIMALLOC_") || (k.starts_with("EPODE_SIDECAR_") && k != "EPODE_SIDECAR_BIN")
     });
@@ -341,7 +355,7 @@ fn start_sidecar(port: u16, upstream: u16, mode: &str) -> Proc {
         )
         .env("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")
         .env("EPODE_API_KEY", KEY)
-        .env("EPODE_API_URL", format!("http://127.0.0.1:{upstream}"))
+        .env("EPODE_API_URL", format!("http://127.0.0.1:{epode}"))
         .env("AGENT_FEEDBACK_MODE", mode)
         .env("EPODE_SIDECAR_LOG", "warn")
         .envs(passed)
@@ -374,20 +388,28 @@ fn main() {
     let threads: usize = arg(&args, "--threads", 1);
     let mode: String = arg(&args, "--mode", "off".to_owned());
     let as_json = args.iter().any(|a| a == "--json");
+    let keep = args.iter().any(|a| a == "--keep");
     let length = Duration::from_secs_f64(seconds);
     let log = |msg: String| eprintln!("bench: {msg}");
 
-    let up_port = free_port();
-    let _responder = Proc(
-        Command::new(std::env::current_exe().unwrap())
-            .args(["--responder", &up_port.to_string()])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    wait_port(up_port);
+    // The upstream, and Epode's stand-in on a port of its own (so the connections counted to
+    // the upstream are the hop's only).
+    let responder = |port: u16| {
+        let p = Proc(
+            Command::new(std::env::current_exe().unwrap())
+                .args(["--responder", &port.to_string()])
+                .stdout(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        wait_port(port);
+        p
+    };
+    let (up_port, epode_port) = (free_port(), free_port());
+    let _upstream = responder(up_port);
+    let _epode = responder(epode_port);
     let sc_port = free_port();
-    let sidecar = start_sidecar(sc_port, up_port, &mode);
+    let sidecar = start_sidecar(sc_port, up_port, epode_port, &mode);
     let sc_pid = sidecar.0.id();
     let direct = SocketAddr::from(([127, 0, 0, 1], up_port));
     let via_sidecar = SocketAddr::from(([127, 0, 0, 1], sc_port));
@@ -401,10 +423,11 @@ fn main() {
         "warm-up, then {rate} calls/s for {seconds} s straight to the upstream"
     ));
     rt.block_on(open_loop(via_sidecar, 200.0, Duration::from_secs(1)));
-    let direct_run = rt.block_on(open_loop(direct, rate, length));
+    let direct_run = rt.block_on(open_loop(direct, rate, length)).0;
     // The sidecar at rest after its warm-up: the idle figure.
     std::thread::sleep(Duration::from_secs(5));
     let (rss_idle, _) = rss_kib(sc_pid);
+    let parts_idle = rss_parts(sc_pid);
 
     log(format!(
         "{rate} calls/s for {seconds} s through the sidecar"
@@ -412,7 +435,13 @@ fn main() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = sample(sc_pid, up_port, stop.clone());
     let ticks = cpu_ticks(sc_pid);
-    let sidecar_run = rt.block_on(open_loop(via_sidecar, rate, length));
+    let (sidecar_run, clients) = rt.block_on(open_loop(via_sidecar, rate, length));
+    // The clients go away (their connections close), unless told to stay (`--keep`: idle
+    // keep-alive connections, closed by the sidecar after its idle timeout).
+    let kept = clients.lock().unwrap().len();
+    if !keep {
+        clients.lock().unwrap().clear();
+    }
     let cpu_us_per_call = (cpu_ticks(sc_pid) - ticks) as f64 * 1e6
         / clock_ticks_per_sec() as f64
         / sidecar_run.calls().max(1) as f64;
@@ -430,6 +459,8 @@ fn main() {
         }
     }
     let (rss_final, _) = rss_kib(sc_pid);
+    let parts_final = rss_parts(sc_pid);
+    drop(clients);
     let limits = limits_hit(sc_port);
     let left = sidecar.stop();
 
@@ -444,10 +475,12 @@ fn main() {
         "added_ms": {"p50": added(0.5), "p99": added(0.99)},
         "sidecar_cpu_us_per_call": (cpu_us_per_call * 10.0).round() / 10.0,
         "upstream_connections_max": samples.max_connections,
+        "client_connections": kept, "client_connections_kept": keep,
         "sidecar_limits_hit": limits,
         "rss_kib": {"idle": rss_idle, "peak": samples.max_rss_kib.max(rss_end), "hwm": hwm,
                      "end_of_load": rss_end, "after": rss_after, "final": rss_final,
-                     "final_minus_idle": rss_final as i64 - rss_idle as i64},
+                     "final_minus_idle": rss_final as i64 - rss_idle as i64,
+                     "parts_idle": parts_idle, "parts_final": parts_final},
         "left_behind": left,
     });
     if as_json {
@@ -490,6 +523,15 @@ fn print_report(r: &Value) {
         r["added_ms"]["p50"], r["added_ms"]["p99"], r["sidecar_cpu_us_per_call"], r["upstream_connections_max"], r["sidecar_limits_hit"]
     );
     println!(
+        "client connections at the end: {} ({})",
+        r["client_connections"],
+        if r["client_connections_kept"] == true {
+            "kept open through the readings after"
+        } else {
+            "closed as the load ended"
+        }
+    );
+    println!(
         "sidecar RSS: idle {} KiB, peak {} KiB, end of load {} KiB, after: {}; final - idle = {} KiB",
         rss["idle"],
         rss["peak"],
@@ -503,5 +545,9 @@ fn print_report(r: &Value) {
                 .join(", "))
             .unwrap_or_default(),
         rss["final_minus_idle"]
+    );
+    println!(
+        "  of which: idle {}, final {}",
+        rss["parts_idle"], rss["parts_final"]
     );
 }

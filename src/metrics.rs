@@ -91,6 +91,7 @@ pub(crate) struct Metrics {
     pub(crate) buffered_bytes: Gauge,
     pub(crate) upstream_sessions: Gauge,
     pub(crate) rate_limit_clients: Gauge,
+    pub(crate) upstream_connections: Gauge,
 }
 
 impl Metrics {
@@ -109,6 +110,7 @@ impl Metrics {
             buffered_bytes: Gauge::default(),
             upstream_sessions: Gauge::default(),
             rate_limit_clients: Gauge::default(),
+            upstream_connections: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -160,7 +162,7 @@ impl Metrics {
     }
 
     /// The gauges, with their names and help.
-    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 5] {
+    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 6] {
         [
             ("open_connections", "Client connections open now", self.open_connections.clone()),
             ("in_flight_requests", "MCP requests being served now", self.in_flight.clone()),
@@ -170,6 +172,11 @@ impl Metrics {
                 "rate_limit_clients",
                 "Client addresses the per-client rate limit tracks now (at most rate_limit_clients)",
                 self.rate_limit_clients.clone(),
+            ),
+            (
+                "upstream_connections",
+                "Connections open to an HTTP upstream now, all workers together (at most upstream_max_connections)",
+                self.upstream_connections.clone(),
             ),
         ]
     }

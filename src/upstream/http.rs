@@ -95,6 +95,8 @@ pub(crate) struct HttpBounds {
     pub(crate) max_connections: usize,
     pub(crate) wait: Duration,
     pub(crate) on_limit: OnLimit,
+    /// Counts the connections open.
+    pub(crate) gauge: prometheus_client::metrics::gauge::Gauge,
 }
 
 fn pool(
@@ -135,9 +137,10 @@ impl HttpUpstream {
             max_connections,
             wait,
             on_limit,
+            gauge,
         } = bounds;
         // The wait is part of the time the answer's head has.
-        let gate = Gate::new(max_connections, wait.min(timeout));
+        let gate = Gate::new(max_connections, wait.min(timeout), gauge);
         HttpUpstream {
             pool: pool(&target, timeout, idle, &gate, &tls, &resolver),
             idle,

@@ -118,6 +118,7 @@ impl Upstream {
                     max_connections: config.limits.upstream_max_connections,
                     wait: config.limits.upstream_wait,
                     on_limit: on_limit.clone(),
+                    gauge: metrics.upstream_connections.clone(),
                 },
             )),
             Transport::Stdio(command) => Hop::Stdio(StdioUpstream::start(

@@ -43,6 +43,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tower_service::Service;
 
@@ -93,17 +94,21 @@ pub(crate) struct Gate {
     waiting: AtomicUsize,
     /// Every worker's pool, so a request waiting at the cap can close another's idle one.
     pools: Mutex<Vec<Weak<Shared>>>,
+    /// Connections open now (the metrics' gauge).
+    gauge: Gauge,
 }
 
 impl Gate {
-    /// At most `max` connections; a request waits up to `wait` for one.
-    pub(crate) fn new(max: usize, wait: Duration) -> Arc<Self> {
+    /// At most `max` connections; a request waits up to `wait` for one; `gauge` counts those
+    /// open.
+    pub(crate) fn new(max: usize, wait: Duration, gauge: Gauge) -> Arc<Self> {
         Arc::new(Gate {
             open: Arc::new(Semaphore::new(max)),
             opening: Arc::new(Semaphore::new(OPENING)),
             wait,
             waiting: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
+            gauge,
         })
     }
 
@@ -379,6 +384,8 @@ impl Pool {
             .map_err(|e| PoolError::Connect(chain(&e)))?;
         let Slot { open, opening } = slot;
         drop(opening);
+        let gauge = self.shared.gate.gauge.clone();
+        gauge.inc();
         tokio::spawn(async move {
             // An upstream that closes or breaks the connection ends this task; the pool
             // finds the sender closed.
@@ -386,6 +393,7 @@ impl Pool {
                 tracing::debug!(error = %e, "upstream connection ended");
             }
             // Only once its socket is closed may another connection open.
+            gauge.dec();
             drop(open);
         });
         self.start_reaper();
