@@ -43,7 +43,7 @@ pub(crate) struct LimitLabels {
 }
 
 /// Every limit that can refuse something, shown from the start (at 0).
-const LIMIT_KINDS: [&str; 17] = [
+const LIMIT_KINDS: [&str; 18] = [
     "connections",
     "admin_connections",
     "dev_epode_connections",
@@ -61,6 +61,7 @@ const LIMIT_KINDS: [&str; 17] = [
     "sse_event_size",
     "upstream_stdin",
     "stdio_not_owner",
+    "upstream_connections",
 ];
 
 /// How a feedback tool call can end.
@@ -93,6 +94,7 @@ pub(crate) struct Metrics {
     pub(crate) buffered_bytes: Gauge,
     pub(crate) upstream_sessions: Gauge,
     pub(crate) rate_limit_clients: Gauge,
+    pub(crate) upstream_connections: Gauge,
 }
 
 impl Metrics {
@@ -111,6 +113,7 @@ impl Metrics {
             buffered_bytes: Gauge::default(),
             upstream_sessions: Gauge::default(),
             rate_limit_clients: Gauge::default(),
+            upstream_connections: Gauge::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -162,7 +165,7 @@ impl Metrics {
     }
 
     /// The gauges, with their names and help.
-    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 5] {
+    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 6] {
         [
             ("open_connections", "Client connections open now, on every listener", self.open_connections.clone()),
             ("in_flight_requests", "MCP requests being served now", self.in_flight.clone()),
@@ -172,6 +175,11 @@ impl Metrics {
                 "rate_limit_clients",
                 "Client addresses the per-client rate limit tracks now (at most rate_limit_clients)",
                 self.rate_limit_clients.clone(),
+            ),
+            (
+                "upstream_connections",
+                "Connections open to an HTTP upstream now, all workers together (at most upstream_max_connections)",
+                self.upstream_connections.clone(),
             ),
         ]
     }

@@ -72,6 +72,11 @@ pub(crate) struct Limits {
     /// Idle keep-alive connections to an HTTP upstream kept per worker, and for how long.
     pub(crate) upstream_max_idle: usize,
     pub(crate) upstream_idle_timeout: Duration,
+    /// Connections to an HTTP upstream open at once, for the whole process.
+    pub(crate) upstream_max_connections: usize,
+    /// How long a request waits for a free upstream connection, or for room in a stdio
+    /// child's stdin queue, before 503.
+    pub(crate) upstream_wait: Duration,
     pub(crate) rate_limit: Option<Rate>,
     pub(crate) rate_burst: Option<NonZeroU32>,
     /// Client keys the per-client limiter keeps; past it the least recently seen is evicted.
@@ -97,6 +102,8 @@ pub(super) struct RawLimits {
     pub(super) upstream_session_idle: Option<Scalar>,
     pub(super) upstream_max_idle: Option<Scalar>,
     pub(super) upstream_idle_timeout: Option<Scalar>,
+    pub(super) upstream_max_connections: Option<Scalar>,
+    pub(super) upstream_wait: Option<Scalar>,
     pub(super) rate_limit: Option<Scalar>,
     pub(super) rate_burst: Option<Scalar>,
     pub(super) rate_limit_clients: Option<Scalar>,
@@ -150,6 +157,16 @@ impl Limits {
                 raw.upstream_idle_timeout,
                 "upstream_idle_timeout",
                 positive.clone(),
+            )?,
+            upstream_max_connections: number(
+                raw.upstream_max_connections,
+                "upstream_max_connections",
+                1..=1_000_000,
+            )?,
+            upstream_wait: duration_in(
+                raw.upstream_wait,
+                "upstream_wait",
+                Duration::ZERO..=Duration::from_secs(3600),
             )?,
             rate_limit: value(raw.rate_limit)
                 .map(|r| Rate::parse(&r).ok_or_else(|| invalid("rate_limit", &r)))
@@ -331,6 +348,22 @@ pub(super) const LIMITS: &[Setting] = &[
         "a duration from 1ms to 24h, such as 3s",
         "How long a keep-alive connection to an HTTP upstream may stay idle before the sidecar closes it. Keep it below the upstream's own keep-alive timeout (uvicorn and Node: 5 s), so a request is never sent on a connection the upstream is closing; behind gunicorn (2 s) lower it, to 1s say.",
         |c| duration(c.limits.upstream_idle_timeout),
+    ),
+    setting(
+        "upstream_max_connections",
+        &["EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS"],
+        Some("256"),
+        "a whole number from 1 to 1000000",
+        "Most connections open to an HTTP upstream at once, all workers together (each request, and each SSE answer while it streams, holds one). A request that finds none free waits for the first its worker gets back (or room to open one; at most 32 are opened at once) up to `upstream_wait`, then gets 503 with `Retry-After: 1` and a JSON-RPC error, and nothing is sent upstream. Raise it when the upstream serves more requests at once (long tool calls).",
+        |c| c.limits.upstream_max_connections.to_string(),
+    ),
+    setting(
+        "upstream_wait",
+        &["EPODE_SIDECAR_UPSTREAM_WAIT"],
+        Some("1s"),
+        "a duration from 0s to 1h, such as 1s",
+        "How long a request may wait for a free connection to an HTTP upstream (`upstream_max_connections`) or for room in a stdio MCP server's stdin queue (`upstream_stdin_queue`); then 503 with `Retry-After: 1` and a JSON-RPC error with its id, nothing sent. At most `upstream_timeout` (which counts the wait). 0s: 503 at once.",
+        |c| duration(c.limits.upstream_wait),
     ),
 ];
 

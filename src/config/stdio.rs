@@ -304,7 +304,7 @@ pub(super) const STDIO: &[Setting] = &[
         &["EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE"],
         Some("256"),
         "a whole number from 1 to 65536",
-        "Messages waiting for the stdio MCP server to read its stdin, at most. A request that finds the queue full waits up to `EPODE_SIDECAR_UPSTREAM_TIMEOUT`, then gets 504: a server that stops reading never makes the sidecar buffer without bound.",
+        "Messages waiting for the stdio MCP server to read its stdin, at most. A request that finds the queue full waits up to `EPODE_SIDECAR_UPSTREAM_WAIT`, then gets 503 with `Retry-After: 1` and a JSON-RPC error, nothing sent: a server that stops reading never makes the sidecar buffer without bound.",
         |c| stdio(c, |s| s.stdin_queue, HTTP),
     ),
     setting(

@@ -1,7 +1,8 @@
-//! The upstream hop over Streamable HTTP: a connection pool per worker (`pool`), header
-//! hygiene (hop-by-hop headers dropped, the upstream's own authority as `Host`, no `Origin`),
-//! a deadline for the response head, and a record of when the upstream last answered (for
-//! `/readyz`).
+//! The upstream hop over Streamable HTTP: a connection pool per worker (`pool`) under one
+//! bound on connections for the process (`pool::Gate`: a request past it waits briefly, then
+//! gets 503 with nothing sent), header hygiene (hop-by-hop headers dropped, the upstream's own
+//! authority as `Host`, no `Origin`), a deadline for the response head, and a record of when
+//! the upstream last answered (for `/readyz`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
-use super::pool::{Connector, IdleBound, Pool, PoolError, PooledBody};
+use super::pool::{Connector, Gate, IdleBound, Pool, PoolError, PooledBody};
 use super::ready::NotReady;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
@@ -77,14 +78,32 @@ pub(crate) struct HttpUpstream {
     base_uri: Uri,
     timeout: Duration,
     idle: IdleBound,
+    gate: Arc<Gate>,
     last_answer: Arc<LastAnswer>,
     resolver: Resolver,
+    on_limit: OnLimit,
+}
+
+/// Counts a refusal at a limit (in the metrics).
+pub(crate) type OnLimit = Arc<dyn Fn(&'static str) + Send + Sync>;
+
+/// The bounds of the hop: the upstream timeout, the idle connections a worker keeps, the
+/// process's connections and how long a request waits for one.
+pub(crate) struct HttpBounds {
+    pub(crate) timeout: Duration,
+    pub(crate) idle: IdleBound,
+    pub(crate) max_connections: usize,
+    pub(crate) wait: Duration,
+    pub(crate) on_limit: OnLimit,
+    /// Counts the connections open.
+    pub(crate) gauge: prometheus_client::metrics::gauge::Gauge,
 }
 
 fn pool(
     target: &UpstreamTarget,
     timeout: Duration,
     idle: IdleBound,
+    gate: &Arc<Gate>,
     tls: &rustls::ClientConfig,
     resolver: &Resolver,
 ) -> Pool {
@@ -100,22 +119,33 @@ fn pool(
     let origin = format!("{}://{}/", target.url.scheme(), target.authority)
         .parse()
         .unwrap_or_else(|_| Uri::from_static("http://localhost/"));
-    Pool::new(connector, origin, idle)
+    Pool::new(connector, origin, idle, gate.clone())
 }
 
 impl HttpUpstream {
     pub(crate) fn new(
         target: UpstreamTarget,
-        timeout: Duration,
         tls: Arc<rustls::ClientConfig>,
-        idle: IdleBound,
+        bounds: HttpBounds,
     ) -> Self {
         let host = HeaderValue::from_str(&target.authority)
             .unwrap_or_else(|_| HeaderValue::from_static("localhost"));
         let resolver = Resolver::default();
-        HttpUpstream {
-            pool: pool(&target, timeout, idle, &tls, &resolver),
+        let HttpBounds {
+            timeout,
             idle,
+            max_connections,
+            wait,
+            on_limit,
+            gauge,
+        } = bounds;
+        // The wait is part of the time the answer's head has.
+        let gate = Gate::new(max_connections, wait.min(timeout), gauge);
+        HttpUpstream {
+            pool: pool(&target, timeout, idle, &gate, &tls, &resolver),
+            idle,
+            gate,
+            on_limit,
             resolver,
             tls,
             base_uri: build_uri(&target, None),
@@ -136,10 +166,13 @@ impl HttpUpstream {
                 &self.target,
                 self.timeout,
                 self.idle,
+                &self.gate,
                 &self.tls,
                 &self.resolver,
             ),
             idle: self.idle,
+            gate: self.gate.clone(),
+            on_limit: self.on_limit.clone(),
             resolver: self.resolver.clone(),
             tls: self.tls.clone(),
             target: self.target.clone(),
@@ -201,6 +234,10 @@ impl HttpUpstream {
             Ok(Err(PoolError::Connect(e))) => Err(Error::new(Kind::UpstreamUnreachable, e)),
             Ok(Err(PoolError::Request(e))) => {
                 Err(Error::new(Kind::UpstreamFailed, super::pool::chain(&e)))
+            }
+            Ok(Err(PoolError::Busy(waited))) => {
+                (self.on_limit)("upstream_connections");
+                Err(busy(waited))
             }
             Ok(Ok(mut resp)) => {
                 // A 404 (a wrong path, until the probe reads it) or a 5xx is no sign of health.
@@ -264,6 +301,9 @@ impl HttpUpstream {
                     super::pool::chain(&e)
                 )))
             }
+            Ok(Err(PoolError::Busy(waited))) => {
+                return Err(NotReady::passing(busy(waited).to_string()))
+            }
             Ok(Ok(resp)) => resp,
         };
         let status = resp.status();
@@ -282,6 +322,17 @@ impl HttpUpstream {
         self.mark_answered();
         Ok(())
     }
+}
+
+/// Every connection to the upstream the process may open was busy for `waited`.
+fn busy(waited: Duration) -> Error {
+    Error::new(
+        Kind::Overloaded { retry_after: 1 },
+        format!(
+            "every connection to the upstream it may open (EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS) stayed busy for {}, so the request was not sent",
+            humantime::format_duration(waited)
+        ),
+    )
 }
 
 /// Whether a (small) answer's body is a JSON-RPC message: an MCP endpoint's refusal, not a

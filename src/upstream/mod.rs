@@ -31,7 +31,7 @@ pub(crate) use self::era::Era;
 use self::era::{is_final_refusal, supports_modern, Verdict};
 use self::hop::Hop;
 pub(crate) use self::hop::UpstreamBody;
-use self::http::HttpUpstream;
+use self::http::{HttpBounds, HttpUpstream};
 use self::pool::IdleBound;
 pub(crate) use self::ready::NotReady;
 use self::session::{close_upstream, close_upstream_within, Sessions};
@@ -110,11 +110,17 @@ impl Upstream {
         let hop = match &config.upstream {
             Transport::Http(target) => Hop::Http(HttpUpstream::new(
                 target.clone(),
-                config.upstream_timeout,
                 Arc::new(tls),
-                IdleBound {
-                    max: config.limits.upstream_max_idle,
-                    timeout: config.limits.upstream_idle_timeout,
+                HttpBounds {
+                    timeout: config.upstream_timeout,
+                    idle: IdleBound {
+                        max: config.limits.upstream_max_idle,
+                        timeout: config.limits.upstream_idle_timeout,
+                    },
+                    max_connections: config.limits.upstream_max_connections,
+                    wait: config.limits.upstream_wait,
+                    on_limit: on_limit.clone(),
+                    gauge: metrics.upstream_connections.clone(),
                 },
             )),
             Transport::Stdio(command) => Hop::Stdio(StdioUpstream::start(
@@ -124,6 +130,7 @@ impl Upstream {
                     budget: budget.clone(),
                     max_line: config.limits.max_upstream_answer,
                     on_limit: on_limit.clone(),
+                    wait: config.limits.upstream_wait,
                 },
             )?),
         };

@@ -1,5 +1,6 @@
 //! One worker's keep-alive connections to an HTTP upstream: hyper's HTTP/1 connections, each
-//! driven by a task on the worker's own event loop, and a stack of the idle ones.
+//! driven by a task on the worker's own event loop, and a stack of the idle ones; and the
+//! process's bound on them all ([`Gate`]), shared by every worker's pool.
 //!
 //! What hyper-util's general-purpose client did besides (a map of pools keyed by host, a
 //! lock taken twice per request, a task spawned per request to wait for the connection to be
@@ -8,16 +9,29 @@
 //!
 //! - A request takes the most recently used idle connection (the others age out), else opens
 //!   one (DNS through hickory, TCP, TLS when the scheme is `https`).
-//! - The connection goes back when the answer's body has been read to its end; an answer
-//!   dropped before its end closes its connection (HTTP/1 cannot skip the rest).
+//! - At most so many connections are open to the upstream from the whole process
+//!   (`EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS`; each holds a permit until it closes), and at
+//!   most [`OPENING`] are being opened at once, so a burst never floods the upstream's accept
+//!   queue (a full one drops connection attempts, which the kernel retries after a second).
+//!   A request that can take neither an idle connection nor a new one waits, in order of
+//!   arrival, for the first connection its worker gets back (warm, ready at once) or a new
+//!   one, whichever comes first, up to `EPODE_SIDECAR_UPSTREAM_WAIT`; then [`PoolError::Busy`]
+//!   (503) and nothing is sent. While requests wait at the cap in one worker, an idle
+//!   connection of another is closed to make room, and a connection another worker gets back
+//!   is closed rather than kept idle.
+//! - The connection goes back when the answer's body has been read to its end (to the first
+//!   request waiting for one, else to the idle stack); an answer dropped before its end
+//!   closes its connection (HTTP/1 cannot skip the rest).
 //! - A request that a reused connection could not carry (the upstream closed it while idle,
 //!   the usual race with its keep-alive timeout) is sent again on another: hyper hands the
 //!   request back only when none of it was written, so nothing reaches the upstream twice.
 //! - Bounded ([`IdleBound`]): at most so many idle connections, each closed after so long
 //!   idle (`EPODE_SIDECAR_UPSTREAM_MAX_IDLE`, `EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT`).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -29,9 +43,15 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
 use tower_service::Service;
 
 use super::dns::Resolver;
+
+/// Connections being opened (resolved, connected, TLS handshaken) at once, per process, at
+/// most: enough to open hundreds a second on a LAN, never a flood of SYNs.
+pub(crate) const OPENING: usize = 32;
 
 /// How many idle connections a worker keeps, and for how long. The timeout must stay below
 /// the upstream's own keep-alive timeout, so a pooled connection is not reused just as the
@@ -58,6 +78,94 @@ pub(crate) enum PoolError {
     Connect(String),
     /// The request failed on its connection.
     Request(hyper::Error),
+    /// Every connection the process may open is busy, and none came free within the wait;
+    /// nothing was sent.
+    Busy(Duration),
+}
+
+/// The process's bound on connections to the upstream, shared by every worker's pool.
+pub(crate) struct Gate {
+    /// One permit per connection open or being opened, held by its task until it closes.
+    open: Arc<Semaphore>,
+    /// One permit per connection being opened.
+    opening: Arc<Semaphore>,
+    wait: Duration,
+    /// Requests waiting for a connection now, in every worker.
+    waiting: AtomicUsize,
+    /// Every worker's pool, so a request waiting at the cap can close another's idle one.
+    pools: Mutex<Vec<Weak<Shared>>>,
+    /// Connections open now (the metrics' gauge).
+    gauge: Gauge,
+}
+
+impl Gate {
+    /// At most `max` connections; a request waits up to `wait` for one; `gauge` counts those
+    /// open.
+    pub(crate) fn new(max: usize, wait: Duration, gauge: Gauge) -> Arc<Self> {
+        Arc::new(Gate {
+            open: Arc::new(Semaphore::new(max)),
+            opening: Arc::new(Semaphore::new(OPENING)),
+            wait,
+            waiting: AtomicUsize::new(0),
+            pools: Mutex::new(Vec::new()),
+            gauge,
+        })
+    }
+
+    /// The right to open a connection now, if the bounds allow it.
+    fn try_slot(&self) -> Option<Slot> {
+        let open = self.open.clone().try_acquire_owned().ok()?;
+        let opening = self.opening.clone().try_acquire_owned().ok()?;
+        Some(Slot { open, opening })
+    }
+
+    /// The right to open a connection, once the bounds allow it (in order of asking).
+    async fn slot(&self) -> Option<Slot> {
+        let open = self.open.clone().acquire_owned().await.ok()?;
+        let opening = self.opening.clone().acquire_owned().await.ok()?;
+        Some(Slot { open, opening })
+    }
+
+    /// Whether requests wait for a connection with every permit taken: a connection no request
+    /// of its own worker wants is then better closed than kept idle.
+    fn starved(&self) -> bool {
+        self.waiting.load(Ordering::Relaxed) > 0 && self.open.available_permits() == 0
+    }
+
+    /// Closes one idle connection of another worker's pool, when there is one: its permit
+    /// comes free for a request waiting in `mine`.
+    fn close_idle_elsewhere(&self, mine: &Arc<Shared>) {
+        let mut pools = lock(&self.pools);
+        pools.retain(|p| p.strong_count() > 0);
+        let other = pools
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter(|p| !Arc::ptr_eq(p, mine))
+            .find_map(|p| p.take());
+        drop(pools);
+        // Dropped here: its task ends the connection, then gives its permit back.
+        drop(other);
+    }
+}
+
+/// A request's count among those waiting, while it waits.
+struct Waiting<'a>(&'a Gate);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.waiting.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The right to open one connection: its permit for as long as it is open, and one of the
+/// permits to be opening one.
+struct Slot {
+    open: OwnedSemaphorePermit,
+    opening: OwnedSemaphorePermit,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 struct Idle {
@@ -65,25 +173,45 @@ struct Idle {
     since: Instant,
 }
 
+#[derive(Default)]
+struct Slots {
+    idle: Vec<Idle>,
+    /// Requests of this worker waiting for a connection, oldest first.
+    waiting: VecDeque<oneshot::Sender<Sender>>,
+}
+
 struct Shared {
-    idle: Mutex<Vec<Idle>>,
+    slots: Mutex<Slots>,
     bound: IdleBound,
+    gate: Arc<Gate>,
     /// Whether this pool's reaper task runs.
-    reaping: std::sync::atomic::AtomicBool,
+    reaping: AtomicBool,
 }
 
 impl Shared {
-    fn put(&self, sender: Sender) {
+    /// A connection whose answer ended: to the oldest request waiting for one, else kept idle
+    /// (or closed, when another worker's requests wait for room or the idle stack is full).
+    fn put(&self, mut sender: Sender) {
         if sender.is_closed() {
             return;
         }
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() >= self.bound.max {
-            // Entries expired or closed since the last reap make room first.
-            idle.retain(|i| self.usable(i));
+        let mut slots = lock(&self.slots);
+        while let Some(waiter) = slots.waiting.pop_front() {
+            match waiter.send(sender) {
+                Ok(()) => return,
+                // That request gave up or took a new connection meanwhile.
+                Err(back) => sender = back,
+            }
         }
-        if idle.len() < self.bound.max {
-            idle.push(Idle {
+        if self.gate.starved() {
+            return;
+        }
+        if slots.idle.len() >= self.bound.max {
+            // Entries expired or closed since the last reap make room first.
+            slots.idle.retain(|i| self.usable(i));
+        }
+        if slots.idle.len() < self.bound.max {
+            slots.idle.push(Idle {
                 sender,
                 since: Instant::now(),
             });
@@ -91,8 +219,8 @@ impl Shared {
     }
 
     fn take(&self) -> Option<Sender> {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        while let Some(i) = idle.pop() {
+        let mut slots = lock(&self.slots);
+        while let Some(i) = slots.idle.pop() {
             if self.usable(&i) {
                 return Some(i.sender);
             }
@@ -100,17 +228,40 @@ impl Shared {
         None
     }
 
+    /// Puts a request in line for the next connection this worker gets back.
+    fn wait_in_line(&self) -> oneshot::Receiver<Sender> {
+        let (tx, rx) = oneshot::channel();
+        let mut slots = lock(&self.slots);
+        // Those that gave up leave their place at the front.
+        while slots
+            .waiting
+            .front()
+            .is_some_and(oneshot::Sender::is_closed)
+        {
+            slots.waiting.pop_front();
+        }
+        slots.waiting.push_back(tx);
+        rx
+    }
+
     /// Drops the connections idle too long or closed by the upstream; what drops a sender
     /// ends its connection's task.
     fn reap(&self) -> usize {
-        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|i| self.usable(i));
-        idle.len()
+        let mut slots = lock(&self.slots);
+        slots.idle.retain(|i| self.usable(i));
+        slots.idle.len()
     }
 
     fn usable(&self, i: &Idle) -> bool {
         !i.sender.is_closed() && i.since.elapsed() < self.bound.timeout
     }
+}
+
+/// A connection for one request: one that has carried requests before (it may have been
+/// closed since), or one opened for it.
+enum Conn {
+    Warm(Sender),
+    New(Sender),
 }
 
 /// One worker's connections to the upstream at `origin` (scheme and authority). Clones share
@@ -123,13 +274,21 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(connector: Connector, origin: Uri, bound: IdleBound) -> Self {
+    pub(crate) fn new(
+        connector: Connector,
+        origin: Uri,
+        bound: IdleBound,
+        gate: Arc<Gate>,
+    ) -> Self {
+        let shared = Arc::new(Shared {
+            slots: Mutex::new(Slots::default()),
+            bound,
+            gate: gate.clone(),
+            reaping: AtomicBool::new(false),
+        });
+        lock(&gate.pools).push(Arc::downgrade(&shared));
         Pool {
-            shared: Arc::new(Shared {
-                idle: Mutex::new(Vec::new()),
-                bound,
-                reaping: std::sync::atomic::AtomicBool::new(false),
-            }),
+            shared,
             connector,
             origin,
         }
@@ -147,24 +306,62 @@ impl Pool {
         &self,
         mut req: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, PoolError> {
-        // Idle connections first: each may turn out closed, and then the request comes back
+        // A connection used before may turn out closed, and then the request comes back
         // unsent. A fresh connection's failure is final.
-        while let Some(mut sender) = self.shared.take() {
-            if sender.ready().await.is_err() {
-                continue;
-            }
-            match sender.try_send_request(req).await {
-                Ok(resp) => return Ok(self.pooled(resp, sender)),
-                Err(mut e) => match e.take_message() {
-                    Some(back) => req = back,
-                    None => return Err(PoolError::Request(e.into_error())),
-                },
+        loop {
+            match self.checkout().await? {
+                Conn::Warm(mut sender) => {
+                    if sender.ready().await.is_err() {
+                        continue;
+                    }
+                    match sender.try_send_request(req).await {
+                        Ok(resp) => return Ok(self.pooled(resp, sender)),
+                        Err(mut e) => match e.take_message() {
+                            Some(back) => req = back,
+                            None => return Err(PoolError::Request(e.into_error())),
+                        },
+                    }
+                }
+                Conn::New(mut sender) => {
+                    return match sender.send_request(req).await {
+                        Ok(resp) => Ok(self.pooled(resp, sender)),
+                        Err(e) => Err(PoolError::Request(e)),
+                    }
+                }
             }
         }
-        let mut sender = self.connect().await?;
-        match sender.send_request(req).await {
-            Ok(resp) => Ok(self.pooled(resp, sender)),
-            Err(e) => Err(PoolError::Request(e)),
+    }
+
+    /// An idle connection, else a new one if the bounds allow it now, else the first of a
+    /// connection given back and a new one to come, within the gate's wait.
+    async fn checkout(&self) -> Result<Conn, PoolError> {
+        if let Some(sender) = self.shared.take() {
+            return Ok(Conn::Warm(sender));
+        }
+        if let Some(slot) = self.shared.gate.try_slot() {
+            return self.connect(slot).await.map(Conn::New);
+        }
+        let gate = &self.shared.gate;
+        gate.waiting.fetch_add(1, Ordering::Relaxed);
+        let _waiting = Waiting(gate);
+        let mut back = self.shared.wait_in_line();
+        if gate.open.available_permits() == 0 {
+            gate.close_idle_elsewhere(&self.shared);
+        }
+        let slot = tokio::select! {
+            biased;
+            Ok(sender) = &mut back => return Ok(Conn::Warm(sender)),
+            slot = gate.slot() => slot,
+            () = tokio::time::sleep(gate.wait) => None,
+        };
+        // A connection given back meanwhile is taken rather than a new one opened.
+        back.close();
+        if let Ok(sender) = back.try_recv() {
+            return Ok(Conn::Warm(sender));
+        }
+        match slot {
+            Some(slot) => self.connect(slot).await.map(Conn::New),
+            None => Err(PoolError::Busy(gate.wait)),
         }
     }
 
@@ -172,7 +369,7 @@ impl Pool {
         resp.map(|body| PooledBody::new(body, sender, &self.shared))
     }
 
-    async fn connect(&self) -> Result<Sender, PoolError> {
+    async fn connect(&self, slot: Slot) -> Result<Sender, PoolError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -185,19 +382,25 @@ impl Pool {
             .handshake(io)
             .await
             .map_err(|e| PoolError::Connect(chain(&e)))?;
+        let Slot { open, opening } = slot;
+        drop(opening);
+        let gauge = self.shared.gate.gauge.clone();
+        gauge.inc();
         tokio::spawn(async move {
             // An upstream that closes or breaks the connection ends this task; the pool
             // finds the sender closed.
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "upstream connection ended");
             }
+            // Only once its socket is closed may another connection open.
+            gauge.dec();
+            drop(open);
         });
         self.start_reaper();
         Ok(sender)
     }
 
     fn start_reaper(&self) {
-        use std::sync::atomic::Ordering;
         // With no idle connection kept there is nothing to reap.
         if self.shared.bound.max == 0 || self.shared.reaping.swap(true, Ordering::Relaxed) {
             return;

@@ -111,6 +111,15 @@ fn pool(origin: Uri) -> Pool {
 }
 
 fn bounded(origin: Uri, max: usize, timeout: Duration) -> Pool {
+    capped(
+        origin,
+        max,
+        timeout,
+        &Gate::new(10_000, Duration::from_secs(30), Gauge::default()),
+    )
+}
+
+fn capped(origin: Uri, max: usize, timeout: Duration, gate: &Arc<Gate>) -> Pool {
     let mut http = HttpConnector::new_with_resolver(Resolver::default());
     http.enforce_http(false);
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -125,7 +134,7 @@ fn bounded(origin: Uri, max: usize, timeout: Duration) -> Pool {
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
-    Pool::new(connector, origin, IdleBound { max, timeout })
+    Pool::new(connector, origin, IdleBound { max, timeout }, gate.clone())
 }
 
 fn request(origin: &Uri) -> Request<Full<Bytes>> {
@@ -246,4 +255,54 @@ async fn no_idle_connections_kept_means_one_connection_per_request() {
     }
     assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
     assert_eq!(pool.idle(), 0);
+}
+
+#[tokio::test]
+async fn at_the_cap_requests_wait_for_a_connection_given_back() {
+    let (origin, counts) = server("x", 200, After::KeepAlive, None).await;
+    let gate = Gate::new(2, Duration::from_secs(30), Gauge::default());
+    // Two workers' pools under one cap.
+    let pools = [
+        capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate),
+        capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate),
+    ];
+    let mut all = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let (pool, origin) = (pools[i % 2].clone(), origin.clone());
+        all.spawn(async move { read(pool.send(request(&origin)).await.unwrap()).await });
+    }
+    while let Some(done) = all.join_next().await {
+        assert_eq!(&done.unwrap()[..], b"x");
+    }
+    assert!(counts.connections.load(Ordering::SeqCst) >= 1);
+    assert_eq!(counts.requests.load(Ordering::SeqCst), 40);
+    assert!(pools[0].idle() + pools[1].idle() <= 2);
+}
+
+#[tokio::test]
+async fn past_the_wait_a_request_is_busy_and_not_sent() {
+    // The first answer waits until a second request arrives, which never does.
+    let gate_open = Arc::new(Barrier::new(2));
+    let (origin, counts) = server("x", 200, After::KeepAlive, Some(gate_open)).await;
+    let gate = Gate::new(1, Duration::from_millis(50), Gauge::default());
+    let pool = capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate);
+    let first = {
+        let (pool, origin) = (pool.clone(), origin.clone());
+        tokio::spawn(async move { pool.send(request(&origin)).await.map(|r| r.status()) })
+    };
+    let arrived = async {
+        while counts.requests.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), arrived)
+        .await
+        .expect("the first request reached the server");
+    match pool.send(request(&origin)).await {
+        Err(PoolError::Busy(waited)) => assert_eq!(waited, Duration::from_millis(50)),
+        other => panic!("expected busy, got {:?}", other.map(|r| r.status())),
+    }
+    assert_eq!(counts.requests.load(Ordering::SeqCst), 1);
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 1);
+    first.abort();
 }

@@ -86,6 +86,8 @@ pub(crate) struct StdioBounds {
     pub(crate) budget: Arc<MemoryBudget>,
     pub(crate) max_line: usize,
     pub(crate) on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+    /// How long a request waits for room in the child's stdin queue before 503.
+    pub(crate) wait: Duration,
 }
 
 /// One child process (through its restarts), and who waits for what on its pipe.
@@ -95,6 +97,8 @@ pub(super) struct Pipe {
     stop: watch::Sender<bool>,
     seq: AtomicU64,
     timeout: Duration,
+    /// How long a request waits for room in the stdin queue (at most `timeout`).
+    wait: Duration,
     budget: Arc<MemoryBudget>,
     max_line: usize,
     on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
@@ -337,6 +341,7 @@ fn start_pipe(
         stop,
         seq: AtomicU64::new(1),
         timeout: bounds.timeout,
+        wait: bounds.wait.min(bounds.timeout),
         budget: bounds.budget.clone(),
         max_line: bounds.max_line,
         on_limit: bounds.on_limit.clone(),
@@ -533,8 +538,9 @@ async fn generation(pipe: &Pipe) -> Result<Arc<Generation>, Error> {
     live.ok().flatten().ok_or_else(not_running)
 }
 
-/// Writes one message to the child, waiting for room in its stdin queue up to the upstream
-/// timeout; its bytes count in the memory budget until written.
+/// Writes one message to the child, waiting for room in its stdin queue up to the wait
+/// (`EPODE_SIDECAR_UPSTREAM_WAIT`), then 503: nothing of it reaches the child; its bytes count
+/// in the memory budget until written.
 async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
     let Some(queued) = pipe.queued(bytes) else {
         (pipe.on_limit)("memory_budget");
@@ -543,13 +549,16 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
             "its memory budget is spent (the MCP server process is not keeping up with its stdin)",
         ));
     };
-    match g.stdin.send_timeout(queued, pipe.timeout).await {
+    match g.stdin.send_timeout(queued, pipe.wait).await {
         Ok(()) => Ok(()),
         Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
             (pipe.on_limit)("upstream_stdin");
             Err(Error::new(
-                Kind::UpstreamTimeout(pipe.timeout),
-                "the MCP server process is not reading its stdin",
+                Kind::Overloaded { retry_after: 1 },
+                format!(
+                    "the MCP server process is not reading its stdin: its queue (EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE) stayed full for {}, so the request was not sent",
+                    humantime::format_duration(pipe.wait)
+                ),
             ))
         }
         Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Error::new(
