@@ -313,9 +313,9 @@ fn anon_kib(pid: u32) -> u64 {
 
 /// 400 calls at once, each with a 256 KiB body held while a slow upstream (300 ms a call)
 /// answers: about 100 MiB held at the peak. Once every call is answered and its connections
-/// are closed, the heap returns within 10 MiB of its idle size (mimalloc frees at once: with
-/// its default delay, what the last second of the burst freed stayed resident while the
-/// sidecar was idle).
+/// are closed, the heap returns within 10 MiB of its idle size. (This burst is short: the
+/// heap came back here with mimalloc's default purge delay too, 7.9 MiB against 8.1 MiB; the
+/// open-loop benchmark's 20 s at 5,000 calls/s is what tells the delays apart.)
 #[tokio::test]
 async fn memory_held_in_a_burst_is_returned_when_it_ends() {
     let (up, _count) = counting_upstream(Duration::from_millis(300));
@@ -324,6 +324,8 @@ async fn memory_held_in_a_burst_is_returned_when_it_ends() {
         &[
             MODERN,
             ("EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS", "1000"),
+            // Connections open 32 at a time: the last of 400 may wait its turn.
+            ("EPODE_SIDECAR_UPSTREAM_WAIT", "20s"),
             ("EPODE_SIDECAR_UPSTREAM_MAX_IDLE", "0"),
             ("EPODE_SIDECAR_MEMORY_BUDGET_BYTES", "536870912"),
         ],
