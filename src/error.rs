@@ -101,6 +101,8 @@ pub(crate) struct Error {
     kind: Kind,
     /// What a person needs to act on it (never a secret, a handle or a body).
     cause: String,
+    /// Refused before any of the request reached the upstream.
+    unsent: bool,
 }
 
 impl Error {
@@ -108,7 +110,20 @@ impl Error {
         Error {
             kind,
             cause: cause.into(),
+            unsent: false,
         }
+    }
+
+    /// A refusal made before any of the request reached the upstream (a limit of the
+    /// sidecar's own on the way there): no product call happened.
+    pub(crate) fn unsent(mut self) -> Self {
+        self.unsent = true;
+        self
+    }
+
+    /// Whether nothing of the request reached the upstream.
+    pub(crate) fn was_unsent(&self) -> bool {
+        self.unsent
     }
 
     /// The upstream's answer, to pass on unchanged.

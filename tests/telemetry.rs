@@ -14,7 +14,8 @@ use support::fake_epode::{BatchCost, Endpoint, FakeConfig, FakeEpode, Fault, DEM
 use support::*;
 
 /// A fast 2026 upstream: `tools/list` names `work` (schema-less) and `ask` (which answers
-/// `input_required`); `tools/call` of `work` succeeds, `fail` is an `isError` result.
+/// `input_required`); `tools/call` of `work` succeeds, `fail` is an `isError` result, `slow`
+/// succeeds after 400 ms.
 fn fast_upstream() -> RawUpstream {
     RawUpstream::start(|mut s: TcpStream| {
         while let Some((_, body)) = read_http_request(&mut s) {
@@ -24,10 +25,15 @@ fn fast_upstream() -> RawUpstream {
                 (Some("tools/list"), _) => json!({"tools": [
                     {"name": "work", "inputSchema": {"type": "object"}},
                     {"name": "fail", "inputSchema": {"type": "object"}},
-                    {"name": "ask", "inputSchema": {"type": "object"}}]}),
+                    {"name": "ask", "inputSchema": {"type": "object"}},
+                    {"name": "slow", "inputSchema": {"type": "object"}}]}),
                 (_, Some("ask")) => json!({"resultType": "input_required", "requestState": "s"}),
                 (_, Some("fail")) => {
                     json!({"content": [{"type": "text", "text": "no"}], "isError": true})
+                }
+                (_, Some("slow")) => {
+                    std::thread::sleep(Duration::from_millis(400));
+                    json!({"content": [{"type": "text", "text": "ok"}]})
                 }
                 _ => {
                     // The customer a call names in its arguments (else acct_1).
@@ -968,4 +974,53 @@ async fn batches_in_flight_never_name_the_same_customer() {
         }
     }
     assert!(overlapping > 0, "no batches overlapped: nothing was shown");
+}
+
+/// A call the sidecar refuses before any of it is sent (every upstream connection it may open
+/// stayed busy past the wait: 503) never became a product call: only the calls the upstream
+/// served are events. (At 5,000 calls/s against the real Epode, each such 503 was an event.)
+#[tokio::test]
+async fn a_call_refused_before_it_is_sent_is_no_event() {
+    let up = fast_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = sidecar(
+        &up,
+        &epode,
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS", "1"),
+            ("EPODE_SIDECAR_UPSTREAM_WAIT", "100ms"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "100ms"),
+        ],
+    );
+    let c = http();
+    call(&c, &sc, "work", 0).await;
+    let calls = (1..=8).map(|i| {
+        let (c, url) = (c.clone(), sc.url());
+        async move {
+            let body = modern_body(
+                json!(i),
+                "tools/call",
+                json!({"name": "slow", "arguments": {}}),
+            );
+            let mut req = c.post(&url).body(body.to_string());
+            for (k, v) in modern_headers("tools/call", Some("slow")) {
+                req = req.header(k, v);
+            }
+            req.send().await.unwrap().status().as_u16()
+        }
+    });
+    let statuses = futures_util::future::join_all(calls).await;
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 503).count();
+    assert_eq!(served + refused, 8, "{statuses:?}");
+    assert!(served > 0 && refused > 0, "{statuses:?}");
+    let events = wait_events(&epode, 1 + served, Duration::from_secs(10)).await;
+    assert_eq!(events.len(), 1 + served, "{statuses:?}");
+    // Nothing more is queued or on its way: every call has been counted.
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_enqueued_total").await,
+        1 + served as u64,
+        "{statuses:?}"
+    );
+    assert!(events.iter().all(|e| e["statusCode"] != 503), "{events:?}");
 }

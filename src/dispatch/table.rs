@@ -225,10 +225,21 @@ impl Dispatcher {
             headers: &headers,
             caller: client.caller,
         };
-        let sent = self
+        let sent = match self
             .upstream
             .forward(&client, req.parts.uri.query(), &bytes, method, modern)
-            .await?;
+            .await
+        {
+            Ok(sent) => sent,
+            Err(e) => {
+                // A limit of the sidecar's own refused it before anything was sent (the
+                // upstream connection cap, a full stdin queue): no product call happened.
+                if e.was_unsent() {
+                    plan.not_sent();
+                }
+                return Err(e);
+            }
+        };
         if method == "subscriptions/listen" {
             return Ok(answer::stream_back(sent.response));
         }

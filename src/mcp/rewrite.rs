@@ -107,6 +107,13 @@ impl ResultPlan {
         self.abandoned.set();
     }
 
+    /// The request was refused before anything was sent upstream (a limit of the sidecar's
+    /// own): it never became a product call, so nothing is reported, as for a request the
+    /// front door refused.
+    pub(crate) fn not_sent(&mut self) {
+        self.settled = true;
+    }
+
     fn settle_failed(&mut self) {
         if !self.settled {
             self.settled = true;

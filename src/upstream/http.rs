@@ -333,6 +333,7 @@ fn busy(waited: Duration) -> Error {
             humantime::format_duration(waited)
         ),
     )
+    .unsent()
 }
 
 /// Whether a (small) answer's body is a JSON-RPC message: an MCP endpoint's refusal, not a

@@ -547,7 +547,8 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
         return Err(Error::new(
             Kind::Overloaded { retry_after: 1 },
             "its memory budget is spent (the MCP server process is not keeping up with its stdin)",
-        ));
+        )
+        .unsent());
     };
     match g.stdin.send_timeout(queued, pipe.wait).await {
         Ok(()) => Ok(()),
@@ -559,7 +560,8 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
                     "the MCP server process is not reading its stdin: its queue (EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE) stayed full for {}, so the request was not sent",
                     humantime::format_duration(pipe.wait)
                 ),
-            ))
+            )
+            .unsent())
         }
         Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Error::new(
             Kind::UpstreamFailed,

@@ -63,7 +63,8 @@ impl Inner {
             return Err(Error::new(
                 Kind::Overloaded { retry_after: 1 },
                 "every MCP server process it may run (EPODE_SIDECAR_STDIO_MAX_CHILDREN) is busy with another client's requests",
-            ));
+            )
+            .unsent());
         };
         self.runtime
             .spawn(async move { stop_pipe(&entry.pipe).await });
