@@ -42,27 +42,76 @@ pub(crate) struct LimitLabels {
     pub(crate) kind: &'static str,
 }
 
-/// Every limit that can refuse something, shown from the start (at 0).
-const LIMIT_KINDS: [&str; 18] = [
-    "connections",
-    "admin_connections",
-    "dev_epode_connections",
-    "header_timeout",
-    "idle_timeout",
-    "write_timeout",
-    "body_timeout",
-    "body_size",
-    "body_read",
-    "in_flight",
-    "memory_budget",
-    "client_rate",
-    "tool_rate",
-    "upstream_answer_size",
-    "sse_event_size",
-    "upstream_stdin",
-    "stdio_not_owner",
-    "upstream_connections",
-];
+/// Every limit that can refuse something: the `kind` label of `limits_hit_total`, each shown
+/// from the start (at 0). The README's metrics table lists them all (a test checks it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum LimitKind {
+    Connections,
+    AdminConnections,
+    DevEpodeConnections,
+    HeaderTimeout,
+    IdleTimeout,
+    WriteTimeout,
+    BodyTimeout,
+    BodySize,
+    BodyRead,
+    InFlight,
+    MemoryBudget,
+    ClientRate,
+    ToolRate,
+    UpstreamAnswerSize,
+    SseEventSize,
+    UpstreamStdin,
+    StdioNotOwner,
+    UpstreamConnections,
+}
+
+impl LimitKind {
+    pub(crate) const ALL: [LimitKind; 18] = [
+        LimitKind::Connections,
+        LimitKind::AdminConnections,
+        LimitKind::DevEpodeConnections,
+        LimitKind::HeaderTimeout,
+        LimitKind::IdleTimeout,
+        LimitKind::WriteTimeout,
+        LimitKind::BodyTimeout,
+        LimitKind::BodySize,
+        LimitKind::BodyRead,
+        LimitKind::InFlight,
+        LimitKind::MemoryBudget,
+        LimitKind::ClientRate,
+        LimitKind::ToolRate,
+        LimitKind::UpstreamAnswerSize,
+        LimitKind::SseEventSize,
+        LimitKind::UpstreamStdin,
+        LimitKind::StdioNotOwner,
+        LimitKind::UpstreamConnections,
+    ];
+
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::Connections => "connections",
+            LimitKind::AdminConnections => "admin_connections",
+            LimitKind::DevEpodeConnections => "dev_epode_connections",
+            LimitKind::HeaderTimeout => "header_timeout",
+            LimitKind::IdleTimeout => "idle_timeout",
+            LimitKind::WriteTimeout => "write_timeout",
+            LimitKind::BodyTimeout => "body_timeout",
+            LimitKind::BodySize => "body_size",
+            LimitKind::BodyRead => "body_read",
+            LimitKind::InFlight => "in_flight",
+            LimitKind::MemoryBudget => "memory_budget",
+            LimitKind::ClientRate => "client_rate",
+            LimitKind::ToolRate => "tool_rate",
+            LimitKind::UpstreamAnswerSize => "upstream_answer_size",
+            LimitKind::SseEventSize => "sse_event_size",
+            LimitKind::UpstreamStdin => "upstream_stdin",
+            LimitKind::StdioNotOwner => "stdio_not_owner",
+            LimitKind::UpstreamConnections => "upstream_connections",
+        }
+    }
+}
 
 /// How a feedback tool call can end.
 const FEEDBACK_OUTCOMES: [&str; 7] = [
@@ -158,8 +207,10 @@ impl Metrics {
                 );
             }
         }
-        for kind in LIMIT_KINDS {
-            drop(m.limits_hit.get_or_create(&LimitLabels { kind }));
+        for kind in LimitKind::ALL {
+            drop(m.limits_hit.get_or_create(&LimitLabels {
+                kind: kind.as_str(),
+            }));
         }
         m
     }
@@ -185,8 +236,12 @@ impl Metrics {
     }
 
     /// A limit refused something.
-    pub(crate) fn limit(&self, kind: &'static str) {
-        self.limits_hit.get_or_create(&LimitLabels { kind }).inc();
+    pub(crate) fn limit(&self, kind: LimitKind) {
+        self.limits_hit
+            .get_or_create(&LimitLabels {
+                kind: kind.as_str(),
+            })
+            .inc();
     }
 
     /// The exposition, in the Prometheus text format.
@@ -228,4 +283,31 @@ pub(crate) fn method_label(method: &str) -> &'static str {
         .find(|k| **k == method)
         .copied()
         .unwrap_or("other")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LimitKind;
+
+    /// The documented `limits_hit_total` row names every kind the code counts, and no other.
+    #[test]
+    fn the_documented_limit_kinds_are_the_counted_ones() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let docs = ["README.md", "docs/operations.md"]
+            .iter()
+            .filter_map(|f| std::fs::read_to_string(root.join(f)).ok())
+            .collect::<String>();
+        let row = docs
+            .lines()
+            .find(|l| l.starts_with("| `limits_hit_total`"))
+            .expect("a metrics table row for limits_hit_total");
+        let documented: Vec<&str> = row
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|w| *w != "limits_hit_total" && *w != "kind")
+            .collect();
+        let counted: Vec<&str> = LimitKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(documented, counted, "{row}");
+    }
 }

@@ -22,7 +22,7 @@ use crate::error::{Error, Kind, Side};
 use crate::frontdoor;
 use crate::limits::{retry_after_secs, InFlight, RateLimits};
 use crate::mcp::rewrite::Abandoned;
-use crate::metrics::{method_label, MethodLabels, Metrics, RequestLabels};
+use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::trial::bus::{self as console, Bus, Note};
 use crate::upstream::{Client, NotReady, Upstream};
 
@@ -226,7 +226,7 @@ impl Dispatcher {
         }
         let client = self.rates.client_address(peer, &parts.headers);
         if let Err(wait) = self.rates.check_client(client) {
-            self.metrics.limit("client_rate");
+            self.metrics.limit(LimitKind::ClientRate);
             let retry_after = retry_after_secs(wait);
             return Error::new(
                 Kind::RateLimited { retry_after },
@@ -235,7 +235,7 @@ impl Dispatcher {
             .into_response(None);
         }
         let Some(_in_flight) = self.in_flight.enter() else {
-            self.metrics.limit("in_flight");
+            self.metrics.limit(LimitKind::InFlight);
             return Error::new(
                 Kind::Overloaded { retry_after: 1 },
                 "it is serving as many requests as it may at once",
@@ -255,10 +255,10 @@ impl Dispatcher {
             Ok(b) => b,
             Err(e) => {
                 self.metrics.limit(match e.kind() {
-                    Kind::BodyTooLarge { .. } => "body_size",
-                    Kind::RequestTimeout => "body_timeout",
-                    Kind::Overloaded { .. } => "memory_budget",
-                    _ => "body_read",
+                    Kind::BodyTooLarge { .. } => LimitKind::BodySize,
+                    Kind::RequestTimeout => LimitKind::BodyTimeout,
+                    Kind::Overloaded { .. } => LimitKind::MemoryBudget,
+                    _ => LimitKind::BodyRead,
                 });
                 return e.into_response(None);
             }

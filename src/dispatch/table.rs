@@ -23,6 +23,7 @@ use crate::limits::retry_after_secs;
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
+use crate::metrics::LimitKind;
 use crate::trial::bus::Note;
 use crate::upstream::answer;
 use crate::upstream::{translate, Client, Era};
@@ -50,7 +51,7 @@ impl Dispatcher {
         if method == "tools/call" {
             let name = req.env.name().unwrap_or_default();
             if let Err(wait) = self.rates.check_tool(&name) {
-                self.metrics.limit("tool_rate");
+                self.metrics.limit(LimitKind::ToolRate);
                 return Ok(local_result(req.id, tool_rate_limited(&name, wait), plan));
             }
         }

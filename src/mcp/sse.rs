@@ -18,6 +18,7 @@ use super::rewrite::ResultPlan;
 use crate::body::{BoxError, Coalesced};
 use crate::budget::Reservation;
 use crate::error::{Error, Kind};
+use crate::metrics::LimitKind;
 
 /// Splits a byte stream into SSE event blocks (each with its terminating blank line).
 pub(crate) struct EventSplitter {
@@ -223,7 +224,7 @@ pub(crate) struct StreamBounds {
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
     pub(crate) cut: Option<tokio::sync::watch::Receiver<bool>>,
     /// Told the kind of a limit the stream hit (`sse_event_size`, `memory_budget`).
-    pub(crate) on_limit: Option<std::sync::Arc<dyn Fn(&'static str) + Send + Sync>>,
+    pub(crate) on_limit: Option<std::sync::Arc<dyn Fn(LimitKind) + Send + Sync>>,
 }
 
 struct State<B> {
@@ -344,14 +345,14 @@ impl<B> State<B> {
             }
         };
         if held > self.bounds.max_event {
-            hit("sse_event_size");
+            hit(LimitKind::SseEventSize);
             return Some(format!(
                 "the upstream sent an SSE event larger than the {} bytes the sidecar holds to rewrite",
                 self.bounds.max_event
             ));
         }
         if !self.bounds.held.resize(held) {
-            hit("memory_budget");
+            hit(LimitKind::MemoryBudget);
             return Some("the sidecar's memory budget is spent".to_owned());
         }
         None

@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::body::{Body, BoxError};
 use crate::budget::{self, MemoryBudget};
-use crate::metrics::Metrics;
+use crate::metrics::{LimitKind, Metrics};
 
 /// The largest piece of a response body handed to hyper at once. hyper asks for the next
 /// piece only when its write buffer has room, so a client that reads slowly (or not at all)
@@ -38,7 +38,7 @@ pub(crate) struct Connections {
     open: AtomicUsize,
     cap: usize,
     /// The limit kind counted when a connection is refused.
-    refused: &'static str,
+    refused: LimitKind,
     metrics: Arc<Metrics>,
 }
 
@@ -46,7 +46,7 @@ pub(crate) struct Connections {
 pub(crate) struct Slot(Arc<Connections>);
 
 impl Connections {
-    pub(crate) fn new(cap: usize, refused: &'static str, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(cap: usize, refused: LimitKind, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Connections {
             open: AtomicUsize::new(0),
             cap,
@@ -442,15 +442,15 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
         self.timed_out = true;
         match due {
             Due::Head => {
-                self.metrics.limit("header_timeout");
+                self.metrics.limit(LimitKind::HeaderTimeout);
                 if self.spoke && !self.h2 {
                     // Best effort: the client may still read why.
                     let _ = Pin::new(&mut self.io).poll_write(cx, REQUEST_TIMEOUT);
                     let _ = Pin::new(&mut self.io).poll_flush(cx);
                 }
             }
-            Due::Idle => self.metrics.limit("idle_timeout"),
-            Due::Taken => self.metrics.limit("write_timeout"),
+            Due::Idle => self.metrics.limit(LimitKind::IdleTimeout),
+            Due::Taken => self.metrics.limit(LimitKind::WriteTimeout),
         }
         io::ErrorKind::TimedOut.into()
     }
@@ -481,7 +481,7 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
             return Poll::Pending;
         }
         self.timed_out = true;
-        self.metrics.limit("write_timeout");
+        self.metrics.limit(LimitKind::WriteTimeout);
         Poll::Ready(Err(io::ErrorKind::TimedOut.into()))
     }
 }

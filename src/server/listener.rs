@@ -26,7 +26,7 @@ use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::Limits;
 use crate::log_summary::LogSummary;
-use crate::metrics::Metrics;
+use crate::metrics::{LimitKind, Metrics};
 
 /// Which listener.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,11 +38,11 @@ pub(crate) enum Role {
 
 impl Role {
     /// The limit kind counted when the listener refuses a connection past its share.
-    fn refused(self) -> &'static str {
+    fn refused(self) -> LimitKind {
         match self {
-            Role::Mcp => "connections",
-            Role::Admin => "admin_connections",
-            Role::DevEpode => "dev_epode_connections",
+            Role::Mcp => LimitKind::Connections,
+            Role::Admin => LimitKind::AdminConnections,
+            Role::DevEpode => LimitKind::DevEpodeConnections,
         }
     }
 

@@ -20,6 +20,7 @@ use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw;
 use crate::mcp::rewrite::{self, ResultPlan};
 use crate::mcp::sse;
+use crate::metrics::LimitKind;
 
 /// What bounds the reading of upstream answers.
 #[derive(Clone)]
@@ -32,7 +33,7 @@ pub(crate) struct AnswerBounds {
     /// How long the rest of an answer may take once its head arrived.
     pub(crate) timeout: Duration,
     /// Told the kind of a limit an answer hit.
-    pub(crate) on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+    pub(crate) on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
 }
 
 /// A complete upstream answer the sidecar read whole: what it needs to either use it or pass
@@ -98,7 +99,7 @@ async fn read_body(
     match budget::collect(body, bounds.max_answer, &bounds.budget, bounds.timeout).await {
         Ok(read) => Ok(read),
         Err(Collect::TooLarge) => Err({
-            (bounds.on_limit)("upstream_answer_size");
+            (bounds.on_limit)(LimitKind::UpstreamAnswerSize);
             Error::new(
                 Kind::UpstreamTooLarge {
                     limit: bounds.max_answer,
@@ -107,7 +108,7 @@ async fn read_body(
             )
         }),
         Err(Collect::OverBudget) => Err({
-            (bounds.on_limit)("memory_budget");
+            (bounds.on_limit)(LimitKind::MemoryBudget);
             Error::new(
                 Kind::Overloaded { retry_after: 1 },
                 "its memory budget is spent",
@@ -196,7 +197,7 @@ pub(crate) async fn finish(
         // Rewriting a large answer holds it three times at its peak (the answer, the parsed
         // result, its new text): half a copy more is counted, so what the budget lets in
         // stays within twice its size.
-        (bounds.on_limit)("memory_budget");
+        (bounds.on_limit)(LimitKind::MemoryBudget);
         return Err(Error::new(
             Kind::Overloaded { retry_after: 1 },
             "its memory budget is spent",

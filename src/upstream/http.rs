@@ -19,6 +19,7 @@ use super::pool::{Connector, Gate, IdleBound, Pool, PoolError, PooledBody};
 use super::ready::NotReady;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
+use crate::metrics::LimitKind;
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded,
 /// and `Transfer-Encoding` (each hop frames the body itself). Names, not strings: removing by a
@@ -85,7 +86,7 @@ pub(crate) struct HttpUpstream {
 }
 
 /// Counts a refusal at a limit (in the metrics).
-pub(crate) type OnLimit = Arc<dyn Fn(&'static str) + Send + Sync>;
+pub(crate) type OnLimit = Arc<dyn Fn(LimitKind) + Send + Sync>;
 
 /// The bounds of the hop: the upstream timeout, the idle connections a worker keeps, the
 /// process's connections and how long a request waits for one.
@@ -236,7 +237,7 @@ impl HttpUpstream {
                 Err(Error::new(Kind::UpstreamFailed, super::pool::chain(&e)))
             }
             Ok(Err(PoolError::Busy(waited))) => {
-                (self.on_limit)("upstream_connections");
+                (self.on_limit)(LimitKind::UpstreamConnections);
                 Err(busy(waited))
             }
             Ok(Ok(mut resp)) => {

@@ -42,7 +42,7 @@ use crate::config::{Config, Transport};
 use crate::error::{Error, Kind};
 use crate::mcp::headers as mcp_headers;
 use crate::mcp::version::{self, MODERN};
-use crate::metrics::{method_label, MethodLabels, Metrics};
+use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
 
 /// The longest shutdown waits for the upstream to close the 2025-era sessions.
 const SESSION_CLOSE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
@@ -103,7 +103,7 @@ impl Upstream {
                 format!("the upstream TLS configuration: {e}"),
             )
         })?;
-        let on_limit: Arc<dyn Fn(&'static str) + Send + Sync> = {
+        let on_limit: Arc<dyn Fn(LimitKind) + Send + Sync> = {
             let metrics = metrics.clone();
             Arc::new(move |kind| metrics.limit(kind))
         };

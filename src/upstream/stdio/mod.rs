@@ -48,6 +48,7 @@ use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::rewrite::modern_error_status;
 use crate::mcp::version::META_PROTOCOL_VERSION;
+use crate::metrics::LimitKind;
 
 /// The session ids the sidecar hands out for a 2025-era child name its process.
 const SESSION_PREFIX: &str = "stdio-";
@@ -85,7 +86,7 @@ pub(crate) struct StdioBounds {
     pub(crate) timeout: Duration,
     pub(crate) budget: Arc<MemoryBudget>,
     pub(crate) max_line: usize,
-    pub(crate) on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+    pub(crate) on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
     /// How long a request waits for room in the child's stdin queue before 503.
     pub(crate) wait: Duration,
 }
@@ -101,7 +102,7 @@ pub(super) struct Pipe {
     wait: Duration,
     budget: Arc<MemoryBudget>,
     max_line: usize,
-    on_limit: Arc<dyn Fn(&'static str) + Send + Sync>,
+    on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
     dropped: LogSummary,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Whether this pipe's child is the only one (then what any child left behind is its).
@@ -199,7 +200,7 @@ impl Pipe {
     /// A line longer than the sidecar reads: the request it answers (by its top-level id,
     /// found as the line streamed past) gets 502 now rather than waiting in vain.
     fn on_long_line(&self, id: Option<&[u8]>) {
-        (self.on_limit)("upstream_answer_size");
+        (self.on_limit)(LimitKind::UpstreamAnswerSize);
         let key = id
             .and_then(|id| std::str::from_utf8(id).ok())
             .and_then(|id| serde_json::from_str::<Box<RawValue>>(id).ok())
@@ -543,7 +544,7 @@ async fn generation(pipe: &Pipe) -> Result<Arc<Generation>, Error> {
 /// in the memory budget until written.
 async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
     let Some(queued) = pipe.queued(bytes) else {
-        (pipe.on_limit)("memory_budget");
+        (pipe.on_limit)(LimitKind::MemoryBudget);
         return Err(Error::new(
             Kind::Overloaded { retry_after: 1 },
             "its memory budget is spent (the MCP server process is not keeping up with its stdin)",
@@ -553,7 +554,7 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
     match g.stdin.send_timeout(queued, pipe.wait).await {
         Ok(()) => Ok(()),
         Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
-            (pipe.on_limit)("upstream_stdin");
+            (pipe.on_limit)(LimitKind::UpstreamStdin);
             Err(Error::new(
                 Kind::Overloaded { retry_after: 1 },
                 format!(
@@ -575,7 +576,7 @@ async fn client_message(pipe: &Pipe, g: &Generation, out: FromClient) -> Result<
     match out {
         FromClient::Write(bytes) => write(pipe, g, &bytes).await,
         FromClient::Ignored(why) => {
-            (pipe.on_limit)("stdio_not_owner");
+            (pipe.on_limit)(LimitKind::StdioNotOwner);
             pipe.dropped.add(why, 1);
             Ok(())
         }
