@@ -8,6 +8,7 @@
 //! other delivery. Epode orders interactions by `(occurredAt, sequence)` and upserts each event
 //! by its id, so batches may arrive in any order and a duplicate is harmless.
 
+mod customers;
 mod limit;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,13 +23,14 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::{Map, Value};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
 use super::client::{Answer, EpodeClient, EpodeError};
 use crate::feedback::identity::{IdentityRefs, RefKind};
 use crate::log_summary::LogSummary;
+use customers::{customer_keys, Forming, InFlight};
 use limit::{Limiter, Wait};
 
 /// How the queue behaves; the defaults are the Epode SDKs' documented ones, but for the batch
@@ -550,14 +552,13 @@ struct Dispatcher {
     rx: mpsc::Receiver<Queued>,
     stop: watch::Receiver<Option<Instant>>,
     deliveries: JoinSet<()>,
-    /// The customer keys each delivery in flight holds (a delivery that panicked still
-    /// gives its keys back: they are found by its task id).
-    holding: HashMap<tokio::task::Id, Vec<u64>>,
-    /// The customer keys of the batches in flight, and how many hold each.
-    held: HashMap<u64, usize>,
-    /// Events taken from the queue that name a customer a batch in flight names (with their
-    /// keys): they go in a later batch, ahead of the queue. At most as many as the batches
-    /// in flight may hold: while that many wait here nothing more is taken from the queue.
+    /// The customers the batches in flight name (a delivery that panicked still gives them
+    /// back: they are found by its task id).
+    customers: InFlight,
+    /// Events taken from the queue that would have closed a cycle of customers between the
+    /// batches in flight (with their keys): they go in a later batch, ahead of the queue. At
+    /// most as many as the batches in flight may hold: while that many wait here nothing more
+    /// is taken from the queue.
     deferred: VecDeque<(Queued, Vec<u64>)>,
 }
 
@@ -576,8 +577,7 @@ impl Dispatcher {
             rx,
             stop,
             deliveries: JoinSet::new(),
-            holding: HashMap::new(),
-            held: HashMap::new(),
+            customers: InFlight::default(),
             deferred: VecDeque::new(),
         }
     }
@@ -597,9 +597,6 @@ impl Dispatcher {
             if !self.wait_for_room(true).await {
                 break;
             }
-            for k in &keys {
-                *self.held.entry(*k).or_default() += 1;
-            }
             let events = batch
                 .into_iter()
                 .map(|(sequence, mut event)| {
@@ -611,7 +608,7 @@ impl Dispatcher {
                 shared: self.shared.clone(),
             };
             let id = self.deliveries.spawn(deliver(slot, events)).id();
-            self.holding.insert(id, keys);
+            self.customers.started(id, keys);
         }
         // What is in flight ends on its own by the deadline; a delivery still running shortly
         // after it is stopped (its events, like a batch not started and what is left
@@ -669,20 +666,13 @@ impl Dispatcher {
         }
     }
 
-    /// A delivery ended (or panicked): the customers it held are free.
+    /// A delivery ended (or panicked): the customers it named are free.
     fn ended(&mut self, done: Result<(tokio::task::Id, ()), tokio::task::JoinError>) {
         let id = match done {
             Ok((id, ())) => id,
             Err(e) => e.id(),
         };
-        for k in self.holding.remove(&id).unwrap_or_default() {
-            if let Some(n) = self.held.get_mut(&k) {
-                *n -= 1;
-                if *n == 0 {
-                    self.held.remove(&k);
-                }
-            }
-        }
+        self.customers.ended(id);
     }
 
     /// Takes the next batch: deferred events whose customers are free first, then the queue
@@ -690,13 +680,13 @@ impl Dispatcher {
     /// shutdown). Returns the customer keys the batch names, or None when there is nothing
     /// more to send.
     async fn collect(&mut self, batch: &mut Vec<Queued>, batch_max: usize) -> Option<Vec<u64>> {
-        let mut keys = Vec::new();
+        let mut keys = Forming::default();
         let mut flush_at = None;
         let most_deferred = batch_max * self.shared.settings.concurrency.max(1);
         loop {
             self.take_deferred(batch, &mut keys, batch_max);
             if batch.len() == batch_max {
-                return Some(keys);
+                return Some(InFlight::keys(keys));
             }
             let stopping = self.shared.deadline().is_some();
             if stopping && !self.rx.is_empty() {
@@ -705,7 +695,7 @@ impl Dispatcher {
             }
             if stopping || self.deferred.len() >= most_deferred {
                 if !batch.is_empty() {
-                    return Some(keys);
+                    return Some(InFlight::keys(keys));
                 }
                 if self.deferred.is_empty() {
                     return None;
@@ -755,18 +745,13 @@ impl Dispatcher {
             self.wanted.store(usize::MAX, Ordering::SeqCst);
             if flushed {
                 self.take_queued(batch, &mut keys, batch_max).await;
-                return Some(keys);
+                return Some(InFlight::keys(keys));
             }
         }
     }
 
     /// Takes what the queue holds, up to the batch's room.
-    async fn take_queued(
-        &mut self,
-        batch: &mut Vec<Queued>,
-        keys: &mut Vec<u64>,
-        batch_max: usize,
-    ) {
+    async fn take_queued(&mut self, batch: &mut Vec<Queued>, keys: &mut Forming, batch_max: usize) {
         if batch.len() < batch_max && !self.rx.is_empty() {
             let mut incoming = Vec::new();
             self.rx
@@ -777,7 +762,7 @@ impl Dispatcher {
     }
 
     /// Moves into the batch the deferred events whose customers are free, oldest first.
-    fn take_deferred(&mut self, batch: &mut Vec<Queued>, keys: &mut Vec<u64>, batch_max: usize) {
+    fn take_deferred(&mut self, batch: &mut Vec<Queued>, keys: &mut Forming, batch_max: usize) {
         if self.deferred.is_empty() {
             return;
         }
@@ -793,7 +778,7 @@ impl Dispatcher {
 
     /// Events just taken from the queue join the batch, or wait behind the deferred ones
     /// when a batch in flight names their customer.
-    fn admit(&mut self, incoming: Vec<Queued>, batch: &mut Vec<Queued>, keys: &mut Vec<u64>) {
+    fn admit(&mut self, incoming: Vec<Queued>, batch: &mut Vec<Queued>, keys: &mut Forming) {
         for queued in incoming {
             let mine = customer_keys(&queued.1);
             if self.free(&mine, keys) {
@@ -804,40 +789,10 @@ impl Dispatcher {
         }
     }
 
-    /// Whether no batch in flight names a customer this event names; if so its keys join the
-    /// batch's. The real Epode locks each customer a batch names, in the batch's interaction
-    /// order, until the batch commits: two batches in flight that share customers can
-    /// deadlock there (one of them fails with a 500), so they are kept apart.
-    fn free(&self, mine: &[u64], keys: &mut Vec<u64>) -> bool {
-        if mine.iter().any(|k| self.held.contains_key(k)) {
-            return false;
-        }
-        for k in mine {
-            if !keys.contains(k) {
-                keys.push(*k);
-            }
-        }
-        true
+    /// Whether the event may join the batch: see [`customers`].
+    fn free(&mut self, mine: &[u64], keys: &mut Forming) -> bool {
+        self.customers.admit(keys, mine)
     }
-}
-
-/// The identity references of an event that name a customer (its session is not locked),
-/// as keys.
-fn customer_keys(event: &Map<String, Value>) -> Vec<u64> {
-    use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
-    static HASHER: std::sync::OnceLock<std::collections::hash_map::RandomState> =
-        std::sync::OnceLock::new();
-    let hasher = HASHER.get_or_init(Default::default);
-    ["accountRef", "userRef", "anonymousRef", "customerRef"]
-        .iter()
-        .filter_map(|field| {
-            let value = event.get(*field)?.as_str()?;
-            let mut h = hasher.build_hasher();
-            field.hash(&mut h);
-            value.hash(&mut h);
-            Some(h.finish())
-        })
-        .collect()
 }
 
 /// An instant no wait reaches (a day away).
