@@ -9,7 +9,7 @@
 #      manifest under deploy/kubernetes (CRDs and the Kustomization are skipped, with the reason)
 #   3. deploy/kubernetes/deployment.yaml's sidecar == the chart's default render
 #   4. checkov: the chart, every render, deploy/kubernetes and docker/, skipping only the ids in
-#      deploy/checkov-skips.txt (which the README's table must list)
+#      deploy/checkov-skips.txt (which docs/deploy.md's table must list)
 #   5. compose.yaml (docker compose config), the systemd unit (systemd-analyze verify, security)
 #   6. the image (bash docker/build.sh): size < 20 MB, UID 65532, no shell; run read-only with no
 #      capabilities in front of the example Python server; the official TypeScript client calls
@@ -140,11 +140,11 @@ say "deploy/kubernetes/deployment.yaml: sidecar, pod security and server contain
 SKIPS="$(grep -v '^#' deploy/checkov-skips.txt | awk 'NF {print $1}' | paste -sd, -)"
 [[ -n "$SKIPS" ]] || fail "deploy/checkov-skips.txt lists no check"
 for id in ${SKIPS//,/ }; do
-  grep -q "^| \`$id\` |" README.md || fail "README.md's checkov table does not list $id (deploy/checkov-skips.txt does)"
+  grep -q "^| \`$id\` |" docs/deploy.md || fail "docs/deploy.md's checkov table does not list $id (deploy/checkov-skips.txt does)"
 done
-readme_ids="$(grep -oE '^\| `CKV[A-Z0-9_]+` \|' README.md | tr -d '|` ' | sort | paste -sd, -)"
+readme_ids="$(grep -oE '^\| `CKV[A-Z0-9_]+` \|' docs/deploy.md | tr -d '|` ' | sort | paste -sd, -)"
 [[ "$readme_ids" == "$(tr ',' '\n' <<<"$SKIPS" | sort | paste -sd, -)" ]] \
-  || fail "README.md's checkov table ($readme_ids) differs from deploy/checkov-skips.txt ($SKIPS)"
+  || fail "docs/deploy.md's checkov table ($readme_ids) differs from deploy/checkov-skips.txt ($SKIPS)"
 checkov_run() {
   local what="$1"; shift
   if ! "$CHECKOV" --quiet --compact --skip-download --skip-check "$SKIPS" "$@" >"$WORK/checkov.txt" 2>&1; then

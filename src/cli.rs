@@ -49,7 +49,7 @@ struct Cli {
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     check_config: bool,
-    /// Print the settings table (Markdown, as in the README) and exit.
+    /// Print the settings table (Markdown, as in docs/settings.md) and exit.
     #[arg(long, hide = true)]
     settings_markdown: bool,
     /// A stdio MCP server to run and speak to over stdin/stdout, after `--`:

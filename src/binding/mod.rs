@@ -100,7 +100,7 @@ impl FeedbackBinding {
             catalog,
             warned_shadowing: AtomicBool::new(false),
             no_subject: LogSummary::new(
-                "AGENT_FEEDBACK_MODE=ask_once, but tool results name no customer, so agents are asked for consent on every call as in ask_always. Name the caller on each tool result with _meta[\"ai.epode/identity\"] = {\"customerRef\": \"<your customer id>\"} (the sidecar removes it before the client sees it), or have a gateway set a header listed in EPODE_SIDECAR_IDENTITY_HEADERS; see the README's Identity section",
+                "AGENT_FEEDBACK_MODE=ask_once, but tool results name no customer, so agents are asked for consent on every call as in ask_always. Name the caller on each tool result with _meta[\"ai.epode/identity\"] = {\"customerRef\": \"<your customer id>\"} (the sidecar removes it before the client sees it), or have a gateway set a header listed in EPODE_SIDECAR_IDENTITY_HEADERS; see \"Who the caller is\" in the README",
                 std::time::Duration::from_secs(600),
             ),
             metrics,
