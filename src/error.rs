@@ -96,6 +96,13 @@ pub(crate) enum Kind {
     Internal,
 }
 
+/// Whether a peer's HTTP status says the same request may succeed if sent again: a timeout
+/// (408), too many requests (429) or a server error (5xx). The one rule for every peer: the
+/// upstream's refusals, Epode's answers to the feedback tools and to telemetry.
+pub(crate) fn transient(status: u16) -> bool {
+    status == 408 || status == 429 || (500..600).contains(&status)
+}
+
 #[derive(Debug)]
 pub(crate) struct Error {
     kind: Kind,
@@ -163,9 +170,7 @@ impl Error {
             | Kind::Overloaded { .. }
             | Kind::ShuttingDown
             | Kind::RequestTimeout => true,
-            Kind::UpstreamRefused(answer) => {
-                answer.status.is_server_error() || answer.status == StatusCode::TOO_MANY_REQUESTS
-            }
+            Kind::UpstreamRefused(answer) => transient(answer.status.as_u16()),
             _ => false,
         }
     }

@@ -328,7 +328,7 @@ pub(crate) fn judge(answer: &Answer, batch_len: usize) -> Delivery {
             }
             Delivery::Receipt { accepted, dropped }
         }
-        408 | 429 | 500..=599 => Delivery::Retryable {
+        s if crate::error::transient(s) => Delivery::Retryable {
             reason: format!("HTTP {}", answer.status),
             retry_after: answer
                 .headers

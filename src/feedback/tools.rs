@@ -11,6 +11,7 @@ use serde_json::{json, Map, Value};
 
 use super::capability::FeedbackHandle;
 use super::{CONSENT_TOOL, REPORT_TOOL};
+use crate::error::transient;
 
 /// Title and description of the consent tool (reference mcp.ts).
 pub(crate) const CONSENT_TITLE: &str = "Record product feedback permission";
@@ -394,10 +395,6 @@ pub(crate) const INVALID_HANDLE_CONSENT_TEXT: &str = "Permission could not be re
 pub(crate) struct Guidance {
     pub(crate) retryable: bool,
     pub(crate) text: &'static str,
-}
-
-fn transient(status: u16) -> bool {
-    status == 408 || status == 429 || status >= 500
 }
 
 /// Guidance after a failed consent call (reference `consentFailureGuidance`).
