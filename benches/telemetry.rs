@@ -1,7 +1,7 @@
 //! The telemetry benchmark: does the sidecar deliver every event of a busy product to Epode?
 //! Decorated `tools/call`s (never_ask: each one a telemetry event) are offered **open loop**
 //! (sent on schedule, whatever the answers do) at several rates to a sidecar in front of a
-//! tiny MCP upstream, with the strict fake Epode (`tests/support/fake_epode.rs`) as the Epode
+//! tiny MCP upstream, with the strict fake Epode (`tests/it/support/fake_epode.rs`) as the Epode
 //! it delivers to, given a cost per batch:
 //!
 //! - **modelled**: the real backend as measured in issue 21, 50 ms + 1.2 ms per event per
@@ -18,7 +18,7 @@
 //! first and reported). A fresh fake and sidecar for each rate. Entered through `bench/run
 //! --only telemetry`; `cargo bench --bench telemetry -- [--quick] [--json]` runs it directly.
 
-#[path = "../tests/support/fake_epode.rs"]
+#[path = "../tests/it/support/fake_epode.rs"]
 mod fake_epode;
 mod support;
 

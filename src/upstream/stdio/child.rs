@@ -243,11 +243,12 @@ async fn run_once(
     };
     pipe.live.send_replace(None);
     let end = match end {
-        // Its stdout usually closes because it exited: say how, when it did.
-        End::StdoutClosed => {
+        // Its stdout or stdin usually closes because it exited (a killed child's pipes close
+        // as it dies, in no set order): say how, when it did.
+        End::StdoutClosed | End::Stdin(_) => {
             match tokio::time::timeout(Duration::from_millis(200), child.wait()).await {
                 Ok(Ok(status)) => End::Exited(status.to_string()),
-                _ => End::StdoutClosed,
+                _ => end,
             }
         }
         other => other,

@@ -255,6 +255,14 @@ impl Pipe {
     }
 
     /// Why there is no child to send to (for `/readyz`).
+    /// How the child's last run ended, if one did.
+    fn previous_end(&self) -> Option<String> {
+        self.last_end
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn why_not_running(&self) -> String {
         match &*self.last_end.lock().unwrap_or_else(|e| e.into_inner()) {
             Some(how) => format!("the MCP server process is being restarted: {how}"),
@@ -425,9 +433,13 @@ impl StdioUpstream {
         let probe = request_whole(&pipe, &g, ping, &internal);
         match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(NotReady::passing(format!(
-                "the MCP server process did not answer a ping: {e}"
-            ))),
+            // A child that keeps ending: how its run before ended says why (its stderr).
+            Ok(Err(e)) => Err(NotReady::passing(match pipe.previous_end() {
+                Some(how) => format!(
+                    "the MCP server process did not answer a ping: {e}; the run before: {how}"
+                ),
+                None => format!("the MCP server process did not answer a ping: {e}"),
+            })),
             Err(_) => Err(NotReady::passing(format!(
                 "the MCP server process has said nothing since it started, and did not answer a ping within {}",
                 humantime::format_duration(PROBE_TIMEOUT)

@@ -2,14 +2,12 @@
 //! case ends in a defined answer, bounded memory and a quick recovery, and a normal request is
 //! answered within a second while it lasts. Each test states the memory bound it checks.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODERN: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28");
 

@@ -3,13 +3,11 @@
 //! (where `EPODE_API_KEY` lives) or its memory map: the sidecar makes itself non-dumpable at
 //! start. Its command line stays readable.
 
-mod support;
-
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_conformance_secret_0123456789abcdef";
 

@@ -2,13 +2,11 @@
 //! transport) run as the sidecar's child, reached by both client eras, many calls at once over
 //! the one pipe, a child that dies mid-call, one that stops reading, and shutdown.
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use futures_util::StreamExt as _;
 use serde_json::{json, Value};
-use support::*;
 
 fn py_server(extra: &[&str]) -> Vec<String> {
     let mut argv = vec![

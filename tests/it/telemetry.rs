@@ -4,15 +4,15 @@
 //! depend on Epode. The fake's cost model (`BatchCost`) makes batches take time, as the real
 //! backend's do, with small numbers to keep the tests short.
 
-mod support;
-
 use std::collections::HashMap;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+use crate::support::fake_epode::{
+    BatchCost, Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY,
+};
+use crate::support::*;
 use serde_json::{json, Value};
-use support::fake_epode::{BatchCost, Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY};
-use support::*;
 
 /// A fast 2026 upstream: `tools/list` names `work` (schema-less) and `ask` (which answers
 /// `input_required`); `tools/call` of `work` succeeds, `fail` is an `isError` result, `slow`

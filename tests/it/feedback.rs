@@ -1,11 +1,11 @@
 //! The Epode feedback binding, black-box: a real Python upstream (`mcp==2.3.0`), the strict
 //! fake Epode, and the official TypeScript client through the sidecar, in every mode.
 
-mod support;
-
+use crate::support::fake_epode::{
+    Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY, FAULT_SECRET,
+};
+use crate::support::*;
 use serde_json::{json, Value};
-use support::fake_epode::{Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY, FAULT_SECRET};
-use support::*;
 
 struct Rig {
     _up: Upstream,
@@ -718,13 +718,13 @@ async fn bad_handles_never_reach_epode() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
-    let expired = support::fake_epode::mint_handle(
+    let expired = crate::support::fake_epode::mint_handle(
         DEMO_PRODUCT_KEY,
         &json!({"v": 1, "i": "018f1f2e-7b4a-4c12-9c8d-123456789abc", "iat": now - 7300,
                 "exp": now - 100, "n": "AQIDBAUGBwgJCgsMDQ4PEBES"}),
     )
     .unwrap();
-    let other_key = support::fake_epode::mint_handle(
+    let other_key = crate::support::fake_epode::mint_handle(
         "af_live_ffffffffffffffffffffffffffffffff_another_products_secret_0123",
         &json!({"v": 1, "i": "018f1f2e-7b4a-4c12-9c8d-123456789abc", "iat": now,
                 "exp": now + 60, "n": "AQIDBAUGBwgJCgsMDQ4PEBES"}),

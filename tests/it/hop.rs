@@ -4,16 +4,14 @@
 //! `Retry-After` and a JSON-RPC error carrying their id, and nothing of them is sent upstream.
 //! A stdio child's full stdin queue gives the same 503 after the same wait.
 
-mod support;
-
 use std::mem::MaybeUninit;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODERN: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28");
 

@@ -1,8 +1,7 @@
-//! Black-box tests of the fake Epode service (tests/support/fake_epode.rs), driven over
+//! Black-box tests of the fake Epode service (tests/it/support/fake_epode.rs), driven over
 //! HTTP with reqwest (and once with a raw socket from a plain `#[test]`).
 
-#[path = "support/fake_epode.rs"]
-mod fake_epode;
+use crate::support::fake_epode;
 
 use std::io::{Read as _, Write as _};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

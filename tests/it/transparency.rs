@@ -1,10 +1,8 @@
 //! Through the sidecar, the official TypeScript client sees exactly what it sees directly, on
 //! real upstreams (Python `mcp==2.3.0`, TypeScript `createMcpHandler`), in both eras.
 
-mod support;
-
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 fn assert_same_through_sidecar(kind: UpstreamKind, mode: &str) {
     let up = Upstream::start(kind);

@@ -2,15 +2,13 @@
 //! purpose (never answering, dying, echoing what they got). Real-peer behaviour is in
 //! `transparency.rs`.
 
-mod support;
-
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 /// The raw upstreams here answer whatever they are sent; the sidecar is told their era so it
 /// does not probe them.

@@ -1,13 +1,11 @@
 //! Rate limits (governor): per client address, with `X-Forwarded-For` believed only from the
 //! trusted proxies, and per tool, where an agent gets a tool result it can act on.
 
-mod support;
-
 use std::net::TcpStream;
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 fn fast_upstream() -> RawUpstream {
     RawUpstream::start(|mut s: TcpStream| {

@@ -4,15 +4,13 @@
 //! figures are printed and kept in `target/soak.txt`. `EPODE_SOAK_SECS` sets the length: 10 s
 //! by default (a `cargo test` stays short), longer where it is asked for (`.ci/run` asks 60 s).
 
-mod support;
-
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
+use crate::support::*;
 use serde_json::{json, Value};
-use support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
-use support::*;
 
 async fn send(
     client: &reqwest::Client,

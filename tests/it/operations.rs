@@ -2,16 +2,14 @@
 //! set), one access-log line per request with nothing private in it, and W3C trace context
 //! carried to the upstream.
 
-mod support;
-
 use std::io::Write as _;
 use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
+use crate::support::*;
 use serde_json::{json, Value};
-use support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
-use support::*;
 
 /// Every request an upstream saw: its head (lowercase) and its body.
 type Seen = Arc<Mutex<Vec<(String, Value)>>>;

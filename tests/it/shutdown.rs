@@ -1,12 +1,10 @@
 //! SIGTERM: stop accepting, let in-flight requests finish within the grace, exit 0; past the
 //! grace, answer what is left with an error and exit 3.
 
-mod support;
-
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use support::*;
+use crate::support::*;
 
 fn slow_upstream(delay: Duration) -> RawUpstream {
     RawUpstream::start(move |mut s: TcpStream| {

@@ -3,12 +3,10 @@
 //! the TypeScript server (dual-era and modern-only) and server-everything (2025-only,
 //! stateful, issues session ids).
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 fn assert_client_works(report: &Value, era: &str, what: &str) {
     assert!(report.get("error").is_none(), "{what}: {report}");

@@ -6,14 +6,12 @@
 //! does not read stay counted in the memory budget (HTTP/1 and HTTP/2); a client that
 //! half-closes after a complete request still gets its answer.
 
-mod support;
-
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 const MODERN: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28");
 

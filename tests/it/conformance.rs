@@ -3,15 +3,13 @@
 //! through the sidecar. Absolute pass counts depend on fixture tools our small upstreams lack,
 //! so the gate is zero regressions, not a score.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::sync::Mutex;
 
+use crate::support::*;
 use serde_json::Value;
-use support::*;
 
 /// Conformance runs are timing-sensitive on two cores; run them one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());

@@ -1,14 +1,12 @@
 //! Every refusal of the 2026-07-28 front door: exact HTTP status, JSON-RPC code and id, and
 //! nothing sent upstream. The upstream here is a raw responder that counts what reaches it.
 
-mod support;
-
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use crate::support::*;
 use serde_json::{json, Value};
-use support::*;
 
 struct Counting {
     up: RawUpstream,

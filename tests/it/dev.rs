@@ -10,16 +10,14 @@
 //! tenth of a millisecond. The README's own Python server and client run as written, and
 //! `scripts/demo.sh` refuses at once, in one line, when Rust or Python is missing.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
+use crate::support::*;
 use futures_util::StreamExt as _;
 use serde_json::{json, Value};
-use support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
-use support::*;
 
 fn example_server() -> Vec<String> {
     vec![

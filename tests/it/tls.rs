@@ -3,14 +3,12 @@
 //! change, and an `https://` upstream (the Python SDK under uvicorn's TLS) verified against a
 //! CA file, refused without it.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::support::*;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use serde_json::json;
-use support::*;
 
 /// A test CA, written as PEM into `dir`.
 struct Ca {

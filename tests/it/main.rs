@@ -1,0 +1,29 @@
+//! The integration tests, in one binary (the support code and the fake Epode compile once).
+//! Each module is one area, black box: the sidecar binary is started as a user would start it,
+//! against real peers (the Python `mcp` SDK, the official TypeScript client, the conformance
+//! suite) and the strict fake Epode in `support`. Run one area with
+//! `cargo test --test it -- stdio::` (or `bash scripts/test.sh -- stdio::`).
+
+mod support;
+
+mod cli;
+mod conformance;
+mod deploy;
+mod dev;
+mod edges;
+mod eras;
+mod fake_epode_selftest;
+mod feedback;
+mod front_door;
+mod hop;
+mod isolation;
+mod limits;
+mod listeners;
+mod operations;
+mod rate_limits;
+mod shutdown;
+mod soak;
+mod stdio;
+mod telemetry;
+mod tls;
+mod transparency;
