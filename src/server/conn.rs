@@ -455,6 +455,20 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
         io::ErrorKind::TimedOut.into()
     }
 
+    /// A write's outcome: bytes taken count for the request being answered.
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = polled {
+            if n > 0 {
+                self.wrote_for = self.state.requests.load(Ordering::Relaxed);
+            }
+        }
+        self.written(cx, polled)
+    }
+
     /// A write (or flush) came back: progress clears the stall; none arms its deadline, and
     /// past it the connection ends.
     fn written<T>(
@@ -621,12 +635,7 @@ impl<IO: Transport> AsyncWrite for Watched<IO> {
         }
         self.flushed = false;
         let polled = Pin::new(&mut self.io).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = polled {
-            if n > 0 {
-                self.wrote_for = self.state.requests.load(Ordering::Relaxed);
-            }
-        }
-        self.written(cx, polled)
+        self.wrote(cx, polled)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -655,12 +664,7 @@ impl<IO: Transport> AsyncWrite for Watched<IO> {
         }
         self.flushed = false;
         let polled = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = polled {
-            if n > 0 {
-                self.wrote_for = self.state.requests.load(Ordering::Relaxed);
-            }
-        }
-        self.written(cx, polled)
+        self.wrote(cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
