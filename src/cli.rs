@@ -325,7 +325,7 @@ struct Prepared {
     listeners: server::Listeners,
     admin: Option<std::net::TcpListener>,
     dispatcher: Arc<Dispatcher>,
-    shared: server::Shared,
+    shared: server::Serving,
     cut: tokio::sync::watch::Sender<bool>,
 }
 
@@ -348,7 +348,7 @@ fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, Exit
         .map(Arc::new)
         .map_err(|e| failed("cannot start", e))?;
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
-    let shared = server::Shared::new(
+    let shared = server::Serving::new(
         &dispatcher,
         connection_cap(config.limits.max_connections),
         tls,

@@ -394,7 +394,7 @@ impl Telemetry {
         let full_batch = settings.batch_max.clamp(1, capacity);
         let limiter = Limiter::new(settings.concurrency);
         counters.show(&limiter);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(TelemetryCore {
             client,
             settings: QueueSettings {
                 batch_max: full_batch,
@@ -501,7 +501,7 @@ impl Telemetry {
 }
 
 /// What the dispatcher and its deliveries share.
-struct Shared {
+struct TelemetryCore {
     client: Arc<EpodeClient>,
     settings: QueueSettings,
     counters: Counters,
@@ -510,7 +510,7 @@ struct Shared {
     stop: watch::Receiver<Option<Instant>>,
 }
 
-impl Shared {
+impl TelemetryCore {
     /// The shutdown deadline, once shutdown has begun.
     fn deadline(&self) -> Option<Instant> {
         *self.stop.borrow()
@@ -535,7 +535,7 @@ impl Shared {
 
 /// A delivery's place in the limit, given back when the delivery ends (or is aborted).
 struct Slot {
-    shared: Arc<Shared>,
+    shared: Arc<TelemetryCore>,
 }
 
 impl Drop for Slot {
@@ -546,7 +546,7 @@ impl Drop for Slot {
 
 /// Forms batches and starts their deliveries.
 struct Dispatcher {
-    shared: Arc<Shared>,
+    shared: Arc<TelemetryCore>,
     batch_ready: Arc<Notify>,
     wanted: Arc<AtomicUsize>,
     rx: mpsc::Receiver<Queued>,
@@ -564,7 +564,7 @@ struct Dispatcher {
 
 impl Dispatcher {
     fn new(
-        shared: Arc<Shared>,
+        shared: Arc<TelemetryCore>,
         batch_ready: Arc<Notify>,
         wanted: Arc<AtomicUsize>,
         rx: mpsc::Receiver<Queued>,
@@ -835,7 +835,7 @@ async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
 
 /// Delivers one request body of `n` events, retrying what may be retried, and counts the
 /// outcome.
-async fn deliver_part(shared: &Shared, n: usize, body: Bytes) {
+async fn deliver_part(shared: &TelemetryCore, n: usize, body: Bytes) {
     let mut delays = ExponentialBuilder::new()
         .with_min_delay(shared.settings.backoff_base)
         .with_factor(2.0)
@@ -894,7 +894,7 @@ async fn deliver_part(shared: &Shared, n: usize, body: Bytes) {
 }
 
 /// Counts a batch's receipt: its accepted events are delivered, its dropped ones lost.
-fn counted(shared: &Shared, n: usize, accepted: u64, dropped: u64, attempt: usize) {
+fn counted(shared: &TelemetryCore, n: usize, accepted: u64, dropped: u64, attempt: usize) {
     let c = &shared.counters;
     c.epode_accepted.inc_by(accepted);
     c.epode_dropped.inc_by(dropped);
@@ -913,7 +913,7 @@ fn counted(shared: &Shared, n: usize, accepted: u64, dropped: u64, attempt: usiz
 }
 
 /// The next attempt's timeout, shortened by the shutdown deadline.
-fn attempt_timeout(shared: &Shared) -> Duration {
+fn attempt_timeout(shared: &TelemetryCore) -> Duration {
     let t = shared.settings.attempt_timeout;
     match shared.deadline() {
         Some(d) => t.min(d.saturating_duration_since(Instant::now())),
@@ -921,7 +921,7 @@ fn attempt_timeout(shared: &Shared) -> Duration {
     }
 }
 
-async fn attempt_once(shared: &Shared, body: Bytes, n: usize) -> Delivery {
+async fn attempt_once(shared: &TelemetryCore, body: Bytes, n: usize) -> Delivery {
     let timeout = attempt_timeout(shared);
     if timeout.is_zero() {
         return Delivery::Retryable {

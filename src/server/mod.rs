@@ -75,14 +75,14 @@ pub(crate) fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Listener
 /// What every worker shares besides its request path: the bounds of each listener (their
 /// shares of the one connection cap) and the MCP port's TLS.
 #[derive(Clone)]
-pub(crate) struct Shared {
+pub(crate) struct Serving {
     pub(crate) mcp: Bounds,
     admin: Option<Bounds>,
     dev_epode: Option<Bounds>,
     pub(crate) tls: Option<TlsAcceptor>,
 }
 
-impl Shared {
+impl Serving {
     /// `max_connections`: the one cap, shared between the listeners the configuration has.
     pub(crate) fn new(
         dispatcher: &Dispatcher,
@@ -104,7 +104,7 @@ impl Shared {
         let metrics = dispatcher.metrics_handle();
         let bounds =
             |role, cap, budget| Bounds::new(role, cap, &config.limits, metrics.clone(), budget);
-        Shared {
+        Serving {
             mcp: bounds(Role::Mcp, shares.mcp, Some(dispatcher.budget())),
             admin: (shares.admin > 0).then(|| bounds(Role::Admin, shares.admin, None)),
             dev_epode: (shares.dev_epode > 0)
@@ -134,7 +134,7 @@ async fn stopped(mut shutdown: watch::Receiver<bool>) {
 pub(crate) async fn serve(
     listeners: Listeners,
     dispatcher: &Dispatcher,
-    shared: Shared,
+    shared: Serving,
     shutdown: watch::Receiver<bool>,
 ) -> bool {
     let mut handles = Vec::new();
@@ -191,7 +191,7 @@ async fn timer_pacer() {
 async fn worker(
     listener: std::net::TcpListener,
     dispatcher: Arc<Dispatcher>,
-    shared: Shared,
+    shared: Serving,
     shutdown: watch::Receiver<bool>,
 ) -> bool {
     let listener = match listener::register(listener) {
@@ -236,7 +236,7 @@ async fn serve_mcp(
     stream: TcpStream,
     admitted: Admitted,
     dispatcher: Arc<Dispatcher>,
-    shared: Shared,
+    shared: Serving,
     drain: watch::Receiver<bool>,
 ) {
     let peer = admitted.peer;

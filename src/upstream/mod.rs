@@ -74,7 +74,7 @@ pub(crate) struct Sent {
 }
 
 /// What every worker must agree on about the upstream.
-struct Shared {
+struct UpstreamCommon {
     verdict: Verdict,
     sessions: Sessions,
     /// The upstream's identity as last seen, for results that lack it.
@@ -86,7 +86,7 @@ struct Shared {
 /// shared knowledge.
 pub(crate) struct Upstream {
     hop: Hop,
-    shared: Arc<Shared>,
+    shared: Arc<UpstreamCommon>,
     bounds: AnswerBounds,
     metrics: Arc<Metrics>,
 }
@@ -136,7 +136,7 @@ impl Upstream {
         };
         Ok(Upstream {
             hop,
-            shared: Arc::new(Shared {
+            shared: Arc::new(UpstreamCommon {
                 verdict: Verdict::new(config.upstream_protocol),
                 sessions: Sessions::new(
                     config.limits.upstream_sessions,

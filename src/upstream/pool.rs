@@ -93,7 +93,7 @@ pub(crate) struct Gate {
     /// Requests waiting for a connection now, in every worker.
     waiting: AtomicUsize,
     /// Every worker's pool, so a request waiting at the cap can close another's idle one.
-    pools: Mutex<Vec<Weak<Shared>>>,
+    pools: Mutex<Vec<Weak<PoolInner>>>,
     /// Connections open now (the metrics' gauge).
     gauge: Gauge,
 }
@@ -134,7 +134,7 @@ impl Gate {
 
     /// Closes one idle connection of another worker's pool, when there is one: its permit
     /// comes free for a request waiting in `mine`.
-    fn close_idle_elsewhere(&self, mine: &Arc<Shared>) {
+    fn close_idle_elsewhere(&self, mine: &Arc<PoolInner>) {
         let mut pools = lock(&self.pools);
         pools.retain(|p| p.strong_count() > 0);
         let other = pools
@@ -180,7 +180,7 @@ struct Slots {
     waiting: VecDeque<oneshot::Sender<Sender>>,
 }
 
-struct Shared {
+struct PoolInner {
     slots: Mutex<Slots>,
     bound: IdleBound,
     gate: Arc<Gate>,
@@ -188,7 +188,7 @@ struct Shared {
     reaping: AtomicBool,
 }
 
-impl Shared {
+impl PoolInner {
     /// A connection whose answer ended: to the oldest request waiting for one, else kept idle
     /// (or closed, when another worker's requests wait for room or the idle stack is full).
     fn put(&self, mut sender: Sender) {
@@ -268,7 +268,7 @@ enum Conn {
 /// the connections.
 #[derive(Clone)]
 pub(crate) struct Pool {
-    shared: Arc<Shared>,
+    shared: Arc<PoolInner>,
     connector: Connector,
     origin: Uri,
 }
@@ -280,7 +280,7 @@ impl Pool {
         bound: IdleBound,
         gate: Arc<Gate>,
     ) -> Self {
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(PoolInner {
             slots: Mutex::new(Slots::default()),
             bound,
             gate: gate.clone(),
@@ -405,7 +405,7 @@ impl Pool {
         if self.shared.bound.max == 0 || self.shared.reaping.swap(true, Ordering::Relaxed) {
             return;
         }
-        let weak: Weak<Shared> = Arc::downgrade(&self.shared);
+        let weak: Weak<PoolInner> = Arc::downgrade(&self.shared);
         let every = reap_every(self.shared.bound.timeout);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
@@ -437,11 +437,11 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// An answer's body that gives its connection back to the pool once read to its end.
 pub(crate) struct PooledBody {
     body: Incoming,
-    back: Option<(Sender, Weak<Shared>)>,
+    back: Option<(Sender, Weak<PoolInner>)>,
 }
 
 impl PooledBody {
-    fn new(body: Incoming, sender: Sender, shared: &Arc<Shared>) -> Self {
+    fn new(body: Incoming, sender: Sender, shared: &Arc<PoolInner>) -> Self {
         let mut b = PooledBody {
             body,
             back: Some((sender, Arc::downgrade(shared))),
