@@ -189,7 +189,7 @@ mod tests {
     fn conformance_vectors() -> Vec<Value> {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/tests/fixtures/epode-protocol-v1/conformance.json"
+            "/protocol/epode-v1/conformance.json"
         );
         let text = std::fs::read_to_string(path).expect("conformance fixture");
         let value: Value = serde_json::from_str(&text).expect("conformance JSON");

@@ -5,7 +5,7 @@ use serde_json::json;
 fn vectors() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/epode-protocol-v1/conformance.json"
+        "/protocol/epode-v1/conformance.json"
     );
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -56,7 +56,7 @@ fn conformance_mcp_completion_vectors() {
 fn events_validate_against_the_batch_schema() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/epode-protocol-v1/telemetry-batch.schema.json"
+        "/protocol/epode-v1/telemetry-batch.schema.json"
     );
     let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let validator = jsonschema::validator_for(&schema).unwrap();

@@ -11,7 +11,7 @@ fn at(secs: u64) -> SystemTime {
 fn conformance() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/epode-protocol-v1/conformance.json"
+        "/protocol/epode-v1/conformance.json"
     );
     let text = std::fs::read_to_string(path).expect("conformance fixture");
     serde_json::from_str(&text).expect("conformance JSON")

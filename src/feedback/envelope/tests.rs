@@ -9,7 +9,7 @@ const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_conformance_secret_0
 fn schema() -> Value {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/epode-protocol-v1/envelope.schema.json"
+        "/protocol/epode-v1/envelope.schema.json"
     );
     serde_json::from_str(&std::fs::read_to_string(path).expect("schema")).expect("JSON")
 }

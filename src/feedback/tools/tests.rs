@@ -9,7 +9,7 @@ fn tools() -> FeedbackTools {
 
 fn fixture(name: &str) -> Value {
     let path = format!(
-        "{}/tests/fixtures/epode-protocol-v1/{name}",
+        "{}/protocol/epode-v1/{name}",
         env!("CARGO_MANIFEST_DIR")
     );
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON")

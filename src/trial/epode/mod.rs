@@ -27,11 +27,11 @@ pub(crate) const KEEP: usize = 10_000;
 pub(crate) const BODY_LIMIT: usize = 64 * 1024;
 
 const TELEMETRY_SCHEMA: &str =
-    include_str!("../../../tests/fixtures/epode-protocol-v1/telemetry-batch.schema.json");
+    include_str!("../../../protocol/epode-v1/telemetry-batch.schema.json");
 const DECISION_SCHEMA: &str =
-    include_str!("../../../tests/fixtures/epode-protocol-v1/consent-decision.schema.json");
+    include_str!("../../../protocol/epode-v1/consent-decision.schema.json");
 const REPORT_SCHEMA: &str =
-    include_str!("../../../tests/fixtures/epode-protocol-v1/feedback-report.schema.json");
+    include_str!("../../../protocol/epode-v1/feedback-report.schema.json");
 
 /// One answer: status, content type, body; and what the console shows of it (published
 /// once the record has it).

@@ -2,7 +2,7 @@
 //!
 //! Modelled on the public backend (open-software-network/os-agent-feedback,
 //! `backend/src/{main,store,security,issue_template}.rs`, `backend/openapi.json`) and on
-//! the protocol schemas in `tests/fixtures/epode-protocol-v1/`. It reproduces the
+//! the protocol schemas in `protocol/epode-v1/`. It reproduces the
 //! observable wire behaviour (statuses, bodies, idempotency, validation order), not
 //! the implementation. The `afr2_` capability verification and the consent-subject
 //! derivation below are written independently of the sidecar's own code, so the
@@ -39,7 +39,7 @@ type HmacSha256 = Hmac<Sha256>;
 /// Where the protocol schemas and `conformance.json` are read from.
 pub const PROTOCOL_DIR: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
-    "/tests/fixtures/epode-protocol-v1"
+    "/protocol/epode-v1"
 );
 
 /// The real service's body limit (axum `DefaultBodyLimit::max(64 * 1024)`).
