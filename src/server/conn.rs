@@ -25,6 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::body::{Body, BoxError};
 use crate::budget::{self, MemoryBudget};
+use crate::error::{Error, Kind};
 use crate::metrics::{LimitKind, Metrics};
 
 /// The largest piece of a response body handed to hyper at once. hyper asks for the next
@@ -250,8 +251,25 @@ pub(crate) struct Deadlines {
     pub(crate) idle: Duration,
 }
 
-/// The answer to a client that did not finish its request head in time.
-const REQUEST_TIMEOUT: &[u8] = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: 120\r\nconnection: close\r\n\r\n{\"jsonrpc\":\"2.0\",\"id\":null,\"error\":{\"code\":-32000,\"message\":\"Request timeout: the request head did not arrive in time\"}}";
+/// The 408 written below hyper when a request head does not arrive in time: the one error
+/// builder's answer (`Error::into_response`'s status and body), as bytes for the socket.
+fn request_timeout() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| {
+        let e = Error::new(Kind::RequestTimeout, "the request head did not arrive in time");
+        let body = e.body(None);
+        let status = e.status();
+        let mut bytes = format!(
+            "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or_default(),
+            body.len()
+        )
+        .into_bytes();
+        bytes.extend_from_slice(&body);
+        bytes
+    })
+}
 
 /// What a connection's read-side deadline bounds.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -445,7 +463,7 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
                 self.metrics.limit(LimitKind::HeaderTimeout);
                 if self.spoke && !self.h2 {
                     // Best effort: the client may still read why.
-                    let _ = Pin::new(&mut self.io).poll_write(cx, REQUEST_TIMEOUT);
+                    let _ = Pin::new(&mut self.io).poll_write(cx, request_timeout());
                     let _ = Pin::new(&mut self.io).poll_flush(cx);
                 }
             }
@@ -741,7 +759,11 @@ mod tests {
 
     #[test]
     fn the_408_body_is_what_its_length_says() {
-        let text = std::str::from_utf8(REQUEST_TIMEOUT).unwrap();
+        let text = std::str::from_utf8(request_timeout()).unwrap();
+        assert!(
+            text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+            "{text}"
+        );
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(
             head.contains(&format!("content-length: {}", body.len())),

@@ -8,10 +8,7 @@ fn tools() -> FeedbackTools {
 }
 
 fn fixture(name: &str) -> Value {
-    let path = format!(
-        "{}/protocol/epode-v1/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = format!("{}/protocol/epode-v1/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(path).expect("fixture")).expect("JSON")
 }
 

@@ -30,8 +30,7 @@ const TELEMETRY_SCHEMA: &str =
     include_str!("../../../protocol/epode-v1/telemetry-batch.schema.json");
 const DECISION_SCHEMA: &str =
     include_str!("../../../protocol/epode-v1/consent-decision.schema.json");
-const REPORT_SCHEMA: &str =
-    include_str!("../../../protocol/epode-v1/feedback-report.schema.json");
+const REPORT_SCHEMA: &str = include_str!("../../../protocol/epode-v1/feedback-report.schema.json");
 
 /// One answer: status, content type, body; and what the console shows of it (published
 /// once the record has it).

@@ -37,10 +37,7 @@ use sha2::{Digest, Sha256};
 type HmacSha256 = Hmac<Sha256>;
 
 /// Where the protocol schemas and `conformance.json` are read from.
-pub const PROTOCOL_DIR: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/protocol/epode-v1"
-);
+pub const PROTOCOL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/protocol/epode-v1");
 
 /// The real service's body limit (axum `DefaultBodyLimit::max(64 * 1024)`).
 pub const BODY_LIMIT: usize = 64 * 1024;
