@@ -597,6 +597,8 @@ impl Dispatcher {
             if !self.wait_for_room(true).await {
                 break;
             }
+            // Deferred events may have joined after newer ones: a batch goes in sequence order.
+            batch.sort_unstable_by_key(|(sequence, _)| *sequence);
             let events = batch
                 .into_iter()
                 .map(|(sequence, mut event)| {
