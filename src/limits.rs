@@ -446,13 +446,16 @@ mod tests {
         for i in 0..100_000 {
             assert!(r.check_client(ip(1 + i)).is_ok());
         }
-        // Shards fill unevenly: a few may still have room.
-        assert!((99_000..=100_000).contains(&r.tracked_clients()));
+        // Shards fill unevenly (a client's shard is random): a full one evicts while others
+        // still have room. 100,000 keys over 16 shards of 6,250: with an ideal hash the room
+        // left averages about 500 and stayed under 800 in 300 simulated fills; a run here,
+        // with the real hash of sequential addresses, left more than 1,000. 3,000 allows it.
+        assert!((97_000..=100_000).contains(&r.tracked_clients()));
         // 20,000 fresh clients past the bound, in one run: the clients are not given time
         // to recover (which would let a sweep of the table find little to keep).
         let full = per_check(&r, 1, 20_000, |i| ip(200_000 + i));
         let tracked = r.tracked_clients();
-        assert!((99_000..=100_000).contains(&tracked), "bounded: {tracked}");
+        assert!((97_000..=100_000).contains(&tracked), "bounded: {tracked}");
         assert!(
             full < one * 20 + Duration::from_micros(10),
             "{full:?} per check with the table full, {one:?} with one client"
