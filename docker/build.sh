@@ -6,7 +6,8 @@
 #   bash docker/build.sh            # prints progress, the image's size, and on its LAST line
 #                                   # the image reference (epode-sidecar:<version>)
 #
-# Environment: EPODE_SIDECAR_IMAGE (default epode-sidecar:<Cargo.toml version>).
+# Environment: EPODE_SIDECAR_IMAGE (default epode-sidecar:<Cargo.toml version>); CARGO_TARGET_DIR
+# (where cargo builds, as for cargo itself; CI builds the image in its own while the tests run).
 # When no Docker engine answers, installs Debian's docker.io (as root) and starts dockerd in
 # the background (log: ${TMPDIR:-/tmp}/epode-dockerd.log); it is left running.
 set -euo pipefail
@@ -45,7 +46,7 @@ TRIPLE=x86_64-unknown-linux-gnu
 log "building the static binary (cargo build --profile dist --target $TRIPLE)"
 RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --profile dist --target "$TRIPLE" --bin epode-sidecar >&2
-BIN="target/$TRIPLE/dist/epode-sidecar"
+BIN="${CARGO_TARGET_DIR:-target}/$TRIPLE/dist/epode-sidecar"
 file_out="$(file -b "$BIN" 2>/dev/null || true)"
 if [[ -n "$file_out" && "$file_out" != *static* ]]; then
   die "$BIN is not statically linked: $file_out"
