@@ -1,5 +1,7 @@
 //! Unit tests of the configuration layers and checks.
 
+use std::time::Duration;
+
 use super::*;
 use crate::feedback::FeedbackMode;
 

@@ -1,84 +1,58 @@
-//! The settings table: every setting's key, environment variables, default, what it accepts,
-//! what it does and how its effective value is shown. It is the one source for the README's
-//! settings table (`--settings-markdown`), `--check-config` and the errors that name a
-//! setting.
+//! The core settings (the upstream, the listener, the MCP front, logs), the first group of
+//! the table, and their parsers.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use super::{Config, HostPolicy, LogFormat, OriginPolicy, UpstreamProtocol};
+use url::Url;
 
-/// One setting: its TOML key, its environment variable(s), its default, what it accepts, what
-/// it does, and how its effective value is shown.
-pub(crate) struct Setting {
-    pub(crate) key: &'static str,
-    /// The first name is the documented one; the others are accepted aliases.
-    pub(crate) env: &'static [&'static str],
-    pub(crate) default: Option<&'static str>,
-    pub(crate) accepts: &'static str,
-    pub(crate) help: &'static str,
-    pub(crate) secret: bool,
-    pub(super) show: fn(&Config) -> String,
-}
+use super::setting::{
+    any_duration, duration, number, positive_duration, setting, settings, split_list, text, Bad,
+};
+use super::types::{
+    redact_userinfo, HostPolicy, LogFormat, OriginPolicy, Transport, UpstreamProtocol,
+    UpstreamTarget,
+};
 
-pub(super) const fn setting(
-    key: &'static str,
-    env: &'static [&'static str],
-    default: Option<&'static str>,
-    accepts: &'static str,
-    help: &'static str,
-    show: fn(&Config) -> String,
-) -> Setting {
-    Setting {
-        key,
-        env,
-        default,
-        accepts,
-        help,
-        secret: false,
-        show,
-    }
-}
-
-pub(super) fn duration(d: Duration) -> String {
-    humantime::format_duration(d).to_string()
-}
-
-/// The core settings: the upstream, the listener, the MCP front, logs.
-pub(super) const CORE: &[Setting] = &[
-    setting(
+settings! {
+    pub(super) CORE {
+    UPSTREAM: UpstreamTarget = setting(
         "upstream",
         &["EPODE_SIDECAR_UPSTREAM"],
         None,
         "an http:// or https:// URL of the upstream MCP endpoint, such as http://127.0.0.1:8000/mcp",
         "The upstream MCP server's Streamable HTTP endpoint. Required, unless the upstream is a stdio MCP server the sidecar runs (`EPODE_SIDECAR_UPSTREAM_COMMAND`, or a command after `--`).",
+        |v| parse_upstream(v).ok_or(Bad::Whole),
         |c| match &c.upstream {
-            super::Transport::Http(t) => super::redact_userinfo(t.url.as_str()).into_owned(),
-            super::Transport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
+            Transport::Http(t) => redact_userinfo(t.url.as_str()).into_owned(),
+            Transport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
         },
     ),
-    setting(
+    LISTEN: SocketAddr = setting(
         "listen",
         &["EPODE_SIDECAR_LISTEN"],
         Some("127.0.0.1:8080"),
         "a socket address such as 127.0.0.1:8080 or [::]:8080",
         "Address to listen on.",
+        |v| v.parse().map_err(|_| Bad::Whole),
         |c| c.listen.to_string(),
     ),
-    setting(
+    PATH: String = setting(
         "path",
         &["EPODE_SIDECAR_PATH"],
         Some("/mcp"),
         "a URL path starting with /",
         "The path clients post MCP messages to.",
+        url_path,
         |c| c.path.clone(),
     ),
-    setting(
+    ALLOWED_ORIGINS: OriginPolicy = setting(
         "allowed_origins",
         &["EPODE_SIDECAR_ALLOWED_ORIGINS"],
         None,
         "comma-separated exact origins such as https://app.example.com, or *",
         "Origins allowed to call the sidecar (`*` for any). A request carrying another `Origin` gets 403; a request without `Origin` passes. Unset: loopback origins (`http://localhost:*`, `http://127.0.0.1:*`, `http://[::1]:*`) on a loopback listener; on any other listener every present `Origin` is refused until you list the allowed ones.",
+        origins,
         |c| match &c.allowed_origins {
             OriginPolicy::Loopback => "<loopback origins>".to_owned(),
             OriginPolicy::RefuseAll => "<none: every present Origin is refused>".to_owned(),
@@ -86,40 +60,44 @@ pub(super) const CORE: &[Setting] = &[
             OriginPolicy::Exact(l) => l.join(","),
         },
     ),
-    setting(
+    ALLOWED_HOSTS: HostPolicy = setting(
         "allowed_hosts",
         &["EPODE_SIDECAR_ALLOWED_HOSTS"],
         None,
         "comma-separated host names, each optionally with :port, or *",
         "`Host` values accepted, each `name` (any port) or `name:port` (`*` for any). Unset: on a loopback listener only loopback names are accepted (DNS-rebinding protection, as the official SDKs do); otherwise no `Host` check. Refusals get 403.",
+        hosts,
         |c| match &c.allowed_hosts {
             HostPolicy::Loopback => "<loopback names>".to_owned(),
             HostPolicy::Any => "<no Host check>".to_owned(),
             HostPolicy::List(l) => l.join(","),
         },
     ),
-    setting(
+    MAX_BODY_BYTES: usize = setting(
         "max_body_bytes",
         &["EPODE_SIDECAR_MAX_BODY_BYTES"],
         Some("4194304"),
         "a whole number of bytes from 1 to 1073741824",
         "Largest request body; larger gets 413.",
+        |v| number(v, 1..=1 << 30),
         |c| c.max_body_bytes.to_string(),
     ),
-    setting(
+    UPSTREAM_TIMEOUT: Duration = setting(
         "upstream_timeout",
         &["EPODE_SIDECAR_UPSTREAM_TIMEOUT"],
         Some("30s"),
         "a duration of at least 1ms, such as 30s, 500ms or 2m",
         "How long the upstream may take to begin its answer; then 504. A streamed (SSE) answer may then last as long as both ends want.",
+        positive_duration,
         |c| duration(c.upstream_timeout),
     ),
-    setting(
+    UPSTREAM_PROTOCOL: UpstreamProtocol = setting(
         "upstream_protocol",
         &["EPODE_SIDECAR_UPSTREAM_PROTOCOL"],
         Some("auto"),
         "auto, 2026-07-28 or 2025-11-25",
         "The upstream's era: `auto` probes with `server/discover` (with the calling request's credentials) and falls back to the `initialize` handshake; `2026-07-28` or `2025-11-25` fix it.",
+        upstream_protocol,
         |c| {
             match c.upstream_protocol {
                 UpstreamProtocol::Auto => "auto",
@@ -129,68 +107,76 @@ pub(super) const CORE: &[Setting] = &[
             .to_owned()
         },
     ),
-    setting(
+    SHUTDOWN_GRACE: Duration = setting(
         "shutdown_grace",
         &["EPODE_SIDECAR_SHUTDOWN_GRACE"],
         Some("10s"),
         "a duration such as 10s, 500ms or 2m",
         "On SIGTERM/SIGINT, how long in-flight requests may take to finish. `0s`: they are cut at once.",
+        any_duration,
         |c| duration(c.shutdown_grace),
     ),
-    setting(
+    WORKERS: usize = setting(
         "workers",
         &["EPODE_SIDECAR_WORKERS"],
         Some("auto"),
         "auto (one per CPU core) or a whole number from 1 to 256",
         "Server worker threads, `auto` being one per CPU core. Each serves its own connections start to finish on its own event loop, with its own upstream connection pool.",
+        workers,
         |c| c.workers.to_string(),
     ),
-    setting(
+    SERVER_NAME: String = setting(
         "server_name",
         &["EPODE_SIDECAR_SERVER_NAME"],
         None,
         "a non-empty name",
         "Server name clients see instead of the upstream's (in `_meta[\"io.modelcontextprotocol/serverInfo\"]` and `initialize`).",
+        text,
         |c| c.server_name.clone().unwrap_or_else(|| "<the upstream's>".into()),
     ),
-    setting(
+    SERVER_VERSION: String = setting(
         "server_version",
         &["EPODE_SIDECAR_SERVER_VERSION"],
         None,
         "a non-empty version string",
         "Server version clients see instead of the upstream's.",
+        text,
         |c| c.server_version.clone().unwrap_or_else(|| "<the upstream's>".into()),
     ),
-    setting(
+    CACHE_TTL_MS: u64 = setting(
         "cache_ttl_ms",
         &["EPODE_SIDECAR_CACHE_TTL_MS"],
         Some("0"),
         "a whole number of milliseconds, 0 or more",
         "`ttlMs` on cacheable 2026 results (`server/discover`, the four lists, `resources/read`) when the upstream gives none.",
+        |v| number(v, 0..=u64::MAX),
         |c| c.cache_ttl_ms.to_string(),
     ),
-    setting(
+    CACHE_SCOPE: &'static str = setting(
         "cache_scope",
         &["EPODE_SIDECAR_CACHE_SCOPE"],
         Some("private"),
         "private or public",
         "`cacheScope` on those results when the upstream gives none.",
+        cache_scope,
         |c| c.cache_scope.to_owned(),
     ),
-    setting(
+    LOG: String = setting(
         "log",
         &["EPODE_SIDECAR_LOG"],
         Some("info"),
         "comma-separated levels (trace, debug, info, warn, error, off) or target=level directives, such as info or epode_sidecar=debug,warn",
         "Log filter (`debug`, `epode_sidecar=debug,warn`, …). Logs go to stderr.",
+        log_filter,
         |c| c.log.clone(),
     ),
-    setting(
+    LOG_FORMAT: LogFormat = setting(
         "log_format",
         &["EPODE_SIDECAR_LOG_FORMAT"],
         Some("text"),
         "text or json",
         "`text` or `json`.",
+        log_format,
         |c| {
             match c.log_format {
                 LogFormat::Text => "text",
@@ -198,113 +184,125 @@ pub(super) const CORE: &[Setting] = &[
             }
             .to_owned()
         },
-    ),
-];
-
-/// The file named by `--config` or this variable is read as TOML, with the keys above.
-pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
-
-/// Every setting the sidecar reads, in groups, in the order the README lists them.
-pub(super) const GROUPS: &[(&str, &[Setting])] = &[
-    ("Upstream, listener and MCP front", CORE),
-    ("A stdio upstream", super::stdio::STDIO),
-    ("Limits", super::limits::LIMITS),
-    ("TLS and the admin listener", super::tls::TLS),
-    ("Rate limits", super::limits::RATES),
-    ("Epode feedback", super::feedback::FEEDBACK),
-    ("The local trial (--dev)", super::dev::DEV),
-];
-
-/// Every setting.
-pub(super) fn all() -> impl Iterator<Item = &'static Setting> {
-    GROUPS.iter().flat_map(|(_, group)| group.iter())
+    ),}
 }
 
-pub(super) fn lookup(key: &str) -> &'static Setting {
-    all()
-        .find(|s| s.key == key)
-        .unwrap_or_else(|| unreachable!("every key the configuration reads is a setting"))
-}
-
-fn markdown_row(s: &Setting) -> String {
-    let mut variable = format!("`{}`", s.env[0]);
-    if s.env.len() > 1 {
-        let aliases: Vec<String> = s.env[1..].iter().map(|e| format!("`{e}`")).collect();
-        variable.push_str(&format!(" (or {})", aliases.join(", ")));
+fn url_path(p: &str) -> Result<String, Bad> {
+    if p.starts_with('/') && !p.contains(['?', '#', ' ']) {
+        Ok(p.to_owned())
+    } else {
+        Err(Bad::Whole)
     }
-    let default = match s.default {
-        Some(d) => format!("`{d}`"),
-        None if s.key == "upstream" => "(required, or a command)".to_owned(),
-        None => "unset".to_owned(),
-    };
-    format!(
-        "| {variable} | `{}` | {default} | {} Accepts {}. |\n",
-        s.key, s.help, s.accepts
-    )
 }
 
-/// The README's settings tables, one per group, generated from the settings
-/// (`--settings-markdown`).
-pub(crate) fn settings_markdown() -> String {
-    let mut out = String::new();
-    for (title, group) in GROUPS {
-        out.push_str(&format!(
-            "\n#### {title}\n\n| Variable | Key | Default | Meaning |\n|---|---|---|---|\n"
-        ));
-        for s in group.iter() {
-            out.push_str(&markdown_row(s));
+fn upstream_protocol(p: &str) -> Result<UpstreamProtocol, Bad> {
+    match p {
+        "auto" => Ok(UpstreamProtocol::Auto),
+        "2026-07-28" => Ok(UpstreamProtocol::Modern),
+        "2025-11-25" => Ok(UpstreamProtocol::Legacy),
+        _ => Err(Bad::Whole),
+    }
+}
+
+fn workers(w: &str) -> Result<usize, Bad> {
+    match w {
+        "auto" => Ok(std::thread::available_parallelism().map_or(2, |n| n.get())),
+        n => number(n, 1..=256),
+    }
+}
+
+fn cache_scope(s: &str) -> Result<&'static str, Bad> {
+    match s {
+        "private" => Ok("private"),
+        "public" => Ok("public"),
+        _ => Err(Bad::Whole),
+    }
+}
+
+fn log_format(f: &str) -> Result<LogFormat, Bad> {
+    match f.to_ascii_lowercase().as_str() {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(Bad::Whole),
+    }
+}
+
+/// The levels a log filter may name.
+const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+
+/// A log filter: comma-separated `level` or `target=level` directives. tracing takes a bare
+/// word for a target, so `verbose` would silently turn every line off: refused here.
+fn log_filter(log: &str) -> Result<String, Bad> {
+    let level_ok = |l: &str| LEVELS.contains(&l.trim().to_ascii_lowercase().as_str());
+    let target_ok = |t: &str| {
+        !t.is_empty()
+            && t.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | ':' | '-' | '.'))
+    };
+    let directive_ok = |d: &str| match d.split_once('=') {
+        Some((target, level)) => target_ok(target.trim()) && level_ok(level),
+        None => level_ok(d),
+    };
+    let ok = log
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .all(directive_ok)
+        && tracing_subscriber::EnvFilter::builder().parse(log).is_ok();
+    if ok {
+        Ok(log.to_owned())
+    } else {
+        Err(Bad::Whole)
+    }
+}
+
+/// `*`, or exact origins. Unset, the policy depends on the listener (`Config::read`).
+fn origins(raw: &str) -> Result<OriginPolicy, Bad> {
+    let list = split_list(raw);
+    if list.iter().any(|o| o == "*") {
+        return Ok(OriginPolicy::Any);
+    }
+    for o in &list {
+        // An origin is scheme://host[:port] with nothing after it.
+        let ok = Url::parse(o).is_ok_and(|u| {
+            u.host().is_some()
+                && u.path() == "/"
+                && !o.ends_with('/')
+                && u.query().is_none()
+                && u.fragment().is_none()
+                && u.username().is_empty()
+        });
+        if !ok {
+            return Err(Bad::Entry(o.clone()));
         }
     }
-    out.push_str(&format!(
-        "\nAnd `{CONFIG_FILE_ENV}` (or `--config FILE`): a TOML file with the keys above. Unknown keys are refused.\n"
-    ));
-    out
+    Ok(OriginPolicy::Exact(list))
 }
 
-/// A setting that could not be used, naming it and what it accepts. Secret values are not shown.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum ConfigError {
-    #[error("{name}: `{value}` is not valid; expected {accepts}")]
-    Invalid {
-        name: String,
-        value: String,
-        accepts: &'static str,
-    },
-    #[error("{name} is required: {accepts}")]
-    Missing { name: String, accepts: &'static str },
-    #[error("configuration file {path}: {message}")]
-    File { path: PathBuf, message: String },
-    #[error("the environment variable {name} is not valid UTF-8 text (its value is not shown); set it to text or unset it")]
-    NotText { name: String },
-    #[error("{what} `{name}` is not a setting{hint}")]
-    Unknown {
-        what: &'static str,
-        name: String,
-        hint: String,
-    },
-}
-
-pub(super) fn display_name(s: &Setting) -> String {
-    format!("{} (config key `{}`)", s.env[0], s.key)
-}
-
-pub(super) fn invalid(key: &str, value: &str) -> ConfigError {
-    let s = lookup(key);
-    ConfigError::Invalid {
-        name: display_name(s),
-        value: if s.secret {
-            "<redacted>".to_owned()
-        } else {
-            super::redact_userinfo(value).into_owned()
-        },
-        accepts: s.accepts,
+/// `*`, or host names. Unset, the policy depends on the listener (`Config::read`).
+fn hosts(raw: &str) -> Result<HostPolicy, Bad> {
+    let list: Vec<String> = split_list(raw)
+        .into_iter()
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
+    if list.iter().any(|h| h == "*") {
+        return Ok(HostPolicy::Any);
     }
+    if let Some(bad) = list.iter().find(|h| h.contains(['/', ' ', '@'])) {
+        return Err(Bad::Entry(bad.clone()));
+    }
+    Ok(HostPolicy::List(list))
 }
 
-pub(super) fn missing(key: &str) -> ConfigError {
-    let s = lookup(key);
-    ConfigError::Missing {
-        name: display_name(s),
-        accepts: s.accepts,
+fn parse_upstream(raw: &str) -> Option<UpstreamTarget> {
+    let url = Url::parse(raw).ok()?;
+    if !matches!(url.scheme(), "http" | "https") || url.fragment().is_some() {
+        return None;
     }
+    let host = url.host_str()?.to_owned();
+    let authority = match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host,
+    };
+    Some(UpstreamTarget { url, authority })
 }
