@@ -23,32 +23,34 @@ fn dev_log(log: &str) -> Result<PathBuf, Bad> {
 }
 
 settings! {
+    /// The local trial's settings.
     pub(super) TRIAL {
-    DEV: bool = setting(
-        "dev",
-        &["EPODE_SIDECAR_DEV"],
-        Some("false"),
-        "true or false (also the flag --dev)",
-        "The local trial, for a product without an Epode account yet: the sidecar makes an ephemeral product key and serves the Epode endpoints it uses itself, strictly as the real service does, records what arrives in `EPODE_SIDECAR_DEV_LOG`, and shows it live on a console at `/_dev/` on the listener. Refuses a non-loopback listener and an `EPODE_API_KEY`; says so at start and on every report.",
-        boolean,
-        |c| c.dev.is_some().to_string(),
-    ),
-    DEV_LOG: PathBuf = setting(
-        "dev_log",
-        &["EPODE_SIDECAR_DEV_LOG"],
-        Some("epode-dev.jsonl"),
-        "a file path",
-        "With `--dev`: the file the embedded Epode appends what it receives to, one JSON object per line (`kind`: `telemetry`, `consent`, `report`; the request body; the status it answered). When it cannot be written (a read-only container), a file of the same name in the temporary directory, else none; a warning says which.",
-        dev_log,
-        |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log.display().to_string()),
-    ),
-    DEV_LOG_MAX_BYTES: u64 = setting(
-        "dev_log_max_bytes",
-        &["EPODE_SIDECAR_DEV_LOG_MAX_BYTES"],
-        Some("67108864"),
-        "a whole number of bytes, at least 1024",
-        "With `--dev`: the JSON-lines file stops growing past this size (one warning says so).",
-        |v| number(v, 1024..=u64::MAX),
-        |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log_max_bytes.to_string()),
-    ),}
+        DEV: bool = setting(
+            "dev",
+            &["EPODE_SIDECAR_DEV"],
+            Some("false"),
+            "true or false (also the flag --dev)",
+            "The local trial, for a product without an Epode account yet: the sidecar makes an ephemeral product key and serves the Epode endpoints it uses itself, strictly as the real service does, records what arrives in `EPODE_SIDECAR_DEV_LOG`, and shows it live on a console at `/_dev/` on the listener. Refuses a non-loopback listener and an `EPODE_API_KEY`; says so at start and on every report.",
+            boolean,
+            |c| c.dev.is_some().to_string(),
+        ),
+        DEV_LOG: PathBuf = setting(
+            "dev_log",
+            &["EPODE_SIDECAR_DEV_LOG"],
+            Some("epode-dev.jsonl"),
+            "a file path",
+            "With `--dev`: the file the embedded Epode appends what it receives to, one JSON object per line (`kind`: `telemetry`, `consent`, `report`; the request body; the status it answered). When it cannot be written (a read-only container), a file of the same name in the temporary directory, else none; a warning says which.",
+            dev_log,
+            |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log.display().to_string()),
+        ),
+        DEV_LOG_MAX_BYTES: u64 = setting(
+            "dev_log_max_bytes",
+            &["EPODE_SIDECAR_DEV_LOG_MAX_BYTES"],
+            Some("67108864"),
+            "a whole number of bytes, at least 1024",
+            "With `--dev`: the JSON-lines file stops growing past this size (one warning says so).",
+            |v| number(v, 1024..=u64::MAX),
+            |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log_max_bytes.to_string()),
+        ),
+    }
 }

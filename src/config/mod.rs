@@ -38,6 +38,18 @@ pub(crate) use self::types::{
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
 pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
 
+/// The keys of the settings the command line sets (`--listen`, …), for [`FlagValues`].
+pub(crate) mod flag {
+    use super::{core, dev};
+
+    pub(crate) const LISTEN: &str = core::LISTEN.doc.key;
+    pub(crate) const UPSTREAM: &str = core::UPSTREAM.doc.key;
+    pub(crate) const PATH: &str = core::PATH.doc.key;
+    pub(crate) const LOG: &str = core::LOG.doc.key;
+    pub(crate) const LOG_FORMAT: &str = core::LOG_FORMAT.doc.key;
+    pub(crate) const DEV: &str = dev::DEV.doc.key;
+}
+
 /// Every setting the sidecar reads, in groups, in the order the README lists them.
 const GROUPS: &[(&str, &[&Doc])] = &[
     ("Upstream, listener and MCP front", core::CORE),
@@ -62,7 +74,7 @@ fn markdown_row(s: &Doc) -> String {
     }
     let default = match s.default {
         Some(d) => format!("`{d}`"),
-        None if s.key == "upstream" => "(required, or a command)".to_owned(),
+        None if s.key == core::UPSTREAM.doc.key => "(required, or a command)".to_owned(),
         None => "unset".to_owned(),
     };
     format!(

@@ -117,114 +117,116 @@ where
 const HTTP: &str = "<not used: the upstream is an HTTP endpoint>";
 
 settings! {
+    /// A stdio upstream's settings.
     pub(super) STDIO {
-    UPSTREAM_COMMAND: Vec<String> = setting(
-        "upstream_command",
-        &["EPODE_SIDECAR_UPSTREAM_COMMAND"],
-        None,
-        "a command line, split into words as a POSIX shell would (quotes and backslashes; no variables, globs or pipes)",
-        "An MCP server to start and speak to over stdin/stdout (newline-delimited JSON-RPC), instead of `EPODE_SIDECAR_UPSTREAM`. Or give it on the command line after `--`: `epode-sidecar -- python server.py`. Restarted with backoff when it exits; stopped with the sidecar (SIGTERM to its process group, then SIGKILL after `EPODE_SIDECAR_UPSTREAM_STOP_GRACE`).",
-        command_line,
-        |c| stdio(c, StdioCommand::shown, "<unset: the upstream is an HTTP endpoint>"),
-    ),
-    UPSTREAM_CWD: PathBuf = setting(
-        "upstream_cwd",
-        &["EPODE_SIDECAR_UPSTREAM_CWD"],
-        None,
-        "an existing directory",
-        "The working directory of the stdio MCP server (default: the sidecar's).",
-        directory,
-        |c| {
-            stdio(
-                c,
-                |s| {
-                    s.cwd
-                        .as_ref()
-                        .map_or("<the sidecar's>".to_owned(), |d| d.display().to_string())
-                },
-                HTTP,
-            )
-        },
-    ),
-    UPSTREAM_ENV: Vec<String> = setting(
-        "upstream_env",
-        &["EPODE_SIDECAR_UPSTREAM_ENV"],
-        Some("PATH,HOME,USER,LOGNAME,LANG,LC_*,TZ,TMPDIR,TERM,PYTHON*,VIRTUAL_ENV,UV_*,NODE_OPTIONS,NODE_PATH,SSL_CERT_FILE,SSL_CERT_DIR"),
-        "comma-separated variable names, `*` matching any characters (such as MYAPP_*)",
-        "The sidecar's environment variables the stdio MCP server sees; no others. `EPODE_API_KEY`, `AGENT_FEEDBACK_KEY` and `EPODE_SIDECAR_*` are never passed, whatever this says. Add the server's own settings here (`PATH,HOME,MYAPP_*`).",
-        env_allowlist,
-        |c| stdio(c, |s| s.env_allow.join(","), HTTP),
-    ),
-    UPSTREAM_STOP_GRACE: Duration = setting(
-        "upstream_stop_grace",
-        &["EPODE_SIDECAR_UPSTREAM_STOP_GRACE"],
-        Some("5s"),
-        "a duration up to 10m, such as 5s",
-        "At shutdown, the stdio MCP server's stdin is closed and its process group gets SIGTERM; whatever still runs after this long gets SIGKILL.",
-        |v| duration_in(v, Duration::ZERO..=Duration::from_secs(600)),
-        |c| stdio(c, |s| duration(s.stop_grace), HTTP),
-    ),
-    UPSTREAM_RESTART_MAX_DELAY: Duration = setting(
-        "upstream_restart_max_delay",
-        &["EPODE_SIDECAR_UPSTREAM_RESTART_MAX_DELAY"],
-        Some("30s"),
-        "a duration from 10ms to 1h, such as 30s",
-        "A stdio MCP server that exits is restarted at once the first time, then after a pause that doubles from 100 ms up to this long while it keeps exiting within a minute of its start.",
-        |v| duration_in(v, Duration::from_millis(10)..=Duration::from_secs(3600)),
-        |c| stdio(c, |s| duration(s.restart_max_delay), HTTP),
-    ),
-    UPSTREAM_STDIN_QUEUE: usize = setting(
-        "upstream_stdin_queue",
-        &["EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE"],
-        Some("256"),
-        "a whole number from 1 to 65536",
-        "Messages waiting for the stdio MCP server to read its stdin, at most. A request that finds the queue full waits up to `EPODE_SIDECAR_UPSTREAM_WAIT`, then gets 503 with `Retry-After: 1` and a JSON-RPC error, nothing sent: a server that stops reading never makes the sidecar buffer without bound.",
-        |v| number(v, 1..=65_536),
-        |c| stdio(c, |s| s.stdin_queue, HTTP),
-    ),
-    UPSTREAM_STDERR_RATE: Rate = setting(
-        "upstream_stderr_rate",
-        &["EPODE_SIDECAR_UPSTREAM_STDERR_RATE"],
-        Some("20/s"),
-        "a rate such as 20/s, 600/m or 1000/h",
-        "Lines of the stdio MCP server's stderr written to the sidecar's log (target `epode_sidecar::upstream`, level info), at most; lines past it are counted and reported as one summary line.",
-        |r| Rate::parse(r).ok_or(Bad::Whole),
-        |c| stdio(c, |s| s.stderr_rate.shown(), HTTP),
-    ),
-    UPSTREAM_USER: RunAs = setting(
-        "upstream_user",
-        &["EPODE_SIDECAR_UPSTREAM_USER"],
-        None,
-        "a numeric user id, or UID:GID",
-        "Runs the stdio MCP server as this user (and group; the user's number when not given), with no supplementary groups. The sidecar must run as root to switch. Use it where the key lives in a file (`--config`) that the server, as the sidecar's own user, could read.",
-        |u| run_as(u).ok_or(Bad::Whole),
-        |c| stdio(c, |s| s.run_as.map_or("<the sidecar's own>".to_owned(), |r| format!("{}:{}", r.uid, r.gid)), HTTP),
-    ),
-    STDIO_CHILDREN: bool = setting(
-        "stdio_children",
-        &["EPODE_SIDECAR_STDIO_CHILDREN"],
-        Some("shared"),
-        "shared or per-client",
-        "`shared`: one stdio MCP server process for every client; the sidecar keeps their requests apart (its own unguessable ids; answers and cancellations only from the client that owns the request). `per-client`: a process per client credential (`Authorization`, `Cookie` or `X-API-Key`; clients without any share one), for servers that keep per-client state (roots, log level, subscriptions, a login) or ask the client questions mid-call while several clients are connected.",
-        per_client,
-        |c| stdio(c, |s| s.children.shown(), HTTP),
-    ),
-    STDIO_MAX_CHILDREN: usize = setting(
-        "stdio_max_children",
-        &["EPODE_SIDECAR_STDIO_MAX_CHILDREN"],
-        Some("16"),
-        "a whole number from 1 to 1024",
-        "With `per-client`, the most server processes at once: a new client makes the least recently used idle one stop; when all are busy, it gets 503 with `Retry-After`.",
-        |v| number(v, 1..=1024),
-        |c| stdio(c, |s| match s.children { StdioChildren::PerClient { max, .. } => max.to_string(), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
-    ),
-    STDIO_CHILD_IDLE: Duration = setting(
-        "stdio_child_idle",
-        &["EPODE_SIDECAR_STDIO_CHILD_IDLE"],
-        Some("10m"),
-        "a duration from 1s to 24h, such as 10m",
-        "With `per-client`, a client's server process unused this long (nothing in flight) is stopped; the client's next request starts a new one.",
-        |v| duration_in(v, Duration::from_secs(1)..=Duration::from_secs(24 * 3600)),
-        |c| stdio(c, |s| match s.children { StdioChildren::PerClient { idle, .. } => duration(idle), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
-    ),}
+        UPSTREAM_COMMAND: Vec<String> = setting(
+            "upstream_command",
+            &["EPODE_SIDECAR_UPSTREAM_COMMAND"],
+            None,
+            "a command line, split into words as a POSIX shell would (quotes and backslashes; no variables, globs or pipes)",
+            "An MCP server to start and speak to over stdin/stdout (newline-delimited JSON-RPC), instead of `EPODE_SIDECAR_UPSTREAM`. Or give it on the command line after `--`: `epode-sidecar -- python server.py`. Restarted with backoff when it exits; stopped with the sidecar (SIGTERM to its process group, then SIGKILL after `EPODE_SIDECAR_UPSTREAM_STOP_GRACE`).",
+            command_line,
+            |c| stdio(c, StdioCommand::shown, "<unset: the upstream is an HTTP endpoint>"),
+        ),
+        UPSTREAM_CWD: PathBuf = setting(
+            "upstream_cwd",
+            &["EPODE_SIDECAR_UPSTREAM_CWD"],
+            None,
+            "an existing directory",
+            "The working directory of the stdio MCP server (default: the sidecar's).",
+            directory,
+            |c| {
+                stdio(
+                    c,
+                    |s| {
+                        s.cwd
+                            .as_ref()
+                            .map_or("<the sidecar's>".to_owned(), |d| d.display().to_string())
+                    },
+                    HTTP,
+                )
+            },
+        ),
+        UPSTREAM_ENV: Vec<String> = setting(
+            "upstream_env",
+            &["EPODE_SIDECAR_UPSTREAM_ENV"],
+            Some("PATH,HOME,USER,LOGNAME,LANG,LC_*,TZ,TMPDIR,TERM,PYTHON*,VIRTUAL_ENV,UV_*,NODE_OPTIONS,NODE_PATH,SSL_CERT_FILE,SSL_CERT_DIR"),
+            "comma-separated variable names, `*` matching any characters (such as MYAPP_*)",
+            "The sidecar's environment variables the stdio MCP server sees; no others. `EPODE_API_KEY`, `AGENT_FEEDBACK_KEY` and `EPODE_SIDECAR_*` are never passed, whatever this says. Add the server's own settings here (`PATH,HOME,MYAPP_*`).",
+            env_allowlist,
+            |c| stdio(c, |s| s.env_allow.join(","), HTTP),
+        ),
+        UPSTREAM_STOP_GRACE: Duration = setting(
+            "upstream_stop_grace",
+            &["EPODE_SIDECAR_UPSTREAM_STOP_GRACE"],
+            Some("5s"),
+            "a duration up to 10m, such as 5s",
+            "At shutdown, the stdio MCP server's stdin is closed and its process group gets SIGTERM; whatever still runs after this long gets SIGKILL.",
+            |v| duration_in(v, Duration::ZERO..=Duration::from_secs(600)),
+            |c| stdio(c, |s| duration(s.stop_grace), HTTP),
+        ),
+        UPSTREAM_RESTART_MAX_DELAY: Duration = setting(
+            "upstream_restart_max_delay",
+            &["EPODE_SIDECAR_UPSTREAM_RESTART_MAX_DELAY"],
+            Some("30s"),
+            "a duration from 10ms to 1h, such as 30s",
+            "A stdio MCP server that exits is restarted at once the first time, then after a pause that doubles from 100 ms up to this long while it keeps exiting within a minute of its start.",
+            |v| duration_in(v, Duration::from_millis(10)..=Duration::from_secs(3600)),
+            |c| stdio(c, |s| duration(s.restart_max_delay), HTTP),
+        ),
+        UPSTREAM_STDIN_QUEUE: usize = setting(
+            "upstream_stdin_queue",
+            &["EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE"],
+            Some("256"),
+            "a whole number from 1 to 65536",
+            "Messages waiting for the stdio MCP server to read its stdin, at most. A request that finds the queue full waits up to `EPODE_SIDECAR_UPSTREAM_WAIT`, then gets 503 with `Retry-After: 1` and a JSON-RPC error, nothing sent: a server that stops reading never makes the sidecar buffer without bound.",
+            |v| number(v, 1..=65_536),
+            |c| stdio(c, |s| s.stdin_queue, HTTP),
+        ),
+        UPSTREAM_STDERR_RATE: Rate = setting(
+            "upstream_stderr_rate",
+            &["EPODE_SIDECAR_UPSTREAM_STDERR_RATE"],
+            Some("20/s"),
+            "a rate such as 20/s, 600/m or 1000/h",
+            "Lines of the stdio MCP server's stderr written to the sidecar's log (target `epode_sidecar::upstream`, level info), at most; lines past it are counted and reported as one summary line.",
+            |r| Rate::parse(r).ok_or(Bad::Whole),
+            |c| stdio(c, |s| s.stderr_rate.shown(), HTTP),
+        ),
+        UPSTREAM_USER: RunAs = setting(
+            "upstream_user",
+            &["EPODE_SIDECAR_UPSTREAM_USER"],
+            None,
+            "a numeric user id, or UID:GID",
+            "Runs the stdio MCP server as this user (and group; the user's number when not given), with no supplementary groups. The sidecar must run as root to switch. Use it where the key lives in a file (`--config`) that the server, as the sidecar's own user, could read.",
+            |u| run_as(u).ok_or(Bad::Whole),
+            |c| stdio(c, |s| s.run_as.map_or("<the sidecar's own>".to_owned(), |r| format!("{}:{}", r.uid, r.gid)), HTTP),
+        ),
+        STDIO_CHILDREN: bool = setting(
+            "stdio_children",
+            &["EPODE_SIDECAR_STDIO_CHILDREN"],
+            Some("shared"),
+            "shared or per-client",
+            "`shared`: one stdio MCP server process for every client; the sidecar keeps their requests apart (its own unguessable ids; answers and cancellations only from the client that owns the request). `per-client`: a process per client credential (`Authorization`, `Cookie` or `X-API-Key`; clients without any share one), for servers that keep per-client state (roots, log level, subscriptions, a login) or ask the client questions mid-call while several clients are connected.",
+            per_client,
+            |c| stdio(c, |s| s.children.shown(), HTTP),
+        ),
+        STDIO_MAX_CHILDREN: usize = setting(
+            "stdio_max_children",
+            &["EPODE_SIDECAR_STDIO_MAX_CHILDREN"],
+            Some("16"),
+            "a whole number from 1 to 1024",
+            "With `per-client`, the most server processes at once: a new client makes the least recently used idle one stop; when all are busy, it gets 503 with `Retry-After`.",
+            |v| number(v, 1..=1024),
+            |c| stdio(c, |s| match s.children { StdioChildren::PerClient { max, .. } => max.to_string(), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
+        ),
+        STDIO_CHILD_IDLE: Duration = setting(
+            "stdio_child_idle",
+            &["EPODE_SIDECAR_STDIO_CHILD_IDLE"],
+            Some("10m"),
+            "a duration from 1s to 24h, such as 10m",
+            "With `per-client`, a client's server process unused this long (nothing in flight) is stopped; the client's next request starts a new one.",
+            |v| duration_in(v, Duration::from_secs(1)..=Duration::from_secs(24 * 3600)),
+            |c| stdio(c, |s| match s.children { StdioChildren::PerClient { idle, .. } => duration(idle), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
+        ),
+    }
 }
