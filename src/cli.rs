@@ -62,18 +62,18 @@ impl Cli {
     fn flag_values(&self) -> FlagValues {
         let mut values = std::collections::BTreeMap::new();
         for (key, v) in [
-            ("listen", &self.listen),
-            ("upstream", &self.upstream),
-            ("path", &self.path),
-            ("log", &self.log),
-            ("log_format", &self.log_format),
+            (config::flag::LISTEN, &self.listen),
+            (config::flag::UPSTREAM, &self.upstream),
+            (config::flag::PATH, &self.path),
+            (config::flag::LOG, &self.log),
+            (config::flag::LOG_FORMAT, &self.log_format),
         ] {
             if let Some(v) = v {
                 values.insert(key, v.clone());
             }
         }
         if self.dev {
-            values.insert("dev", "true".to_owned());
+            values.insert(config::flag::DEV, "true".to_owned());
         }
         FlagValues {
             config_file: self.config.clone(),

@@ -1,15 +1,20 @@
 //! `epode-sidecar healthcheck [--ready] [--url URL]`: the probe an image without a shell or curl
 //! can run (Docker's `HEALTHCHECK`). It asks the running sidecar's `/healthz` (`/readyz` with
-//! `--ready`) on the admin listener when `EPODE_SIDECAR_ADMIN_LISTEN` is set, else on
-//! `EPODE_SIDECAR_LISTEN` (an unspecified address such as 0.0.0.0 means this machine), and
-//! exits 0 on 200, 1 otherwise, saying why on stderr.
+//! `--ready`) on the admin listener when `admin_listen` is set, else on `listen` (an
+//! unspecified address such as 0.0.0.0 means this machine), and exits 0 on 200, 1 otherwise,
+//! saying why on stderr. Both are read through the configuration's settings, as the sidecar
+//! reads them: the environment (aliases included) and the file (`--config` or
+//! `EPODE_SIDECAR_CONFIG`), over the same defaults.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+
+use crate::config::ProbeSettings;
 
 /// How long the whole probe may take.
 const TIMEOUT: Duration = Duration::from_secs(3);
@@ -24,20 +29,20 @@ struct Args {
     /// Ask this `http://host:port` instead of the configured listener.
     #[arg(long, value_name = "URL")]
     url: Option<String>,
+    /// The sidecar's TOML configuration file (also EPODE_SIDECAR_CONFIG).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
 }
 
-/// The address the probe asks, from the environment the sidecar itself reads.
-fn target(env: impl Fn(&str) -> Option<String>) -> Result<SocketAddr, String> {
-    if env("EPODE_SIDECAR_ADMIN_LISTEN").is_none() && env("EPODE_SIDECAR_TLS_CERT").is_some() {
+/// The address the probe asks, from the settings the sidecar itself reads.
+fn target(
+    settings: Result<ProbeSettings, crate::config::ConfigError>,
+) -> Result<SocketAddr, String> {
+    let settings = settings.map_err(|e| e.to_string())?;
+    if settings.admin_listen.is_none() && settings.tls {
         return Err("the listener serves TLS: set EPODE_SIDECAR_ADMIN_LISTEN (plain HTTP, for probes) or pass --url".to_owned());
     }
-    let raw = env("EPODE_SIDECAR_ADMIN_LISTEN")
-        .or_else(|| env("EPODE_SIDECAR_LISTEN"))
-        .unwrap_or_else(|| "127.0.0.1:8080".to_owned());
-    let mut addr: SocketAddr = raw
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{raw}` is not a socket address"))?;
+    let mut addr = settings.admin_listen.unwrap_or(settings.listen);
     if addr.ip().is_unspecified() {
         addr.set_ip(if addr.is_ipv4() {
             std::net::Ipv4Addr::LOCALHOST.into()
@@ -88,8 +93,11 @@ pub(crate) fn run(args: impl Iterator<Item = String>) -> ExitCode {
     let path = if args.ready { "/readyz" } else { "/healthz" };
     let target = match &args.url {
         Some(url) => from_url(url),
-        None => target(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
-            .map(|a| (a, a.to_string())),
+        None => target(
+            crate::config::text_environment(std::env::vars_os())
+                .and_then(|env| ProbeSettings::from_layers(env, args.config.clone())),
+        )
+        .map(|a| (a, a.to_string())),
     };
     let answer = target.and_then(|(addr, host)| probe(addr, &host, path).map(|s| (addr, s)));
     match answer {
@@ -109,25 +117,31 @@ pub(crate) fn run(args: impl Iterator<Item = String>) -> ExitCode {
 mod tests {
     use super::*;
 
-    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
-        move |k| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == k)
-                .map(|(_, v)| (*v).to_owned())
-        }
+    fn target_of(pairs: &[(&str, &str)]) -> Result<SocketAddr, String> {
+        target(ProbeSettings::from_layers(pairs.iter().copied(), None))
     }
 
     #[test]
     fn the_admin_listener_wins_and_unspecified_means_this_machine() {
-        let a = target(env(&[
+        let a = target_of(&[
             ("EPODE_SIDECAR_LISTEN", "0.0.0.0:8080"),
             ("EPODE_SIDECAR_ADMIN_LISTEN", "0.0.0.0:9090"),
-        ]));
+        ]);
         assert_eq!(a.unwrap(), "127.0.0.1:9090".parse().unwrap());
-        let l = target(env(&[("EPODE_SIDECAR_LISTEN", "[::]:8080")]));
+        let l = target_of(&[("EPODE_SIDECAR_LISTEN", "[::]:8080")]);
         assert_eq!(l.unwrap(), "[::1]:8080".parse().unwrap());
-        assert_eq!(target(env(&[])).unwrap(), "127.0.0.1:8080".parse().unwrap());
-        assert!(target(env(&[("EPODE_SIDECAR_TLS_CERT", "/c.pem")])).is_err());
+        assert_eq!(target_of(&[]).unwrap(), "127.0.0.1:8080".parse().unwrap());
+        assert!(target_of(&[("EPODE_SIDECAR_TLS_CERT", "/c.pem")]).is_err());
+        // Through the same table: an alias-free setting from a file, and a bad value named.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("c.toml");
+        std::fs::write(&file, "admin_listen = \"[::]:9191\"\n").unwrap();
+        let f = target(ProbeSettings::from_layers(
+            [("EPODE_SIDECAR_LISTEN", "0.0.0.0:8080")],
+            Some(file),
+        ));
+        assert_eq!(f.unwrap(), "[::1]:9191".parse().unwrap());
+        let bad = target_of(&[("EPODE_SIDECAR_LISTEN", "nowhere")]).unwrap_err();
+        assert!(bad.contains("EPODE_SIDECAR_LISTEN"), "{bad}");
     }
 }

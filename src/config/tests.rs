@@ -1,5 +1,7 @@
 //! Unit tests of the configuration layers and checks.
 
+use std::time::Duration;
+
 use super::*;
 use crate::feedback::FeedbackMode;
 
@@ -507,4 +509,36 @@ fn a_file_error_never_quotes_the_file() {
         assert!(!err.contains("topsecret"), "{err}");
         assert!(err.contains("line "), "{err}");
     }
+}
+
+#[test]
+fn every_key_and_variable_is_declared_once() {
+    let mut keys = std::collections::BTreeSet::new();
+    let mut vars = std::collections::BTreeSet::new();
+    for s in all() {
+        assert!(keys.insert(s.key), "the key {} is declared twice", s.key);
+        for v in s.env {
+            assert!(vars.insert(*v), "the variable {v} is declared twice");
+        }
+    }
+    assert!(!vars.contains(CONFIG_FILE_ENV));
+    // Every default is a value its parser accepts (the file, the environment and the flags
+    // left out): the groups read from the defaults alone, with a command for an upstream.
+    let mut defaults = Layers::default();
+    for s in all() {
+        if let Some(d) = s.default {
+            defaults.set(s.key, d.to_owned());
+        }
+    }
+    defaults.set(core::UPSTREAM.doc.key, "http://127.0.0.1:1/mcp".to_owned());
+    tls::read(&defaults).unwrap();
+    limits::read(&defaults).unwrap();
+    stdio::read(&defaults, "server", &[]).unwrap();
+    dev::read(&defaults).unwrap();
+    feedback::read(&defaults, true).unwrap();
+    let err = Config::read(&defaults, &[]).unwrap_err().to_string();
+    assert!(
+        err.contains("EPODE_API_KEY"),
+        "only the key is missing: {err}"
+    );
 }

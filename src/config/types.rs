@@ -1,0 +1,396 @@
+//! The typed configuration the rest of the sidecar reads: [`Config`] and the structs of its
+//! groups. Nothing here reads a setting; the group files (`limits`, `feedback`, …) build these
+//! from the declared settings, and the declarations show them back (`--check-config`). Kept
+//! apart from those files so that the declarations can name `Config` without an import circle.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ipnet::IpNet;
+use url::Url;
+
+use crate::feedback::capability::ProductKey;
+use crate::feedback::identity::RefKind;
+use crate::feedback::FeedbackMode;
+
+/// Which `Origin` values are accepted. A request without `Origin` always passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum OriginPolicy {
+    /// `http(s)://localhost`, `127.0.0.1` or `[::1]`, any port (the default on a loopback
+    /// listener).
+    Loopback,
+    /// Every present Origin is refused (the default on any other listener).
+    RefuseAll,
+    Any,
+    Exact(Vec<String>),
+}
+
+/// Which `Host` values are accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum HostPolicy {
+    Loopback,
+    Any,
+    /// Entries are `name` (any port) or `name:port`, compared case-insensitively.
+    List(Vec<String>),
+}
+
+/// Which era the upstream speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamProtocol {
+    Auto,
+    /// 2026-07-28.
+    Modern,
+    /// 2025-11-25 (the `initialize` handshake).
+    Legacy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+/// How the sidecar reaches the upstream MCP server.
+#[derive(Debug, Clone)]
+pub(crate) enum Transport {
+    /// A Streamable HTTP endpoint.
+    Http(UpstreamTarget),
+    /// A child process spoken to over stdin/stdout.
+    Stdio(StdioCommand),
+}
+
+impl Transport {
+    /// How logs show the upstream (a URL without its credentials, or the program the sidecar
+    /// runs).
+    pub(crate) fn shown(&self) -> String {
+        match self {
+            Transport::Http(t) => redact_userinfo(t.url.as_str()).into_owned(),
+            Transport::Stdio(c) => format!("stdio: {}", c.shown()),
+        }
+    }
+}
+
+/// The upstream MCP endpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct UpstreamTarget {
+    pub(crate) url: Url,
+    /// `host:port` as sent in the `Host` header.
+    pub(crate) authority: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    /// What the operator should hear about the configuration once logging runs.
+    pub(crate) warnings: Vec<String>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) upstream: Transport,
+    pub(crate) path: String,
+    pub(crate) allowed_origins: OriginPolicy,
+    pub(crate) allowed_hosts: HostPolicy,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) upstream_timeout: Duration,
+    pub(crate) shutdown_grace: Duration,
+    /// Server worker threads (each a single-threaded event loop with its own listener).
+    pub(crate) workers: usize,
+    pub(crate) upstream_protocol: UpstreamProtocol,
+    pub(crate) server_name: Option<String>,
+    pub(crate) server_version: Option<String>,
+    pub(crate) cache_ttl_ms: u64,
+    /// `private` or `public`.
+    pub(crate) cache_scope: &'static str,
+    pub(crate) feedback: FeedbackConfig,
+    pub(crate) limits: Limits,
+    /// HTTPS on the listener, when set.
+    pub(crate) tls: Option<ListenerTls>,
+    pub(crate) upstream_tls: UpstreamTls,
+    /// The admin listener (metrics and probes), when set.
+    pub(crate) admin_listen: Option<SocketAddr>,
+    pub(crate) log: String,
+    pub(crate) log_format: LogFormat,
+    /// The local trial (`--dev`), when on.
+    pub(crate) dev: Option<DevConfig>,
+}
+
+/// Values given on the command line; absent ones leave the lower layers in force.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FlagValues {
+    pub(crate) config_file: Option<PathBuf>,
+    pub(crate) values: BTreeMap<&'static str, String>,
+    /// A stdio MCP server's command line, as given after `--`.
+    pub(crate) command: Vec<String>,
+}
+
+/// A URL as it may be printed: its user name and password (`http://user:pass@host`)
+/// replaced by `<redacted>`. Also for text that does not parse as a URL.
+pub(crate) fn redact_userinfo(raw: &str) -> std::borrow::Cow<'_, str> {
+    let Some(scheme_end) = raw.find("://").map(|i| i + 3) else {
+        return raw.into();
+    };
+    let rest = &raw[scheme_end..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}<redacted>{}", &raw[..scheme_end], &rest[at..]).into(),
+        None => raw.into(),
+    }
+}
+
+/// Glob patterns over tool names, kept with their source text for display.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolPatterns {
+    pub(super) set: globset::GlobSet,
+    pub(super) text: Vec<String>,
+}
+
+impl ToolPatterns {
+    fn matches(&self, name: &str) -> bool {
+        self.set.is_match(name)
+    }
+}
+
+/// The Epode binding's settings.
+#[derive(Debug, Clone)]
+pub(crate) struct FeedbackConfig {
+    pub(crate) mode: FeedbackMode,
+    /// Present whenever `mode` is not off.
+    pub(crate) key: Option<ProductKey>,
+    pub(crate) api_url: Url,
+    pub(crate) consent_timeout: Duration,
+    /// Deadline of the feedback tools' calls to Epode.
+    pub(crate) tool_timeout: Duration,
+    pub(super) include: Option<ToolPatterns>,
+    pub(super) exclude: Option<ToolPatterns>,
+    pub(super) feedback_tools: Option<ToolPatterns>,
+    pub(crate) identity_headers: Vec<(RefKind, http::HeaderName)>,
+    /// Upstream tool names the catalog keeps at most.
+    pub(crate) max_tools: usize,
+    pub(crate) telemetry_queue: usize,
+    pub(crate) telemetry_batch: usize,
+    pub(crate) telemetry_concurrency: usize,
+    pub(crate) telemetry_flush: Duration,
+    pub(crate) telemetry_retry_base: Duration,
+    pub(crate) telemetry_shutdown: Duration,
+}
+
+impl FeedbackConfig {
+    /// The include, exclude and feedback-tools patterns as configured (for display).
+    pub(super) fn pattern_texts(&self) -> [Option<String>; 3] {
+        [&self.include, &self.exclude, &self.feedback_tools]
+            .map(|p| p.as_ref().map(|p| p.text.join(",")))
+    }
+
+    /// Whether a tool is a product tool: telemetry, and the feedback action when `decorates`.
+    pub(crate) fn includes(&self, tool: &str) -> bool {
+        self.mode.is_enabled()
+            && self.include.as_ref().is_none_or(|p| p.matches(tool))
+            && !self.exclude.as_ref().is_some_and(|p| p.matches(tool))
+    }
+
+    pub(crate) fn decorates(&self, tool: &str) -> bool {
+        self.includes(tool) && self.feedback_tools.as_ref().is_none_or(|p| p.matches(tool))
+    }
+}
+
+/// How many connections the sidecar keeps open at most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConnectionCap {
+    /// About 80% of the process's file-descriptor limit, read at start.
+    Auto,
+    Fixed(usize),
+}
+
+/// `count` per `per`, such as 100/s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rate {
+    pub(crate) count: NonZeroU32,
+    pub(crate) per: Duration,
+}
+
+impl Rate {
+    pub(super) fn parse(raw: &str) -> Option<Rate> {
+        let (count, unit) = raw.trim().split_once('/')?;
+        let count = NonZeroU32::new(count.trim().parse().ok()?)?;
+        let per = match unit.trim() {
+            "s" | "sec" | "second" => Duration::from_secs(1),
+            "m" | "min" | "minute" => Duration::from_secs(60),
+            "h" | "hour" => Duration::from_secs(3600),
+            _ => return None,
+        };
+        Some(Rate { count, per })
+    }
+
+    pub(super) fn shown(&self) -> String {
+        let unit = match self.per.as_secs() {
+            1 => "s",
+            60 => "m",
+            _ => "h",
+        };
+        format!("{}/{unit}", self.count)
+    }
+}
+
+/// A rate limit on the calls of the tools whose names match a pattern.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolRate {
+    pub(crate) pattern: String,
+    pub(crate) matcher: globset::GlobMatcher,
+    pub(crate) rate: Rate,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    pub(crate) max_header_bytes: usize,
+    pub(crate) max_headers: usize,
+    pub(crate) header_timeout: Duration,
+    pub(crate) body_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) max_connections: ConnectionCap,
+    pub(crate) max_in_flight: usize,
+    pub(crate) memory_budget: usize,
+    pub(crate) max_upstream_answer: usize,
+    pub(crate) max_sse_event: usize,
+    pub(crate) upstream_sessions: usize,
+    pub(crate) upstream_session_idle: Duration,
+    /// Idle keep-alive connections to an HTTP upstream kept per worker, and for how long.
+    pub(crate) upstream_max_idle: usize,
+    pub(crate) upstream_idle_timeout: Duration,
+    /// Connections to an HTTP upstream open at once, for the whole process.
+    pub(crate) upstream_max_connections: usize,
+    /// How long a request waits for a free upstream connection, or for room in a stdio
+    /// child's stdin queue, before 503.
+    pub(crate) upstream_wait: Duration,
+    pub(crate) rate_limit: Option<Rate>,
+    pub(crate) rate_burst: Option<NonZeroU32>,
+    /// Client keys the per-client limiter keeps; past it the least recently seen is evicted.
+    pub(crate) rate_limit_clients: usize,
+    pub(crate) tool_rate_limits: Vec<ToolRate>,
+    pub(crate) trusted_proxies: Vec<IpNet>,
+}
+
+/// Variables a child never sees, whatever the allowlist says: the sidecar's own secrets.
+const NEVER_PASSED: [&str; 3] = ["EPODE_API_KEY", "AGENT_FEEDBACK_KEY", "EPODE_SIDECAR_*"];
+
+/// The MCP server to run as a child process.
+#[derive(Clone)]
+pub(crate) struct StdioCommand {
+    pub(crate) program: String,
+    pub(crate) args: Vec<String>,
+    pub(crate) cwd: Option<PathBuf>,
+    /// The allowlist as configured (names and `*` patterns).
+    pub(crate) env_allow: Vec<String>,
+    /// The variables the child gets: the sidecar's own, filtered by the allowlist.
+    pub(crate) env: Vec<(String, String)>,
+    /// After SIGTERM, how long the child has before SIGKILL.
+    pub(crate) stop_grace: Duration,
+    /// The longest pause between restarts of a child that keeps exiting.
+    pub(crate) restart_max_delay: Duration,
+    /// Messages waiting for the child to read its stdin, at most.
+    pub(crate) stdin_queue: usize,
+    /// Lines of the child's stderr logged, at most; the rest are counted.
+    pub(crate) stderr_rate: Rate,
+    /// The user and group the child runs as (the sidecar must run as root to switch).
+    pub(crate) run_as: Option<RunAs>,
+    /// One child for every client, or one per client credential.
+    pub(crate) children: StdioChildren,
+}
+
+/// A user and group for the child to run as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RunAs {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
+/// How clients share the stdio MCP server.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StdioChildren {
+    /// One child process for every client (isolated by the sidecar's own ids and ownership).
+    Shared,
+    /// One child per client credential, at most `max` at once, each stopped after `idle`.
+    PerClient { max: usize, idle: Duration },
+}
+
+impl StdioChildren {
+    pub(super) fn shown(&self) -> &'static str {
+        match self {
+            StdioChildren::Shared => "shared",
+            StdioChildren::PerClient { .. } => "per-client",
+        }
+    }
+}
+
+impl std::fmt::Debug for StdioCommand {
+    /// Never the environment's values, nor the arguments (either may hold a credential).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StdioCommand")
+            .field("program", &self.program)
+            .field("args", &self.args.len())
+            .field("cwd", &self.cwd)
+            .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+impl StdioCommand {
+    /// How logs and `--check-config` show it: the program and how many arguments.
+    pub(crate) fn shown(&self) -> String {
+        match self.args.len() {
+            0 => self.program.clone(),
+            1 => format!("{} (and 1 argument)", self.program),
+            n => format!("{} (and {n} arguments)", self.program),
+        }
+    }
+
+    /// Keeps the variables of `env` the allowlist names, never the sidecar's secrets.
+    pub(super) fn select_env(&mut self, env: &BTreeMap<String, String>) {
+        let allowed = globs(&self.env_allow);
+        let never = globs(&NEVER_PASSED.map(str::to_owned));
+        self.env = env
+            .iter()
+            .filter(|(k, _)| allowed.is_match(k.as_str()) && !never.is_match(k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+    }
+}
+
+fn globs(patterns: &[String]) -> globset::GlobSet {
+    let mut set = globset::GlobSetBuilder::new();
+    for p in patterns {
+        if let Ok(g) = globset::GlobBuilder::new(p)
+            .literal_separator(false)
+            .build()
+        {
+            set.add(g);
+        }
+    }
+    set.build().unwrap_or_else(|_| globset::GlobSet::empty())
+}
+
+/// The listener's certificate and key (PEM files), reloaded when they change.
+#[derive(Debug, Clone)]
+pub(crate) struct ListenerTls {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+    /// How often the files are checked for a change (SIGHUP reloads at once).
+    pub(crate) reload_every: Duration,
+}
+
+/// How the sidecar verifies an `https://` upstream, and what it presents to it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UpstreamTls {
+    /// Extra trusted roots (PEM), besides the system's.
+    pub(crate) ca_file: Option<PathBuf>,
+    /// A client certificate and key (PEM) for upstreams that ask for one.
+    pub(crate) client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// The local trial's settings, present when `--dev` is on.
+#[derive(Debug, Clone)]
+pub(crate) struct DevConfig {
+    /// Where what the embedded Epode receives is appended, as JSON lines.
+    pub(crate) log: PathBuf,
+    /// The file stops growing past this size (a warning says so once).
+    pub(crate) log_max_bytes: u64,
+}
