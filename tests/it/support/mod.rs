@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod fake_epode;
+pub mod scripted;
+
+pub use scripted::{Reply, Request, Scripted, ScriptedUpstream};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
