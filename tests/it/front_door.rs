@@ -1,7 +1,6 @@
 //! Every refusal of the 2026-07-28 front door: exact HTTP status, JSON-RPC code and id, and
 //! nothing sent upstream. The upstream here is a raw responder that counts what reaches it.
 
-
 use crate::support::*;
 use serde_json::{json, Value};
 
@@ -9,7 +8,9 @@ use serde_json::{json, Value};
 /// what reaches it).
 fn empty_list_upstream() -> Scripted {
     ScriptedUpstream::new()
-        .otherwise(Reply::result(json!({"tools": [], "resultType": "complete"})))
+        .otherwise(Reply::result(
+            json!({"tools": [], "resultType": "complete"}),
+        ))
         .start()
 }
 
@@ -614,11 +615,7 @@ async fn cors_preflights_are_granted_to_allowed_origins_only() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(
-        c.request_count(),
-        2,
-        "preflights never go upstream"
-    );
+    assert_eq!(c.request_count(), 2, "preflights never go upstream");
 }
 
 /// With an exact origin list, only those origins' preflights are granted.
@@ -718,9 +715,5 @@ fn a_browser_page_calls_through_cors_and_cannot_post_text() {
     assert_eq!(v["json"]["status"], 200, "{v}");
     assert!(v["json"]["body"]["result"]["tools"].is_array(), "{v}");
     assert_eq!(v["plain"]["status"], 415, "{v}");
-    assert_eq!(
-        c.request_count(),
-        1,
-        "the text/plain call ran: {v}"
-    );
+    assert_eq!(c.request_count(), 1, "the text/plain call ran: {v}");
 }

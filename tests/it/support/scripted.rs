@@ -373,8 +373,11 @@ impl ScriptedUpstream {
 
     /// Headers added to every answer.
     pub fn headers(mut self, headers: &[(&str, &str)]) -> Self {
-        self.headers
-            .extend(headers.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        self.headers.extend(
+            headers
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         self
     }
 
@@ -723,9 +726,11 @@ fn bytes_of(part: &Part, req: &Request) -> Vec<u8> {
     match part {
         Part::Bytes(b) => b.clone(),
         Part::Id => req.id().to_string().into_bytes(),
-        Part::Echo => serde_json::json!({"head": req.head, "body": String::from_utf8_lossy(&req.body)})
-            .to_string()
-            .into_bytes(),
+        Part::Echo => {
+            serde_json::json!({"head": req.head, "body": String::from_utf8_lossy(&req.body)})
+                .to_string()
+                .into_bytes()
+        }
         Part::Repeat(..) | Part::Pause(_) => Vec::new(),
     }
 }
