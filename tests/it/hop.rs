@@ -67,15 +67,6 @@ async fn burst(
     futures_util::future::join_all(calls).await
 }
 
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 /// 2,000 calls at once against an upstream that takes 100 ms a call, through two workers with
 /// a cap of 50 connections and a long wait: every call is answered (the excess waited for a
 /// connection), each sent upstream once, and never more than 50 connections were open.
@@ -124,7 +115,7 @@ async fn the_connection_cap_holds_under_a_burst_and_the_excess_waits() {
         "{max} connections were open to the upstream at once; the cap is {cap}"
     );
     let metrics = get_blocking(sc.addr, "/metrics");
-    let open = metric(&metrics, "epode_sidecar_upstream_connections ");
+    let open = metric_value(&metrics, "epode_sidecar_upstream_connections ");
     assert!(open <= cap as u64, "{metrics}");
 }
 
@@ -181,7 +172,7 @@ async fn past_the_cap_and_the_wait_a_call_gets_503_with_its_id_and_is_not_sent()
         "{max} connections open at once; the cap is {cap}"
     );
     let metrics = get_blocking(sc.addr, "/metrics");
-    let hits = metric(
+    let hits = metric_value(
         &metrics,
         "epode_sidecar_limits_hit_total{kind=\"upstream_connections\"}",
     );

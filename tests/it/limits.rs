@@ -2,7 +2,7 @@
 //! case ends in a defined answer, bounded memory and a quick recovery, and a normal request is
 //! answered within a second while it lasts. Each test states the memory bound it checks.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -49,26 +49,6 @@ async fn warm_client(sc: &Sidecar) -> reqwest::Client {
         .unwrap();
     normal_request_within_a_second(&client, sc).await;
     client
-}
-
-/// Whether the peer closed `s` (or reset it) within `within`.
-fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
-    s.set_read_timeout(Some(within)).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return (true, got),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                return (false, got)
-            }
-            Err(_) => return (true, got),
-        }
-    }
 }
 
 /// 400 silent connections against a process allowed 256 descriptors: past the cap (80% of
@@ -135,15 +115,6 @@ async fn silent_connections_past_the_descriptor_limit() {
         .filter(|l| l.contains("accepting connections failed"))
         .count();
     assert!(accept_lines <= 3, "{accept_lines} accept-failure lines");
-}
-
-fn metric_value(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 /// 200 slowloris connections (a head byte every 200 ms) and 300 idle keep-alive connections:

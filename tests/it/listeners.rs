@@ -85,31 +85,6 @@ fn get_answers_within_a_second(addr: SocketAddr, path: &str) {
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
-/// Whether the peer closed `s` (or reset it) within `within`, and what it sent first.
-fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
-    let deadline = Instant::now() + within;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return (false, got);
-        }
-        s.set_read_timeout(Some(left)).unwrap();
-        match s.read(&mut buf) {
-            Ok(0) => return (true, got),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                return (false, got)
-            }
-            Err(_) => return (true, got),
-        }
-    }
-}
-
 /// How many of `conns` the peer has closed or reset, polled until at least `want` have or
 /// `within` passes.
 fn count_closed(conns: &mut [TcpStream], want: usize, within: Duration) -> usize {
@@ -151,15 +126,6 @@ fn metrics_of(addr: SocketAddr) -> String {
     let mut text = String::new();
     let _ = s.read_to_string(&mut text);
     text
-}
-
-fn metric_value(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 /// 400 silent connections to the admin port of a process allowed 256 descriptors: the admin

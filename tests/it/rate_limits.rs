@@ -137,15 +137,6 @@ async fn a_tool_over_its_limit_answers_a_result_the_agent_can_act_on() {
     }
 }
 
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 /// Sends `count` requests, 8 at a time, the `i`th from the client address `client(i)` through
 /// the trusted proxy; every one must be served. Returns the sidecar's CPU time per request.
 async fn cpu_per_request(sc: &Sidecar, count: u32, client: impl Fn(u32) -> String) -> Duration {
@@ -202,7 +193,7 @@ async fn many_client_addresses_keep_the_table_bounded_and_each_request_cheap() {
         .text()
         .await
         .unwrap();
-    let tracked = metric(&metrics, "epode_sidecar_rate_limit_clients ");
+    let tracked = metric_value(&metrics, "epode_sidecar_rate_limit_clients ");
     assert_eq!(tracked, 2000, "{metrics}");
     assert!(
         many < one * 3 + Duration::from_micros(100),

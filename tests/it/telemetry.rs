@@ -96,11 +96,7 @@ async fn metric(sc: &Sidecar, name: &str) -> u64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    metric_value(&text, name)
 }
 
 #[tokio::test]

@@ -293,6 +293,42 @@ where
     }
 }
 
+/// The value of the metric line that starts with `name` (a name with its labels) in a
+/// Prometheus text exposition, as an integer.
+pub fn metric_value(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// Whether the peer closed `s` (or reset it) within `within`, and what it sent first.
+pub fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (false, got);
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return (true, got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return (false, got)
+            }
+            Err(_) => return (true, got),
+        }
+    }
+}
+
 /// The resident set size of a process, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
