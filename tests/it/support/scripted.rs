@@ -351,11 +351,10 @@ impl ScriptedUpstream {
         self
     }
 
-    /// Answers the `n`th request (from 0, readiness pings not counted) with `reply`.
+    /// Answers the `n`th request (from 0) that reaches this route with `reply` (by call
+    /// order). Readiness pings, and requests an earlier route took, are not counted.
     pub fn nth(self, n: usize, reply: Reply) -> Self {
         let seen = Arc::new(AtomicUsize::new(0));
-        // Counted as each request is matched against this route, so earlier routes that
-        // answered a request also count it.
         self.when(move |_| seen.fetch_add(1, Ordering::SeqCst) == n, reply)
     }
 
