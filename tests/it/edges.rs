@@ -4,7 +4,6 @@
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -42,21 +41,19 @@ fn post(
 }
 
 /// An upstream that echoes the request head and body it received inside a JSON-RPC result.
-fn echo_upstream() -> RawUpstream {
-    RawUpstream::start(|mut s: TcpStream| {
-        while let Some((head, body)) = read_http_request(&mut s) {
-            let reply = json!({"head": head, "body": String::from_utf8_lossy(&body)}).to_string();
-            let resp = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive, x-hop\r\nx-hop: secret\r\nx-end-to-end: kept\r\ncontent-length: {}\r\n\r\n{}",
-                reply.len(),
-                reply
-            );
-            if s.write_all(resp.as_bytes()).is_err() {
-                return;
-            }
-        }
-    })
+fn echo_upstream() -> Scripted {
+    ScriptedUpstream::new()
+        .headers(&[
+            ("connection", "keep-alive, x-hop"),
+            ("x-hop", "secret"),
+            ("x-end-to-end", "kept"),
+        ])
+        .otherwise(Reply::echo())
+        .start()
 }
+
+/// The progress notification the streaming upstreams here send first.
+const PROGRESS: &str = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
 
 async fn error_of(resp: reqwest::Response) -> (u16, Value) {
     let status = resp.status().as_u16();
@@ -310,10 +307,7 @@ async fn dead_upstream_gives_502_with_the_request_id() {
 
 #[tokio::test]
 async fn silent_upstream_gives_504_within_the_timeout() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        let _ = read_http_request(&mut s);
-        std::thread::sleep(Duration::from_secs(10));
-    });
+    let up = ScriptedUpstream::new().otherwise(Reply::silent()).start();
     let sc = Sidecar::start(
         &up.url(),
         &[MODERN_UP[0], ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "500ms")],
@@ -334,16 +328,17 @@ async fn silent_upstream_gives_504_within_the_timeout() {
 
 #[tokio::test]
 async fn upstream_error_statuses_pass_through_unchanged() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        let _ = read_http_request(&mut s);
-        let body = r#"{"error":"invalid_token"}"#;
-        let _ = write!(
-            s,
-            "HTTP/1.1 401 Unauthorized\r\nwww-authenticate: Bearer resource_metadata=\"http://x/.well-known\"\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-            body.len(),
-            body
-        );
-    });
+    let up = ScriptedUpstream::new()
+        .otherwise(
+            Reply::json(r#"{"error":"invalid_token"}"#)
+                .status(401)
+                .header(
+                    "www-authenticate",
+                    "Bearer resource_metadata=\"http://x/.well-known\"",
+                )
+                .then_close(),
+        )
+        .start();
     let sc = Sidecar::start(&up.url(), MODERN_UP);
     let resp = http()
         .post(sc.url())
@@ -365,21 +360,15 @@ async fn upstream_error_statuses_pass_through_unchanged() {
 #[tokio::test]
 async fn client_disconnect_cancels_the_upstream_request() {
     for mid_stream in [false, true] {
-        let (tx, rx) = mpsc::channel::<bool>();
-        let tx = std::sync::Mutex::new(tx);
-        let up = RawUpstream::start(move |mut s: TcpStream| {
-            if read_http_request(&mut s).is_none() {
-                return;
-            }
-            if mid_stream {
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n");
-                let event = "event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n";
-                let _ = write!(s, "{:x}\r\n{}\r\n", event.len(), event);
-                let _ = s.flush();
-            }
-            let closed = wait_closed(&mut s, Duration::from_secs(5));
-            let _ = tx.lock().unwrap().send(closed);
-        });
+        let reply = if mid_stream {
+            Reply::body("text/event-stream")
+                .chunked()
+                .event(PROGRESS)
+                .then_hang()
+        } else {
+            Reply::silent()
+        };
+        let up = ScriptedUpstream::new().otherwise(reply).start();
         let sc = Sidecar::start(&up.url(), MODERN_UP);
         let mut client = TcpStream::connect(sc.addr).unwrap();
         let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"slow"}}"#;
@@ -403,10 +392,13 @@ async fn client_disconnect_cancels_the_upstream_request() {
                 got.extend_from_slice(&buf[..n]);
             }
         } else {
-            std::thread::sleep(Duration::from_millis(300));
+            // Wait for the request to reach the upstream, then hang up.
+            assert!(eventually(Duration::from_secs(5), || up.request_count() == 1));
         }
         drop(client);
-        let closed = rx.recv_timeout(Duration::from_secs(8)).unwrap();
+        let closed = eventually(Duration::from_secs(5), || {
+            up.request_connections_closed() == 1
+        });
         assert!(
             closed,
             "upstream connection stayed open after the client left (mid_stream={mid_stream})"
@@ -418,25 +410,21 @@ async fn client_disconnect_cancels_the_upstream_request() {
 /// `_meta` keys cross the sidecar untouched.
 #[tokio::test]
 async fn input_required_rounds_and_unknown_fields_pass_through() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap();
-            let reply = if req["params"].get("inputResponses").is_some() {
+    let up = ScriptedUpstream::new()
+        .when_fn(
+            |r| r.json["params"].get("inputResponses").is_some(),
+            |r| {
                 // Echo what the retry carried, exactly.
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":{}}}],"resultType":"complete"}}}}"#,
-                    req["id"],
-                    serde_json::to_string(&String::from_utf8_lossy(&body)).unwrap()
-                )
-            } else {
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"resultType":"input_required","inputRequests":{{"q":{{"method":"elicitation/create","params":{{"mode":"form","message":"Which?","requestedSchema":{{}}}}}}}},"requestState":"c3RhdGU=.sig","x-vendor":{{"n":1e400}},"_meta":{{"vendor.example/trace":"t-1"}}}}}}"#,
-                    req["id"]
-                )
-            };
-            reply_json(&mut s, &reply);
-        }
-    });
+                let seen = serde_json::to_string(&String::from_utf8_lossy(&r.body)).unwrap();
+                Reply::result_raw(format!(
+                    r#"{{"content":[{{"type":"text","text":{seen}}}],"resultType":"complete"}}"#
+                ))
+            },
+        )
+        .otherwise(Reply::result_raw(
+            r#"{"resultType":"input_required","inputRequests":{"q":{"method":"elicitation/create","params":{"mode":"form","message":"Which?","requestedSchema":{}}}},"requestState":"c3RhdGU=.sig","x-vendor":{"n":1e400},"_meta":{"vendor.example/trace":"t-1"}}"#,
+        ))
+        .start();
     let sc = Sidecar::start(&up.url(), MODERN_UP);
     let call = |extra: &str| {
         let body = format!(
@@ -477,29 +465,16 @@ async fn input_required_rounds_and_unknown_fields_pass_through() {
 /// rather than a cut-off body.
 #[tokio::test]
 async fn upstream_breaking_mid_body_gives_errors_that_name_the_request() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        if let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            match req["id"].as_str() {
-                Some("cut") => {
-                    let _ = s.write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\":",
-                    );
-                }
-                Some("stall") => {
-                    let _ = s.write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"jsonrpc\":",
-                    );
-                    std::thread::sleep(Duration::from_secs(5));
-                }
-                _ => {
-                    let _ = s.write_all(
-                        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n",
-                    );
-                }
-            }
-        }
-    });
+    let cut_json = || {
+        Reply::body("application/json")
+            .declared_length(100)
+            .text(r#"{"jsonrpc":"#)
+    };
+    let up = ScriptedUpstream::new()
+        .when(|r| *r.id() == "cut", cut_json().then_close())
+        .when(|r| *r.id() == "stall", cut_json().then_hang())
+        .otherwise(Reply::sse().event(PROGRESS))
+        .start();
     let sc = Sidecar::start(
         &up.url(),
         &[MODERN_UP[0], ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "1s")],
@@ -545,37 +520,15 @@ async fn upstream_breaking_mid_body_gives_errors_that_name_the_request() {
     );
 }
 
-/// An upstream that answers every request with an empty result and counts the connections it
-/// accepted and the ones the sidecar closed.
-fn counting_upstream() -> (
-    RawUpstream,
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-    std::sync::Arc<std::sync::atomic::AtomicUsize>,
-) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
-    let opened = Arc::new(AtomicUsize::new(0));
-    let closed = Arc::new(AtomicUsize::new(0));
-    let (o, c) = (opened.clone(), closed.clone());
-    // Counted: the connections that carried a client's request (not the sidecar's own
-    // readiness ping at start, which `read_http_request` answers and skips).
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        let mut counted = false;
-        while read_http_request(&mut s).is_some() {
-            if !counted {
-                o.fetch_add(1, Ordering::SeqCst);
-                counted = true;
-            }
-            reply_json(
-                &mut s,
-                r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}"#,
-            );
-        }
-        if counted {
-            c.fetch_add(1, Ordering::SeqCst);
-        }
-    });
-    (up, opened, closed)
+/// An upstream that answers every request with an empty result; it counts the connections
+/// that carried a client's request (not the sidecar's own readiness ping at start) and the
+/// ones of them that ended.
+fn complete_upstream() -> Scripted {
+    ScriptedUpstream::new()
+        .otherwise(Reply::json(
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete"}}"#,
+        ))
+        .start()
 }
 
 async fn prompts_list(sc: &Sidecar) {
@@ -592,46 +545,49 @@ async fn prompts_list(sc: &Sidecar) {
 /// `UPSTREAM_IDLE_TIMEOUT` is closed by the sidecar and the next request opens another.
 #[tokio::test]
 async fn upstream_connections_are_reused_and_bounded_as_configured() {
-    use std::sync::atomic::Ordering::SeqCst;
     let one_worker = ("EPODE_SIDECAR_WORKERS", "1");
 
-    let (up, opened, _) = counting_upstream();
+    let up = complete_upstream();
     let sc = Sidecar::start(&up.url(), &[MODERN_UP[0], one_worker]);
     for _ in 0..5 {
         prompts_list(&sc).await;
     }
     assert_eq!(
-        opened.load(SeqCst),
+        up.request_connections(),
         1,
         "5 requests, one kept-alive connection"
     );
 
-    let (up, opened, closed) = counting_upstream();
+    let up = complete_upstream();
     let no_idle = ("EPODE_SIDECAR_UPSTREAM_MAX_IDLE", "0");
     let sc = Sidecar::start(&up.url(), &[MODERN_UP[0], one_worker, no_idle]);
     for _ in 0..5 {
         prompts_list(&sc).await;
     }
-    assert_eq!(opened.load(SeqCst), 5, "no idle connection kept");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while closed.load(SeqCst) < 5 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(closed.load(SeqCst), 5, "each closed after its answer");
+    assert_eq!(up.request_connections(), 5, "no idle connection kept");
+    eventually_async(Duration::from_secs(5), || {
+        std::future::ready(up.request_connections_closed() == 5)
+    })
+    .await;
+    assert_eq!(
+        up.request_connections_closed(),
+        5,
+        "each closed after its answer"
+    );
 
-    let (up, opened, closed) = counting_upstream();
+    let up = complete_upstream();
     let short = ("EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT", "100ms");
     let sc = Sidecar::start(&up.url(), &[MODERN_UP[0], one_worker, short]);
     prompts_list(&sc).await;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while closed.load(SeqCst) < 1 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async(Duration::from_secs(5), || {
+        std::future::ready(up.request_connections_closed() == 1)
+    })
+    .await;
     assert_eq!(
-        closed.load(SeqCst),
+        up.request_connections_closed(),
         1,
         "the idle connection closed by the sidecar"
     );
     prompts_list(&sc).await;
-    assert_eq!(opened.load(SeqCst), 2);
+    assert_eq!(up.request_connections(), 2);
 }

@@ -279,6 +279,16 @@ async fn legacy_initialize_is_stateless() {
     }
 }
 
+/// Waits until nothing answers on `port` any more (a stopped peer's socket is gone).
+fn wait_port_free(port: u16) {
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+        }),
+        "port {port} still answers"
+    );
+}
+
 /// The upstream restarts and forgets its sessions: the sidecar initialises again and the
 /// client never notices. Then the upstream is redeployed as another era on the same port.
 #[test]
@@ -293,7 +303,7 @@ fn upstream_restart_and_redeploy() {
     let second = ts_client(&sc.url(), "pin", &["--everything"]);
     assert_client_works(&second, "modern", "after restart (new sessions upstream)");
     drop(up);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_port_free(port);
 
     // Redeployed as a 2026 server: the era is checked again, not cached forever.
     let up = Upstream::start_on(UpstreamKind::TypeScriptModernOnly, port, &[]);
@@ -301,7 +311,7 @@ fn upstream_restart_and_redeploy() {
     assert_client_works(&third, "legacy", "after redeploy as a 2026-only server");
     assert_eq!(third["serverInfo"]["name"], "ts-peer");
     drop(up);
-    std::thread::sleep(Duration::from_millis(200));
+    wait_port_free(port);
 
     // And back to a 2025-only server.
     let _up = Upstream::start_on(UpstreamKind::Everything, port, &[]);
@@ -361,51 +371,31 @@ async fn listen_streams_stay_open() {
 /// before the sidecar exits, as an idle or displaced session does.
 #[test]
 fn live_2025_sessions_get_their_delete_at_shutdown() {
-    use std::net::TcpStream;
     use std::sync::{Arc, Mutex};
     let deleted: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = deleted.clone();
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((head, body)) = read_http_request(&mut s) {
-            let header = |name: &str| {
-                head.lines().find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
-                })
-            };
-            if head.starts_with("DELETE ") {
-                let session = header("mcp-session-id").unwrap_or_default();
-                let auth = header("authorization").unwrap_or_default();
+    let up = ScriptedUpstream::new()
+        .when_fn(
+            |r| r.http_method() == "DELETE",
+            move |r| {
+                let session = r.header("mcp-session-id").unwrap_or_default();
+                let auth = r.header("authorization").unwrap_or_default();
                 seen.lock().unwrap().push(format!("{session} {auth}"));
-                reply_json(&mut s, "{}");
-                continue;
-            }
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req.get("id").is_none() {
-                use std::io::Write as _;
-                let _ = s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n");
-                continue;
-            }
-            let (session, result) = if req["method"] == "initialize" {
-                let token = header("authorization").unwrap_or_default();
+                Reply::json("{}")
+            },
+        )
+        .when(|r| r.json.get("id").is_none(), Reply::empty(202))
+        .when_fn(
+            |r| r.method() == "initialize",
+            |r| {
+                let token = r.header("authorization").unwrap_or_default();
                 let session = format!("session-of-{}", token.replace("Bearer ", ""));
                 let init = json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}});
-                (Some(session), init)
-            } else {
-                (None, json!({"tools": []}))
-            };
-            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string();
-            let session = session
-                .map(|s| format!("mcp-session-id: {s}\r\n"))
-                .unwrap_or_default();
-            use std::io::Write as _;
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{session}content-length: {}\r\n\r\n{reply}",
-                reply.len()
-            );
-        }
-    });
+                Reply::result(init).header("mcp-session-id", &session)
+            },
+        )
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start();
     let mut sc = Sidecar::start(
         &up.url(),
         &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25")],

@@ -581,30 +581,19 @@ async fn decorates_without_a_prior_list_and_on_streams() {
 /// `structuredContent`.
 #[tokio::test]
 async fn decoration_keeps_every_other_byte() {
-    let up = RawUpstream::start(|mut s: std::net::TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap();
-            let reply = if req["method"] == "tools/call" {
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"content":[{{"type":"text","text":"\u00e9"}}],"structuredContent":{{"big":1e400,"n":12345678901234567890,"f":0.1,"s":"\u00e9\ud83d\ude80"}},"resultType":"complete"}}}}"#,
-                    req["id"]
-                )
-            } else if req["method"] == "tools/list" {
-                // `odd` declares an outputSchema: the action goes in its own text block and
-                // structuredContent stays as it was.
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"result":{{"tools":[{{"name":"odd","inputSchema":{{"type":"object"}},"outputSchema":{{"type":"object"}}}}]}}}}"#,
-                    req["id"]
-                )
-            } else {
-                format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32601,"message":"no"}}}}"#,
-                    req["id"]
-                )
-            };
-            reply_json(&mut s, &reply);
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .on(
+            "tools/call",
+            Reply::result_raw(r#"{"content":[{"type":"text","text":"\u00e9"}],"structuredContent":{"big":1e400,"n":12345678901234567890,"f":0.1,"s":"\u00e9\ud83d\ude80"},"resultType":"complete"}"#),
+        )
+        // `odd` declares an outputSchema: the action goes in its own text block and
+        // structuredContent stays as it was.
+        .on(
+            "tools/list",
+            Reply::result_raw(r#"{"tools":[{"name":"odd","inputSchema":{"type":"object"},"outputSchema":{"type":"object"}}]}"#),
+        )
+        .otherwise(Reply::error(-32601, "no"))
+        .start();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = feedback_sidecar(
         &up.url(),
@@ -873,23 +862,12 @@ async fn timed_list(url: &str) -> (std::time::Duration, usize) {
 async fn an_upstream_listing_25_000_tools_is_listed_and_decorated_without_a_cliff() {
     const N: usize = 25_000;
     let page = std::sync::Arc::new(tools_page(N));
-    let up = RawUpstream::start(move |mut s: std::net::TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap();
-            let result = if req["method"] == "tools/list" {
-                page.as_str().to_owned()
-            } else {
-                r#"{"content":[{"type":"text","text":"done"}],"resultType":"complete"}"#.to_owned()
-            };
-            reply_json(
-                &mut s,
-                &format!(
-                    r#"{{"jsonrpc":"2.0","id":{},"result":{result}}}"#,
-                    req["id"]
-                ),
-            );
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .on("tools/list", Reply::result_raw(page.as_str()))
+        .otherwise(Reply::result_raw(
+            r#"{"content":[{"type":"text","text":"done"}],"resultType":"complete"}"#,
+        ))
+        .start();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = feedback_sidecar(
         &up.url(),

@@ -1,45 +1,26 @@
 //! Every refusal of the 2026-07-28 front door: exact HTTP status, JSON-RPC code and id, and
 //! nothing sent upstream. The upstream here is a raw responder that counts what reaches it.
 
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
 use crate::support::*;
 use serde_json::{json, Value};
 
-struct Counting {
-    up: RawUpstream,
-    hits: Arc<AtomicUsize>,
+/// A 2026-style upstream that answers every request with an empty tools list (and records
+/// what reaches it).
+fn empty_list_upstream() -> Scripted {
+    ScriptedUpstream::new()
+        .otherwise(Reply::result(
+            json!({"tools": [], "resultType": "complete"}),
+        ))
+        .start()
 }
 
-/// A 2026-style upstream that answers every request with an empty tools list.
-fn counting_upstream() -> Counting {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            h.fetch_add(1, Ordering::SeqCst);
-            let id = serde_json::from_slice::<Value>(&body)
-                .ok()
-                .and_then(|v| v.get("id").cloned())
-                .unwrap_or(Value::Null);
-            let reply =
-                json!({"jsonrpc":"2.0","id":id,"result":{"tools":[],"resultType":"complete"}})
-                    .to_string();
-            reply_json(&mut s, &reply);
-        }
-    });
-    Counting { up, hits }
-}
-
-fn start() -> (Counting, Sidecar) {
-    let c = counting_upstream();
+fn start() -> (Scripted, Sidecar) {
+    let up = empty_list_upstream();
     let sc = Sidecar::start(
-        &c.up.url(),
+        &up.url(),
         &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
     );
-    (c, sc)
+    (up, sc)
 }
 
 fn envelope() -> Value {
@@ -101,7 +82,7 @@ async fn missing_envelope_is_400_invalid_params() {
         json!("m2"),
     );
     assert!(msg.contains("clientCapabilities"), "{msg}");
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 #[tokio::test]
@@ -241,7 +222,7 @@ async fn header_mismatches_are_400_header_mismatch_naming_both_values() {
         json!(9),
     );
     assert_eq!(
-        c.hits.load(Ordering::SeqCst),
+        c.request_count(),
         0,
         "a refused request reached the upstream"
     );
@@ -288,7 +269,7 @@ async fn duplicated_routing_headers_are_refused() {
         -32020,
         json!("d"),
     );
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 #[tokio::test]
@@ -309,7 +290,7 @@ async fn base64_mcp_name_is_decoded_and_the_request_goes_upstream() {
     )
     .await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(c.hits.load(Ordering::SeqCst), 1);
+    assert_eq!(c.request_count(), 1);
     // A broken encoding is a mismatch.
     assert_error(
         send(
@@ -358,7 +339,7 @@ async fn unsupported_version_is_400_with_supported_and_requested() {
     assert_eq!(v["error"]["code"], -32022);
     assert_eq!(v["error"]["data"]["supported"], json!(["2026-07-28"]));
     assert_eq!(v["error"]["data"]["requested"], "2099-01-01");
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 #[tokio::test]
@@ -389,7 +370,7 @@ async fn batches_malformed_json_and_other_methods() {
         let v: Value = resp.json().await.unwrap();
         assert_eq!(v["jsonrpc"], "2.0");
     }
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 #[tokio::test]
@@ -413,7 +394,7 @@ async fn removed_methods_are_404_method_not_found() {
             json!(i),
         );
     }
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 #[tokio::test]
@@ -433,7 +414,7 @@ async fn notifications_are_accepted_with_202() {
     )
     .await;
     assert_eq!(status, 202);
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 /// A key the sidecar routes on, given twice, is refused in both eras (400, -32600, naming the
@@ -501,7 +482,7 @@ async fn duplicate_keys_are_refused_in_both_eras() {
         json!("d4"),
     );
     assert!(msg.contains("`method`"), "{msg}");
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
 }
 
 /// The request any web page can send without a preflight: a `tools/call` with a loopback
@@ -534,12 +515,12 @@ async fn a_post_that_is_not_json_is_415_before_anything_runs() {
         let msg = assert_error(send(&sc, &headers, &body).await, 415, -32000, Value::Null);
         assert!(msg.contains("application/json"), "{ct:?}: {msg}");
     }
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0, "a refused call ran");
+    assert_eq!(c.request_count(), 0, "a refused call ran");
     let mut headers = call.to_vec();
     headers.push(("content-type", "application/json; charset=utf-8"));
     let (status, v) = send(&sc, &headers, &body).await;
     assert_eq!(status, 200, "{v}");
-    assert_eq!(c.hits.load(Ordering::SeqCst), 1);
+    assert_eq!(c.request_count(), 1);
 }
 
 async fn preflight(sc: &Sidecar, origin: &str) -> reqwest::Response {
@@ -634,19 +615,15 @@ async fn cors_preflights_are_granted_to_allowed_origins_only() {
     )
     .await;
     assert_eq!(status, 200);
-    assert_eq!(
-        c.hits.load(Ordering::SeqCst),
-        2,
-        "preflights never go upstream"
-    );
+    assert_eq!(c.request_count(), 2, "preflights never go upstream");
 }
 
 /// With an exact origin list, only those origins' preflights are granted.
 #[tokio::test]
 async fn cors_follows_a_configured_origin_list() {
-    let c = counting_upstream();
+    let c = empty_list_upstream();
     let sc = Sidecar::start(
-        &c.up.url(),
+        &c.url(),
         &[
             ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
             (
@@ -702,7 +679,7 @@ async fn ids_that_are_not_strings_or_numbers_are_400() {
             Value::Null,
         );
     }
-    assert_eq!(c.hits.load(Ordering::SeqCst), 0);
+    assert_eq!(c.request_count(), 0);
     for id in [json!("s"), json!(-3), json!(1.5)] {
         let body =
             json!({"jsonrpc":"2.0","id":id,"method":"tools/list","params":{"_meta":envelope()}});
@@ -738,9 +715,5 @@ fn a_browser_page_calls_through_cors_and_cannot_post_text() {
     assert_eq!(v["json"]["status"], 200, "{v}");
     assert!(v["json"]["body"]["result"]["tools"].is_array(), "{v}");
     assert_eq!(v["plain"]["status"], 415, "{v}");
-    assert_eq!(
-        c.hits.load(Ordering::SeqCst),
-        1,
-        "the text/plain call ran: {v}"
-    );
+    assert_eq!(c.request_count(), 1, "the text/plain call ran: {v}");
 }

@@ -4,10 +4,6 @@
 //! `Retry-After` and a JSON-RPC error carrying their id, and nothing of them is sent upstream.
 //! A stdio child's full stdin queue gives the same 503 after the same wait.
 
-use std::mem::MaybeUninit;
-use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
@@ -15,75 +11,20 @@ use serde_json::{json, Value};
 
 const MODERN: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28");
 
-/// Connections a raw upstream has open, counted as they are accepted.
-#[derive(Default)]
-struct Count {
-    open: Mutex<Vec<(u64, TcpStream)>>,
-    next: AtomicU64,
-    /// The most open at once.
-    max: AtomicUsize,
-    /// Connections ever accepted.
-    total: AtomicUsize,
-    /// Calls received (`tools/call`; the sidecar may send others of its own).
-    requests: AtomicUsize,
-    /// Every method received.
-    methods: Mutex<Vec<String>>,
+/// A 2026 upstream that takes `work` over each call (so calls overlap); it counts the
+/// connections open at once and the requests it gets.
+fn counting_upstream(work: Duration) -> Scripted {
+    ScriptedUpstream::new()
+        .otherwise(
+            Reply::result(json!({"content": [{"type": "text", "text": "done"}], "isError": false}))
+                .delayed(work),
+        )
+        .start()
 }
 
-/// Whether the peer closed `s` (its FIN waits unread): peeked without blocking, so the count
-/// never depends on whether the thread serving it has seen the close yet.
-fn closed_by_peer(s: &TcpStream) -> bool {
-    const MSG_PEEK: i32 = 0x2;
-    const MSG_DONTWAIT: i32 = 0x40;
-    let mut buf = [MaybeUninit::<u8>::uninit(); 1];
-    match socket2::SockRef::from(s).recv_with_flags(&mut buf, MSG_PEEK | MSG_DONTWAIT) {
-        Ok(0) => true,
-        Ok(_) => false,
-        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
-    }
-}
-
-impl Count {
-    /// A connection accepted: those the sidecar has closed since are no longer counted (on
-    /// loopback a close reaches the peer before the next connection's SYN does).
-    fn opened(&self, s: &TcpStream) -> u64 {
-        let mut open = self.open.lock().unwrap();
-        open.retain(|(_, o)| !closed_by_peer(o));
-        let id = self.next.fetch_add(1, Ordering::SeqCst);
-        open.push((id, s.try_clone().unwrap()));
-        self.max.fetch_max(open.len(), Ordering::SeqCst);
-        self.total.fetch_add(1, Ordering::SeqCst);
-        id
-    }
-
-    fn closed(&self, id: u64) {
-        self.open.lock().unwrap().retain(|(i, _)| *i != id);
-    }
-}
-
-/// A 2026 upstream that takes `work` over each call (so calls overlap), counting connections.
-fn counting_upstream(work: Duration) -> (RawUpstream, Arc<Count>) {
-    let count = Arc::new(Count::default());
-    let c = count.clone();
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        let id = c.opened(&s);
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let method = req["method"].as_str().unwrap_or_default().to_owned();
-            if method == "tools/call" {
-                c.requests.fetch_add(1, Ordering::SeqCst);
-            }
-            c.methods.lock().unwrap().push(method);
-            std::thread::sleep(work);
-            let result = json!({"content": [{"type": "text", "text": "done"}], "isError": false});
-            reply_json(
-                &mut s,
-                &json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string(),
-            );
-        }
-        c.closed(id);
-    });
-    (up, count)
+/// The `tools/call`s an upstream received (the sidecar may send others of its own).
+fn calls_received(up: &Scripted) -> usize {
+    up.methods().iter().filter(|m| *m == "tools/call").count()
 }
 
 /// `tools/call`s at once, one per id, each on its own connection; (id, status, Retry-After,
@@ -126,22 +67,13 @@ async fn burst(
     futures_util::future::join_all(calls).await
 }
 
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 /// 2,000 calls at once against an upstream that takes 100 ms a call, through two workers with
 /// a cap of 50 connections and a long wait: every call is answered (the excess waited for a
 /// connection), each sent upstream once, and never more than 50 connections were open.
 #[tokio::test]
 async fn the_connection_cap_holds_under_a_burst_and_the_excess_waits() {
     let cap = 50;
-    let (up, count) = counting_upstream(Duration::from_millis(100));
+    let up = counting_upstream(Duration::from_millis(100));
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -159,10 +91,7 @@ async fn the_connection_cap_holds_under_a_burst_and_the_excess_waits() {
     for (_, status, _, _) in &results {
         *statuses.entry(*status).or_default() += 1;
     }
-    let (max, total) = (
-        count.max.load(Ordering::SeqCst),
-        count.total.load(Ordering::SeqCst),
-    );
+    let (max, total) = (up.max_open_connections(), up.connections_accepted());
     eprintln!(
         "burst of 2000: {statuses:?} in {:?}; upstream connections at most {max} open, {total} opened",
         started.elapsed()
@@ -173,13 +102,10 @@ async fn the_connection_cap_holds_under_a_burst_and_the_excess_waits() {
         assert_eq!(v["result"]["content"][0]["text"], "done", "{v}");
     }
     assert_eq!(
-        count.requests.load(Ordering::SeqCst),
+        calls_received(&up),
         2000,
         "{:?}",
-        count
-            .methods
-            .lock()
-            .unwrap()
+        up.methods()
             .iter()
             .filter(|m| *m != "tools/call")
             .collect::<Vec<_>>()
@@ -189,7 +115,7 @@ async fn the_connection_cap_holds_under_a_burst_and_the_excess_waits() {
         "{max} connections were open to the upstream at once; the cap is {cap}"
     );
     let metrics = get_blocking(sc.addr, "/metrics");
-    let open = metric(&metrics, "epode_sidecar_upstream_connections ");
+    let open = metric_value(&metrics, "epode_sidecar_upstream_connections ");
     assert!(open <= cap as u64, "{metrics}");
 }
 
@@ -199,7 +125,7 @@ async fn the_connection_cap_holds_under_a_burst_and_the_excess_waits() {
 #[tokio::test]
 async fn past_the_cap_and_the_wait_a_call_gets_503_with_its_id_and_is_not_sent() {
     let cap = 4;
-    let (up, count) = counting_upstream(Duration::from_secs(3));
+    let up = counting_upstream(Duration::from_secs(3));
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -229,17 +155,14 @@ async fn past_the_cap_and_the_wait_a_call_gets_503_with_its_id_and_is_not_sent()
             _ => panic!("call {i}: {status} {v}"),
         }
     }
-    let max = count.max.load(Ordering::SeqCst);
+    let max = up.max_open_connections();
     eprintln!("2000 calls, cap {cap}: {served} served, {refused} refused with 503; at most {max} connections open");
     assert!(refused > 0, "no call was refused: {served} served");
     assert_eq!(
-        count.requests.load(Ordering::SeqCst),
+        calls_received(&up),
         served,
         "only the calls served reached the upstream: {:?}",
-        count
-            .methods
-            .lock()
-            .unwrap()
+        up.methods()
             .iter()
             .filter(|m| *m != "tools/call")
             .collect::<Vec<_>>()
@@ -249,7 +172,7 @@ async fn past_the_cap_and_the_wait_a_call_gets_503_with_its_id_and_is_not_sent()
         "{max} connections open at once; the cap is {cap}"
     );
     let metrics = get_blocking(sc.addr, "/metrics");
-    let hits = metric(
+    let hits = metric_value(
         &metrics,
         "epode_sidecar_limits_hit_total{kind=\"upstream_connections\"}",
     );
@@ -316,7 +239,7 @@ fn anon_kib(pid: u32) -> u64 {
 /// open-loop benchmark's 20 s at 5,000 calls/s is what tells the delays apart.)
 #[tokio::test]
 async fn memory_held_in_a_burst_is_returned_when_it_ends() {
-    let (up, _count) = counting_upstream(Duration::from_millis(300));
+    let up = counting_upstream(Duration::from_millis(300));
     let sc = Sidecar::start(
         &up.url(),
         &[

@@ -2,7 +2,7 @@
 //! case ends in a defined answer, bounded memory and a quick recovery, and a normal request is
 //! answered within a second while it lasts. Each test states the memory bound it checks.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
@@ -11,15 +11,11 @@ use serde_json::{json, Value};
 
 const MODERN: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28");
 
-/// A 2026 upstream that answers every request at once.
-fn fast_upstream() -> RawUpstream {
-    RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": []}});
-            reply_json(&mut s, &reply.to_string());
-        }
-    })
+/// A 2026 upstream that answers every request at once with an empty tools list.
+fn instant_upstream() -> Scripted {
+    ScriptedUpstream::new()
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start()
 }
 
 /// A normal request over `client` (whose connection may predate the attack) is answered
@@ -55,26 +51,6 @@ async fn warm_client(sc: &Sidecar) -> reqwest::Client {
     client
 }
 
-/// Whether the peer closed `s` (or reset it) within `within`.
-fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
-    s.set_read_timeout(Some(within)).unwrap();
-    let mut got = Vec::new();
-    let mut buf = [0u8; 1024];
-    loop {
-        match s.read(&mut buf) {
-            Ok(0) => return (true, got),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                return (false, got)
-            }
-            Err(_) => return (true, got),
-        }
-    }
-}
-
 /// 400 silent connections against a process allowed 256 descriptors: past the cap (80% of
 /// the limit) new connections are reset at once, the sidecar keeps descriptors for its
 /// upstream, the warm client is served, silent connections are closed at the idle timeout
@@ -82,7 +58,7 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
 /// Bound: RSS under 64 MiB.
 #[tokio::test]
 async fn silent_connections_past_the_descriptor_limit() {
-    let up = fast_upstream();
+    let up = instant_upstream();
     let sc = Sidecar::start_with_prelude(
         "ulimit -n 256",
         &up.url(),
@@ -141,21 +117,12 @@ async fn silent_connections_past_the_descriptor_limit() {
     assert!(accept_lines <= 3, "{accept_lines} accept-failure lines");
 }
 
-fn metric_value(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 /// 200 slowloris connections (a head byte every 200 ms) and 300 idle keep-alive connections:
 /// the slow heads get 408 at the head deadline, the idle ones are closed at the idle timeout,
 /// and a normal request is served meanwhile. Bound: RSS under 64 MiB.
 #[tokio::test]
 async fn slowloris_and_idle_keep_alive_are_closed() {
-    let up = fast_upstream();
+    let up = instant_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -225,7 +192,7 @@ async fn slowloris_and_idle_keep_alive_are_closed() {
 /// budget), and memory comes back. Bound: RSS under the budget plus 48 MiB.
 #[tokio::test]
 async fn held_bodies_stay_within_the_budget() {
-    let up = fast_upstream();
+    let up = instant_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -281,39 +248,27 @@ async fn held_bodies_stay_within_the_budget() {
 /// A raw upstream whose `tools/call` answer is one SSE event of `size` bytes in 4 KiB chunks
 /// (never ending when `size` is `None`), after a progress event; `big_json`'s is the same
 /// text as one JSON answer.
-fn sse_upstream(size: Option<usize>) -> RawUpstream {
-    RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req["method"] != "tools/call" {
-                let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": []}});
-                reply_json(&mut s, &reply.to_string());
-                continue;
-            }
-            if req["params"]["name"] == "big_json" {
-                let text = "x".repeat(size.unwrap_or(0));
-                let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"content": [{"type": "text", "text": text}]}});
-                reply_json(&mut s, &reply.to_string());
-                continue;
-            }
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
-            if s.write_all(head.as_bytes()).is_err() {
-                return;
-            }
-            let _ = s.write_all(b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n");
-            let text = "x".repeat(4096);
-            let _ = s.write_all(format!("event: message\ndata: {{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"", req["id"]).as_bytes());
-            let mut sent = 0;
-            while size.is_none_or(|n| sent < n) {
-                if s.write_all(text.as_bytes()).is_err() {
-                    return;
-                }
-                sent += text.len();
-            }
-            let _ = s.write_all(b"\"}]}}\n\n");
-            return;
-        }
-    })
+fn sse_upstream(size: Option<usize>) -> Scripted {
+    let progress = r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#;
+    ScriptedUpstream::new()
+        .when(
+            |r| r.method() == "tools/call" && r.tool() == Some("big_json"),
+            Reply::result(
+                json!({"content": [{"type": "text", "text": "x".repeat(size.unwrap_or(0))}]}),
+            ),
+        )
+        .on(
+            "tools/call",
+            Reply::sse()
+                .event(progress)
+                .text("event: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":")
+                .id()
+                .text(r#","result":{"content":[{"type":"text","text":""#)
+                .repeat(&[b'x'; 4096], size)
+                .text("\"}]}}\n\n"),
+        )
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start()
 }
 
 async fn call_stream(sc: &Sidecar) -> String {
@@ -424,26 +379,17 @@ async fn an_endless_sse_event_is_cut() {
 /// passes the budget. Bound: RSS under the 64 MiB budget plus 48 MiB.
 #[tokio::test]
 async fn huge_answers_are_capped_and_their_sum_budgeted() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req["id"] == "normal" {
-                reply_json(
-                    &mut s,
-                    &json!({"jsonrpc":"2.0","id":"normal","result":{"tools":[]}}).to_string(),
-                );
-                continue;
-            }
-            let len: u64 = 1 << 30;
-            let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"tools\":[],\"x\":\"", req["id"]);
-            if s.write_all(head.as_bytes()).is_err() {
-                return;
-            }
-            let chunk = vec![b'x'; 64 * 1024];
-            while s.write_all(&chunk).is_ok() {}
-            return;
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .when(|r| *r.id() == "normal", Reply::result(json!({"tools": []})))
+        .otherwise(
+            Reply::body("application/json")
+                .declared_length(1 << 30)
+                .text(r#"{"jsonrpc":"2.0","id":"#)
+                .id()
+                .text(r#","result":{"tools":[],"x":""#)
+                .repeat(&[b'x'; 64 * 1024], None),
+        )
+        .start();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -482,7 +428,7 @@ async fn huge_answers_are_capped_and_their_sum_budgeted() {
 /// A 2025-era upstream with sessions, counting the live ones: every `initialize` opens one,
 /// a `DELETE` with its id closes it, and any other request must name a live one.
 struct SessionUpstream {
-    up: RawUpstream,
+    up: Scripted,
     live: std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     deleted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -493,44 +439,38 @@ fn session_upstream() -> SessionUpstream {
     let live = Arc::new(Mutex::new(std::collections::HashSet::new()));
     let deleted = Arc::new(AtomicUsize::new(0));
     let next = Arc::new(AtomicUsize::new(0));
-    let (l, d) = (live.clone(), deleted.clone());
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((head, body)) = read_http_request(&mut s) {
-            let session = head
-                .lines()
-                .find_map(|h| h.strip_prefix("mcp-session-id: "))
-                .map(str::to_owned);
-            if head.starts_with("DELETE") {
-                if let Some(id) = session {
+    let (l, d, l2, l3) = (live.clone(), deleted.clone(), live.clone(), live.clone());
+    let up = ScriptedUpstream::new()
+        .when_fn(
+            |r| r.http_method() == "DELETE",
+            move |r| {
+                if let Some(id) = r.header("mcp-session-id") {
                     if l.lock().unwrap().remove(&id) {
                         d.fetch_add(1, Ordering::SeqCst);
                     }
                 }
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n");
-                continue;
-            }
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req["method"] == "initialize" {
+                Reply::empty(200)
+            },
+        )
+        .when_fn(
+            |r| r.method() == "initialize",
+            move |_| {
                 let id = format!("s-{}", next.fetch_add(1, Ordering::SeqCst));
-                l.lock().unwrap().insert(id.clone());
-                let reply = json!({"jsonrpc":"2.0","id":req["id"],"result":{"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"legacy","version":"1"}}}).to_string();
-                let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nmcp-session-id: {id}\r\ncontent-length: {}\r\n\r\n{reply}", reply.len());
-                continue;
-            }
-            if !session.is_some_and(|id| l.lock().unwrap().contains(&id)) {
-                let _ = s.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n");
-                continue;
-            }
-            if req.get("id").is_none() {
-                let _ = s.write_all(b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n");
-                continue;
-            }
-            reply_json(
-                &mut s,
-                &json!({"jsonrpc":"2.0","id":req["id"],"result":{"tools":[]}}).to_string(),
-            );
-        }
-    });
+                l2.lock().unwrap().insert(id.clone());
+                Reply::result(json!({"protocolVersion":"2025-11-25","capabilities":{"tools":{}},"serverInfo":{"name":"legacy","version":"1"}}))
+                    .header("mcp-session-id", &id)
+            },
+        )
+        .when(
+            move |r| {
+                !r.header("mcp-session-id")
+                    .is_some_and(|id| l3.lock().unwrap().contains(&id))
+            },
+            Reply::empty(404),
+        )
+        .when(|r| r.json.get("id").is_none(), Reply::empty(202))
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start();
     SessionUpstream { up, live, deleted }
 }
 
@@ -563,16 +503,25 @@ async fn upstream_sessions_are_bounded_and_closed() {
         assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
         peak = peak.max(up.live.lock().unwrap().len());
     }
-    // DELETEs go out in the background: give them a moment.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // DELETEs go out in the background.
+    let closed_upstream = || up.deleted.load(std::sync::atomic::Ordering::SeqCst) >= 1150;
+    eventually_async(Duration::from_secs(10), || {
+        std::future::ready(closed_upstream())
+    })
+    .await;
     let live = up.live.lock().unwrap().len();
     let deleted = up.deleted.load(std::sync::atomic::Ordering::SeqCst);
     assert!(live <= 51, "{live} sessions still open");
     assert!(peak <= 60, "up to {peak} sessions open at once");
     assert!(deleted >= 1150, "only {deleted} sessions closed upstream");
     normal_request_within_a_second(&client, &sc).await;
-    // Idle sessions go too.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // Idle sessions go too (idle for 2 s).
+    let idle_closed = || up.live.lock().unwrap().len() <= 1;
+    eventually_async(
+        Duration::from_secs(10),
+        || std::future::ready(idle_closed()),
+    )
+    .await;
     assert!(
         up.live.lock().unwrap().len() <= 1,
         "idle sessions were not closed"
@@ -582,7 +531,7 @@ async fn upstream_sessions_are_bounded_and_closed() {
 /// A request head past `max_header_bytes` or `max_headers` gets 431, and the sidecar goes on.
 #[tokio::test]
 async fn oversized_heads_get_431() {
-    let up = fast_upstream();
+    let up = instant_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -611,16 +560,9 @@ async fn oversized_heads_get_431() {
 /// Past `max_in_flight`, a request gets 503 with `Retry-After` and a JSON-RPC error at once.
 #[tokio::test]
 async fn requests_past_the_in_flight_limit_get_503() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            std::thread::sleep(Duration::from_millis(800));
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            reply_json(
-                &mut s,
-                &json!({"jsonrpc":"2.0","id":req["id"],"result":{"tools":[]}}).to_string(),
-            );
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .otherwise(Reply::result(json!({"tools": []})).delayed(Duration::from_millis(800)))
+        .start();
     let sc = Sidecar::start(&up.url(), &[MODERN, ("EPODE_SIDECAR_MAX_IN_FLIGHT", "2")]);
     let slow: Vec<_> = (0..2)
         .map(|i| {
@@ -631,7 +573,11 @@ async fn requests_past_the_in_flight_limit_get_503() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both slow calls are in flight (the upstream has them and takes 800 ms).
+    eventually_async(Duration::from_secs(10), || {
+        std::future::ready(up.request_count() == 2)
+    })
+    .await;
     let started = Instant::now();
     let body = modern_body(json!("third"), "tools/list", json!({}));
     let resp = post_modern(&sc.url(), "tools/list", None, &body).await;

@@ -11,47 +11,25 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use crate::support::*;
-use serde_json::{json, Value};
+use serde_json::json;
 
 const MODERN: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28");
 
 /// A 2026 upstream: `tools/list` answered at once; `tools/call` answered with a result whose
 /// text is `big` bytes long (a JSON answer the sidecar reads whole).
-fn upstream(big: usize) -> RawUpstream {
-    RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req["method"] != "tools/call" {
-                let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": []}});
-                reply_json(&mut s, &reply.to_string());
-                continue;
-            }
-            let head = format!(
-                "{{\"jsonrpc\":\"2.0\",\"id\":{},\"result\":{{\"content\":[{{\"type\":\"text\",\"text\":\"",
-                req["id"]
-            );
-            let tail = "\"}]}}";
-            let len = head.len() + big + tail.len();
-            let status = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
-            );
-            if s.write_all(status.as_bytes()).is_err() || s.write_all(head.as_bytes()).is_err() {
-                return;
-            }
-            let chunk = vec![b'x'; 64 * 1024];
-            let mut sent = 0;
-            while sent < big {
-                let n = chunk.len().min(big - sent);
-                if s.write_all(&chunk[..n]).is_err() {
-                    return;
-                }
-                sent += n;
-            }
-            if s.write_all(tail.as_bytes()).is_err() {
-                return;
-            }
-        }
-    })
+fn big_call_upstream(big: usize) -> Scripted {
+    ScriptedUpstream::new()
+        .on(
+            "tools/call",
+            Reply::body("application/json")
+                .text(r#"{"jsonrpc":"2.0","id":"#)
+                .id()
+                .text(r#","result":{"content":[{"type":"text","text":""#)
+                .repeat(&[b'x'; 64 * 1024], Some(big))
+                .text(r#""}]}"#),
+        )
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start()
 }
 
 /// The raw bytes of a modern POST of `method` (a `tools/call` of `big` when asked).
@@ -107,31 +85,6 @@ fn get_answers_within_a_second(addr: SocketAddr, path: &str) {
     assert!(started.elapsed() < Duration::from_secs(1));
 }
 
-/// Whether the peer closed `s` (or reset it) within `within`, and what it sent first.
-fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
-    let deadline = Instant::now() + within;
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return (false, got);
-        }
-        s.set_read_timeout(Some(left)).unwrap();
-        match s.read(&mut buf) {
-            Ok(0) => return (true, got),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                return (false, got)
-            }
-            Err(_) => return (true, got),
-        }
-    }
-}
-
 /// How many of `conns` the peer has closed or reset, polled until at least `want` have or
 /// `within` passes.
 fn count_closed(conns: &mut [TcpStream], want: usize, within: Duration) -> usize {
@@ -175,22 +128,13 @@ fn metrics_of(addr: SocketAddr) -> String {
     text
 }
 
-fn metric_value(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 /// 400 silent connections to the admin port of a process allowed 256 descriptors: the admin
 /// listener keeps to its share of the connection cap (a sixteenth: 12 here) and resets the
 /// rest, so the MCP port still takes and answers new clients; the silent ones are closed at
 /// the header timeout, and the admin port answers again.
 #[test]
 fn an_admin_flood_leaves_the_mcp_port_answering() {
-    let up = upstream(0);
+    let up = big_call_upstream(0);
     let sc = Sidecar::start_with_prelude(
         "ulimit -n 256",
         &up.url(),
@@ -236,7 +180,7 @@ fn an_admin_flood_leaves_the_mcp_port_answering() {
 /// port are answered throughout.
 #[test]
 fn an_mcp_flood_leaves_the_admin_port_answering() {
-    let up = upstream(0);
+    let up = big_call_upstream(0);
     let sc = Sidecar::start_with_prelude(
         "ulimit -n 256",
         &up.url(),
@@ -270,7 +214,7 @@ fn an_mcp_flood_leaves_the_admin_port_answering() {
 /// started a head still gets 408.
 #[test]
 fn a_silent_connection_is_closed_at_the_header_timeout() {
-    let up = upstream(0);
+    let up = big_call_upstream(0);
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -308,7 +252,7 @@ fn a_silent_connection_is_closed_at_the_header_timeout() {
 /// connection is still closed at the client's end of stream.
 #[test]
 fn a_half_closed_connection_gets_its_answer() {
-    let up = upstream(100_000);
+    let up = big_call_upstream(100_000);
     let sc = Sidecar::start(&up.url(), &[MODERN]);
     for method in ["tools/list", "tools/call"] {
         let mut s = TcpStream::connect(sc.addr).unwrap();
@@ -356,7 +300,7 @@ const MIB: u64 = 1024;
 /// memory comes back.
 #[test]
 fn clients_that_do_not_read_stay_within_the_budget() {
-    let up = upstream(12 << 20);
+    let up = big_call_upstream(12 << 20);
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -413,26 +357,14 @@ fn clients_that_do_not_read_stay_within_the_budget() {
 /// timeout (a write that makes no progress), not held for as long as the upstream streams.
 #[test]
 fn a_client_that_does_not_read_is_cut_at_the_idle_timeout() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req["method"] != "tools/call" {
-                let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": []}});
-                reply_json(&mut s, &reply.to_string());
-                continue;
-            }
-            let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
-            if s.write_all(head.as_bytes()).is_err() {
-                return;
-            }
-            let event = format!(
-                "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"level\":\"info\",\"data\":\"{}\"}}}}\n\n",
-                "x".repeat(16 * 1024)
-            );
-            while s.write_all(event.as_bytes()).is_ok() {}
-            return;
-        }
-    });
+    let event = format!(
+        "event: message\ndata: {{\"jsonrpc\":\"2.0\",\"method\":\"notifications/message\",\"params\":{{\"level\":\"info\",\"data\":\"{}\"}}}}\n\n",
+        "x".repeat(16 * 1024)
+    );
+    let up = ScriptedUpstream::new()
+        .on("tools/call", Reply::sse().repeat(event.as_bytes(), None))
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start();
     let sc = Sidecar::start(&up.url(), &[MODERN, ("EPODE_SIDECAR_IDLE_TIMEOUT", "2s")]);
     let mut s = TcpStream::connect(sc.addr).unwrap();
     s.write_all(&raw_request("stream", "tools/call")).unwrap();
@@ -542,7 +474,7 @@ fn h1_held_body(addr: SocketAddr, within: Duration) -> (bool, String) {
 /// connection closes, so the connection goes away, not at the idle timeout, 60 s).
 #[test]
 fn a_held_body_is_cut_with_408_at_the_body_timeout() {
-    let up = upstream(0);
+    let up = big_call_upstream(0);
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -610,7 +542,7 @@ fn dev_epode_addr(sc: &Sidecar) -> SocketAddr {
 fn the_dev_epode_listener_is_bounded_like_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let record = dir.path().join("record.jsonl");
-    let up = upstream(0);
+    let up = big_call_upstream(0);
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -662,7 +594,7 @@ async fn http2_clients_that_do_not_read_stay_within_the_budget() {
     let (crt, key) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
     std::fs::write(&crt, cert.cert.pem()).unwrap();
     std::fs::write(&key, cert.signing_key.serialize_pem()).unwrap();
-    let up = upstream(12 << 20);
+    let up = big_call_upstream(12 << 20);
     let sc = Sidecar::start(
         &up.url(),
         &[

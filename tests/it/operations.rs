@@ -2,46 +2,33 @@
 //! set), one access-log line per request with nothing private in it, and W3C trace context
 //! carried to the upstream.
 
-use std::io::Write as _;
-use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
 use crate::support::*;
 use serde_json::{json, Value};
 
-/// Every request an upstream saw: its head (lowercase) and its body.
-type Seen = Arc<Mutex<Vec<(String, Value)>>>;
-
-/// A 2026 upstream that keeps every request's head and body.
-fn recording_upstream() -> (RawUpstream, Seen) {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let s2 = seen.clone();
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((head, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            s2.lock()
-                .unwrap()
-                .push((head.to_ascii_lowercase(), req.clone()));
-            let result = if req["method"] == "tools/list" {
-                json!({"tools": [{"name": "lookup", "inputSchema": {"type": "object"}}]})
-            } else {
-                json!({"content": [{"type": "text", "text": "secret-result-text"}],
-                       "_meta": {"ai.epode/identity": {"accountRef": "acct_secret_ref"}}})
-            };
-            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string();
-            let _ = write!(s, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{reply}", reply.len());
-        }
-    });
-    (up, seen)
+/// A 2026 upstream that lists `lookup`, whose calls answer private text and identity.
+fn lookup_upstream() -> Scripted {
+    ScriptedUpstream::new()
+        .on(
+            "tools/list",
+            Reply::result(
+                json!({"tools": [{"name": "lookup", "inputSchema": {"type": "object"}}]}),
+            ),
+        )
+        .otherwise(Reply::result(
+            json!({"content": [{"type": "text", "text": "secret-result-text"}],
+                   "_meta": {"ai.epode/identity": {"accountRef": "acct_secret_ref"}}}),
+        ))
+        .start()
 }
 
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 #[tokio::test]
 async fn metrics_live_on_the_admin_listener_with_help_lines() {
-    let (up, _) = recording_upstream();
+    let up = lookup_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = feedback_sidecar(
         &up.url(),
@@ -135,7 +122,7 @@ async fn metrics_live_on_the_admin_listener_with_help_lines() {
 
 #[tokio::test]
 async fn one_access_line_per_request_with_nothing_private() {
-    let (up, _) = recording_upstream();
+    let up = lookup_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = feedback_sidecar(
         &up.url(),
@@ -167,8 +154,14 @@ async fn one_access_line_per_request_with_nothing_private() {
         &report,
     )
     .await;
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let logs = sc.logs();
+    // Access lines are written as answers end: wait for both.
+    let mut logs = Vec::new();
+    eventually_async(Duration::from_secs(5), || {
+        logs.extend(sc.logs());
+        let access = logs.iter().filter(|l| l.contains("epode_sidecar::access"));
+        std::future::ready(access.count() >= 2)
+    })
+    .await;
     let access: Vec<&String> = logs
         .iter()
         .filter(|l| l.contains("epode_sidecar::access"))
@@ -198,7 +191,7 @@ async fn one_access_line_per_request_with_nothing_private() {
 
 #[tokio::test]
 async fn trace_context_reaches_the_upstream_in_the_header_and_in_meta() {
-    let (up, seen) = recording_upstream();
+    let up = lookup_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
@@ -222,8 +215,13 @@ async fn trace_context_reaches_the_upstream_in_the_header_and_in_meta() {
             .status(),
         200
     );
-    let seen = seen.lock().unwrap();
-    // The sidecar's own readiness ping at start is not one of them.
+    // Every request's head (lowercase) and body. (The sidecar's own readiness ping at start
+    // is not one of them.)
+    let seen: Vec<(String, Value)> = up
+        .requests()
+        .into_iter()
+        .map(|r| (r.head.to_ascii_lowercase(), r.json))
+        .collect();
     let seen: Vec<_> = seen
         .iter()
         .filter(|(_, req)| req["method"] == "tools/list")
@@ -245,7 +243,7 @@ async fn trace_context_reaches_the_upstream_in_the_header_and_in_meta() {
 /// with the reason when it does not; `--ready` follows `/readyz`.
 #[test]
 fn the_healthcheck_subcommand_probes_the_running_sidecar() {
-    let (up, _) = recording_upstream();
+    let up = lookup_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[

@@ -1,28 +1,21 @@
 //! Rate limits (governor): per client address, with `X-Forwarded-For` believed only from the
 //! trusted proxies, and per tool, where an agent gets a tool result it can act on.
 
-use std::net::TcpStream;
 use std::time::Duration;
 
 use crate::support::*;
 use serde_json::{json, Value};
 
-fn fast_upstream() -> RawUpstream {
-    RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let result = if req["method"] == "tools/list" {
-                json!({"tools": [{"name": "search", "inputSchema": {"type": "object"}},
-                                  {"name": "export_csv", "inputSchema": {"type": "object"}}]})
-            } else {
-                json!({"content": [{"type": "text", "text": "done"}]})
-            };
-            reply_json(
-                &mut s,
-                &json!({"jsonrpc": "2.0", "id": req["id"], "result": result}).to_string(),
-            );
-        }
-    })
+/// A 2026 upstream: `tools/list` names `search` and `export_csv`; every call succeeds.
+fn listing_upstream() -> Scripted {
+    ScriptedUpstream::new()
+        .on(
+            "tools/list",
+            Reply::result(json!({"tools": [{"name": "search", "inputSchema": {"type": "object"}},
+                                             {"name": "export_csv", "inputSchema": {"type": "object"}}]})),
+        )
+        .otherwise(Reply::result(json!({"content": [{"type": "text", "text": "done"}]})))
+        .start()
 }
 
 async fn list(sc: &Sidecar, forwarded_for: Option<&str>) -> reqwest::Response {
@@ -50,7 +43,7 @@ async fn call(sc: &Sidecar, tool: &str) -> Value {
 
 #[tokio::test]
 async fn a_client_over_its_limit_gets_429_with_retry_after() {
-    let up = fast_upstream();
+    let up = listing_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -90,7 +83,7 @@ async fn a_client_over_its_limit_gets_429_with_retry_after() {
 
 #[tokio::test]
 async fn forwarded_for_is_believed_only_from_trusted_proxies() {
-    let up = fast_upstream();
+    let up = listing_upstream();
     let base = [
         ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
         ("EPODE_SIDECAR_RATE_LIMIT", "2/m"),
@@ -113,7 +106,7 @@ async fn forwarded_for_is_believed_only_from_trusted_proxies() {
 
 #[tokio::test]
 async fn a_tool_over_its_limit_answers_a_result_the_agent_can_act_on() {
-    let up = fast_upstream();
+    let up = listing_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -142,15 +135,6 @@ async fn a_tool_over_its_limit_answers_a_result_the_agent_can_act_on() {
             "another tool is not limited: {ok}"
         );
     }
-}
-
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .map(|v| v as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
 }
 
 /// Sends `count` requests, 8 at a time, the `i`th from the client address `client(i)` through
@@ -184,7 +168,7 @@ async fn cpu_per_request(sc: &Sidecar, count: u32, client: impl Fn(u32) -> Strin
 /// request once past its bound: CPU per request ×245 at 100,000 clients.)
 #[tokio::test]
 async fn many_client_addresses_keep_the_table_bounded_and_each_request_cheap() {
-    let up = fast_upstream();
+    let up = listing_upstream();
     let sc = Sidecar::start(
         &up.url(),
         &[
@@ -209,7 +193,7 @@ async fn many_client_addresses_keep_the_table_bounded_and_each_request_cheap() {
         .text()
         .await
         .unwrap();
-    let tracked = metric(&metrics, "epode_sidecar_rate_limit_clients ");
+    let tracked = metric_value(&metrics, "epode_sidecar_rate_limit_clients ");
     assert_eq!(tracked, 2000, "{metrics}");
     assert!(
         many < one * 3 + Duration::from_micros(100),

@@ -6,15 +6,16 @@ use std::time::{Duration, Instant};
 
 use crate::support::*;
 
-fn slow_upstream(delay: Duration) -> RawUpstream {
-    RawUpstream::start(move |mut s: TcpStream| {
-        while read_http_request(&mut s).is_some() {
-            std::thread::sleep(delay);
-            let body =
-                r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"resultType":"complete"}}"#;
-            reply_json(&mut s, body);
-        }
-    })
+/// An upstream that answers every request after `delay`.
+fn slow_upstream(delay: Duration) -> Scripted {
+    ScriptedUpstream::new()
+        .otherwise(
+            Reply::json(
+                r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"resultType":"complete"}}"#,
+            )
+            .delayed(delay),
+        )
+        .start()
 }
 
 #[tokio::test]
@@ -38,11 +39,19 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
             .unwrap();
         (resp.status().as_u16(), resp.text().await.unwrap())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    sc.terminate();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Terminated once the call is in flight (the upstream has it and takes 1.2 s).
     assert!(
-        TcpStream::connect(sc.addr).is_err(),
+        eventually_async(Duration::from_secs(10), || std::future::ready(
+            up.request_count() == 1
+        ))
+        .await
+    );
+    sc.terminate();
+    assert!(
+        eventually_async(Duration::from_secs(5), || {
+            std::future::ready(TcpStream::connect(sc.addr).is_err())
+        })
+        .await,
         "the sidecar still accepts connections after SIGTERM"
     );
     let (status, body) = in_flight.await.unwrap();
@@ -60,16 +69,15 @@ async fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
 #[tokio::test]
 async fn work_past_the_grace_period_is_answered_and_the_exit_says_so() {
     // `json` hangs before answering; `sse` sends a progress event and then hangs.
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        use std::io::Write as _;
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-            if req["id"] == "sse" {
-                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progressToken\":1,\"progress\":1}}\n\n");
-            }
-            std::thread::sleep(Duration::from_secs(30));
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .when(
+            |r| *r.id() == "sse",
+            Reply::sse()
+                .event(r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}"#)
+                .then_hang(),
+        )
+        .otherwise(Reply::silent())
+        .start();
     let mut sc = Sidecar::start(
         &up.url(),
         &[
@@ -77,18 +85,31 @@ async fn work_past_the_grace_period_is_answered_and_the_exit_says_so() {
             ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
         ],
     );
+    // Each call says when its answer's head has arrived (only the stream's does before the
+    // shutdown).
+    let (head_tx, mut head_rx) = tokio::sync::mpsc::unbounded_channel();
     let call = |id: &'static str| {
         let url = sc.url();
+        let head_tx = head_tx.clone();
         tokio::spawn(async move {
             let body = modern_body(serde_json::json!(id), "tools/list", serde_json::json!({}));
             let resp = post_modern(&url, "tools/list", None, &body).await;
+            let _ = head_tx.send(id);
             let status = resp.status().as_u16();
             let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
             (status, ct, resp.text().await.unwrap())
         })
     };
     let (json_call, sse_call) = (call("json"), call("sse"));
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Terminated once both are in flight: the upstream holds both, and the stream has begun.
+    assert!(
+        eventually_async(Duration::from_secs(10), || std::future::ready(
+            up.request_count() == 2
+        ))
+        .await
+    );
+    let begun = tokio::time::timeout(Duration::from_secs(10), head_rx.recv()).await;
+    assert_eq!(begun.ok().flatten(), Some("sse"));
     let started = Instant::now();
     sc.terminate();
     let (status, ct, body) = json_call.await.unwrap();

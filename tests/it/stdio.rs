@@ -305,11 +305,21 @@ async fn a_2025_session_over_stdio_relays_server_requests_and_survives_a_restart
     // 404 for it, and the sidecar initialises the new child once and goes on.
     let mut log = Vec::new();
     let pid = child_pids(&sc, &mut log)[0];
+    let ended = |log: &[String]| {
+        log.iter()
+            .filter(|l| l.contains("the MCP server process ended"))
+            .count()
+    };
+    let ended_before = ended(&log);
     std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
         .unwrap();
-    std::thread::sleep(Duration::from_millis(300));
+    // Until the sidecar has seen the child end.
+    eventually(Duration::from_secs(10), || {
+        log.extend(sc.logs());
+        ended(&log) > ended_before
+    });
     let body = json!({"jsonrpc": "2.0", "id": 12, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "back"}}});
     let resp = post_legacy(&sc, &body).await;
     assert_eq!(resp.status(), 200);
@@ -767,14 +777,10 @@ async fn a_child_per_client_is_bounded_and_stopped_when_idle() {
     ]);
     // Ready first: the start-up probe is done with the first child.
     let ready = format!("{}/readyz", sc.base());
-    let mut ok = false;
-    for _ in 0..100 {
-        ok = http().get(&ready).send().await.unwrap().status() == 200;
-        if ok {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let ok = eventually_async(Duration::from_secs(10), || async {
+        http().get(&ready).send().await.unwrap().status() == 200
+    })
+    .await;
     assert!(ok, "never ready");
     let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "slow", "arguments": {"steps": 20}, "_meta": {"progressToken": "p"}}});
     let resp = post_as(&sc, Some("alice"), &slow).await;

@@ -5,7 +5,6 @@
 //! backend's do, with small numbers to keep the tests short.
 
 use std::collections::HashMap;
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use crate::support::fake_epode::{
@@ -14,44 +13,45 @@ use crate::support::fake_epode::{
 use crate::support::*;
 use serde_json::{json, Value};
 
-/// A fast 2026 upstream: `tools/list` names `work` (schema-less) and `ask` (which answers
+/// A 2026 upstream: `tools/list` names `work` (schema-less) and `ask` (which answers
 /// `input_required`); `tools/call` of `work` succeeds, `fail` is an `isError` result, `slow`
 /// succeeds after 400 ms.
-fn fast_upstream() -> RawUpstream {
-    RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let id = req["id"].clone();
-            let result = match (req["method"].as_str(), req["params"]["name"].as_str()) {
-                (Some("tools/list"), _) => json!({"tools": [
-                    {"name": "work", "inputSchema": {"type": "object"}},
-                    {"name": "fail", "inputSchema": {"type": "object"}},
-                    {"name": "ask", "inputSchema": {"type": "object"}},
-                    {"name": "slow", "inputSchema": {"type": "object"}}]}),
-                (_, Some("ask")) => json!({"resultType": "input_required", "requestState": "s"}),
-                (_, Some("fail")) => {
-                    json!({"content": [{"type": "text", "text": "no"}], "isError": true})
-                }
-                (_, Some("slow")) => {
-                    std::thread::sleep(Duration::from_millis(400));
-                    json!({"content": [{"type": "text", "text": "ok"}]})
-                }
-                _ => {
-                    // The customer a call names in its arguments (else acct_1).
-                    let account = req["params"]["arguments"]["customer"]
-                        .as_str()
-                        .unwrap_or("acct_1");
-                    json!({"content": [{"type": "text", "text": "ok"}],
-                           "_meta": {"ai.epode/identity": {"accountRef": account, "sessionRef": "s:1"}}})
-                }
-            };
-            let reply = json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string();
-            reply_json(&mut s, &reply);
-        }
-    })
+fn work_upstream() -> Scripted {
+    let tool = |name: &'static str| move |r: &Request| r.tool() == Some(name);
+    ScriptedUpstream::new()
+        .on(
+            "tools/list",
+            Reply::result(json!({"tools": [
+                {"name": "work", "inputSchema": {"type": "object"}},
+                {"name": "fail", "inputSchema": {"type": "object"}},
+                {"name": "ask", "inputSchema": {"type": "object"}},
+                {"name": "slow", "inputSchema": {"type": "object"}}]})),
+        )
+        .when(
+            tool("ask"),
+            Reply::result(json!({"resultType": "input_required", "requestState": "s"})),
+        )
+        .when(
+            tool("fail"),
+            Reply::result(json!({"content": [{"type": "text", "text": "no"}], "isError": true})),
+        )
+        .when(
+            tool("slow"),
+            Reply::result(json!({"content": [{"type": "text", "text": "ok"}]}))
+                .delayed(Duration::from_millis(400)),
+        )
+        .otherwise_fn(|r| {
+            // The customer a call names in its arguments (else acct_1).
+            let account = r.json["params"]["arguments"]["customer"]
+                .as_str()
+                .unwrap_or("acct_1");
+            Reply::result(json!({"content": [{"type": "text", "text": "ok"}],
+                                 "_meta": {"ai.epode/identity": {"accountRef": account, "sessionRef": "s:1"}}}))
+        })
+        .start()
 }
 
-fn sidecar(up: &RawUpstream, epode: &FakeEpode, extra: &[(&str, &str)]) -> Sidecar {
+fn sidecar(up: &Scripted, epode: &FakeEpode, extra: &[(&str, &str)]) -> Sidecar {
     let mut env = vec![("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")];
     env.extend_from_slice(extra);
     feedback_sidecar(&up.url(), epode, "never_ask", &env)
@@ -79,15 +79,12 @@ fn handle_of(v: &Value) -> String {
         .to_owned()
 }
 
+/// The events Epode has, once there are `n` (or `within` passed).
 async fn wait_events(epode: &FakeEpode, n: usize, within: Duration) -> Vec<Value> {
-    let deadline = Instant::now() + within;
-    loop {
-        let events = epode.events();
-        if events.len() >= n || Instant::now() > deadline {
-            return events;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    epode
+        .wait_until_async(within, |e| e.events().len() >= n)
+        .await;
+    epode.events()
 }
 
 async fn metric(sc: &Sidecar, name: &str) -> u64 {
@@ -99,16 +96,12 @@ async fn metric(sc: &Sidecar, name: &str) -> u64 {
         .text()
         .await
         .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    metric_value(&text, name)
 }
 
 #[tokio::test]
 async fn one_exact_event_per_completed_product_call() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = sidecar(&up, &epode, &[]);
     let c = http();
@@ -182,17 +175,12 @@ async fn one_exact_event_per_completed_product_call() {
 /// operation at all.)
 #[tokio::test]
 async fn upstream_failures_are_500_events() {
-    let up = RawUpstream::start(|mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            if req["method"] == "tools/call" {
-                return; // hang up without an answer
-            }
-            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": {"tools": [
-                {"name": "work", "inputSchema": {"type": "object"}}]}});
-            reply_json(&mut s, &reply.to_string());
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .on("tools/call", Reply::hang_up())
+        .otherwise(Reply::result(
+            json!({"tools": [{"name": "work", "inputSchema": {"type": "object"}}]}),
+        ))
+        .start();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = sidecar(&up, &epode, &[]);
     let body = modern_body(
@@ -292,7 +280,7 @@ fn assert_sequences(epode: &FakeEpode, n: u64) {
 /// hold up to the protocol's 100 events, and the sidecar's memory stays flat.
 #[tokio::test]
 async fn two_thousand_calls_in_parallel_deliveries_each_exactly_once() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     // Slower than the flush interval (500 ms), so deliveries overlap at any call rate.
     epode.set_batch_cost(Some(BatchCost {
@@ -345,7 +333,7 @@ async fn two_thousand_calls_in_parallel_deliveries_each_exactly_once() {
 /// it, and the gauges say so.
 #[tokio::test]
 async fn deliveries_overlap_up_to_the_limit_and_never_beyond() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_batch_cost(Some(BatchCost {
         base: Duration::from_millis(200),
@@ -386,7 +374,7 @@ async fn deliveries_overlap_up_to_the_limit_and_never_beyond() {
 
 #[tokio::test]
 async fn server_error_then_accepted_is_delivered_once() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.inject(Endpoint::Telemetry, Fault::Status(500));
     let sc = sidecar(&up, &epode, &[]);
@@ -412,7 +400,7 @@ async fn server_error_then_accepted_is_delivered_once() {
 
 #[tokio::test]
 async fn too_many_requests_waits_for_retry_after() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.inject(Endpoint::Telemetry, Fault::StatusRetryAfter(429, 2));
     let sc = sidecar(&up, &epode, &[]);
@@ -432,7 +420,7 @@ async fn too_many_requests_waits_for_retry_after() {
 /// event arrives.
 #[tokio::test]
 async fn too_many_requests_halves_the_limit_and_pauses_every_delivery() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_batch_cost(Some(BatchCost {
         base: Duration::from_millis(100),
@@ -460,10 +448,10 @@ async fn too_many_requests_halves_the_limit_and_pauses_every_delivery() {
     assert_eq!(metric(&sc, limit).await, 8);
     epode.inject(Endpoint::Telemetry, Fault::StatusRetryAfter(429, 2));
     calls(&sc, 1, 5).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&sc, limit).await == 8 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(Duration::from_secs(10), || async {
+        metric(&sc, limit).await != 8
+    })
+    .await;
     assert_eq!(metric(&sc, limit).await, 4, "the limit after a 429");
     // Many batches now wait; none may start before the pause ends.
     calls(&sc, 4, 25).await;
@@ -494,7 +482,7 @@ async fn too_many_requests_halves_the_limit_and_pauses_every_delivery() {
 /// Epode reported them.
 #[tokio::test]
 async fn a_partial_receipt_counts_only_the_dropped_events() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.inject(Endpoint::Telemetry, Fault::Dropped(2));
     let sc = sidecar(
@@ -515,10 +503,10 @@ async fn a_partial_receipt_counts_only_the_dropped_events() {
     assert_eq!(sent.len(), 1);
     assert_eq!(sent[0].body["events"].as_array().unwrap().len(), 5);
     let m = |name: &'static str| metric(&sc, name);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while m("epode_sidecar_telemetry_queue_depth").await > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually_async(Duration::from_secs(5), || async {
+        m("epode_sidecar_telemetry_queue_depth").await == 0
+    })
+    .await;
     assert_eq!(m("epode_sidecar_telemetry_delivered_total").await, 3);
     assert_eq!(
         m("epode_sidecar_telemetry_dropped_total{reason=\"epode_dropped\"}").await,
@@ -537,7 +525,7 @@ async fn a_partial_receipt_counts_only_the_dropped_events() {
 /// would need about 13 batches x 500 ms, longer than the 5 s allowed.
 #[tokio::test]
 async fn sigterm_flushes_every_delivery_in_flight_and_a_full_queue() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_batch_cost(Some(BatchCost {
         base: Duration::from_millis(500),
@@ -596,19 +584,16 @@ async fn large_events_go_in_batches_epode_reads_whole() {
     let long = |c: &str| c.repeat(160);
     let identity = json!({"accountRef": long("a"), "userRef": long("u"), "sessionRef": long("s"),
                           "runtimeHint": "\u{1F680}".repeat(200)});
-    let up = RawUpstream::start(move |mut s: TcpStream| {
-        while let Some((_, body)) = read_http_request(&mut s) {
-            let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            let result = if req["method"] == "tools/list" {
-                json!({"tools": [{"name": "work", "inputSchema": {"type": "object"}}]})
-            } else {
-                json!({"content": [{"type": "text", "text": "ok"}],
-                       "_meta": {"ai.epode/identity": identity.clone()}})
-            };
-            let reply = json!({"jsonrpc": "2.0", "id": req["id"], "result": result});
-            reply_json(&mut s, &reply.to_string());
-        }
-    });
+    let up = ScriptedUpstream::new()
+        .on(
+            "tools/list",
+            Reply::result(json!({"tools": [{"name": "work", "inputSchema": {"type": "object"}}]})),
+        )
+        .otherwise(Reply::result(
+            json!({"content": [{"type": "text", "text": "ok"}],
+                                          "_meta": {"ai.epode/identity": identity}}),
+        ))
+        .start();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_TELEMETRY_FLUSH", "3s")]);
     calls(&sc, 1, 60).await;
@@ -627,7 +612,7 @@ async fn large_events_go_in_batches_epode_reads_whole() {
 /// batch waited for the flush while the queue filled.)
 #[tokio::test]
 async fn full_batches_leave_at_once_whatever_the_concurrency() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = sidecar(
         &up,
@@ -655,7 +640,7 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
         Fault::MalformedReceipt,
         Fault::ShortAccepted,
     ] {
-        let up = fast_upstream();
+        let up = work_upstream();
         let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
         epode.inject(Endpoint::Telemetry, fault.clone());
         // A retry would come 50 ms after the answer; 500 ms without one shows there is none.
@@ -696,7 +681,7 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
 
 #[tokio::test]
 async fn a_full_queue_drops_and_counts() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_down(true);
     let sc = sidecar(
@@ -724,7 +709,7 @@ async fn a_full_queue_drops_and_counts() {
 
 #[tokio::test]
 async fn sigterm_delivers_queued_events_before_exit() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let mut sc = sidecar(&up, &epode, &[]);
     let c = http();
@@ -754,7 +739,7 @@ fn percentile(mut v: Vec<Duration>, p: f64) -> Duration {
 /// Epode unreachable for a minute: product calls are as fast as with Epode up.
 #[tokio::test]
 async fn epode_down_never_delays_product_calls() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     // The queue's clock, scaled down 25 times (flush, first retry) and a small queue, so the
     // seconds Epode is down cover many complete retry cycles, full queues and given-up
@@ -837,7 +822,7 @@ async fn epode_down_never_delays_product_calls() {
 /// not a panic of the delivery task: later events are still delivered.
 #[tokio::test]
 async fn an_overflowing_receipt_is_rejected_and_delivery_goes_on() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.inject(Endpoint::Telemetry, Fault::ReceiptOverflow);
     let sc = sidecar(&up, &epode, &[]);
@@ -859,15 +844,12 @@ async fn an_overflowing_receipt_is_rejected_and_delivery_goes_on() {
             .await,
         "the delivery task stopped after the overflowing receipt"
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        metric(
-            &sc,
-            "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}"
-        )
-        .await,
-        1
-    );
+    let rejected = "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}";
+    eventually_async(Duration::from_secs(5), || async {
+        metric(&sc, rejected).await >= 1
+    })
+    .await;
+    assert_eq!(metric(&sc, rejected).await, 1);
     assert_eq!(
         metric(&sc, "epode_sidecar_telemetry_delivered_total").await,
         1
@@ -878,7 +860,7 @@ async fn an_overflowing_receipt_is_rejected_and_delivery_goes_on() {
 /// give one line at the first drop and one summary (with the count) at shutdown.
 #[tokio::test]
 async fn dropped_telemetry_is_logged_as_summaries() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_down(true);
     let mut sc = sidecar(
@@ -933,7 +915,7 @@ async fn dropped_telemetry_is_logged_as_summaries() {
 /// customers they name, never form a cycle (they still all arrive, and they do overlap).
 #[tokio::test]
 async fn batches_in_flight_never_name_customers_in_a_cycle() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     epode.set_batch_cost(Some(BatchCost {
         base: Duration::from_millis(100),
@@ -1015,7 +997,7 @@ async fn batches_in_flight_never_name_customers_in_a_cycle() {
 /// served are events. (At 5,000 calls/s against the real Epode, each such 503 was an event.)
 #[tokio::test]
 async fn a_call_refused_before_it_is_sent_is_no_event() {
-    let up = fast_upstream();
+    let up = work_upstream();
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let sc = sidecar(
         &up,

@@ -118,6 +118,14 @@ async fn the_typescript_client_connects_over_https_with_the_test_ca() {
     );
 }
 
+/// Waits (up to 10 s) until a client trusting `ca` is served: a reload has taken effect.
+async fn served_with(ca: &Ca, sc: &Sidecar) {
+    eventually_async(Duration::from_secs(10), || async {
+        matches!(discover_over(&client_trusting(&ca.pem), sc).await, Ok(s) if s == 200)
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn the_certificate_is_reloaded_on_sighup_and_on_change() {
     let dir = tempfile::tempdir().unwrap();
@@ -145,17 +153,24 @@ async fn the_certificate_is_reloaded_on_sighup_and_on_change() {
         .args(["-HUP", &sc.pid().to_string()])
         .status()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reload was tried once the log says it was refused.
+    let mut logs = Vec::new();
+    let refused = |logs: &[String]| {
+        logs.iter()
+            .any(|l| l.contains("TLS certificate not reloaded"))
+    };
+    eventually_async(Duration::from_secs(10), || {
+        logs.extend(sc.logs());
+        std::future::ready(refused(&logs))
+    })
+    .await;
     assert_eq!(
         discover_over(&client_trusting(&first.pem), &sc)
             .await
             .unwrap(),
         200
     );
-    assert!(sc
-        .logs()
-        .iter()
-        .any(|l| l.contains("TLS certificate not reloaded")));
+    assert!(refused(&logs));
     // A good new pair, signed by another CA, is taken on SIGHUP.
     let (new_cert, new_key) = leaf(&second, dir.path(), "renewed");
     std::fs::copy(&new_cert, &cert).unwrap();
@@ -164,7 +179,7 @@ async fn the_certificate_is_reloaded_on_sighup_and_on_change() {
         .args(["-HUP", &sc.pid().to_string()])
         .status()
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    served_with(&second, &sc).await;
     assert_eq!(
         discover_over(&client_trusting(&second.pem), &sc)
             .await
@@ -194,7 +209,7 @@ async fn the_certificate_is_reloaded_on_sighup_and_on_change() {
     let (third_cert, third_key) = leaf(&first, dir.path(), "third");
     std::fs::copy(&third_cert, &cert).unwrap();
     std::fs::copy(&third_key, &key).unwrap();
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    served_with(&first, &polled).await;
     assert_eq!(
         discover_over(&client_trusting(&first.pem), &polled)
             .await

@@ -1,6 +1,7 @@
 //! Shared test fixtures: the real peers (Python `mcp` and TypeScript SDK upstreams, the
 //! TypeScript client, the conformance suite) installed by `scripts/install-peers.sh`, the
-//! sidecar binary itself, and small raw-TCP upstreams for edge cases real peers cannot produce.
+//! sidecar binary itself, and (in `scripted`) the scripted upstream for edge cases real peers
+//! cannot produce.
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -13,6 +14,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod fake_epode;
+pub mod scripted;
+
+pub use scripted::{Reply, Request, Scripted, ScriptedUpstream};
 
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -269,6 +273,62 @@ pub fn eventually(within: Duration, mut check: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// [`eventually`] for async tests, with a check that may itself be async (a sync one is
+/// written `|| std::future::ready(condition)`): polls every 25 ms without blocking the
+/// runtime (a single-threaded test runtime must keep driving what the check waits for).
+pub async fn eventually_async<F, Fut>(within: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
+    loop {
+        if check().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The value of the metric line that starts with `name` (a name with its labels) in a
+/// Prometheus text exposition, as an integer.
+pub fn metric_value(text: &str, name: &str) -> u64 {
+    text.lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+/// Whether the peer closed `s` (or reset it) within `within`, and what it sent first.
+pub fn closed_within(s: &mut TcpStream, within: Duration) -> (bool, Vec<u8>) {
+    let deadline = Instant::now() + within;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return (false, got);
+        }
+        s.set_read_timeout(Some(left)).unwrap();
+        match s.read(&mut buf) {
+            Ok(0) => return (true, got),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return (false, got)
+            }
+            Err(_) => return (true, got),
+        }
+    }
+}
+
 /// The resident set size of a process, in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -459,112 +519,6 @@ pub fn ts_client(url: &str, mode: &str, extras: &[&str]) -> Value {
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-/// A raw upstream on a loopback port, for behaviour real peers cannot be made to show (never
-/// answering, answering halfway, echoing what it received). Each accepted connection is handed
-/// to `handler` on its own thread.
-pub struct RawUpstream {
-    pub port: u16,
-}
-
-impl RawUpstream {
-    pub fn start<F>(handler: F) -> RawUpstream
-    where
-        F: Fn(TcpStream) + Send + Sync + 'static,
-    {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let handler = std::sync::Arc::new(handler);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().map_while(Result::ok) {
-                // Replies are written in pieces; without this, Nagle's algorithm and delayed
-                // ACKs add 40 ms to every exchange.
-                let _ = stream.set_nodelay(true);
-                let h = handler.clone();
-                std::thread::spawn(move || h(stream));
-            }
-        });
-        RawUpstream { port }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}/mcp", self.port)
-    }
-}
-
-/// Reads one HTTP/1.1 request (head and Content-Length body) from a raw stream. The
-/// sidecar's own readiness `ping` (sent at start and by `/readyz`) is answered here and
-/// skipped, so a test's upstream sees only what clients sent.
-pub fn read_http_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    loop {
-        let (head, body) = read_one_http_request(stream)?;
-        if body
-            .windows(25)
-            .any(|w| w == b"\"epode-sidecar-readiness\"")
-        {
-            reply_json(
-                stream,
-                r#"{"jsonrpc":"2.0","id":"epode-sidecar-readiness","result":{}}"#,
-            );
-            continue;
-        }
-        return Some((head, body));
-    }
-}
-
-fn read_one_http_request(stream: &mut TcpStream) -> Option<(String, Vec<u8>)> {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        if stream.read(&mut byte).ok()? == 0 {
-            return None;
-        }
-        buf.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&buf).into_owned();
-    let len = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())
-                .flatten()
-        })
-        .unwrap_or(0);
-    let mut body = vec![0u8; len];
-    stream.read_exact(&mut body).ok()?;
-    Some((head, body))
-}
-
-/// Writes a `200 OK` JSON answer on a raw stream.
-pub fn reply_json(stream: &mut TcpStream, body: &str) {
-    use std::io::Write as _;
-    let _ = write!(
-        stream,
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
-        body.len(),
-        body
-    );
-}
-
-/// Blocks until the peer closes the stream (or `within` passes); returns whether it closed.
-pub fn wait_closed(stream: &mut TcpStream, within: Duration) -> bool {
-    stream.set_read_timeout(Some(within)).unwrap();
-    let mut buf = [0u8; 256];
-    loop {
-        match stream.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => continue,
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut =>
-            {
-                return false
-            }
-            Err(_) => return true,
-        }
-    }
 }
 
 pub fn http() -> reqwest::Client {
