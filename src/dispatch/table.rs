@@ -24,7 +24,7 @@ use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::LimitKind;
-use crate::trial::bus::Note;
+use crate::observe::Note;
 use crate::upstream::answer;
 use crate::upstream::{translate, Client, Era};
 

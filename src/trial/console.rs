@@ -14,6 +14,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::bus::Bus;
 use crate::body::{self, Body, BoxError};
+use crate::server::Mounted;
 
 const PAGE: &str = include_str!("console.html");
 /// Where the page's script puts the origin it was loaded from.
@@ -21,8 +22,21 @@ const ORIGIN: &str = "__ORIGIN__";
 /// A comment line on an idle stream, so proxies and browsers keep it open.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// The console, mounted on the MCP listener under `/_dev`.
+pub(crate) struct Console(pub(crate) Arc<Bus>);
+
+impl Mounted for Console {
+    fn prefix(&self) -> &str {
+        "/_dev"
+    }
+
+    fn route(&self, method: &Method, path: &str) -> Option<Response<Body>> {
+        route(&self.0, method, path)
+    }
+}
+
 /// The console's routes: `Some` answer for a path under `/_dev/`.
-pub(crate) fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
+fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
     let resp = match (method, path) {
         (&Method::GET, "/_dev" | "/_dev/") => page(bus.mcp_path()),
         (&Method::GET, "/_dev/events") => events(bus),

@@ -4,7 +4,10 @@
 //! cannot lock out the others. Every connection gets the same bounds (`conn`: the head
 //! deadline counted from accept, the idle deadline, a write that makes no progress cut at the
 //! idle deadline), the same HTTP settings ([`http_builder`]) and the same back-off when
-//! accepting fails (out of descriptors, say).
+//! accepting fails (out of descriptors, say). It sits below everything that serves HTTP (the
+//! `server`'s listeners, the local trial's Epode), so none of them imports another to listen.
+
+mod conn;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::{self, Connections, Deadlines, Slot, Transport, Watched, CHUNK};
+use self::conn::{Connections, Deadlines, Slot, Transport, Watched, CHUNK};
 use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::Limits;
