@@ -21,6 +21,7 @@ mod epode;
 mod error;
 mod feedback;
 mod frontdoor;
+mod gate;
 mod healthcheck;
 mod limits;
 mod listener;

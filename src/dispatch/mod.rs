@@ -20,7 +20,8 @@ use crate::config::Config;
 use crate::epode::telemetry::Counters;
 use crate::error::{Error, Kind, Side};
 use crate::frontdoor;
-use crate::limits::{retry_after_secs, InFlight, RateLimits};
+use crate::gate::Gate;
+use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::observe::{millis, Note, Observer, Served};
@@ -34,7 +35,8 @@ pub(crate) struct Dispatcher {
     binding: Arc<FeedbackBinding>,
     metrics: Arc<Metrics>,
     budget: Arc<MemoryBudget>,
-    in_flight: Arc<InFlight>,
+    /// The MCP requests being served (every worker's).
+    in_flight: Gate,
     rates: Arc<RateLimits>,
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
     cut: watch::Receiver<bool>,
@@ -72,7 +74,7 @@ impl Dispatcher {
         let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer.clone())?;
         Ok(Dispatcher {
             upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
-            in_flight: InFlight::new(config.limits.max_in_flight),
+            in_flight: Gate::new(config.limits.max_in_flight),
             rates: RateLimits::new(&config.limits),
             config,
             binding,
@@ -134,7 +136,7 @@ impl Dispatcher {
 
     /// `/metrics`, with the gauges read now.
     pub(crate) fn render_metrics(&self) -> String {
-        self.metrics.in_flight.set(self.in_flight.current() as i64);
+        self.metrics.in_flight.set(self.in_flight.held() as i64);
         self.metrics.buffered_bytes.set(self.budget.used() as i64);
         self.metrics
             .rate_limit_clients
@@ -232,7 +234,7 @@ impl Dispatcher {
             )
             .into_response(None);
         }
-        let Some(_in_flight) = self.in_flight.enter() else {
+        let Some(_in_flight) = self.in_flight.try_enter() else {
             self.metrics.limit(LimitKind::InFlight);
             return Error::new(
                 Kind::Overloaded { retry_after: 1 },
