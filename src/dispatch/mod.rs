@@ -65,7 +65,7 @@ impl Dispatcher {
         epode: Option<url::Url>,
     ) -> Result<Self, Error> {
         let counters = Counters::new();
-        let metrics = Arc::new(Metrics::new(&counters));
+        let metrics = Arc::new(Metrics::new(|r| counters.register(r)));
         let budget = MemoryBudget::new(config.limits.memory_budget);
         let mut feedback = config.feedback.clone();
         if let Some(url) = epode {
@@ -269,9 +269,7 @@ impl Dispatcher {
                 self.upstream
                     .tell(&Client::new(&parts.headers, peer), &bytes)
                     .await;
-                let mut resp = Response::new(body::empty());
-                *resp.status_mut() = StatusCode::ACCEPTED;
-                return resp;
+                return body::answer(StatusCode::ACCEPTED, None, body::empty());
             }
             Err((e, id)) => {
                 tracing::debug!(error = %e, "refused at the front door");

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
@@ -334,16 +334,12 @@ pub(crate) async fn operations<B>(
             ),
         },
         (&Method::GET, "/metrics") if metrics => {
-            let mut resp = Response::new(body::full(dispatcher.render_metrics()));
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(metrics::CONTENT_TYPE),
-            );
-            resp
+            let text = body::full(dispatcher.render_metrics());
+            body::answer(StatusCode::OK, Some(metrics::CONTENT_TYPE), text)
         }
-        _ => body::json(
+        _ => body::error(
             StatusCode::NOT_FOUND,
-            r#"{"error":"not found: MCP clients post to the configured path"}"#,
+            "not found: MCP clients post to the configured path",
         ),
     }
 }

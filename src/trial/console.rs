@@ -40,9 +40,9 @@ fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> 
     let resp = match (method, path) {
         (&Method::GET, "/_dev" | "/_dev/") => page(bus.mcp_path()),
         (&Method::GET, "/_dev/events") => events(bus),
-        (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::json(
+        (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::error(
             StatusCode::NOT_FOUND,
-            r#"{"error":"the console is GET /_dev/ (and its stream GET /_dev/events)"}"#,
+            "the console is GET /_dev/ (and its stream GET /_dev/events)",
         ),
         _ => return None,
     };
@@ -64,12 +64,9 @@ fn page(mcp_path: &str) -> Response<Body> {
     let filled = PAGE
         .replace("__ENDPOINT__", &escape(&endpoint))
         .replace("__TRY__", &escape(&super::try_command(&endpoint)));
-    let mut resp = Response::new(body::full(filled));
+    let html = Some("text/html; charset=utf-8");
+    let mut resp = body::answer(StatusCode::OK, html, body::full(filled));
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
     // The page and its script are this file alone.
     h.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -108,12 +105,9 @@ fn events(bus: &Arc<Bus>) -> Response<Body> {
         }
     });
     let stream = futures_util::StreamExt::chain(past, next);
-    let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+    let sse = Some("text/event-stream");
+    let mut resp = body::answer(StatusCode::OK, sse, StreamBody::new(stream).boxed_unsync());
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp

@@ -191,16 +191,12 @@ async fn answer(epode: &DevEpode, req: Request<Incoming>, within: Duration) -> R
     } else {
         epode.answer("", None, false, None)
     };
-    let mut resp = Response::new(body::full(reply.body));
-    *resp.status_mut() = reply.status;
     let ct = if reply.json {
-        "application/json"
+        body::JSON
     } else {
         "text/plain; charset=utf-8"
     };
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    resp
+    body::answer(reply.status, Some(ct), body::full(reply.body))
 }
 
 /// A body that did not arrive within the body timeout: 408, and the connection is closed.
@@ -209,10 +205,7 @@ fn body_timed_out(within: Duration) -> Response<Body> {
         "Request timeout: the body did not arrive within {}",
         humantime::format_duration(within)
     );
-    let mut resp = body::json(
-        StatusCode::REQUEST_TIMEOUT,
-        serde_json::json!({ "error": message }).to_string(),
-    );
+    let mut resp = body::error(StatusCode::REQUEST_TIMEOUT, &message);
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp
