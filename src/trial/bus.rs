@@ -143,4 +143,45 @@ mod tests {
         let next = live.try_recv().unwrap();
         assert!(next.starts_with(r#"{"kind":"report","at":""#), "{next}");
     }
+
+    #[test]
+    fn a_request_shows_what_was_noted_of_it_then_how_it_was_served() {
+        let bus = Bus::new("/mcp");
+        bus.request(Served {
+            started: SystemTime::UNIX_EPOCH,
+            noted: vec![Noted::IsError(false), Noted::InteractionId("i".into())],
+            method: "tools/call",
+            tool: Some("add".into()),
+            era: "2025",
+            status: 200,
+            duration: std::time::Duration::from_micros(2_750),
+        });
+        let (history, _) = bus.follow();
+        let event: Value = serde_json::from_str(&history[0]).unwrap();
+        let keys: Vec<&str> = event
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "kind",
+                "at",
+                "startedAt",
+                "isError",
+                "interactionId",
+                "method",
+                "tool",
+                "era",
+                "status",
+                "durationMs"
+            ]
+        );
+        assert_eq!(event["kind"], "call");
+        assert_eq!(event["startedAt"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(event["durationMs"].to_string(), "2.8");
+        assert_eq!(event["tool"], "add");
+    }
 }
