@@ -68,15 +68,36 @@ pub(crate) fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
+/// Every answer the sidecar makes itself starts here: its status, its `Content-Type` (none for
+/// an answer without a body) and its body, of whatever type the path streams. (An upstream's
+/// answer passed on as it was keeps its own head: [`Buffered`].)
+pub(crate) fn answer<B>(
+    status: StatusCode,
+    content_type: Option<&'static str>,
+    body: B,
+) -> Response<B> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    if let Some(ct) = content_type {
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+    }
+    resp
+}
+
+/// `application/json`.
+pub(crate) const JSON: &str = "application/json";
+
 /// A response with a JSON body.
 pub(crate) fn json(status: StatusCode, bytes: impl Into<Bytes>) -> Response<Body> {
-    let mut resp = Response::new(full(bytes));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    answer(status, Some(JSON), full(bytes))
+}
+
+/// A refusal outside the MCP path (the operations' routes, the local trial's console and its
+/// Epode): `{"error": message}`. (A refusal of an MCP message is a JSON-RPC error:
+/// `Error::into_response`.)
+pub(crate) fn error(status: StatusCode, message: &str) -> Response<Body> {
+    json(status, serde_json::json!({ "error": message }).to_string())
 }
 
 /// A complete HTTP answer read whole, to be passed on exactly as it was.

@@ -6,6 +6,12 @@
 //! requests and answers that make up normal traffic. Bytes on their way to a client stay
 //! counted until their memory is freed, wherever they then are ([`keep`], [`counted`]): in a
 //! response body, or in a connection's write buffer waiting for a slow client.
+//!
+//! Not a `gate` (a semaphore), though it counts too: whether bytes may be taken depends on
+//! the holder's size (past [`SMALL`], only while the total stays within three quarters), which
+//! a semaphore's "are there n permits" cannot say; bytes already in memory are counted even
+//! past the limit ([`counted`]), which a semaphore cannot go below zero for; and a reservation
+//! grows and shrinks in place as a body arrives.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

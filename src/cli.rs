@@ -13,7 +13,6 @@ use tokio_rustls::TlsAcceptor;
 use crate::config::{self, Config, ConnectionCap, FlagValues, LogFormat};
 use crate::dispatch::Dispatcher;
 use crate::server;
-use crate::trial::bus::Bus;
 use crate::trial::Trial;
 use crate::upstream::exec;
 
@@ -305,9 +304,9 @@ async fn startup_check(dispatcher: Arc<Dispatcher>) {
     }
 }
 
-/// The local trial, when `--dev` is on (its embedded Epode is bound, and the binding pointed
-/// at it).
-fn start_trial(config: &mut Config) -> Result<Option<Trial>, ExitCode> {
+/// The local trial, when `--dev` is on (its embedded Epode is bound; [`prepare`] points the
+/// binding at it).
+fn start_trial(config: &Config) -> Result<Option<Trial>, ExitCode> {
     if config.dev.is_none() {
         return Ok(None);
     }
@@ -334,8 +333,9 @@ fn failed(what: &str, e: impl std::fmt::Display) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Binds the listeners and builds the request path; a failure is reported and ends the process.
-fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, ExitCode> {
+/// Binds the listeners and builds the request path (with `trial`, observed by its console and
+/// its binding pointed at its Epode); a failure is reported and ends the process.
+fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, ExitCode> {
     let listeners = server::bind(config.listen, config.workers)
         .map_err(|e| failed(&format!("cannot listen on {}", config.listen), e))?;
     let admin = config
@@ -344,7 +344,9 @@ fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, Exit
         .transpose()
         .map_err(|e| failed("cannot listen on the admin address", e))?;
     let (cut, cut_rx) = tokio::sync::watch::channel(false);
-    let dispatcher = Dispatcher::new(config.clone(), cut_rx, bus)
+    let observer = trial.map(Trial::observer);
+    let epode = trial.map(Trial::epode_url);
+    let dispatcher = Dispatcher::new(config.clone(), cut_rx, observer, epode)
         .map(Arc::new)
         .map_err(|e| failed("cannot start", e))?;
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
@@ -352,6 +354,7 @@ fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, Exit
         &dispatcher,
         connection_cap(config.limits.max_connections),
         tls,
+        trial.map(Trial::console),
     );
     Ok(Prepared {
         listeners,
@@ -362,13 +365,13 @@ fn prepare(config: &Arc<Config>, bus: Option<Arc<Bus>>) -> Result<Prepared, Exit
     })
 }
 
-async fn run(mut config: Config) -> ExitCode {
+async fn run(config: Config) -> ExitCode {
     let mut signals = StopSignals::listen();
-    let trial = match start_trial(&mut config) {
+    let trial = match start_trial(&config) {
         Ok(trial) => trial,
         Err(code) => return code,
     };
-    let bus = trial.as_ref().map(|t| t.bus.clone());
+    let console = trial.as_ref().map(Trial::closer);
     let config = Arc::new(config);
     let Prepared {
         listeners,
@@ -376,7 +379,7 @@ async fn run(mut config: Config) -> ExitCode {
         dispatcher,
         shared,
         cut,
-    } = match prepare(&config, bus.clone()) {
+    } = match prepare(&config, trial.as_ref()) {
         Ok(p) => p,
         Err(code) => return code,
     };
@@ -414,8 +417,8 @@ async fn run(mut config: Config) -> ExitCode {
         () = signals.received() => {
             tracing::info!("shutting down: no new connections; waiting for in-flight requests");
             let _ = stop.send(true);
-            if let Some(bus) = &bus {
-                bus.close();
+            if let Some(console) = &console {
+                console.close();
             }
             tokio::select! {
                 drained = &mut serving => drained,

@@ -91,6 +91,9 @@ pub(crate) enum Kind {
     UpstreamUnreachable,
     UpstreamTimeout(Duration),
     UpstreamFailed,
+    /// The upstream session a request names is gone (a stdio MCP server process restarted):
+    /// 404, which tells a 2025 client to initialise again.
+    SessionGone,
     /// The upstream's own refusal (its 401, its 5xx, …), passed to the client as it was.
     UpstreamRefused(Box<Buffered>),
     Internal,
@@ -153,6 +156,7 @@ impl Error {
             Kind::UpstreamUnreachable
             | Kind::UpstreamTimeout(_)
             | Kind::UpstreamFailed
+            | Kind::SessionGone
             | Kind::UpstreamTooLarge { .. }
             | Kind::UpstreamRefused(_) => Side::Upstream,
             Kind::Internal | Kind::Overloaded { .. } | Kind::ShuttingDown => Side::Sidecar,
@@ -185,7 +189,7 @@ impl Error {
             | Kind::InvalidParams
             | Kind::HeaderMismatch
             | Kind::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
-            Kind::MethodNotFound { .. } => StatusCode::NOT_FOUND,
+            Kind::MethodNotFound { .. } | Kind::SessionGone => StatusCode::NOT_FOUND,
             Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -211,6 +215,7 @@ impl Error {
             Kind::UpstreamUnreachable
             | Kind::UpstreamTimeout(_)
             | Kind::UpstreamFailed
+            | Kind::SessionGone
             | Kind::UpstreamTooLarge { .. }
             | Kind::Internal => code::INTERNAL_ERROR,
             Kind::BadHost
@@ -320,7 +325,9 @@ impl fmt::Display for Error {
             Kind::UpstreamTimeout(d) => {
                 write!(f, "Upstream MCP server did not answer within {d:?}")
             }
-            Kind::UpstreamFailed => write!(f, "Upstream MCP server failed: {c}"),
+            Kind::UpstreamFailed | Kind::SessionGone => {
+                write!(f, "Upstream MCP server failed: {c}")
+            }
             Kind::UpstreamRefused(_) => write!(f, "Upstream MCP server refused: {c}"),
         }
     }

@@ -5,8 +5,10 @@
 //! → `frontdoor` (head, body, message, era ladder) → `dispatch` (the method table) →
 //! `upstream` (the hop, in the upstream's era) → back through `mcp::rewrite` with the
 //! `binding`'s hooks. Below them: `feedback` (the protocol's pure pieces), `epode` (the Epode
-//! API, the consent cache, the telemetry queue), `mcp` (the wire), `config`, `error`, `body`.
-//! Every import points down this list.
+//! API, the consent cache, the telemetry queue), `mcp` (the wire), `config`, `error`, `body`;
+//! `listener` (how every listener runs), `observe` (what the request path shows whoever
+//! watches), `gate` (counted places). `trial` (`--dev`) is reached only from `cli`. The
+//! imports form no cycle (`scripts/module-graph.py` checks).
 
 // No function in src/ over 80 lines, unit tests included (clippy.toml sets the threshold).
 #![warn(clippy::too_many_lines)]
@@ -21,11 +23,14 @@ mod epode;
 mod error;
 mod feedback;
 mod frontdoor;
+mod gate;
 mod healthcheck;
 mod limits;
+mod listener;
 mod log_summary;
 mod mcp;
 mod metrics;
+mod observe;
 mod server;
 mod tls;
 mod trial;

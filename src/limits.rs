@@ -1,13 +1,12 @@
-//! The bounds the request path enforces at run time, shared by every worker: the in-flight
-//! request count and the rate limits (per client address and per tool, with governor). Each
-//! refusal is a defined answer, made where the limit is hit. (The memory budget is in
+//! The rate limits the request path enforces at run time, shared by every worker (per client
+//! address and per tool, with governor). Each refusal is a defined answer, made where the
+//! limit is hit. (The in-flight request count is a `gate`; the memory budget is in
 //! `budget`.) The per-client limiter keeps its state in [`ClientTable`], bounded, with O(1)
 //! eviction of the least recently seen client.
 
 use std::hash::BuildHasher;
 use std::net::{IpAddr, SocketAddr};
 use std::num::NonZeroU32;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -21,44 +20,6 @@ use ipnet::IpNet;
 use lru::LruCache;
 
 use crate::config::{Limits, Rate};
-
-/// The MCP requests being served, bounded.
-#[derive(Debug)]
-pub(crate) struct InFlight {
-    limit: usize,
-    current: AtomicUsize,
-}
-
-/// One request counted in flight until dropped.
-pub(crate) struct InFlightGuard(Arc<InFlight>);
-
-impl InFlight {
-    pub(crate) fn new(limit: usize) -> Arc<Self> {
-        Arc::new(InFlight {
-            limit,
-            current: AtomicUsize::new(0),
-        })
-    }
-
-    pub(crate) fn enter(self: &Arc<Self>) -> Option<InFlightGuard> {
-        self.current
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.limit).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| InFlightGuard(self.clone()))
-    }
-
-    pub(crate) fn current(&self) -> usize {
-        self.current.load(Ordering::Relaxed)
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        self.0.current.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// Shards of the client table: requests from different clients rarely wait for one lock.
 const CLIENT_SHARDS: usize = 16;
@@ -283,16 +244,6 @@ pub(crate) fn retry_after_secs(wait: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn in_flight_is_bounded() {
-        let f = InFlight::new(2);
-        let a = f.enter().unwrap();
-        let _b = f.enter().unwrap();
-        assert!(f.enter().is_none());
-        drop(a);
-        assert!(f.enter().is_some());
-    }
 
     fn limits(rate: Option<&str>, trusted: &[&str]) -> Limits {
         limits_with(rate, trusted, &[])

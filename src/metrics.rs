@@ -9,8 +9,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-use crate::epode::telemetry::Counters;
-
 pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -147,8 +145,10 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// The families, with the telemetry queue's counters registered beside them.
-    pub(crate) fn new(telemetry: &Counters) -> Self {
+    /// The families, with what `telemetry` registers (the telemetry queue's counters) beside
+    /// them under the `telemetry` prefix. The queue registers its own counters: this module
+    /// stays below the Epode client and knows none of its types.
+    pub(crate) fn new(telemetry: impl FnOnce(&mut Registry)) -> Self {
         let mut m = Metrics {
             registry: Registry::with_prefix("epode_sidecar"),
             requests: Family::default(),
@@ -198,7 +198,7 @@ impl Metrics {
         for (name, help, gauge) in m.gauges() {
             m.registry.register(name, help, gauge);
         }
-        telemetry.register(m.registry.sub_registry_with_prefix("telemetry"));
+        telemetry(m.registry.sub_registry_with_prefix("telemetry"));
         for tool in ["record_product_feedback_consent", "report_product_feedback"] {
             for outcome in FEEDBACK_OUTCOMES {
                 drop(

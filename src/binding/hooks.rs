@@ -19,7 +19,7 @@ use crate::feedback::{capability, placement, tools, FeedbackMode};
 use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::DecorationLabels;
-use crate::trial::bus::Note;
+use crate::observe::{Decorated, Note, Noted};
 
 pub(super) struct ListHook {
     pub(super) binding: Arc<FeedbackBinding>,
@@ -125,7 +125,7 @@ pub(super) struct CallHook {
     listed: Option<bool>,
     header_refs: IdentityRefs,
     started: Instant,
-    /// The local trial's note of this request (interaction, `isError`), when `--dev` is on.
+    /// The request's note (interaction, `isError`), when someone observes.
     note: Option<Arc<Note>>,
 }
 
@@ -226,11 +226,14 @@ impl CallHook {
                     state: case.stage().as_str(),
                 })
                 .inc();
-            if let Some(bus) = &self.binding.bus {
-                bus.publish(
-                    "feedback",
-                    serde_json::json!({"tool": self.tool, "isError": is_error, "state": case.stage().as_str(), "mode": mode.as_str(), "interactionId": minted.claims.i}),
-                );
+            if let Some(observer) = &self.binding.observer {
+                observer.decorated(Decorated {
+                    tool: &self.tool,
+                    is_error,
+                    state: case.stage().as_str(),
+                    mode: mode.as_str(),
+                    interaction_id: &minted.claims.i,
+                });
             }
             let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
             if let Some(decoration) = env.decoration() {
@@ -250,7 +253,7 @@ impl ResultHook for CallHook {
         let mut changed = identity.is_some();
         let is_error = result.get("isError").is_some_and(|v| is_true(v));
         if let Some(note) = &self.note {
-            note.set("isError", is_error);
+            note.set(Noted::IsError(is_error));
         }
         let input_required = result
             .get("resultType")
@@ -281,7 +284,7 @@ impl ResultHook for CallHook {
             uuid::Uuid::new_v4().hyphenated().to_string()
         };
         if let Some(note) = &self.note {
-            note.set("interactionId", interaction_id.as_str());
+            note.set(Noted::InteractionId(interaction_id.clone()));
         }
         self.record(active, interaction_id, outcome, refs, hint);
         changed

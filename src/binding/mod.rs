@@ -30,7 +30,7 @@ use crate::log_summary::LogSummary;
 use crate::mcp::raw::raw;
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::{FeedbackCallLabels, Metrics};
-use crate::trial::bus::{Bus, Note};
+use crate::observe::{FeedbackTool, Note, Noted, Observer, Refused};
 
 /// The parts that exist only when feedback is on.
 struct Active {
@@ -53,8 +53,8 @@ pub(crate) struct FeedbackBinding {
     /// ask_once calls that had no customerRef to ask once for (logged now and then).
     no_subject: LogSummary,
     metrics: Arc<Metrics>,
-    /// The local trial's console, when `--dev` is on.
-    bus: Option<Arc<Bus>>,
+    /// Whoever watches (the local trial's console, with `--dev`).
+    observer: Option<Arc<dyn Observer>>,
 }
 
 impl FeedbackBinding {
@@ -63,7 +63,7 @@ impl FeedbackBinding {
         config: FeedbackConfig,
         counters: Counters,
         metrics: Arc<Metrics>,
-        bus: Option<Arc<Bus>>,
+        observer: Option<Arc<dyn Observer>>,
     ) -> Result<Arc<Self>, Error> {
         let active = match (&config.key, config.mode.is_enabled()) {
             (Some(key), true) => {
@@ -104,7 +104,7 @@ impl FeedbackBinding {
                 std::time::Duration::from_secs(600),
             ),
             metrics,
-            bus,
+            observer,
         }))
     }
 
@@ -204,8 +204,8 @@ impl FeedbackBinding {
 
     /// Answers a call of one of the two feedback tools: validated locally (arguments, then the
     /// handle's signature and expiry with the product key), forwarded to Epode with only the
-    /// fields Epode takes, and answered with the reference binding's result. With `--dev`,
-    /// the console's `note` learns the outcome.
+    /// fields Epode takes, and answered with the reference binding's result. With an observer,
+    /// the request's `note` learns the outcome.
     pub(crate) async fn call_local(
         &self,
         name: &str,
@@ -230,8 +230,8 @@ impl FeedbackBinding {
         result
     }
 
-    /// What the local trial's console shows of a feedback tool's call: its outcome, and a
-    /// call the sidecar refused itself (it never reached the embedded Epode) with the reason.
+    /// What an observer is shown of a feedback tool's call: its outcome, and a call the
+    /// sidecar refused itself (it never reached Epode) with the reason.
     fn show_local(
         &self,
         active: &Active,
@@ -246,10 +246,12 @@ impl FeedbackBinding {
             .filter(|h| h.len() <= tools::MAX_HANDLE_LEN)
             .and_then(|h| capability::verify(&active.key, h, SystemTime::now()).ok())
             .map(|claims| claims.i);
-        note.set("outcome", outcome);
-        note.set("isError", result.get("isError") == Some(&Value::Bool(true)));
+        note.set(Noted::Outcome(outcome));
+        note.set(Noted::IsError(
+            result.get("isError") == Some(&Value::Bool(true)),
+        ));
         if let Some(i) = &interaction {
-            note.set("interactionId", i.as_str());
+            note.set(Noted::InteractionId(i.clone()));
         }
         let refused = match outcome {
             "invalid_arguments" => result["content"][0]["text"]
@@ -262,16 +264,16 @@ impl FeedbackBinding {
             }
             _ => return,
         };
-        if let Some(bus) = &self.bus {
-            let kind = if tool == REPORT_TOOL {
-                "report"
-            } else {
-                "consent"
-            };
-            bus.publish(
-                kind,
-                json!({"refused": refused, "by": "sidecar", "interactionId": interaction}),
-            );
+        if let Some(observer) = &self.observer {
+            observer.refused(Refused {
+                tool: if tool == REPORT_TOOL {
+                    FeedbackTool::Report
+                } else {
+                    FeedbackTool::Consent
+                },
+                reason: &refused,
+                interaction_id: interaction.as_deref(),
+            });
         }
     }
 

@@ -20,10 +20,11 @@ use crate::config::Config;
 use crate::epode::telemetry::Counters;
 use crate::error::{Error, Kind, Side};
 use crate::frontdoor;
-use crate::limits::{retry_after_secs, InFlight, RateLimits};
+use crate::gate::Gate;
+use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabels};
-use crate::trial::bus::{self as console, Bus, Note};
+use crate::observe::{millis, Note, Observer, Served};
 use crate::upstream::{Client, NotReady, Upstream};
 
 /// One worker's request path: the configuration, its view of the upstream, the binding, and
@@ -34,51 +35,53 @@ pub(crate) struct Dispatcher {
     binding: Arc<FeedbackBinding>,
     metrics: Arc<Metrics>,
     budget: Arc<MemoryBudget>,
-    in_flight: Arc<InFlight>,
+    /// The MCP requests being served (every worker's).
+    in_flight: Gate,
     rates: Arc<RateLimits>,
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
     cut: watch::Receiver<bool>,
-    /// The local trial's console, when `--dev` is on.
-    bus: Option<Arc<Bus>>,
+    /// Whoever watches the requests (the local trial's console, with `--dev`).
+    observer: Option<Arc<dyn Observer>>,
 }
 
 /// What is known of a request for its accounting, as it travels.
 struct Seen {
     method: &'static str,
     era: &'static str,
-    /// The tool of a `tools/call`, noted only for the local trial's console.
+    /// The tool of a `tools/call`, noted only for an observer.
     tool: Option<String>,
-    /// What the binding notes for the local trial's console (only when it is on).
+    /// What the binding notes for an observer (only when there is one).
     note: Option<Arc<Note>>,
 }
 
 impl Dispatcher {
     /// Builds the request path; with feedback on, this starts the telemetry task, so it must
-    /// run inside the runtime.
+    /// run inside the runtime. `observer` watches the requests; `epode` is where the binding
+    /// reaches Epode instead of the configured API (the local trial's embedded one).
     pub(crate) fn new(
         config: Arc<Config>,
         cut: watch::Receiver<bool>,
-        bus: Option<Arc<Bus>>,
+        observer: Option<Arc<dyn Observer>>,
+        epode: Option<url::Url>,
     ) -> Result<Self, Error> {
         let counters = Counters::new();
-        let metrics = Arc::new(Metrics::new(&counters));
+        let metrics = Arc::new(Metrics::new(|r| counters.register(r)));
         let budget = MemoryBudget::new(config.limits.memory_budget);
-        let binding = FeedbackBinding::new(
-            config.feedback.clone(),
-            counters,
-            metrics.clone(),
-            bus.clone(),
-        )?;
+        let mut feedback = config.feedback.clone();
+        if let Some(url) = epode {
+            feedback.api_url = url;
+        }
+        let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer.clone())?;
         Ok(Dispatcher {
             upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
-            in_flight: InFlight::new(config.limits.max_in_flight),
+            in_flight: Gate::new(config.limits.max_in_flight),
             rates: RateLimits::new(&config.limits),
             config,
             binding,
             metrics,
             budget,
             cut,
-            bus,
+            observer,
         })
     }
 
@@ -93,13 +96,8 @@ impl Dispatcher {
             in_flight: self.in_flight.clone(),
             rates: self.rates.clone(),
             cut: self.cut.clone(),
-            bus: self.bus.clone(),
+            observer: self.observer.clone(),
         }
-    }
-
-    /// The local trial's console, when `--dev` is on.
-    pub(crate) fn console(&self) -> Option<&Arc<Bus>> {
-        self.bus.as_ref()
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -138,7 +136,7 @@ impl Dispatcher {
 
     /// `/metrics`, with the gauges read now.
     pub(crate) fn render_metrics(&self) -> String {
-        self.metrics.in_flight.set(self.in_flight.current() as i64);
+        self.metrics.in_flight.set(self.in_flight.held() as i64);
         self.metrics.buffered_bytes.set(self.budget.used() as i64);
         self.metrics
             .rate_limit_clients
@@ -159,7 +157,7 @@ impl Dispatcher {
             method: "-",
             era: "-",
             tool: None,
-            note: self.bus.as_ref().map(|_| Arc::new(Note::at_start())),
+            note: self.observer.as_ref().map(|_| Arc::new(Note::at_start())),
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned, &mut seen).await;
@@ -187,11 +185,13 @@ impl Dispatcher {
             method = seen.method,
             era = seen.era,
             status = status.as_u16(),
-            duration_ms = console::millis(elapsed),
+            duration_ms = millis(elapsed),
             "request"
         );
-        match (&self.bus, seen.note.take()) {
-            (Some(bus), Some(note)) => show_call(bus.clone(), note, seen, status, elapsed, resp),
+        match (&self.observer, seen.note.take()) {
+            (Some(observer), Some(note)) => {
+                show_call(observer.clone(), note, seen, status, elapsed, resp)
+            }
             _ => resp,
         }
     }
@@ -199,7 +199,7 @@ impl Dispatcher {
     /// What the accounting of a request needs to know of it.
     fn note(&self, seen: &mut Seen, request: &frontdoor::Request<'_>) {
         seen.method = method_label(request.method());
-        if self.bus.is_some() && request.method() == "tools/call" {
+        if self.observer.is_some() && request.method() == "tools/call" {
             seen.tool = request.env.name().map(|n| n.into_owned());
         }
         seen.era = if request.era.is_modern() {
@@ -234,7 +234,7 @@ impl Dispatcher {
             )
             .into_response(None);
         }
-        let Some(_in_flight) = self.in_flight.enter() else {
+        let Some(_in_flight) = self.in_flight.try_enter() else {
             self.metrics.limit(LimitKind::InFlight);
             return Error::new(
                 Kind::Overloaded { retry_after: 1 },
@@ -269,9 +269,7 @@ impl Dispatcher {
                 self.upstream
                     .tell(&Client::new(&parts.headers, peer), &bytes)
                     .await;
-                let mut resp = Response::new(body::empty());
-                *resp.status_mut() = StatusCode::ACCEPTED;
-                return resp;
+                return body::answer(StatusCode::ACCEPTED, None, body::empty());
             }
             Err((e, id)) => {
                 tracing::debug!(error = %e, "refused at the front door");
@@ -295,46 +293,64 @@ impl Dispatcher {
     }
 }
 
-/// A request's event on the local trial's console, published when dropped.
+/// A streamed tool call's event, published when its stream is over: only then are its result,
+/// and what the binding notes of it, known. Dropping is the one moment that sees both a stream
+/// that ended and one whose client left before its end.
 struct Shown {
-    bus: Arc<Bus>,
+    observer: Arc<dyn Observer>,
     note: Arc<Note>,
-    fields: serde_json::Map<String, serde_json::Value>,
+    seen: Option<Seen>,
+    status: StatusCode,
+    elapsed: std::time::Duration,
+}
+
+impl Shown {
+    fn publish(&mut self) {
+        let Some(seen) = self.seen.take() else {
+            return;
+        };
+        self.observer.request(Served {
+            started: self.note.started(),
+            noted: self.note.noted(),
+            method: seen.method,
+            tool: seen.tool,
+            era: seen.era,
+            status: self.status.as_u16(),
+            duration: self.elapsed,
+        });
+    }
 }
 
 impl Drop for Shown {
     fn drop(&mut self) {
-        let mut event = self.note.fields();
-        event.extend(std::mem::take(&mut self.fields));
-        self.bus.publish("call", serde_json::Value::Object(event));
+        self.publish();
     }
 }
 
-/// Shows a request on the local trial's console: now, or, for a tool call answered as a
-/// stream (its result, and what the binding notes of it, come at its end), once the stream is
-/// over.
+/// Shows a request to the observer: now, or, for a tool call answered as a stream (its
+/// result, and what the binding notes of it, come at its end), once the stream is over.
 fn show_call(
-    bus: Arc<Bus>,
+    observer: Arc<dyn Observer>,
     note: Arc<Note>,
     seen: Seen,
     status: StatusCode,
     elapsed: std::time::Duration,
     resp: Response<Body>,
 ) -> Response<Body> {
-    let fields = serde_json::Map::from_iter([
-        ("method".into(), seen.method.into()),
-        ("tool".into(), seen.tool.into()),
-        ("era".into(), seen.era.into()),
-        ("status".into(), status.as_u16().into()),
-        ("durationMs".into(), console::millis(elapsed).into()),
-    ]);
-    let shown = Shown { bus, note, fields };
     let streamed = seen.method == "tools/call"
         && resp
             .headers()
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let mut shown = Shown {
+        observer,
+        note,
+        seen: Some(seen),
+        status,
+        elapsed,
+    };
     if !streamed {
+        shown.publish();
         return resp;
     }
     resp.map(|body| {

@@ -24,7 +24,7 @@ use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::LimitKind;
-use crate::trial::bus::Note;
+use crate::observe::Note;
 use crate::upstream::answer;
 use crate::upstream::{translate, Client, Era};
 
@@ -342,12 +342,9 @@ fn local_listen(id: &RawValue, cut: tokio::sync::watch::Receiver<bool>) -> Respo
             }
         }
     });
-    let mut resp = Response::new(StreamBody::new(s).boxed_unsync());
+    let sse = Some("text/event-stream");
+    let mut resp = body::answer(StatusCode::OK, sse, StreamBody::new(s).boxed_unsync());
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp

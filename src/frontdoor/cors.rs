@@ -44,8 +44,7 @@ pub(crate) fn preflight(config: &Config, parts: &Parts) -> Response<Body> {
         tracing::debug!(error = %e, "CORS preflight refused");
         return e.into_response(None);
     }
-    let mut resp = Response::new(body::empty());
-    *resp.status_mut() = StatusCode::NO_CONTENT;
+    let mut resp = body::answer(StatusCode::NO_CONTENT, None, body::empty());
     let h = resp.headers_mut();
     if let Some(origin) = parts.headers.get(ORIGIN) {
         h.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin.clone());

@@ -3,14 +3,12 @@
 //! own request path ([`Dispatcher::for_worker`]: its own upstream connection pool), so a
 //! request is served start to finish on one thread with no cross-thread wake-ups. Every
 //! listener (the MCP port, the admin port, the `--dev` Epode's) runs the same way
-//! (`listener`): its share of the connection cap, the head, idle and write deadlines, the
-//! header size and count (`conn`); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
-//! configured. Routes: the MCP path, `/healthz` and `/health`, `/readyz`, and `/metrics` (on
-//! the admin listener when there is one). On shutdown every worker stops accepting and lets
+//! (`crate::listener`: its share of the connection cap, the head, idle and write deadlines,
+//! the header size and count); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
+//! configured. Routes: the MCP path, what is [`Mounted`] beside it (the local trial's console),
+//! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
+//! one). On shutdown every worker stops accepting and lets
 //! its in-flight requests finish; the caller cuts what outlives the grace period.
-
-mod conn;
-mod listener;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,16 +17,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-pub(crate) use self::listener::{Admitted, Bounds, Role, Shares};
 use crate::body::{self, Body};
 use crate::dispatch::Dispatcher;
+use crate::listener::{self, Admitted, Bounds, Role, Shares};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics;
 
@@ -72,22 +70,36 @@ pub(crate) fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Listener
     })
 }
 
+/// Routes another part of the sidecar serves on the MCP listener (the local trial's console,
+/// under `/_dev`), behind the same Host and Origin checks as the MCP path. The server owns
+/// this seam, so it routes to what it does not know.
+pub(crate) trait Mounted: Send + Sync {
+    /// Where its paths start; a request there is checked, then offered to [`Mounted::route`].
+    fn prefix(&self) -> &str;
+    /// The answer to a request under [`Mounted::prefix`]; `None` falls through to the
+    /// operations' routes.
+    fn route(&self, method: &Method, path: &str) -> Option<Response<Body>>;
+}
+
 /// What every worker shares besides its request path: the bounds of each listener (their
-/// shares of the one connection cap) and the MCP port's TLS.
+/// shares of the one connection cap), the MCP port's TLS, and the routes mounted beside it.
 #[derive(Clone)]
 pub(crate) struct Serving {
     pub(crate) mcp: Bounds,
     admin: Option<Bounds>,
     dev_epode: Option<Bounds>,
     pub(crate) tls: Option<TlsAcceptor>,
+    mounted: Option<Arc<dyn Mounted>>,
 }
 
 impl Serving {
-    /// `max_connections`: the one cap, shared between the listeners the configuration has.
+    /// `max_connections`: the one cap, shared between the listeners the configuration has;
+    /// `mounted`: routes served beside the MCP path (the local trial's console).
     pub(crate) fn new(
         dispatcher: &Dispatcher,
         max_connections: usize,
         tls: Option<TlsAcceptor>,
+        mounted: Option<Arc<dyn Mounted>>,
     ) -> Self {
         let config = dispatcher.config();
         let shares = Shares::of(
@@ -110,6 +122,7 @@ impl Serving {
             dev_epode: (shares.dev_epode > 0)
                 .then(|| bounds(Role::DevEpode, shares.dev_epode, None)),
             tls,
+            mounted,
         }
     }
 
@@ -240,9 +253,11 @@ async fn serve_mcp(
     drain: watch::Receiver<bool>,
 ) {
     let peer = admitted.peer;
+    let mounted = shared.mounted.clone();
     let handler = move |req| {
         let dispatcher = dispatcher.clone();
-        async move { route(&dispatcher, req, peer).await }
+        let mounted = mounted.clone();
+        async move { route(&dispatcher, mounted.as_deref(), req, peer).await }
     };
     let bounds = &shared.mcp;
     match &shared.tls {
@@ -275,10 +290,11 @@ async fn tls_handshake(
     }
 }
 
-/// Routes one request on the MCP listener: the MCP path, health, readiness, metrics (unless
-/// the admin listener serves them), or 404.
+/// Routes one request on the MCP listener: the MCP path, the mounted routes, health,
+/// readiness, metrics (unless the admin listener serves them), or 404.
 async fn route(
     dispatcher: &Dispatcher,
+    mounted: Option<&dyn Mounted>,
     req: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<Body> {
@@ -286,17 +302,15 @@ async fn route(
         let abandoned = Abandoned::default();
         return OnAbandon::new(dispatcher.mcp(req, peer, abandoned.clone()), abandoned).await;
     }
-    if let Some(bus) = dispatcher.console() {
-        if req.uri().path().starts_with("/_dev") {
-            let (parts, _) = req.into_parts();
-            if let Err(e) = crate::frontdoor::check_host_and_origin(dispatcher.config(), &parts) {
-                return e.into_response(None);
-            }
-            if let Some(resp) = crate::trial::console::route(bus, &parts.method, parts.uri.path()) {
-                return resp;
-            }
-            return operations(dispatcher, &Request::from_parts(parts, ()), false).await;
+    if let Some(mounted) = mounted.filter(|m| req.uri().path().starts_with(m.prefix())) {
+        let (parts, _) = req.into_parts();
+        if let Err(e) = crate::frontdoor::check_host_and_origin(dispatcher.config(), &parts) {
+            return e.into_response(None);
         }
+        if let Some(resp) = mounted.route(&parts.method, parts.uri.path()) {
+            return resp;
+        }
+        return operations(dispatcher, &Request::from_parts(parts, ()), false).await;
     }
     let metrics_here = dispatcher.config().admin_listen.is_none();
     operations(dispatcher, &req, metrics_here).await
@@ -320,16 +334,12 @@ pub(crate) async fn operations<B>(
             ),
         },
         (&Method::GET, "/metrics") if metrics => {
-            let mut resp = Response::new(body::full(dispatcher.render_metrics()));
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static(metrics::CONTENT_TYPE),
-            );
-            resp
+            let text = body::full(dispatcher.render_metrics());
+            body::answer(StatusCode::OK, Some(metrics::CONTENT_TYPE), text)
         }
-        _ => body::json(
+        _ => body::error(
             StatusCode::NOT_FOUND,
-            r#"{"error":"not found: MCP clients post to the configured path"}"#,
+            "not found: MCP clients post to the configured path",
         ),
     }
 }

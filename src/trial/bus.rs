@@ -2,16 +2,17 @@
 //! something to show (the request path, the binding, the embedded Epode) publishes one JSON
 //! object per event; the console's streams follow along. Bounded: the history keeps the latest
 //! [`HISTORY`] events for a page that opens later, and a stream that falls behind skips ahead.
-//! A request's own event is filled in as it travels ([`Note`]): the binding adds what only it
-//! knows (the interaction, `isError`, a feedback tool's outcome) before the request path
-//! publishes it.
+//! The request path and the binding reach it only as their [`Observer`]; the embedded Epode
+//! publishes to it directly.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use tokio::sync::{broadcast, watch};
+
+use crate::observe::{millis, Decorated, FeedbackTool, Noted, Observer, Refused, Served};
 
 /// Events kept for a console page opened after they happened.
 pub(crate) const HISTORY: usize = 500;
@@ -78,39 +79,51 @@ impl Bus {
 }
 
 fn now_text() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    time_text(SystemTime::now())
 }
 
-/// What the console shows of one request beyond its method and status, noted by whoever
-/// learns it while the request travels; published with the request's own event.
-#[derive(Default)]
-pub(crate) struct Note(Mutex<Map<String, Value>>);
-
-impl Note {
-    /// A request's note, made as it starts: its start time orders it before what it led to
-    /// (its own event is published when it ends).
-    pub(crate) fn at_start() -> Self {
-        let note = Note::default();
-        note.set("startedAt", now_text());
-        note
-    }
-
-    pub(crate) fn set(&self, key: &str, value: impl Into<Value>) {
-        let mut fields = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        fields.insert(key.to_owned(), value.into());
-    }
-
-    /// What was noted so far.
-    pub(crate) fn fields(&self) -> Map<String, Value> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
+fn time_text(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
 }
 
-/// A duration as the console and the access log show it: milliseconds, to a tenth.
-pub(crate) fn millis(d: std::time::Duration) -> f64 {
-    let tenths = (d.as_micros() + 50) / 100;
-    // Exact below 2^53 tenths (28 000 years).
-    tenths as f64 / 10.0
+/// The console shows what the request path and the binding publish.
+impl Observer for Bus {
+    fn request(&self, served: Served) {
+        let mut event = Map::new();
+        event.insert("startedAt".into(), Value::from(time_text(served.started)));
+        for fact in served.noted {
+            let (key, value) = match fact {
+                Noted::InteractionId(i) => ("interactionId", Value::from(i)),
+                Noted::IsError(e) => ("isError", Value::from(e)),
+                Noted::Outcome(o) => ("outcome", Value::from(o)),
+            };
+            event.insert(key.into(), value);
+        }
+        event.insert("method".into(), served.method.into());
+        event.insert("tool".into(), served.tool.into());
+        event.insert("era".into(), served.era.into());
+        event.insert("status".into(), served.status.into());
+        event.insert("durationMs".into(), millis(served.duration).into());
+        self.publish("call", Value::Object(event));
+    }
+
+    fn decorated(&self, d: Decorated<'_>) {
+        self.publish(
+            "feedback",
+            json!({"tool": d.tool, "isError": d.is_error, "state": d.state, "mode": d.mode, "interactionId": d.interaction_id}),
+        );
+    }
+
+    fn refused(&self, r: Refused<'_>) {
+        let kind = match r.tool {
+            FeedbackTool::Report => "report",
+            FeedbackTool::Consent => "consent",
+        };
+        self.publish(
+            kind,
+            json!({"refused": r.reason, "by": "sidecar", "interactionId": r.interaction_id}),
+        );
+    }
 }
 
 #[cfg(test)]
@@ -132,11 +145,43 @@ mod tests {
     }
 
     #[test]
-    fn durations_are_shown_to_a_tenth_of_a_millisecond() {
-        use std::time::Duration;
-        assert_eq!(millis(Duration::from_nanos(2_726_285)).to_string(), "2.7");
-        assert_eq!(millis(Duration::from_micros(12_050)).to_string(), "12.1");
-        assert_eq!(millis(Duration::from_micros(40)).to_string(), "0");
-        assert_eq!(millis(Duration::from_secs(3)).to_string(), "3000");
+    fn a_request_shows_what_was_noted_of_it_then_how_it_was_served() {
+        let bus = Bus::new("/mcp");
+        bus.request(Served {
+            started: SystemTime::UNIX_EPOCH,
+            noted: vec![Noted::IsError(false), Noted::InteractionId("i".into())],
+            method: "tools/call",
+            tool: Some("add".into()),
+            era: "2025",
+            status: 200,
+            duration: std::time::Duration::from_micros(2_750),
+        });
+        let (history, _) = bus.follow();
+        let event: Value = serde_json::from_str(&history[0]).unwrap();
+        let keys: Vec<&str> = event
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "kind",
+                "at",
+                "startedAt",
+                "isError",
+                "interactionId",
+                "method",
+                "tool",
+                "era",
+                "status",
+                "durationMs"
+            ]
+        );
+        assert_eq!(event["kind"], "call");
+        assert_eq!(event["startedAt"], "1970-01-01T00:00:00.000Z");
+        assert_eq!(event["durationMs"].to_string(), "2.8");
+        assert_eq!(event["tool"], "add");
     }
 }

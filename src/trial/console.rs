@@ -14,6 +14,7 @@ use tokio::sync::broadcast::error::RecvError;
 
 use super::bus::Bus;
 use crate::body::{self, Body, BoxError};
+use crate::server::Mounted;
 
 const PAGE: &str = include_str!("console.html");
 /// Where the page's script puts the origin it was loaded from.
@@ -21,14 +22,27 @@ const ORIGIN: &str = "__ORIGIN__";
 /// A comment line on an idle stream, so proxies and browsers keep it open.
 const KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// The console, mounted on the MCP listener under `/_dev`.
+pub(crate) struct Console(pub(crate) Arc<Bus>);
+
+impl Mounted for Console {
+    fn prefix(&self) -> &str {
+        "/_dev"
+    }
+
+    fn route(&self, method: &Method, path: &str) -> Option<Response<Body>> {
+        route(&self.0, method, path)
+    }
+}
+
 /// The console's routes: `Some` answer for a path under `/_dev/`.
-pub(crate) fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
+fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
     let resp = match (method, path) {
         (&Method::GET, "/_dev" | "/_dev/") => page(bus.mcp_path()),
         (&Method::GET, "/_dev/events") => events(bus),
-        (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::json(
+        (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::error(
             StatusCode::NOT_FOUND,
-            r#"{"error":"the console is GET /_dev/ (and its stream GET /_dev/events)"}"#,
+            "the console is GET /_dev/ (and its stream GET /_dev/events)",
         ),
         _ => return None,
     };
@@ -50,12 +64,9 @@ fn page(mcp_path: &str) -> Response<Body> {
     let filled = PAGE
         .replace("__ENDPOINT__", &escape(&endpoint))
         .replace("__TRY__", &escape(&super::try_command(&endpoint)));
-    let mut resp = Response::new(body::full(filled));
+    let html = Some("text/html; charset=utf-8");
+    let mut resp = body::answer(StatusCode::OK, html, body::full(filled));
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
     // The page and its script are this file alone.
     h.insert(
         header::CONTENT_SECURITY_POLICY,
@@ -94,12 +105,9 @@ fn events(bus: &Arc<Bus>) -> Response<Body> {
         }
     });
     let stream = futures_util::StreamExt::chain(past, next);
-    let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+    let sse = Some("text/event-stream");
+    let mut resp = body::answer(StatusCode::OK, sse, StreamBody::new(stream).boxed_unsync());
     let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert("x-accel-buffering", HeaderValue::from_static("no"));
     resp

@@ -5,8 +5,8 @@
 //! an ephemeral key; what happens is published on a `bus` and shown live by the `console`
 //! page the sidecar serves at `/_dev/`.
 
-pub(crate) mod bus;
-pub(crate) mod console;
+mod bus;
+mod console;
 mod epode;
 mod rules;
 
@@ -22,23 +22,27 @@ use self::bus::Bus;
 use self::epode::{DevEpode, BODY_LIMIT};
 use crate::body::{self, Body};
 use crate::config::Config;
-use crate::server::Bounds;
+use crate::listener::Bounds;
+use crate::observe::Observer;
+use crate::server::Mounted;
 
 /// The running trial: the console's bus, the embedded Epode until it is served, and what its
 /// start lines say.
 pub(crate) struct Trial {
-    pub(crate) bus: Arc<Bus>,
+    bus: Arc<Bus>,
     listener: tokio::net::TcpListener,
     epode: Arc<DevEpode>,
     embedded: SocketAddr,
+    /// Where the binding reaches the embedded Epode.
+    epode_url: url::Url,
     /// Where the record goes (`None`: nowhere writable, the console alone shows it).
     record: Option<std::path::PathBuf>,
 }
 
 impl Trial {
-    /// Binds the embedded Epode on a free loopback port (on the current runtime) and points
-    /// the binding at it; [`Trial::serve`] then serves it.
-    pub(crate) fn start(config: &mut Config) -> Result<Self, String> {
+    /// Binds the embedded Epode on a free loopback port (on the current runtime); the binding
+    /// is pointed at [`Trial::epode_url`], and [`Trial::serve`] then serves it.
+    pub(crate) fn start(config: &Config) -> Result<Self, String> {
         let Some(dev) = config.dev.clone() else {
             return Err("the local trial is off".to_owned());
         };
@@ -58,14 +62,35 @@ impl Trial {
             .ok_or("--dev makes its own key, but there is none")?;
         let epode = DevEpode::new(key, config.feedback.mode, origin.clone(), &dev, bus.clone())?;
         let record = epode.record_path();
-        config.feedback.api_url = url::Url::parse(&origin).map_err(|e| e.to_string())?;
+        let epode_url = url::Url::parse(&origin).map_err(|e| e.to_string())?;
         Ok(Trial {
             bus,
             listener,
             epode: Arc::new(epode),
             embedded: addr,
+            epode_url,
             record,
         })
+    }
+
+    /// Where the binding reaches the embedded Epode (in place of the real service's API).
+    pub(crate) fn epode_url(&self) -> url::Url {
+        self.epode_url.clone()
+    }
+
+    /// What the request path and the binding publish to: the console's bus.
+    pub(crate) fn observer(&self) -> Arc<dyn Observer> {
+        self.bus.clone()
+    }
+
+    /// The console's routes, for the MCP listener.
+    pub(crate) fn console(&self) -> Arc<dyn Mounted> {
+        Arc::new(console::Console(self.bus.clone()))
+    }
+
+    /// What ends the console's streams when the sidecar stops.
+    pub(crate) fn closer(&self) -> Closer {
+        Closer(self.bus.clone())
     }
 
     /// Serves the embedded Epode within `bounds`, until the process ends (telemetry queued
@@ -100,6 +125,15 @@ impl Trial {
             "--dev: try it (lists the tools; then call one the same way with tools/call): {}",
             try_command(&format!("{origin}{}", config.path))
         );
+    }
+}
+
+/// Ends every console stream (the sidecar is stopping).
+pub(crate) struct Closer(Arc<Bus>);
+
+impl Closer {
+    pub(crate) fn close(&self) {
+        self.0.close();
     }
 }
 
@@ -157,16 +191,12 @@ async fn answer(epode: &DevEpode, req: Request<Incoming>, within: Duration) -> R
     } else {
         epode.answer("", None, false, None)
     };
-    let mut resp = Response::new(body::full(reply.body));
-    *resp.status_mut() = reply.status;
     let ct = if reply.json {
-        "application/json"
+        body::JSON
     } else {
         "text/plain; charset=utf-8"
     };
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
-    resp
+    body::answer(reply.status, Some(ct), body::full(reply.body))
 }
 
 /// A body that did not arrive within the body timeout: 408, and the connection is closed.
@@ -175,10 +205,7 @@ fn body_timed_out(within: Duration) -> Response<Body> {
         "Request timeout: the body did not arrive within {}",
         humantime::format_duration(within)
     );
-    let mut resp = body::json(
-        StatusCode::REQUEST_TIMEOUT,
-        serde_json::json!({ "error": message }).to_string(),
-    );
+    let mut resp = body::error(StatusCode::REQUEST_TIMEOUT, &message);
     resp.headers_mut()
         .insert(header::CONNECTION, HeaderValue::from_static("close"));
     resp

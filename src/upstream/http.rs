@@ -1,5 +1,5 @@
 //! The upstream hop over Streamable HTTP: a connection pool per worker (`pool`) under one
-//! bound on connections for the process (`pool::Gate`: a request past it waits briefly, then
+//! bound on connections for the process (`pool::ConnectionBound`: a request past it waits briefly, then
 //! gets 503 with nothing sent), header hygiene (hop-by-hop headers dropped, the upstream's own
 //! authority as `Host`, no `Origin`), a deadline for the response head, and a record of when
 //! the upstream last answered (for `/readyz`).
@@ -15,7 +15,7 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
-use super::pool::{Connector, Gate, IdleBound, Pool, PoolError, PooledBody};
+use super::pool::{ConnectionBound, Connector, IdleBound, Pool, PoolError, PooledBody};
 use super::ready::NotReady;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
@@ -79,7 +79,7 @@ pub(crate) struct HttpUpstream {
     base_uri: Uri,
     timeout: Duration,
     idle: IdleBound,
-    gate: Arc<Gate>,
+    gate: Arc<ConnectionBound>,
     last_answer: Arc<LastAnswer>,
     resolver: Resolver,
     on_limit: OnLimit,
@@ -104,7 +104,7 @@ fn pool(
     target: &UpstreamTarget,
     timeout: Duration,
     idle: IdleBound,
-    gate: &Arc<Gate>,
+    gate: &Arc<ConnectionBound>,
     tls: &rustls::ClientConfig,
     resolver: &Resolver,
 ) -> Pool {
@@ -141,7 +141,7 @@ impl HttpUpstream {
             gauge,
         } = bounds;
         // The wait is part of the time the answer's head has.
-        let gate = Gate::new(max_connections, wait.min(timeout), gauge);
+        let gate = ConnectionBound::new(max_connections, wait.min(timeout), gauge);
         HttpUpstream {
             pool: pool(&target, timeout, idle, &gate, &tls, &resolver),
             idle,

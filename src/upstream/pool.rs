@@ -1,6 +1,6 @@
 //! One worker's keep-alive connections to an HTTP upstream: hyper's HTTP/1 connections, each
 //! driven by a task on the worker's own event loop, and a stack of the idle ones; and the
-//! process's bound on them all ([`Gate`]), shared by every worker's pool.
+//! process's bound on them all ([`ConnectionBound`]), shared by every worker's pool.
 //!
 //! What hyper-util's general-purpose client did besides (a map of pools keyed by host, a
 //! lock taken twice per request, a task spawned per request to wait for the connection to be
@@ -44,10 +44,11 @@ use hyper::client::conn::http1;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 use tower_service::Service;
 
 use super::dns::Resolver;
+use crate::gate::{Gate, Permit};
 
 /// Connections being opened (resolved, connected, TLS handshaken) at once, per process, at
 /// most: enough to open hundreds a second on a LAN, never a flood of SYNs.
@@ -84,11 +85,11 @@ pub(crate) enum PoolError {
 }
 
 /// The process's bound on connections to the upstream, shared by every worker's pool.
-pub(crate) struct Gate {
-    /// One permit per connection open or being opened, held by its task until it closes.
-    open: Arc<Semaphore>,
-    /// One permit per connection being opened.
-    opening: Arc<Semaphore>,
+pub(crate) struct ConnectionBound {
+    /// One place per connection open or being opened, held by its task until it closes.
+    open: Gate,
+    /// One place per connection being opened.
+    opening: Gate,
     wait: Duration,
     /// Requests waiting for a connection now, in every worker.
     waiting: AtomicUsize,
@@ -98,13 +99,13 @@ pub(crate) struct Gate {
     gauge: Gauge,
 }
 
-impl Gate {
+impl ConnectionBound {
     /// At most `max` connections; a request waits up to `wait` for one; `gauge` counts those
     /// open.
     pub(crate) fn new(max: usize, wait: Duration, gauge: Gauge) -> Arc<Self> {
-        Arc::new(Gate {
-            open: Arc::new(Semaphore::new(max)),
-            opening: Arc::new(Semaphore::new(OPENING)),
+        Arc::new(ConnectionBound {
+            open: Gate::new(max),
+            opening: Gate::new(OPENING),
             wait,
             waiting: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
@@ -114,22 +115,22 @@ impl Gate {
 
     /// The right to open a connection now, if the bounds allow it.
     fn try_slot(&self) -> Option<Slot> {
-        let open = self.open.clone().try_acquire_owned().ok()?;
-        let opening = self.opening.clone().try_acquire_owned().ok()?;
+        let open = self.open.try_enter()?;
+        let opening = self.opening.try_enter()?;
         Some(Slot { open, opening })
     }
 
     /// The right to open a connection, once the bounds allow it (in order of asking).
     async fn slot(&self) -> Option<Slot> {
-        let open = self.open.clone().acquire_owned().await.ok()?;
-        let opening = self.opening.clone().acquire_owned().await.ok()?;
+        let open = self.open.enter().await?;
+        let opening = self.opening.enter().await?;
         Some(Slot { open, opening })
     }
 
     /// Whether requests wait for a connection with every permit taken: a connection no request
     /// of its own worker wants is then better closed than kept idle.
     fn starved(&self) -> bool {
-        self.waiting.load(Ordering::Relaxed) > 0 && self.open.available_permits() == 0
+        self.waiting.load(Ordering::Relaxed) > 0 && self.open.full()
     }
 
     /// Closes one idle connection of another worker's pool, when there is one: its permit
@@ -149,7 +150,7 @@ impl Gate {
 }
 
 /// A request's count among those waiting, while it waits.
-struct Waiting<'a>(&'a Gate);
+struct Waiting<'a>(&'a ConnectionBound);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
@@ -160,8 +161,8 @@ impl Drop for Waiting<'_> {
 /// The right to open one connection: its permit for as long as it is open, and one of the
 /// permits to be opening one.
 struct Slot {
-    open: OwnedSemaphorePermit,
-    opening: OwnedSemaphorePermit,
+    open: Permit,
+    opening: Permit,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -183,7 +184,7 @@ struct Slots {
 struct PoolInner {
     slots: Mutex<Slots>,
     bound: IdleBound,
-    gate: Arc<Gate>,
+    gate: Arc<ConnectionBound>,
     /// Whether this pool's reaper task runs.
     reaping: AtomicBool,
 }
@@ -278,7 +279,7 @@ impl Pool {
         connector: Connector,
         origin: Uri,
         bound: IdleBound,
-        gate: Arc<Gate>,
+        gate: Arc<ConnectionBound>,
     ) -> Self {
         let shared = Arc::new(PoolInner {
             slots: Mutex::new(Slots::default()),
@@ -345,7 +346,7 @@ impl Pool {
         gate.waiting.fetch_add(1, Ordering::Relaxed);
         let _waiting = Waiting(gate);
         let mut back = self.shared.wait_in_line();
-        if gate.open.available_permits() == 0 {
+        if gate.open.full() {
             gate.close_idle_elsewhere(&self.shared);
         }
         let slot = tokio::select! {

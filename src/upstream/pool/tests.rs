@@ -115,11 +115,11 @@ fn bounded(origin: Uri, max: usize, timeout: Duration) -> Pool {
         origin,
         max,
         timeout,
-        &Gate::new(10_000, Duration::from_secs(30), Gauge::default()),
+        &ConnectionBound::new(10_000, Duration::from_secs(30), Gauge::default()),
     )
 }
 
-fn capped(origin: Uri, max: usize, timeout: Duration, gate: &Arc<Gate>) -> Pool {
+fn capped(origin: Uri, max: usize, timeout: Duration, gate: &Arc<ConnectionBound>) -> Pool {
     let mut http = HttpConnector::new_with_resolver(Resolver::default());
     http.enforce_http(false);
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -260,7 +260,7 @@ async fn no_idle_connections_kept_means_one_connection_per_request() {
 #[tokio::test]
 async fn at_the_cap_requests_wait_for_a_connection_given_back() {
     let (origin, counts) = server("x", 200, After::KeepAlive, None).await;
-    let gate = Gate::new(2, Duration::from_secs(30), Gauge::default());
+    let gate = ConnectionBound::new(2, Duration::from_secs(30), Gauge::default());
     // Two workers' pools under one cap.
     let pools = [
         capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate),
@@ -284,7 +284,7 @@ async fn past_the_wait_a_request_is_busy_and_not_sent() {
     // The first answer waits until a second request arrives, which never does.
     let gate_open = Arc::new(Barrier::new(2));
     let (origin, counts) = server("x", 200, After::KeepAlive, Some(gate_open)).await;
-    let gate = Gate::new(1, Duration::from_millis(50), Gauge::default());
+    let gate = ConnectionBound::new(1, Duration::from_millis(50), Gauge::default());
     let pool = capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate);
     let first = {
         let (pool, origin) = (pool.clone(), origin.clone());

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -40,6 +40,7 @@ use self::pool::Pool;
 use self::table::{FromClient, Held, Key, Routed, Table, Waiting, NOTES};
 use super::caller::Caller;
 use super::ready::NotReady;
+use crate::body::{answer, JSON};
 use crate::budget::{MemoryBudget, Reservation};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, Kind};
@@ -293,19 +294,11 @@ fn session_of(headers: &HeaderMap) -> Option<u64> {
 }
 
 fn json_response(status: StatusCode, held: Held) -> Response<StdioBody> {
-    let mut resp = Response::new(StdioBody::Json(Some(held)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    resp
+    answer(status, Some(JSON), StdioBody::Json(Some(held)))
 }
 
 fn accepted() -> Response<StdioBody> {
-    let mut resp = Response::new(StdioBody::Json(None));
-    *resp.status_mut() = StatusCode::ACCEPTED;
-    resp
+    answer(StatusCode::ACCEPTED, None, StdioBody::Json(None))
 }
 
 /// Whether a request carries the 2026 envelope (its errors then get their 2026 statuses).
@@ -474,11 +467,11 @@ impl StdioUpstream {
         let g = generation(&pipe).await?;
         if session_of(headers).is_some_and(|s| s != g.n) {
             let gone = Error::new(
-                Kind::UpstreamFailed,
+                Kind::SessionGone,
                 "the MCP server process restarted; its session is gone",
             );
             return Ok(json_response(
-                StatusCode::NOT_FOUND,
+                gone.status(),
                 (gone.body(msg.get("id").map(|i| &**i)), pipe.budget.start()),
             ));
         }
@@ -768,7 +761,7 @@ async fn request(
             return Ok(json_response(status, held));
         }
     };
-    let mut resp = Response::new(StdioBody::Stream {
+    let stream = StdioBody::Stream {
         first,
         parts: Some(Streamed {
             notes,
@@ -776,12 +769,8 @@ async fn request(
             waiter,
         }),
         answer: None,
-    });
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    Ok(resp)
+    };
+    Ok(answer(StatusCode::OK, Some("text/event-stream"), stream))
 }
 
 /// Replaces a request's `params._meta.progressToken` with `id` (unique on the pipe); returns

@@ -26,6 +26,7 @@ use tokio::time::{Instant, Sleep};
 use crate::body::{Body, BoxError};
 use crate::budget::{self, MemoryBudget};
 use crate::error::{Error, Kind};
+use crate::gate::Permit;
 use crate::metrics::{LimitKind, Metrics};
 
 /// The largest piece of a response body handed to hyper at once. hyper asks for the next
@@ -33,52 +34,6 @@ use crate::metrics::{LimitKind, Metrics};
 /// leaves at most about this much (plus the buffer's own limit) in hyper's hands; the rest
 /// stays in the body, where the memory budget counts it.
 pub(crate) const CHUNK: usize = budget::SMALL;
-
-/// The connections open on one listener, and how many may be.
-pub(crate) struct Connections {
-    open: AtomicUsize,
-    cap: usize,
-    /// The limit kind counted when a connection is refused.
-    refused: LimitKind,
-    metrics: Arc<Metrics>,
-}
-
-/// One open connection's place under the cap, given back when dropped.
-pub(crate) struct Slot(Arc<Connections>);
-
-impl Connections {
-    pub(crate) fn new(cap: usize, refused: LimitKind, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Connections {
-            open: AtomicUsize::new(0),
-            cap,
-            refused,
-            metrics,
-        })
-    }
-
-    /// A place for a new connection, or `None` past the cap.
-    pub(crate) fn admit(self: &Arc<Self>) -> Option<Slot> {
-        let admitted = self
-            .open
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < self.cap).then_some(n + 1)
-            })
-            .is_ok();
-        if !admitted {
-            self.metrics.limit(self.refused);
-            return None;
-        }
-        self.metrics.open_connections.inc();
-        Some(Slot(self.clone()))
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.open.fetch_sub(1, Ordering::AcqRel);
-        self.0.metrics.open_connections.dec();
-    }
-}
 
 /// What the service tells the connection about its requests.
 pub(crate) struct ConnState {
@@ -335,7 +290,8 @@ pub(crate) struct Watched<IO> {
     probe_left: usize,
     half_closed: Option<HalfClosed>,
     metrics: Arc<Metrics>,
-    _slot: Slot,
+    /// Its place under its listener's share of the connection cap.
+    _place: Permit,
     timed_out: bool,
 }
 
@@ -367,7 +323,7 @@ impl<IO> Watched<IO> {
     pub(crate) fn new(
         io: IO,
         deadlines: Deadlines,
-        slot: Slot,
+        place: Permit,
         metrics: Arc<Metrics>,
         accepted: Instant,
     ) -> Self {
@@ -400,7 +356,7 @@ impl<IO> Watched<IO> {
             probe_left: 0,
             half_closed: None,
             metrics,
-            _slot: slot,
+            _place: place,
             timed_out: false,
         }
     }

@@ -4,7 +4,10 @@
 //! cannot lock out the others. Every connection gets the same bounds (`conn`: the head
 //! deadline counted from accept, the idle deadline, a write that makes no progress cut at the
 //! idle deadline), the same HTTP settings ([`http_builder`]) and the same back-off when
-//! accepting fails (out of descriptors, say).
+//! accepting fails (out of descriptors, say). It sits below everything that serves HTTP (the
+//! `server`'s listeners, the local trial's Epode), so none of them imports another to listen.
+
+mod conn;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,10 +24,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::conn::{self, Connections, Deadlines, Slot, Transport, Watched, CHUNK};
+use self::conn::{Deadlines, Transport, Watched, CHUNK};
 use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::Limits;
+use crate::gate::{Gate, Permit};
 use crate::log_summary::LogSummary;
 use crate::metrics::{LimitKind, Metrics};
 
@@ -107,7 +111,10 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 pub(crate) struct Bounds(Arc<Inner>);
 
 struct Inner {
-    connections: Arc<Connections>,
+    /// The connections open, under the listener's share of the cap.
+    connections: Gate,
+    /// The limit kind counted when a connection is refused.
+    refused: LimitKind,
     deadlines: Deadlines,
     body_timeout: Duration,
     http: auto::Builder<TokioExecutor>,
@@ -121,7 +128,7 @@ struct Inner {
 /// A connection let in: where from, its place under the cap, and when it was accepted.
 pub(crate) struct Admitted {
     pub(crate) peer: SocketAddr,
-    slot: Slot,
+    place: Permit,
     accepted: Instant,
 }
 
@@ -141,7 +148,8 @@ impl Bounds {
         budget: Option<Arc<MemoryBudget>>,
     ) -> Self {
         Bounds(Arc::new(Inner {
-            connections: Connections::new(cap, role.refused(), metrics.clone()),
+            connections: Gate::with_gauge(cap, metrics.open_connections.clone()),
+            refused: role.refused(),
             deadlines: Deadlines {
                 head: limits.header_timeout,
                 idle: limits.idle_timeout,
@@ -183,7 +191,8 @@ impl Bounds {
                     continue;
                 }
             };
-            let Some(slot) = self.0.connections.admit() else {
+            let Some(place) = self.0.connections.try_enter() else {
+                self.0.metrics.limit(self.0.refused);
                 // Past the cap: closed at once, costing nothing more. A zero linger resets
                 // the connection at close; it never blocks.
                 #[allow(deprecated)]
@@ -196,7 +205,7 @@ impl Bounds {
                 stream,
                 Admitted {
                     peer,
-                    slot,
+                    place,
                     accepted: Instant::now(),
                 },
             );
@@ -224,7 +233,7 @@ impl Bounds {
         let watched = Watched::new(
             io,
             inner.deadlines,
-            admitted.slot,
+            admitted.place,
             inner.metrics.clone(),
             admitted.accepted,
         );
