@@ -202,11 +202,7 @@ impl Dispatcher {
         if self.bus.is_some() && request.method() == "tools/call" {
             seen.tool = request.env.name().map(|n| n.into_owned());
         }
-        seen.era = if request.era.is_modern() {
-            "2026-07-28"
-        } else {
-            "2025"
-        };
+        seen.era = request.era.label();
     }
 
     async fn serve(

@@ -20,13 +20,14 @@ use crate::body::{self, Body, BoxError};
 use crate::error::{Error, Kind};
 use crate::frontdoor::Request;
 use crate::limits::retry_after_secs;
+use crate::mcp::era::Era;
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::LimitKind;
 use crate::trial::bus::Note;
 use crate::upstream::answer;
-use crate::upstream::{translate, Client, Era};
+use crate::upstream::{translate, Client};
 
 /// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
 const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
@@ -40,14 +41,13 @@ impl Dispatcher {
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
-        let modern = req.era.is_modern();
         let client = &client;
         let feedback_tool = method == "tools/call"
             && req
                 .env
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
-        let plan = self.plan(method, modern, abandoned);
+        let plan = self.plan(method, req.era, abandoned);
         if method == "tools/call" {
             let name = req.env.name().unwrap_or_default();
             if let Err(wait) = self.rates.check_tool(&name) {
@@ -55,7 +55,7 @@ impl Dispatcher {
                 return Ok(local_result(req.id, tool_rate_limited(&name, wait), plan));
             }
         }
-        match route(method, modern, feedback_tool) {
+        match route(method, req.era, feedback_tool) {
             Route::Removed => Err(Error::new(
                 Kind::MethodNotFound {
                     method: method.to_owned(),
@@ -83,9 +83,9 @@ impl Dispatcher {
 
     /// What a response gets besides its hook: for a 2026 client, the server identity and,
     /// on cacheable methods, the configured cache hints.
-    fn plan(&self, method: &str, modern: bool, abandoned: Abandoned) -> ResultPlan {
-        let mut plan = ResultPlan::new(method, modern, abandoned);
-        if modern {
+    fn plan(&self, method: &str, client_era: Era, abandoned: Abandoned) -> ResultPlan {
+        let mut plan = ResultPlan::new(method, client_era, abandoned);
+        if client_era == Era::Modern {
             let (info, force) = self.server_info(None);
             plan.server_info = info;
             plan.force_server_info = force;
@@ -220,7 +220,6 @@ impl Dispatcher {
         mut plan: ResultPlan,
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
-        let modern = req.era.is_modern();
         let (headers, bytes) = translate::with_traceparent(&req.parts.headers, req.bytes);
         let client = Client {
             headers: &headers,
@@ -228,7 +227,7 @@ impl Dispatcher {
         };
         let sent = match self
             .upstream
-            .forward(&client, req.parts.uri.query(), &bytes, method, modern)
+            .forward(&client, req.parts.uri.query(), &bytes, method, req.era)
             .await
         {
             Ok(sent) => sent,
@@ -244,15 +243,14 @@ impl Dispatcher {
         if method == "subscriptions/listen" {
             return Ok(answer::stream_back(sent.response));
         }
-        if modern && !plan.force_server_info && sent.server_info.is_some() {
+        if req.era == Era::Modern && !plan.force_server_info && sent.server_info.is_some() {
             plan.server_info = sent.server_info;
         }
-        let fix_status = modern && sent.era == Era::Legacy;
         answer::finish(
             sent.response,
             req.id,
             plan,
-            fix_status,
+            sent.era,
             self.upstream.bounds(),
             Some(self.cut.clone()),
         )
@@ -296,10 +294,10 @@ enum Route {
 }
 
 /// The method table.
-fn route(method: &str, modern: bool, feedback_tool: bool) -> Route {
+fn route(method: &str, client_era: Era, feedback_tool: bool) -> Route {
     match method {
-        m if modern && version::REMOVED_IN_MODERN.contains(&m) => Route::Removed,
-        "server/discover" if modern => Route::Discover,
+        m if client_era == Era::Modern && version::REMOVED_IN_MODERN.contains(&m) => Route::Removed,
+        "server/discover" if client_era == Era::Modern => Route::Discover,
         "initialize" => Route::Initialize,
         "ping" => Route::Ping,
         "subscriptions/listen" => Route::Listen,
@@ -359,8 +357,8 @@ mod tests {
 
     #[test]
     fn the_method_table() {
-        let modern = |m| route(m, true, false);
-        let legacy = |m| route(m, false, false);
+        let modern = |m| route(m, Era::Modern, false);
+        let legacy = |m| route(m, Era::Legacy, false);
         assert_eq!(modern("server/discover"), Route::Discover);
         assert_eq!(
             legacy("server/discover"),
@@ -380,8 +378,8 @@ mod tests {
         assert_eq!(legacy("logging/setLevel"), Route::Forward);
         assert_eq!(modern("subscriptions/listen"), Route::Listen);
         assert_eq!(modern("tools/call"), Route::ToolCall);
-        assert_eq!(route("tools/call", false, true), Route::FeedbackTool);
-        assert_eq!(route("tools/list", true, true), Route::ToolList);
+        assert_eq!(route("tools/call", Era::Legacy, true), Route::FeedbackTool);
+        assert_eq!(route("tools/list", Era::Modern, true), Route::ToolList);
         for other in [
             "prompts/list",
             "resources/read",

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::era::Era;
 use super::raw::{as_str, is_object, null, open, raw, raw_object, RawMap};
 use super::version::META_SERVER_INFO;
 use crate::error::code;
@@ -65,8 +66,9 @@ pub(crate) fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
 /// status, no answer at all), and nothing when the client abandoned the request.
 pub(crate) struct ResultPlan {
     method: String,
-    /// The client speaks 2026-07-28: complete `resultType`, serverInfo, cache hints.
-    pub(crate) modern_client: bool,
+    /// The client's era: a 2026 client gets `resultType`, serverInfo and cache hints; a
+    /// 2025 client gets 2025 shapes.
+    client_era: Era,
     /// Server identity for `_meta` (modern client): set when absent, or always when `force`.
     pub(crate) server_info: Option<serde_json::Value>,
     pub(crate) force_server_info: bool,
@@ -89,10 +91,10 @@ impl Drop for ResultPlan {
 }
 
 impl ResultPlan {
-    pub(crate) fn new(method: &str, modern_client: bool, abandoned: Abandoned) -> Self {
+    pub(crate) fn new(method: &str, client_era: Era, abandoned: Abandoned) -> Self {
         ResultPlan {
             method: method.to_owned(),
-            modern_client,
+            client_era,
             server_info: None,
             force_server_info: false,
             cache: None,
@@ -100,6 +102,11 @@ impl ResultPlan {
             settled: false,
             abandoned,
         }
+    }
+
+    /// The era the result is rewritten for.
+    pub(crate) fn client_era(&self) -> Era {
+        self.client_era
     }
 
     /// The client went away: nothing is reported for this request.
@@ -145,10 +152,9 @@ impl ResultPlan {
                 changed |= hook.result(&mut result);
             }
         }
-        if self.modern_client {
-            changed |= self.to_modern(&mut result);
-        } else {
-            match to_legacy(&self.method, &mut result) {
+        match self.client_era {
+            Era::Modern => changed |= self.to_modern(&mut result),
+            Era::Legacy => match to_legacy(&self.method, &mut result) {
                 Ok(c) => changed |= c,
                 Err(message) => {
                     // A result a 2025-era client cannot take becomes an error it can read.
@@ -159,7 +165,7 @@ impl ResultPlan {
                     );
                     return true;
                 }
-            }
+            },
         }
         if let (true, Some(slot)) = (changed, msg.get_mut("result")) {
             // The old text goes before the new one is made: a large result is then held
@@ -312,8 +318,8 @@ mod tests {
         serde_json::from_slice(&to_bytes(m)).unwrap()
     }
 
-    fn new_plan(method: &str, modern: bool) -> ResultPlan {
-        ResultPlan::new(method, modern, Abandoned::default())
+    fn new_plan(method: &str, era: Era) -> ResultPlan {
+        ResultPlan::new(method, era, Abandoned::default())
     }
 
     struct Count(std::sync::Arc<std::sync::Mutex<(u32, u32)>>);
@@ -328,9 +334,9 @@ mod tests {
         }
     }
 
-    fn counted(modern: bool) -> (ResultPlan, std::sync::Arc<std::sync::Mutex<(u32, u32)>>) {
+    fn counted(era: Era) -> (ResultPlan, std::sync::Arc<std::sync::Mutex<(u32, u32)>>) {
         let seen = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
-        let mut p = new_plan("tools/call", modern);
+        let mut p = new_plan("tools/call", era);
         p.hook = Some(Box::new(Count(seen.clone())));
         (p, seen)
     }
@@ -338,22 +344,22 @@ mod tests {
     #[test]
     fn the_hook_hears_exactly_one_outcome() {
         // A result, then the plan dropped: the result only.
-        let (mut p, seen) = counted(true);
+        let (mut p, seen) = counted(Era::Modern);
         p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
         p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (1, 0));
         // An error answer: failed once, even when dropped after.
-        let (mut p, seen) = counted(true);
+        let (mut p, seen) = counted(Era::Modern);
         p.apply(&mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#));
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
         // No answer at all (an error status, an unreachable upstream): failed on drop.
-        let (p, seen) = counted(false);
+        let (p, seen) = counted(Era::Legacy);
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
         // The client went away: nothing.
-        let (p, seen) = counted(true);
+        let (p, seen) = counted(Era::Modern);
         p.abandon();
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 0));
@@ -361,7 +367,7 @@ mod tests {
 
     #[test]
     fn modern_fields_are_added_only_when_missing() {
-        let mut plan = new_plan("tools/list", true);
+        let mut plan = new_plan("tools/list", Era::Modern);
         plan.server_info = Some(json!({"name": "up", "version": "1"}));
         plan.cache = Some((0, "private"));
         let mut m = msg(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"ttlMs":5000}}"#);
@@ -378,7 +384,7 @@ mod tests {
     fn untouched_values_survive_exactly() {
         let raw_in = r#"{"jsonrpc":"2.0","id":1,"result":{"z":12345678901234567890,"a":0.1,"big":1e400,"s":"\u00e9\ud83d\ude80","content":[{"type":"text","text":"\u0000x"}]}}"#;
         let mut m = msg(raw_in);
-        let mut plan = new_plan("tools/call", true);
+        let mut plan = new_plan("tools/call", Era::Modern);
         assert!(plan.apply(&mut m));
         let out = String::from_utf8(to_bytes(&m).to_vec()).unwrap();
         assert_eq!(
@@ -389,7 +395,7 @@ mod tests {
 
     #[test]
     fn legacy_shapes() {
-        let mut plan = new_plan("tools/call", false);
+        let mut plan = new_plan("tools/call", Era::Legacy);
         let mut m = msg(
             r#"{"id":1,"result":{"content":[],"structuredContent":[1,2],"resultType":"complete"}}"#,
         );
@@ -401,7 +407,7 @@ mod tests {
         let mut m = msg(r#"{"id":1,"result":{"resultType":"input_required","requestState":"x"}}"#);
         assert!(plan.apply(&mut m));
         assert_eq!(value(&m)["error"]["code"], -32603);
-        let mut plan = new_plan("tools/list", false);
+        let mut plan = new_plan("tools/list", Era::Legacy);
         let mut m = msg(
             r#"{"id":1,"result":{"tools":[{"name":"n","outputSchema":{"type":"string"}},{"name":"o","outputSchema":{"type":"object"}}]}}"#,
         );

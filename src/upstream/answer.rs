@@ -16,6 +16,7 @@ use serde_json::Value;
 use crate::body::{self, Body, Buffered};
 use crate::budget::{self, Collect, MemoryBudget, Reservation};
 use crate::error::{Error, Kind};
+use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw;
 use crate::mcp::rewrite::{self, ResultPlan};
@@ -136,15 +137,20 @@ fn parse_message(headers: &HeaderMap, bytes: &Bytes) -> Option<Value> {
     }
 }
 
+/// Whether a JSON-RPC error the upstream sent with 200 gets the status 2026 gives it (404 for
+/// an unknown method): the upstream speaks 2025 and the client 2026.
+fn translates_status(client: Era, upstream: Era) -> bool {
+    client == Era::Modern && upstream == Era::Legacy
+}
+
 /// The upstream's answer for the client: error statuses as they were; a JSON result rewritten
-/// whole; an SSE stream event by event, only the response event rewritten. `fix_status`: the
-/// upstream speaks 2025 and the client 2026, so a JSON-RPC error the upstream sent with 200
-/// gets the status 2026 gives it (404 for an unknown method). Errors name the request `id`.
+/// whole; an SSE stream event by event, only the response event rewritten. An answer from a
+/// 2025 upstream to a 2026 client gets 2026's error statuses. Errors name the request `id`.
 pub(crate) async fn finish(
     resp: Response<UpstreamBody>,
     id: &RawValue,
     mut plan: ResultPlan,
-    fix_status: bool,
+    upstream: Era,
     bounds: &AnswerBounds,
     cut: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Result<Response<Body>, Error> {
@@ -160,7 +166,7 @@ pub(crate) async fn finish(
             .headers
             .insert("x-accel-buffering", HeaderValue::from_static("no"));
         let mut read = Bytes::new();
-        if fix_status {
+        if translates_status(plan.client_era(), upstream) {
             // The status goes out with the head, so wait for the first event: when it is
             // already the (error) response, answer it as JSON with its status.
             let (bytes, first) = sse::peek_first_message(&mut body, bounds.max_event)
@@ -208,11 +214,11 @@ pub(crate) async fn finish(
         // Milliseconds of parsing and rewriting (a list of 100,000 tools, the catalog learning
         // it): done on the blocking pool, so the worker's other connections are served
         // meanwhile.
-        tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, fix_status))
+        tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, upstream))
             .await
             .map_err(|e| Error::new(Kind::Internal, format!("rewriting the answer: {e}")))?
     } else {
-        rewrite_whole(bytes, plan, fix_status)
+        rewrite_whole(bytes, plan, upstream)
     };
     if let Some(status) = status {
         parts.status = status;
@@ -225,16 +231,12 @@ pub(crate) async fn finish(
 /// a parse of a millisecond or more).
 const OFF_WORKER_BYTES: usize = 256 * 1024;
 
-/// A whole JSON answer rewritten by the plan, and the status 2026 gives it when `fix_status`
-/// and it is an error.
-fn rewrite_whole(
-    bytes: Bytes,
-    mut plan: ResultPlan,
-    fix_status: bool,
-) -> (Bytes, Option<StatusCode>) {
+/// A whole JSON answer rewritten by the plan, and the status 2026 gives it when it is an
+/// error a 2025 upstream sent a 2026 client.
+fn rewrite_whole(bytes: Bytes, mut plan: ResultPlan, upstream: Era) -> (Bytes, Option<StatusCode>) {
     match raw::parse_message(&bytes) {
         Some(mut msg) if raw::is_response(&msg) || msg.contains_key("method") => {
-            let status = fix_status
+            let status = translates_status(plan.client_era(), upstream)
                 .then(|| rewrite::modern_error_status(&msg))
                 .flatten();
             if plan.apply(&mut msg) {
