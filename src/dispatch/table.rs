@@ -22,12 +22,11 @@ use crate::frontdoor::Request;
 use crate::limits::retry_after_secs;
 use crate::mcp::era::Era;
 use crate::mcp::raw::{self, raw};
-use crate::mcp::rewrite::{Abandoned, ResultPlan};
+use crate::mcp::rewrite::Abandoned;
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::LimitKind;
 use crate::trial::bus::Note;
-use crate::upstream::answer;
-use crate::upstream::{translate, Client};
+use crate::upstream::{translate, Client, RequestContext};
 
 /// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
 const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
@@ -47,12 +46,12 @@ impl Dispatcher {
                 .env
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
-        let plan = self.plan(method, req.era, abandoned);
+        let ctx = self.context(req, abandoned);
         if method == "tools/call" {
             let name = req.env.name().unwrap_or_default();
             if let Err(wait) = self.rates.check_tool(&name) {
                 self.metrics.limit(LimitKind::ToolRate);
-                return Ok(local_result(req.id, tool_rate_limited(&name, wait), plan));
+                return Ok(ctx.local_result(tool_rate_limited(&name, wait)));
             }
         }
         match route(method, req.era, feedback_tool) {
@@ -62,38 +61,39 @@ impl Dispatcher {
                 },
                 "",
             )),
-            Route::Discover => self.discover(req, client, plan).await,
+            Route::Discover => self.discover(req, client, ctx).await,
             Route::Initialize => self.initialize(req, client).await,
             Route::Ping if self.upstream.era(client).await? == Era::Modern => {
-                Ok(local_result(req.id, json!({}), plan))
+                Ok(ctx.local_result(json!({})))
             }
             Route::Listen if self.upstream.era(client).await? == Era::Legacy => {
                 Ok(local_listen(req.id, self.cut.clone()))
             }
-            Route::FeedbackTool => self.feedback_tool(req, plan, note).await,
-            Route::ToolCall => self.tool_call(req, client, plan, note).await,
+            Route::FeedbackTool => self.feedback_tool(req, ctx, note).await,
+            Route::ToolCall => self.tool_call(req, client, ctx, note).await,
             Route::ToolList => {
-                let mut plan = plan;
-                plan.hook = self.binding.list_hook();
-                self.forward(req, client, plan).await
+                let mut ctx = ctx;
+                ctx.plan.hook = self.binding.list_hook();
+                self.forward(req, client, ctx).await
             }
-            Route::Ping | Route::Listen | Route::Forward => self.forward(req, client, plan).await,
+            Route::Ping | Route::Listen | Route::Forward => self.forward(req, client, ctx).await,
         }
     }
 
-    /// What a response gets besides its hook: for a 2026 client, the server identity and,
-    /// on cacheable methods, the configured cache hints.
-    fn plan(&self, method: &str, client_era: Era, abandoned: Abandoned) -> ResultPlan {
-        let mut plan = ResultPlan::new(method, client_era, abandoned);
-        if client_era == Era::Modern {
+    /// The request's context; its plan is what a response gets besides its hook: for a 2026
+    /// client, the server identity and, on cacheable methods, the configured cache hints.
+    fn context<'a>(&self, req: &'a Request<'_>, abandoned: Abandoned) -> RequestContext<'a> {
+        let method = req.method();
+        let mut ctx = RequestContext::new(req.id, method, req.era, abandoned, self.cut.clone());
+        if req.era == Era::Modern {
             let (info, force) = self.server_info(None);
-            plan.server_info = info;
-            plan.force_server_info = force;
+            ctx.plan.server_info = info;
+            ctx.plan.force_server_info = force;
             if version::is_cacheable(method) {
-                plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope));
+                ctx.plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope));
             }
         }
-        plan
+        ctx
     }
 
     /// The identity clients see: the upstream's, with the configured name/version over it;
@@ -122,14 +122,14 @@ impl Dispatcher {
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
-        plan: ResultPlan,
+        ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
         let (_, discovery) = self
             .upstream
             .discover(client, Some(req.bytes.clone()))
             .await?;
         let result = self.binding.with_instructions(discovery.result);
-        Ok(local_result(req.id, result, plan))
+        Ok(ctx.local_result(result))
     }
 
     /// A 2025-era `initialize`, answered per request from the upstream's discovery: no
@@ -175,7 +175,7 @@ impl Dispatcher {
     async fn feedback_tool(
         &self,
         req: &Request<'_>,
-        plan: ResultPlan,
+        ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
@@ -186,7 +186,7 @@ impl Dispatcher {
             .and_then(|a| serde_json::from_str(a.get()).ok())
             .unwrap_or_else(|| json!({}));
         let result = self.binding.call_local(&name, &args, note).await;
-        Ok(local_result(req.id, result, plan))
+        Ok(ctx.local_result(result))
     }
 
     /// A product `tools/call`: upstream with the binding's hook (the catalog learns the
@@ -195,7 +195,7 @@ impl Dispatcher {
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
-        mut plan: ResultPlan,
+        mut ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
@@ -203,58 +203,30 @@ impl Dispatcher {
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }
-        plan.hook = Some(
+        ctx.plan.hook = Some(
             self.binding
                 .call_hook(&name, &req.parts.headers, note.cloned()),
         );
-        self.forward(req, client, plan).await
+        self.forward(req, client, ctx).await
     }
 
-    /// Sends the request upstream in its era and finishes its answer for the client. A W3C
+    /// Sends the request upstream, which answers it finished for the client. A W3C
     /// `traceparent` the client sent in one place (header or `params._meta`) goes upstream in
     /// both.
     async fn forward(
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
-        mut plan: ResultPlan,
+        ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
-        let method = req.method();
         let (headers, bytes) = translate::with_traceparent(&req.parts.headers, req.bytes);
         let client = Client {
             headers: &headers,
             caller: client.caller,
         };
-        let sent = match self
-            .upstream
-            .forward(&client, req.parts.uri.query(), &bytes, method, req.era)
+        self.upstream
+            .forward(&client, req.parts.uri.query(), &bytes, ctx)
             .await
-        {
-            Ok(sent) => sent,
-            Err(e) => {
-                // A limit of the sidecar's own refused it before anything was sent (the
-                // upstream connection cap, a full stdin queue): no product call happened.
-                if e.was_unsent() {
-                    plan.not_sent();
-                }
-                return Err(e);
-            }
-        };
-        if method == "subscriptions/listen" {
-            return Ok(answer::stream_back(sent.response));
-        }
-        if req.era == Era::Modern && !plan.force_server_info && sent.server_info.is_some() {
-            plan.server_info = sent.server_info;
-        }
-        answer::finish(
-            sent.response,
-            req.id,
-            plan,
-            sent.era,
-            self.upstream.bounds(),
-            Some(self.cut.clone()),
-        )
-        .await
     }
 }
 
@@ -306,13 +278,6 @@ fn route(method: &str, client_era: Era, feedback_tool: bool) -> Route {
         "tools/list" => Route::ToolList,
         _ => Route::Forward,
     }
-}
-
-/// A result the sidecar made, through the plan (for the client's era and the hook).
-fn local_result(id: &RawValue, result: Value, mut plan: ResultPlan) -> Response<Body> {
-    let mut msg = raw::result_message(id, raw(&result));
-    plan.apply(&mut msg);
-    body::json(StatusCode::OK, raw::to_bytes(&msg))
 }
 
 /// A `subscriptions/listen` stream for a 2025-era upstream: acknowledged with no

@@ -2,7 +2,7 @@
 //! [`RawMap`]s, so every other value keeps its exact bytes), and the [`ResultPlan`] that
 //! carries a request's response through it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -62,8 +62,9 @@ pub(crate) fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
 }
 
 /// What to do to the response of one request. Its hook hears exactly one outcome: the result
-/// when one arrives, `failed` when the plan is dropped without one (an error answer, an error
-/// status, no answer at all), and nothing when the client abandoned the request.
+/// when one arrives, `failed` when the answer is an error (an error answer, an error status,
+/// no answer at all: whoever learns it calls [`ResultPlan::fail`]), and nothing when the
+/// client abandoned the request or the sidecar refused it before sending it.
 pub(crate) struct ResultPlan {
     method: String,
     /// The client's era: a 2026 client gets `resultType`, serverInfo and cache hints; a
@@ -79,12 +80,25 @@ pub(crate) struct ResultPlan {
     abandoned: Abandoned,
 }
 
+/// Plans dropped without an outcome although their client was still there: counted, and
+/// reported as failures, so no event is lost to a path that forgot to report (a request
+/// future dropped at the shutdown cut ends that way by design).
+static DROPPED_UNREPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// How many plans ended without an explicit outcome (see [`DROPPED_UNREPORTED`]).
+#[cfg(test)]
+pub(crate) fn dropped_unreported() -> u64 {
+    DROPPED_UNREPORTED.load(Ordering::Relaxed)
+}
+
 impl Drop for ResultPlan {
     fn drop(&mut self) {
         if self.settled || self.abandoned.is_set() {
             return;
         }
         if let Some(hook) = self.hook.as_mut() {
+            DROPPED_UNREPORTED.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(method = %self.method, "a request's plan ended without an outcome; reported as failed");
             hook.failed();
         }
     }
@@ -121,7 +135,9 @@ impl ResultPlan {
         self.settled = true;
     }
 
-    fn settle_failed(&mut self) {
+    /// The request failed (an error answer or status, no answer at all): the hook hears it,
+    /// once, unless it already heard an outcome.
+    pub(crate) fn fail(&mut self) {
         if !self.settled {
             self.settled = true;
             if let Some(hook) = self.hook.as_mut() {
@@ -141,7 +157,7 @@ impl ResultPlan {
         }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
             if msg.contains_key("error") {
-                self.settle_failed();
+                self.fail();
             }
             return false;
         };
@@ -354,10 +370,24 @@ mod tests {
         p.apply(&mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#));
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
-        // No answer at all (an error status, an unreachable upstream): failed on drop.
+        // No answer at all (an error status, an unreachable upstream): failed once, where
+        // that is known, and not again when dropped.
+        let (mut p, seen) = counted(Era::Legacy);
+        p.fail();
+        p.fail();
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 1));
+        // A plan dropped with no outcome at all is still reported (and counted).
+        let before = dropped_unreported();
         let (p, seen) = counted(Era::Legacy);
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
+        assert!(dropped_unreported() > before);
+        // Refused before it was sent: nothing.
+        let (mut p, seen) = counted(Era::Modern);
+        p.not_sent();
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 0));
         // The client went away: nothing.
         let (p, seen) = counted(Era::Modern);
         p.abandon();

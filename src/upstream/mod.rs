@@ -6,8 +6,9 @@
 //! requests between the eras; `answer` reads what comes back and finishes it for the client.
 //! `Upstream` puts them together for one worker.
 
-pub(crate) mod answer;
+mod answer;
 mod caller;
+mod context;
 mod dns;
 pub(crate) mod era;
 mod hop;
@@ -28,6 +29,7 @@ use serde_json::{json, Value};
 
 use self::answer::{read_answer, AnswerBounds};
 pub(crate) use self::caller::Client;
+pub(crate) use self::context::RequestContext;
 pub(crate) use self::era::Discovery;
 use self::era::EraResolver;
 pub(crate) use self::hop::UpstreamBody;
@@ -39,6 +41,7 @@ pub(crate) use self::ready::NotReady;
 use self::session::Sessions;
 use self::stdio::{StdioBounds, StdioUpstream};
 use self::translate::set_modern_headers;
+use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::{Config, Transport};
 use crate::error::{Error, Kind};
@@ -52,11 +55,11 @@ const SESSION_CLOSE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from
 const MAX_LIST_PAGES: usize = 20;
 
 /// A request sent upstream: the response head, and what the sidecar learned on the way.
-pub(crate) struct Sent {
-    pub(crate) response: Response<UpstreamBody>,
-    pub(crate) era: Era,
+struct Sent {
+    response: Response<UpstreamBody>,
+    era: Era,
     /// The upstream's identity from a 2025-era handshake (2026 results carry their own).
-    pub(crate) server_info: Option<Value>,
+    server_info: Option<Value>,
 }
 
 /// What every worker must agree on about the upstream: its era and its 2025 sessions.
@@ -143,10 +146,6 @@ impl Upstream {
             known: self.known.clone(),
             metrics: self.metrics.clone(),
         }
-    }
-
-    pub(crate) fn bounds(&self) -> &AnswerBounds {
-        self.link.bounds()
     }
 
     /// Closes upstream the sessions unused for the idle time (call now and then).
@@ -254,10 +253,37 @@ impl Upstream {
         )
     }
 
-    /// Sends a client's request in the upstream's era, translating it from the client's;
-    /// when the upstream's refusal says it changed era, once more in the new one. A 2026
-    /// upstream's 400 is read whole to tell an era change from a refusal to pass on.
+    /// Sends a client's request in the upstream's era, translating it from the client's,
+    /// and returns its answer finished for the client: in the client's era, through the
+    /// request's plan (the hook hears the outcome, or the failure where it is found). A
+    /// `subscriptions/listen` stream comes back as it is.
     pub(crate) async fn forward(
+        &self,
+        client: &Client<'_>,
+        query: Option<&str>,
+        bytes: &Bytes,
+        mut ctx: RequestContext<'_>,
+    ) -> Result<Response<Body>, Error> {
+        let sent = match self
+            .send_with_retry(client, query, bytes, ctx.method, ctx.era)
+            .await
+        {
+            Ok(sent) => sent,
+            Err(e) => return Err(ctx.fail(e)),
+        };
+        if ctx.method == "subscriptions/listen" {
+            return Ok(answer::stream_back(sent.response));
+        }
+        if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
+            ctx.plan.server_info = sent.server_info;
+        }
+        answer::finish(sent.response, ctx, sent.era, self.link.bounds()).await
+    }
+
+    /// Sends a client's request in the upstream's era; when the upstream's refusal says it
+    /// changed era, once more in the new one. A 2026 upstream's 400 is read whole to tell an
+    /// era change from a refusal to pass on.
+    async fn send_with_retry(
         &self,
         client: &Client<'_>,
         query: Option<&str>,
@@ -276,7 +302,7 @@ impl Upstream {
         self.noted(sent)
     }
 
-    /// One try of [`Upstream::forward`], in the era `upstream` speaks.
+    /// One try of [`Upstream::send_with_retry`], in the era `upstream` speaks.
     async fn send(
         &self,
         client: &Client<'_>,
@@ -362,7 +388,7 @@ impl Upstream {
             }
             let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": "tools/list", "params": params});
             let Ok(sent) = self
-                .forward(
+                .send_with_retry(
                     client,
                     None,
                     &Bytes::from(body.to_string()),
