@@ -1,4 +1,4 @@
-//! The method table: for each validated request, what is answered here, what is translated,
+//! The method table (`Table`, one per worker): for each validated request, what is answered here, what is translated,
 //! and what is forwarded. Local: `server/discover` (the upstream's, merged with the feedback
 //! rule), `initialize` for 2025 clients, `ping` and `subscriptions/listen` where the upstream's
 //! era has none, and the two feedback tools. Rewritten: `tools/list` and product `tools/call`.
@@ -14,24 +14,51 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use tokio::sync::watch;
 
-use super::Dispatcher;
+use crate::binding::FeedbackBinding;
 use crate::body::{self, Body, BoxError};
+use crate::config::Config;
 use crate::error::{Error, Kind};
 use crate::frontdoor::Request;
-use crate::limits::retry_after_secs;
+use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::era::Era;
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::Abandoned;
 use crate::mcp::version::{self, LEGACY_LATEST};
-use crate::metrics::LimitKind;
+use crate::metrics::{LimitKind, Metrics};
 use crate::trial::bus::Note;
-use crate::upstream::{translate, Client, RequestContext};
+use crate::upstream::{translate, Client, RequestContext, Upstream};
 
 /// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
 const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
-impl Dispatcher {
+/// The method table and what it answers with: the configuration, one worker's view of the
+/// upstream, the binding, the tools' rate limits.
+pub(super) struct Table {
+    pub(super) config: Arc<Config>,
+    pub(super) upstream: Upstream,
+    pub(super) binding: Arc<FeedbackBinding>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) rates: Arc<RateLimits>,
+    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
+    pub(super) cut: watch::Receiver<bool>,
+}
+
+impl Table {
+    /// The same table for another worker (its own upstream connection pool).
+    pub(super) fn for_worker(&self) -> Self {
+        Table {
+            config: self.config.clone(),
+            upstream: self.upstream.for_worker(),
+            binding: self.binding.clone(),
+            metrics: self.metrics.clone(),
+            rates: self.rates.clone(),
+            cut: self.cut.clone(),
+        }
+    }
+
+    /// Answers one validated request: here, or through the upstream.
     pub(super) async fn dispatch(
         &self,
         req: &Request<'_>,
