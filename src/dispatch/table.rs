@@ -113,34 +113,14 @@ impl Table {
         let method = req.method();
         let mut ctx = RequestContext::new(req.id, method, req.era, abandoned, self.cut.clone());
         if req.era == Era::Modern {
-            let (info, force) = self.server_info(None);
-            ctx.plan.server_info = info;
-            ctx.plan.force_server_info = force;
+            let shown = self.upstream.server_info(None);
+            ctx.plan.server_info = shown.info;
+            ctx.plan.force_server_info = shown.forced;
             if version::is_cacheable(method) {
                 ctx.plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope));
             }
         }
         ctx
-    }
-
-    /// The identity clients see: the upstream's, with the configured name/version over it;
-    /// and whether it is forced over what results carry.
-    fn server_info(&self, upstream_info: Option<Value>) -> (Option<Value>, bool) {
-        let (name, ver) = (&self.config.server_name, &self.config.server_version);
-        let base = upstream_info.or_else(|| self.upstream.known_server_info());
-        if name.is_none() && ver.is_none() {
-            return (base, false);
-        }
-        let mut info = base
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({"name": "mcp-server", "version": "0"}));
-        if let Some(n) = name {
-            info["name"] = Value::from(n.as_str());
-        }
-        if let Some(v) = ver {
-            info["version"] = Value::from(v.as_str());
-        }
-        (Some(info), true)
     }
 
     /// `server/discover`: the upstream's discovery (its own, or one built from its 2025
@@ -177,7 +157,7 @@ impl Table {
             .get("_meta")
             .and_then(|m| m.get(version::META_SERVER_INFO))
             .cloned();
-        let (info, _) = self.server_info(upstream_info);
+        let info = self.upstream.server_info_for_initialize(upstream_info);
         let mut r = Map::new();
         r.insert("protocolVersion".into(), Value::from(protocol));
         r.insert(
@@ -187,10 +167,7 @@ impl Table {
                 .cloned()
                 .unwrap_or_else(|| json!({})),
         );
-        r.insert(
-            "serverInfo".into(),
-            info.unwrap_or_else(|| json!({"name": "mcp-server", "version": "0"})),
-        );
+        r.insert("serverInfo".into(), info);
         if let Some(i) = discover.get("instructions").filter(|i| i.is_string()) {
             r.insert("instructions".into(), i.clone());
         }

@@ -183,7 +183,7 @@ impl EraResolver {
         let answer = link.exchange(&client.caller, headers, body).await?;
         if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
             self.decide(Era::Modern);
-            link.remember_server_info(
+            link.identity().remember(
                 result
                     .get("_meta")
                     .and_then(|m| m.get(version::META_SERVER_INFO)),

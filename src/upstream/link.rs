@@ -1,19 +1,19 @@
 //! The raw exchange with the upstream, below any era decision: the hop (HTTP pool or stdio
 //! child), the headers every upstream MCP request starts from, the ids of the sidecar's own
-//! requests, reading an answer whole within its bounds, and the upstream's identity as it
-//! last described itself. The era resolver, the 2025 sessions and `Upstream` all send through
+//! requests, reading an answer whole within its bounds, and the server identity (kept as the
+//! upstream describes itself). The era resolver, the 2025 sessions and `Upstream` all send through
 //! it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use ::http::{header, HeaderMap, HeaderValue, Response};
 use bytes::Bytes;
-use serde_json::Value;
 
 use super::answer::{read_answer, AnswerBounds, ReadAnswer};
 use super::caller::Caller;
 use super::hop::{Hop, ServerRequests, UpstreamBody};
+use super::identity::ServerIdentity;
 use crate::error::Error;
 use crate::mcp::headers as mcp_headers;
 
@@ -29,8 +29,7 @@ const MCP_ROUTING: [&str; 5] = [
 /// What every worker's link shares.
 struct Shared {
     counter: AtomicU64,
-    /// The upstream's identity as last seen, for results that lack it.
-    server_info: Mutex<Option<Value>>,
+    identity: ServerIdentity,
 }
 
 /// One worker's way to the upstream.
@@ -41,13 +40,13 @@ pub(crate) struct Link {
 }
 
 impl Link {
-    pub(crate) fn new(hop: Hop, bounds: AnswerBounds) -> Self {
+    pub(crate) fn new(hop: Hop, bounds: AnswerBounds, identity: ServerIdentity) -> Self {
         Link {
             hop,
             bounds,
             shared: Arc::new(Shared {
                 counter: AtomicU64::new(0),
-                server_info: Mutex::new(None),
+                identity,
             }),
         }
     }
@@ -77,23 +76,9 @@ impl Link {
         )
     }
 
-    pub(crate) fn known_server_info(&self) -> Option<Value> {
-        self.shared
-            .server_info
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    /// Keeps the upstream's identity when it gave one (an object).
-    pub(crate) fn remember_server_info(&self, info: Option<&Value>) {
-        if let Some(info) = info.filter(|i| i.is_object()) {
-            *self
-                .shared
-                .server_info
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(info.clone());
-        }
+    /// The server identity, which the link keeps as the upstream describes itself.
+    pub(crate) fn identity(&self) -> &ServerIdentity {
+        &self.shared.identity
     }
 
     /// The client's end-to-end headers for an upstream MCP request, without the routing

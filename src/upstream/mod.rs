@@ -13,6 +13,7 @@ mod dns;
 pub(crate) mod era;
 mod hop;
 pub(crate) mod http;
+mod identity;
 mod link;
 mod pool;
 mod ready;
@@ -35,6 +36,7 @@ use self::era::EraResolver;
 pub(crate) use self::hop::UpstreamBody;
 use self::hop::{Hop, ServerRequests};
 use self::http::{HttpBounds, HttpUpstream};
+use self::identity::{ServerIdentity, Shown};
 use self::link::Link;
 use self::pool::IdleBound;
 pub(crate) use self::ready::NotReady;
@@ -127,7 +129,7 @@ impl Upstream {
             on_limit,
         };
         Ok(Upstream {
-            link: Link::new(hop, bounds),
+            link: Link::new(hop, bounds, ServerIdentity::new(config)),
             known: Arc::new(Known {
                 resolver: EraResolver::new(config.upstream_protocol),
                 sessions: Sessions::new(
@@ -156,8 +158,14 @@ impl Upstream {
             .set(self.known.sessions.len() as i64);
     }
 
-    pub(crate) fn known_server_info(&self) -> Option<Value> {
-        self.link.known_server_info()
+    /// The server identity clients see (see [`ServerIdentity::shown`]).
+    pub(crate) fn server_info(&self, upstream: Option<Value>) -> Shown {
+        self.link.identity().shown(upstream)
+    }
+
+    /// The identity a 2025 client's `initialize` result carries.
+    pub(crate) fn server_info_for_initialize(&self, upstream: Option<Value>) -> Value {
+        self.link.identity().for_initialize(upstream)
     }
 
     /// Forgets what the sidecar knew of the upstream (it became unreachable, or changed era:

@@ -335,7 +335,7 @@ impl Sessions {
             .to_owned();
         let id = answer.answer.headers.get(headers::SESSION_ID).cloned();
         let session = Arc::new(LegacySession { id, version, init });
-        link.remember_server_info(session.init.get("serverInfo"));
+        link.identity().remember(session.init.get("serverInfo"));
 
         // notifications/initialized completes the handshake; its answer carries nothing.
         let mut h = headers;
