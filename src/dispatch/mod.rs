@@ -27,19 +27,15 @@ use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabe
 use crate::observe::{millis, Note, Observer, Served};
 use crate::upstream::{Client, NotReady, Upstream};
 
-/// One worker's request path: the configuration, its view of the upstream, the binding, and
-/// the limits and metrics every worker shares.
+use self::table::Table;
+
+/// One worker's request path: the method table (with the configuration, its view of the
+/// upstream, the binding), and the limits and metrics every worker shares.
 pub(crate) struct Dispatcher {
-    config: Arc<Config>,
-    upstream: Upstream,
-    binding: Arc<FeedbackBinding>,
-    metrics: Arc<Metrics>,
+    table: Table,
     budget: Arc<MemoryBudget>,
     /// The MCP requests being served (every worker's).
     in_flight: Gate,
-    rates: Arc<RateLimits>,
-    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
-    cut: watch::Receiver<bool>,
     /// Whoever watches the requests (the local trial's console, with `--dev`).
     observer: Option<Arc<dyn Observer>>,
 }
@@ -73,14 +69,16 @@ impl Dispatcher {
         }
         let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer.clone())?;
         Ok(Dispatcher {
-            upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
+            table: Table {
+                upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
+                rates: RateLimits::new(&config.limits),
+                config: config.clone(),
+                binding,
+                metrics,
+                cut,
+            },
             in_flight: Gate::new(config.limits.max_in_flight),
-            rates: RateLimits::new(&config.limits),
-            config,
-            binding,
-            metrics,
             budget,
-            cut,
             observer,
         })
     }
@@ -88,28 +86,23 @@ impl Dispatcher {
     /// The same request path for another worker (its own upstream connection pool).
     pub(crate) fn for_worker(&self) -> Self {
         Dispatcher {
-            config: self.config.clone(),
-            upstream: self.upstream.for_worker(),
-            binding: self.binding.clone(),
-            metrics: self.metrics.clone(),
+            table: self.table.for_worker(),
             budget: self.budget.clone(),
             in_flight: self.in_flight.clone(),
-            rates: self.rates.clone(),
-            cut: self.cut.clone(),
             observer: self.observer.clone(),
         }
     }
 
     pub(crate) fn config(&self) -> &Config {
-        &self.config
+        &self.table.config
     }
 
     pub(crate) fn binding(&self) -> &FeedbackBinding {
-        &self.binding
+        &self.table.binding
     }
 
     pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
-        self.metrics.clone()
+        self.table.metrics.clone()
     }
 
     /// The one memory budget (the listeners count what connections hold in it).
@@ -119,29 +112,36 @@ impl Dispatcher {
 
     /// Stops a stdio upstream's child process (after the last request) and waits for it.
     pub(crate) async fn stop_upstream(&self) {
-        self.upstream.shutdown().await;
+        self.table.upstream.shutdown().await;
     }
 
     /// Whether the upstream answers (readiness); `Err` says why not.
     pub(crate) async fn ready(&self) -> Result<(), NotReady> {
-        self.upstream.ready().await
+        self.table.upstream.ready().await
     }
 
     /// Housekeeping for the shared state (call now and then): idle upstream sessions closed,
     /// recovered rate-limit entries forgotten.
     pub(crate) fn sweep(&self) {
-        self.upstream.sweep_sessions();
-        self.rates.sweep();
+        self.table.upstream.sweep_sessions();
+        self.table.rates.sweep();
     }
 
     /// `/metrics`, with the gauges read now.
     pub(crate) fn render_metrics(&self) -> String {
-        self.metrics.in_flight.set(self.in_flight.held() as i64);
-        self.metrics.buffered_bytes.set(self.budget.used() as i64);
-        self.metrics
+        self.table
+            .metrics
+            .in_flight
+            .set(self.in_flight.held() as i64);
+        self.table
+            .metrics
+            .buffered_bytes
+            .set(self.budget.used() as i64);
+        self.table
+            .metrics
             .rate_limit_clients
-            .set(self.rates.tracked_clients() as i64);
-        self.metrics.render()
+            .set(self.table.rates.tracked_clients() as i64);
+        self.table.metrics.render()
     }
 
     /// One message to the MCP path, from the limits and the front door to the answer, counted
@@ -159,14 +159,15 @@ impl Dispatcher {
             tool: None,
             note: self.observer.as_ref().map(|_| Arc::new(Note::at_start())),
         };
-        let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
+        let cors = frontdoor::cors::allowed_origin(&self.table.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned, &mut seen).await;
         if let Some(origin) = cors {
             frontdoor::cors::allow(origin, resp.headers_mut());
         }
         let status = resp.status();
         let elapsed = started.elapsed();
-        self.metrics
+        self.table
+            .metrics
             .requests
             .get_or_create(&RequestLabels {
                 method: seen.method,
@@ -174,7 +175,8 @@ impl Dispatcher {
                 status: status.as_u16(),
             })
             .inc();
-        self.metrics
+        self.table
+            .metrics
             .request_seconds
             .get_or_create(&MethodLabels {
                 method: seen.method,
@@ -202,11 +204,7 @@ impl Dispatcher {
         if self.observer.is_some() && request.method() == "tools/call" {
             seen.tool = request.env.name().map(|n| n.into_owned());
         }
-        seen.era = if request.era.is_modern() {
-            "2026-07-28"
-        } else {
-            "2025"
-        };
+        seen.era = request.era.label();
     }
 
     async fn serve(
@@ -218,15 +216,15 @@ impl Dispatcher {
     ) -> Response<Body> {
         let (parts, body) = req.into_parts();
         if frontdoor::cors::is_preflight(&parts) {
-            return frontdoor::cors::preflight(&self.config, &parts);
+            return frontdoor::cors::preflight(&self.table.config, &parts);
         }
-        if let Err(e) = frontdoor::check_head(&self.config, &parts) {
+        if let Err(e) = frontdoor::check_head(&self.table.config, &parts) {
             tracing::warn!(error = %e, "refused at the front door");
             return e.into_response(None);
         }
-        let client = self.rates.client_address(peer, &parts.headers);
-        if let Err(wait) = self.rates.check_client(client) {
-            self.metrics.limit(LimitKind::ClientRate);
+        let client = self.table.rates.client_address(peer, &parts.headers);
+        if let Err(wait) = self.table.rates.check_client(client) {
+            self.table.metrics.limit(LimitKind::ClientRate);
             let retry_after = retry_after_secs(wait);
             return Error::new(
                 Kind::RateLimited { retry_after },
@@ -235,18 +233,18 @@ impl Dispatcher {
             .into_response(None);
         }
         let Some(_in_flight) = self.in_flight.try_enter() else {
-            self.metrics.limit(LimitKind::InFlight);
+            self.table.metrics.limit(LimitKind::InFlight);
             return Error::new(
                 Kind::Overloaded { retry_after: 1 },
                 "it is serving as many requests as it may at once",
             )
             .into_response(None);
         };
-        let limits = &self.config.limits;
+        let limits = &self.table.config.limits;
         let read = frontdoor::read_body(
             &parts,
             body,
-            self.config.max_body_bytes,
+            self.table.config.max_body_bytes,
             &self.budget,
             limits.body_timeout,
         )
@@ -254,7 +252,7 @@ impl Dispatcher {
         let (bytes, _held) = match read {
             Ok(b) => b,
             Err(e) => {
-                self.metrics.limit(match e.kind() {
+                self.table.metrics.limit(match e.kind() {
                     Kind::BodyTooLarge { .. } => LimitKind::BodySize,
                     Kind::RequestTimeout => LimitKind::BodyTimeout,
                     Kind::Overloaded { .. } => LimitKind::MemoryBudget,
@@ -266,7 +264,8 @@ impl Dispatcher {
         let request = match frontdoor::admit(&parts, &bytes) {
             Ok(Some(r)) => r,
             Ok(None) => {
-                self.upstream
+                self.table
+                    .upstream
                     .tell(&Client::new(&parts.headers, peer), &bytes)
                     .await;
                 return body::answer(StatusCode::ACCEPTED, None, body::empty());
@@ -277,9 +276,9 @@ impl Dispatcher {
             }
         };
         self.note(seen, &request);
-        let mut cut = self.cut.clone();
+        let mut cut = self.table.cut.clone();
         let answered = tokio::select! {
-            answered = self.dispatch(&request, Client::new(&parts.headers, peer), abandoned, seen.note.as_ref()) => answered,
+            answered = self.table.dispatch(&request, Client::new(&parts.headers, peer), abandoned, seen.note.as_ref()) => answered,
             _ = cut.wait_for(|c| *c) => Err(Error::new(Kind::ShuttingDown, "")),
         };
         answered.unwrap_or_else(|e| {

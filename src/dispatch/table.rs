@@ -1,4 +1,4 @@
-//! The method table: for each validated request, what is answered here, what is translated,
+//! The method table (`Table`, one per worker): for each validated request, what is answered here, what is translated,
 //! and what is forwarded. Local: `server/discover` (the upstream's, merged with the feedback
 //! rule), `initialize` for 2025 clients, `ping` and `subscriptions/listen` where the upstream's
 //! era has none, and the two feedback tools. Rewritten: `tools/list` and product `tools/call`.
@@ -14,24 +14,51 @@ use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use tokio::sync::watch;
 
-use super::Dispatcher;
+use crate::binding::FeedbackBinding;
 use crate::body::{self, Body, BoxError};
+use crate::config::Config;
 use crate::error::{Error, Kind};
 use crate::frontdoor::Request;
-use crate::limits::retry_after_secs;
+use crate::limits::{retry_after_secs, RateLimits};
+use crate::mcp::era::Era;
 use crate::mcp::raw::{self, raw};
-use crate::mcp::rewrite::{Abandoned, ResultPlan};
+use crate::mcp::rewrite::Abandoned;
 use crate::mcp::version::{self, LEGACY_LATEST};
-use crate::metrics::LimitKind;
+use crate::metrics::{LimitKind, Metrics};
 use crate::observe::Note;
-use crate::upstream::answer;
-use crate::upstream::{translate, Client, Era};
+use crate::upstream::{translate, Client, RequestContext, Upstream};
 
 /// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
 const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
-impl Dispatcher {
+/// The method table and what it answers with: the configuration, one worker's view of the
+/// upstream, the binding, the tools' rate limits.
+pub(super) struct Table {
+    pub(super) config: Arc<Config>,
+    pub(super) upstream: Upstream,
+    pub(super) binding: Arc<FeedbackBinding>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) rates: Arc<RateLimits>,
+    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
+    pub(super) cut: watch::Receiver<bool>,
+}
+
+impl Table {
+    /// The same table for another worker (its own upstream connection pool).
+    pub(super) fn for_worker(&self) -> Self {
+        Table {
+            config: self.config.clone(),
+            upstream: self.upstream.for_worker(),
+            binding: self.binding.clone(),
+            metrics: self.metrics.clone(),
+            rates: self.rates.clone(),
+            cut: self.cut.clone(),
+        }
+    }
+
+    /// Answers one validated request: here, or through the upstream.
     pub(super) async fn dispatch(
         &self,
         req: &Request<'_>,
@@ -40,80 +67,60 @@ impl Dispatcher {
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let method = req.method();
-        let modern = req.era.is_modern();
         let client = &client;
         let feedback_tool = method == "tools/call"
             && req
                 .env
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
-        let plan = self.plan(method, modern, abandoned);
+        let ctx = self.context(req, abandoned);
         if method == "tools/call" {
             let name = req.env.name().unwrap_or_default();
             if let Err(wait) = self.rates.check_tool(&name) {
                 self.metrics.limit(LimitKind::ToolRate);
-                return Ok(local_result(req.id, tool_rate_limited(&name, wait), plan));
+                return Ok(ctx.local_result(tool_rate_limited(&name, wait)));
             }
         }
-        match route(method, modern, feedback_tool) {
+        match route(method, req.era, feedback_tool) {
             Route::Removed => Err(Error::new(
                 Kind::MethodNotFound {
                     method: method.to_owned(),
                 },
                 "",
             )),
-            Route::Discover => self.discover(req, client, plan).await,
+            Route::Discover => self.discover(req, client, ctx).await,
             Route::Initialize => self.initialize(req, client).await,
             Route::Ping if self.upstream.era(client).await? == Era::Modern => {
-                Ok(local_result(req.id, json!({}), plan))
+                Ok(ctx.local_result(json!({})))
             }
             Route::Listen if self.upstream.era(client).await? == Era::Legacy => {
                 Ok(local_listen(req.id, self.cut.clone()))
             }
-            Route::FeedbackTool => self.feedback_tool(req, plan, note).await,
-            Route::ToolCall => self.tool_call(req, client, plan, note).await,
+            Route::FeedbackTool => self.feedback_tool(req, ctx, note).await,
+            Route::ToolCall => self.tool_call(req, client, ctx, note).await,
             Route::ToolList => {
-                let mut plan = plan;
-                plan.hook = self.binding.list_hook();
-                self.forward(req, client, plan).await
+                let mut ctx = ctx;
+                ctx.plan.hook = self.binding.list_hook();
+                self.forward(req, client, ctx).await
             }
-            Route::Ping | Route::Listen | Route::Forward => self.forward(req, client, plan).await,
+            Route::Ping | Route::Listen | Route::Forward => self.forward(req, client, ctx).await,
         }
     }
 
-    /// What a response gets besides its hook: for a 2026 client, the server identity and,
-    /// on cacheable methods, the configured cache hints.
-    fn plan(&self, method: &str, modern: bool, abandoned: Abandoned) -> ResultPlan {
-        let mut plan = ResultPlan::new(method, modern, abandoned);
-        if modern {
-            let (info, force) = self.server_info(None);
-            plan.server_info = info;
-            plan.force_server_info = force;
+    /// The request's context; its plan is what a response gets besides its hook: for a 2026
+    /// client, the server identity and, on cacheable methods, the configured cache hints.
+    fn context<'a>(&self, req: &'a Request<'_>, abandoned: Abandoned) -> RequestContext<'a> {
+        let method = req.method();
+        let mut ctx = RequestContext::new(req.id, method, req.era, abandoned, self.cut.clone());
+        if req.era == Era::Modern {
+            let shown = self.upstream.server_info(None);
+            ctx.plan.server_info = shown.info;
+            ctx.plan.force_server_info = shown.forced;
             if version::is_cacheable(method) {
-                plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope));
+                ctx.plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope));
             }
         }
-        plan
-    }
-
-    /// The identity clients see: the upstream's, with the configured name/version over it;
-    /// and whether it is forced over what results carry.
-    fn server_info(&self, upstream_info: Option<Value>) -> (Option<Value>, bool) {
-        let (name, ver) = (&self.config.server_name, &self.config.server_version);
-        let base = upstream_info.or_else(|| self.upstream.known_server_info());
-        if name.is_none() && ver.is_none() {
-            return (base, false);
-        }
-        let mut info = base
-            .filter(Value::is_object)
-            .unwrap_or_else(|| json!({"name": "mcp-server", "version": "0"}));
-        if let Some(n) = name {
-            info["name"] = Value::from(n.as_str());
-        }
-        if let Some(v) = ver {
-            info["version"] = Value::from(v.as_str());
-        }
-        (Some(info), true)
+        ctx
     }
 
     /// `server/discover`: the upstream's discovery (its own, or one built from its 2025
@@ -122,14 +129,14 @@ impl Dispatcher {
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
-        plan: ResultPlan,
+        ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
         let (_, discovery) = self
             .upstream
             .discover(client, Some(req.bytes.clone()))
             .await?;
         let result = self.binding.with_instructions(discovery.result);
-        Ok(local_result(req.id, result, plan))
+        Ok(ctx.local_result(result))
     }
 
     /// A 2025-era `initialize`, answered per request from the upstream's discovery: no
@@ -150,7 +157,7 @@ impl Dispatcher {
             .get("_meta")
             .and_then(|m| m.get(version::META_SERVER_INFO))
             .cloned();
-        let (info, _) = self.server_info(upstream_info);
+        let info = self.upstream.server_info_for_initialize(upstream_info);
         let mut r = Map::new();
         r.insert("protocolVersion".into(), Value::from(protocol));
         r.insert(
@@ -160,10 +167,7 @@ impl Dispatcher {
                 .cloned()
                 .unwrap_or_else(|| json!({})),
         );
-        r.insert(
-            "serverInfo".into(),
-            info.unwrap_or_else(|| json!({"name": "mcp-server", "version": "0"})),
-        );
+        r.insert("serverInfo".into(), info);
         if let Some(i) = discover.get("instructions").filter(|i| i.is_string()) {
             r.insert("instructions".into(), i.clone());
         }
@@ -175,7 +179,7 @@ impl Dispatcher {
     async fn feedback_tool(
         &self,
         req: &Request<'_>,
-        plan: ResultPlan,
+        ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
@@ -186,7 +190,7 @@ impl Dispatcher {
             .and_then(|a| serde_json::from_str(a.get()).ok())
             .unwrap_or_else(|| json!({}));
         let result = self.binding.call_local(&name, &args, note).await;
-        Ok(local_result(req.id, result, plan))
+        Ok(ctx.local_result(result))
     }
 
     /// A product `tools/call`: upstream with the binding's hook (the catalog learns the
@@ -195,7 +199,7 @@ impl Dispatcher {
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
-        mut plan: ResultPlan,
+        mut ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let name = req.env.name().unwrap_or_default();
@@ -203,60 +207,30 @@ impl Dispatcher {
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }
-        plan.hook = Some(
+        ctx.plan.hook = Some(
             self.binding
                 .call_hook(&name, &req.parts.headers, note.cloned()),
         );
-        self.forward(req, client, plan).await
+        self.forward(req, client, ctx).await
     }
 
-    /// Sends the request upstream in its era and finishes its answer for the client. A W3C
+    /// Sends the request upstream, which answers it finished for the client. A W3C
     /// `traceparent` the client sent in one place (header or `params._meta`) goes upstream in
     /// both.
     async fn forward(
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
-        mut plan: ResultPlan,
+        ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
-        let method = req.method();
-        let modern = req.era.is_modern();
         let (headers, bytes) = translate::with_traceparent(&req.parts.headers, req.bytes);
         let client = Client {
             headers: &headers,
             caller: client.caller,
         };
-        let sent = match self
-            .upstream
-            .forward(&client, req.parts.uri.query(), &bytes, method, modern)
+        self.upstream
+            .forward(&client, req.parts.uri.query(), &bytes, ctx)
             .await
-        {
-            Ok(sent) => sent,
-            Err(e) => {
-                // A limit of the sidecar's own refused it before anything was sent (the
-                // upstream connection cap, a full stdin queue): no product call happened.
-                if e.was_unsent() {
-                    plan.not_sent();
-                }
-                return Err(e);
-            }
-        };
-        if method == "subscriptions/listen" {
-            return Ok(answer::stream_back(sent.response));
-        }
-        if modern && !plan.force_server_info && sent.server_info.is_some() {
-            plan.server_info = sent.server_info;
-        }
-        let fix_status = modern && sent.era == Era::Legacy;
-        answer::finish(
-            sent.response,
-            req.id,
-            plan,
-            fix_status,
-            self.upstream.bounds(),
-            Some(self.cut.clone()),
-        )
-        .await
     }
 }
 
@@ -296,10 +270,10 @@ enum Route {
 }
 
 /// The method table.
-fn route(method: &str, modern: bool, feedback_tool: bool) -> Route {
+fn route(method: &str, client_era: Era, feedback_tool: bool) -> Route {
     match method {
-        m if modern && version::REMOVED_IN_MODERN.contains(&m) => Route::Removed,
-        "server/discover" if modern => Route::Discover,
+        m if client_era == Era::Modern && version::REMOVED_IN_MODERN.contains(&m) => Route::Removed,
+        "server/discover" if client_era == Era::Modern => Route::Discover,
         "initialize" => Route::Initialize,
         "ping" => Route::Ping,
         "subscriptions/listen" => Route::Listen,
@@ -308,13 +282,6 @@ fn route(method: &str, modern: bool, feedback_tool: bool) -> Route {
         "tools/list" => Route::ToolList,
         _ => Route::Forward,
     }
-}
-
-/// A result the sidecar made, through the plan (for the client's era and the hook).
-fn local_result(id: &RawValue, result: Value, mut plan: ResultPlan) -> Response<Body> {
-    let mut msg = raw::result_message(id, raw(&result));
-    plan.apply(&mut msg);
-    body::json(StatusCode::OK, raw::to_bytes(&msg))
 }
 
 /// A `subscriptions/listen` stream for a 2025-era upstream: acknowledged with no
@@ -356,8 +323,8 @@ mod tests {
 
     #[test]
     fn the_method_table() {
-        let modern = |m| route(m, true, false);
-        let legacy = |m| route(m, false, false);
+        let modern = |m| route(m, Era::Modern, false);
+        let legacy = |m| route(m, Era::Legacy, false);
         assert_eq!(modern("server/discover"), Route::Discover);
         assert_eq!(
             legacy("server/discover"),
@@ -377,8 +344,8 @@ mod tests {
         assert_eq!(legacy("logging/setLevel"), Route::Forward);
         assert_eq!(modern("subscriptions/listen"), Route::Listen);
         assert_eq!(modern("tools/call"), Route::ToolCall);
-        assert_eq!(route("tools/call", false, true), Route::FeedbackTool);
-        assert_eq!(route("tools/list", true, true), Route::ToolList);
+        assert_eq!(route("tools/call", Era::Legacy, true), Route::FeedbackTool);
+        assert_eq!(route("tools/list", Era::Modern, true), Route::ToolList);
         for other in [
             "prompts/list",
             "resources/read",

@@ -1,4 +1,4 @@
-//! Which era a client request belongs to, and the 2026-07-28 validation ladder: the `_meta`
+//! Which [`Era`] a client request belongs to, and the 2026-07-28 validation ladder: the `_meta`
 //! envelope (-32602), the routing headers against the body (-32020), then the version (-32022).
 //! All of it is answered by the sidecar before anything goes upstream.
 
@@ -7,24 +7,11 @@ use std::borrow::Cow;
 use http::HeaderMap;
 
 use crate::error::{Error, Kind};
+use crate::mcp::era::Era;
 use crate::mcp::headers::{self, HeaderRead};
 use crate::mcp::message::Envelope;
 use crate::mcp::raw;
 use crate::mcp::version::{self, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClientEra {
-    /// A 2026-07-28 request that passed the ladder.
-    Modern,
-    /// The 2025-era handshake path.
-    Legacy,
-}
-
-impl ClientEra {
-    pub(crate) fn is_modern(self) -> bool {
-        self == ClientEra::Modern
-    }
-}
 
 /// The name a routing header must mirror, for the methods that have one.
 fn routed_name_key(method: &str) -> Option<&'static str> {
@@ -36,7 +23,7 @@ fn routed_name_key(method: &str) -> Option<&'static str> {
 }
 
 /// Classifies a request or notification and, for a modern one, runs the validation ladder.
-pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<ClientEra, Error> {
+pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<Era, Error> {
     let method = env.method.as_deref().unwrap_or_default();
     let header_version = headers::read(headers, headers::PROTOCOL_VERSION);
     let claims_modern = env.has_meta_object() && env.meta.protocol_version.is_some();
@@ -53,7 +40,7 @@ pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<Client
         }
     }
     if !claims_modern && !header_modern {
-        return Ok(ClientEra::Legacy);
+        return Ok(Era::Legacy);
     }
     let is_notification = env.id.is_none();
     // 1. The envelope; 2. the routing headers against the body; 3. the version.
@@ -83,7 +70,7 @@ pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<Client
             "",
         ));
     }
-    Ok(ClientEra::Modern)
+    Ok(Era::Modern)
 }
 
 const ENVELOPE_KEYS: &str =
@@ -180,7 +167,7 @@ mod tests {
     use crate::mcp::message::{parse, Inbound};
     use http::HeaderValue;
 
-    fn run(headers: &[(&str, &str)], body: &str) -> Result<ClientEra, Error> {
+    fn run(headers: &[(&str, &str)], body: &str) -> Result<Era, Error> {
         let mut h = HeaderMap::new();
         for (k, v) in headers {
             h.append(
@@ -208,23 +195,23 @@ mod tests {
         ("mcp-name", "add"),
     ];
 
-    fn code(r: Result<ClientEra, Error>) -> i64 {
+    fn code(r: Result<Era, Error>) -> i64 {
         r.unwrap_err().code()
     }
 
     #[test]
     fn modern_request_passes() {
-        assert!(run(&OK_HEADERS, &call("add")).unwrap().is_modern());
+        assert_eq!(run(&OK_HEADERS, &call("add")).unwrap(), Era::Modern);
     }
 
     #[test]
     fn legacy_requests() {
         let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#;
-        assert_eq!(run(&[], init).unwrap(), ClientEra::Legacy);
+        assert_eq!(run(&[], init).unwrap(), Era::Legacy);
         let list = r#"{"jsonrpc":"2.0","id":2,"method":"tools/list"}"#;
         assert_eq!(
             run(&[("mcp-protocol-version", "2025-06-18")], list).unwrap(),
-            ClientEra::Legacy
+            Era::Legacy
         );
         assert_eq!(
             code(run(&[("mcp-protocol-version", "2026-07-28")], init)),
@@ -318,7 +305,7 @@ mod tests {
             OK_HEADERS[1],
             ("mcp-name", enc.to_str().unwrap()),
         ];
-        assert!(run(&headers, &call(name)).unwrap().is_modern());
+        assert_eq!(run(&headers, &call(name)).unwrap(), Era::Modern);
     }
 
     #[test]

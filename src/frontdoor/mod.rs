@@ -15,9 +15,9 @@ use http::Method;
 use serde_json::value::RawValue;
 
 pub(crate) use self::checks::read_body;
-pub(crate) use self::ladder::ClientEra;
 use crate::config::Config;
 use crate::error::{Error, Kind};
+use crate::mcp::era::Era;
 use crate::mcp::message::{self, Envelope, Inbound};
 
 /// A validated request: its era is known and its routing headers agree with its body.
@@ -27,7 +27,7 @@ pub(crate) struct Request<'a> {
     pub(crate) bytes: &'a Bytes,
     pub(crate) id: &'a RawValue,
     pub(crate) env: Envelope<'a>,
-    pub(crate) era: ClientEra,
+    pub(crate) era: Era,
 }
 
 impl Request<'_> {

@@ -2,12 +2,13 @@
 //! [`RawMap`]s, so every other value keeps its exact bytes), and the [`ResultPlan`] that
 //! carries a request's response through it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::era::Era;
 use super::raw::{as_str, is_object, null, open, raw, raw_object, RawMap};
 use super::version::META_SERVER_INFO;
 use crate::error::code;
@@ -61,12 +62,14 @@ pub(crate) fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
 }
 
 /// What to do to the response of one request. Its hook hears exactly one outcome: the result
-/// when one arrives, `failed` when the plan is dropped without one (an error answer, an error
-/// status, no answer at all), and nothing when the client abandoned the request.
+/// when one arrives, `failed` when the answer is an error (an error answer, an error status,
+/// no answer at all: whoever learns it calls [`ResultPlan::fail`]), and nothing when the
+/// client abandoned the request or the sidecar refused it before sending it.
 pub(crate) struct ResultPlan {
     method: String,
-    /// The client speaks 2026-07-28: complete `resultType`, serverInfo, cache hints.
-    pub(crate) modern_client: bool,
+    /// The client's era: a 2026 client gets `resultType`, serverInfo and cache hints; a
+    /// 2025 client gets 2025 shapes.
+    client_era: Era,
     /// Server identity for `_meta` (modern client): set when absent, or always when `force`.
     pub(crate) server_info: Option<serde_json::Value>,
     pub(crate) force_server_info: bool,
@@ -77,22 +80,35 @@ pub(crate) struct ResultPlan {
     abandoned: Abandoned,
 }
 
+/// Plans dropped without an outcome although their client was still there: counted, and
+/// reported as failures, so no event is lost to a path that forgot to report (a request
+/// future dropped at the shutdown cut ends that way by design).
+static DROPPED_UNREPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// How many plans ended without an explicit outcome (see [`DROPPED_UNREPORTED`]).
+#[cfg(test)]
+pub(crate) fn dropped_unreported() -> u64 {
+    DROPPED_UNREPORTED.load(Ordering::Relaxed)
+}
+
 impl Drop for ResultPlan {
     fn drop(&mut self) {
         if self.settled || self.abandoned.is_set() {
             return;
         }
         if let Some(hook) = self.hook.as_mut() {
+            DROPPED_UNREPORTED.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(method = %self.method, "a request's plan ended without an outcome; reported as failed");
             hook.failed();
         }
     }
 }
 
 impl ResultPlan {
-    pub(crate) fn new(method: &str, modern_client: bool, abandoned: Abandoned) -> Self {
+    pub(crate) fn new(method: &str, client_era: Era, abandoned: Abandoned) -> Self {
         ResultPlan {
             method: method.to_owned(),
-            modern_client,
+            client_era,
             server_info: None,
             force_server_info: false,
             cache: None,
@@ -100,6 +116,11 @@ impl ResultPlan {
             settled: false,
             abandoned,
         }
+    }
+
+    /// The era the result is rewritten for.
+    pub(crate) fn client_era(&self) -> Era {
+        self.client_era
     }
 
     /// The client went away: nothing is reported for this request.
@@ -114,7 +135,9 @@ impl ResultPlan {
         self.settled = true;
     }
 
-    fn settle_failed(&mut self) {
+    /// The request failed (an error answer or status, no answer at all): the hook hears it,
+    /// once, unless it already heard an outcome.
+    pub(crate) fn fail(&mut self) {
         if !self.settled {
             self.settled = true;
             if let Some(hook) = self.hook.as_mut() {
@@ -134,7 +157,7 @@ impl ResultPlan {
         }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
             if msg.contains_key("error") {
-                self.settle_failed();
+                self.fail();
             }
             return false;
         };
@@ -145,10 +168,9 @@ impl ResultPlan {
                 changed |= hook.result(&mut result);
             }
         }
-        if self.modern_client {
-            changed |= self.to_modern(&mut result);
-        } else {
-            match to_legacy(&self.method, &mut result) {
+        match self.client_era {
+            Era::Modern => changed |= self.to_modern(&mut result),
+            Era::Legacy => match to_legacy(&self.method, &mut result) {
                 Ok(c) => changed |= c,
                 Err(message) => {
                     // A result a 2025-era client cannot take becomes an error it can read.
@@ -159,7 +181,7 @@ impl ResultPlan {
                     );
                     return true;
                 }
-            }
+            },
         }
         if let (true, Some(slot)) = (changed, msg.get_mut("result")) {
             // The old text goes before the new one is made: a large result is then held
@@ -312,8 +334,8 @@ mod tests {
         serde_json::from_slice(&to_bytes(m)).unwrap()
     }
 
-    fn new_plan(method: &str, modern: bool) -> ResultPlan {
-        ResultPlan::new(method, modern, Abandoned::default())
+    fn new_plan(method: &str, era: Era) -> ResultPlan {
+        ResultPlan::new(method, era, Abandoned::default())
     }
 
     struct Count(std::sync::Arc<std::sync::Mutex<(u32, u32)>>);
@@ -328,9 +350,9 @@ mod tests {
         }
     }
 
-    fn counted(modern: bool) -> (ResultPlan, std::sync::Arc<std::sync::Mutex<(u32, u32)>>) {
+    fn counted(era: Era) -> (ResultPlan, std::sync::Arc<std::sync::Mutex<(u32, u32)>>) {
         let seen = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
-        let mut p = new_plan("tools/call", modern);
+        let mut p = new_plan("tools/call", era);
         p.hook = Some(Box::new(Count(seen.clone())));
         (p, seen)
     }
@@ -338,22 +360,36 @@ mod tests {
     #[test]
     fn the_hook_hears_exactly_one_outcome() {
         // A result, then the plan dropped: the result only.
-        let (mut p, seen) = counted(true);
+        let (mut p, seen) = counted(Era::Modern);
         p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
         p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (1, 0));
         // An error answer: failed once, even when dropped after.
-        let (mut p, seen) = counted(true);
+        let (mut p, seen) = counted(Era::Modern);
         p.apply(&mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#));
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
-        // No answer at all (an error status, an unreachable upstream): failed on drop.
-        let (p, seen) = counted(false);
+        // No answer at all (an error status, an unreachable upstream): failed once, where
+        // that is known, and not again when dropped.
+        let (mut p, seen) = counted(Era::Legacy);
+        p.fail();
+        p.fail();
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
+        // A plan dropped with no outcome at all is still reported (and counted).
+        let before = dropped_unreported();
+        let (p, seen) = counted(Era::Legacy);
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 1));
+        assert!(dropped_unreported() > before);
+        // Refused before it was sent: nothing.
+        let (mut p, seen) = counted(Era::Modern);
+        p.not_sent();
+        drop(p);
+        assert_eq!(*seen.lock().unwrap(), (0, 0));
         // The client went away: nothing.
-        let (p, seen) = counted(true);
+        let (p, seen) = counted(Era::Modern);
         p.abandon();
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 0));
@@ -361,7 +397,7 @@ mod tests {
 
     #[test]
     fn modern_fields_are_added_only_when_missing() {
-        let mut plan = new_plan("tools/list", true);
+        let mut plan = new_plan("tools/list", Era::Modern);
         plan.server_info = Some(json!({"name": "up", "version": "1"}));
         plan.cache = Some((0, "private"));
         let mut m = msg(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"ttlMs":5000}}"#);
@@ -378,7 +414,7 @@ mod tests {
     fn untouched_values_survive_exactly() {
         let raw_in = r#"{"jsonrpc":"2.0","id":1,"result":{"z":12345678901234567890,"a":0.1,"big":1e400,"s":"\u00e9\ud83d\ude80","content":[{"type":"text","text":"\u0000x"}]}}"#;
         let mut m = msg(raw_in);
-        let mut plan = new_plan("tools/call", true);
+        let mut plan = new_plan("tools/call", Era::Modern);
         assert!(plan.apply(&mut m));
         let out = String::from_utf8(to_bytes(&m).to_vec()).unwrap();
         assert_eq!(
@@ -389,7 +425,7 @@ mod tests {
 
     #[test]
     fn legacy_shapes() {
-        let mut plan = new_plan("tools/call", false);
+        let mut plan = new_plan("tools/call", Era::Legacy);
         let mut m = msg(
             r#"{"id":1,"result":{"content":[],"structuredContent":[1,2],"resultType":"complete"}}"#,
         );
@@ -401,7 +437,7 @@ mod tests {
         let mut m = msg(r#"{"id":1,"result":{"resultType":"input_required","requestState":"x"}}"#);
         assert!(plan.apply(&mut m));
         assert_eq!(value(&m)["error"]["code"], -32603);
-        let mut plan = new_plan("tools/list", false);
+        let mut plan = new_plan("tools/list", Era::Legacy);
         let mut m = msg(
             r#"{"id":1,"result":{"tools":[{"name":"n","outputSchema":{"type":"string"}},{"name":"o","outputSchema":{"type":"object"}}]}}"#,
         );

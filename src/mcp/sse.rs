@@ -484,7 +484,11 @@ mod tests {
         let body = http_body_util::Full::new(Bytes::from_static(
             b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n",
         ));
-        let plan = ResultPlan::new("tools/call", true, Abandoned::default());
+        let plan = ResultPlan::new(
+            "tools/call",
+            crate::mcp::era::Era::Modern,
+            Abandoned::default(),
+        );
         let bounds = StreamBounds {
             max_event: 1 << 20,
             held: crate::budget::MemoryBudget::new(1 << 20).start(),

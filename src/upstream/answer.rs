@@ -10,12 +10,13 @@ use super::UpstreamBody;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
-use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::context::RequestContext;
 use crate::body::{self, Body, Buffered};
 use crate::budget::{self, Collect, MemoryBudget, Reservation};
 use crate::error::{Error, Kind};
+use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw;
 use crate::mcp::rewrite::{self, ResultPlan};
@@ -136,68 +137,47 @@ fn parse_message(headers: &HeaderMap, bytes: &Bytes) -> Option<Value> {
     }
 }
 
+/// Whether a JSON-RPC error the upstream sent with 200 gets the status 2026 gives it (404 for
+/// an unknown method): the upstream speaks 2025 and the client 2026.
+fn translates_status(client: Era, upstream: Era) -> bool {
+    client == Era::Modern && upstream == Era::Legacy
+}
+
 /// The upstream's answer for the client: error statuses as they were; a JSON result rewritten
-/// whole; an SSE stream event by event, only the response event rewritten. `fix_status`: the
-/// upstream speaks 2025 and the client 2026, so a JSON-RPC error the upstream sent with 200
-/// gets the status 2026 gives it (404 for an unknown method). Errors name the request `id`.
+/// whole; an SSE stream event by event, only the response event rewritten. An answer from a
+/// 2025 upstream to a 2026 client gets 2026's error statuses. Errors name the request's id.
+/// The request's plan hears the outcome here: the result, or the failure where it is found.
 pub(crate) async fn finish(
     resp: Response<UpstreamBody>,
-    id: &RawValue,
-    mut plan: ResultPlan,
-    fix_status: bool,
+    ctx: RequestContext<'_>,
+    upstream: Era,
     bounds: &AnswerBounds,
-    cut: Option<tokio::sync::watch::Receiver<bool>>,
 ) -> Result<Response<Body>, Error> {
-    let (mut parts, mut body) = resp.into_parts();
+    let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
     if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
-        // No result: the plan, dropped here, reports a failure.
+        // No result: the error status is the answer.
+        let mut plan = ctx.plan;
+        plan.fail();
         return Ok(Response::from_parts(parts, body.boxed_unsync()));
     }
     if is_event_stream(&parts.headers) {
-        parts.headers.remove(header::CONTENT_LENGTH);
-        parts
-            .headers
-            .insert("x-accel-buffering", HeaderValue::from_static("no"));
-        let mut read = Bytes::new();
-        if fix_status {
-            // The status goes out with the head, so wait for the first event: when it is
-            // already the (error) response, answer it as JSON with its status.
-            let (bytes, first) = sse::peek_first_message(&mut body, bounds.max_event)
-                .await
-                .map_err(|e| {
-                    Error::new(Kind::UpstreamFailed, format!("reading the answer: {e}"))
-                })?;
-            let msg = first
-                .as_deref()
-                .and_then(sse::event_data)
-                .and_then(|d| raw::parse_message(d.as_bytes()))
-                .filter(raw::is_response);
-            if let Some(mut msg) = msg {
-                if let Some(status) = rewrite::modern_error_status(&msg) {
-                    plan.apply(&mut msg);
-                    return Ok(body::json(status, raw::to_bytes(&msg)));
-                }
-            }
-            read = bytes;
-        }
-        let stream_bounds = sse::StreamBounds {
-            max_event: bounds.max_event,
-            held: bounds.budget.start(),
-            cut,
-            on_limit: Some(bounds.on_limit.clone()),
-        };
-        let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan, stream_bounds)
-            .prime()
-            .await;
-        return Ok(Response::from_parts(parts, body));
+        return finish_stream(parts, body, ctx, upstream, bounds).await;
     }
-    let (bytes, mut held) = read_body(body, bounds).await?;
+    let mut plan = ctx.plan;
+    let (bytes, mut held) = match read_body(body, bounds).await {
+        Ok(read) => read,
+        Err(e) => {
+            plan.fail();
+            return Err(e);
+        }
+    };
     if bytes.len() > budget::SMALL && !held.grow(bytes.len() / 2) {
         // Rewriting a large answer holds it three times at its peak (the answer, the parsed
         // result, its new text): half a copy more is counted, so what the budget lets in
         // stays within twice its size.
         (bounds.on_limit)(LimitKind::MemoryBudget);
+        plan.fail();
         return Err(Error::new(
             Kind::Overloaded { retry_after: 1 },
             "its memory budget is spent",
@@ -208,11 +188,11 @@ pub(crate) async fn finish(
         // Milliseconds of parsing and rewriting (a list of 100,000 tools, the catalog learning
         // it): done on the blocking pool, so the worker's other connections are served
         // meanwhile.
-        tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, fix_status))
+        tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, upstream))
             .await
             .map_err(|e| Error::new(Kind::Internal, format!("rewriting the answer: {e}")))?
     } else {
-        rewrite_whole(bytes, plan, fix_status)
+        rewrite_whole(bytes, plan, upstream)
     };
     if let Some(status) = status {
         parts.status = status;
@@ -221,20 +201,88 @@ pub(crate) async fn finish(
     Ok(Response::from_parts(parts, body::held(out, held)))
 }
 
+/// A successful SSE answer for the client, rewritten event by event (see [`finish`]).
+async fn finish_stream(
+    mut parts: http::response::Parts,
+    mut body: UpstreamBody,
+    ctx: RequestContext<'_>,
+    upstream: Era,
+    bounds: &AnswerBounds,
+) -> Result<Response<Body>, Error> {
+    let RequestContext {
+        id,
+        era,
+        mut plan,
+        cut,
+        ..
+    } = ctx;
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts
+        .headers
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    let mut read = Bytes::new();
+    if translates_status(era, upstream) {
+        // The status goes out with the head, so wait for the first event: when it is
+        // already the (error) response, answer it as JSON with its status.
+        let peeked = sse::peek_first_message(&mut body, bounds.max_event).await;
+        let (bytes, first) = match peeked {
+            Ok(p) => p,
+            Err(e) => {
+                plan.fail();
+                return Err(Error::new(
+                    Kind::UpstreamFailed,
+                    format!("reading the answer: {e}"),
+                ));
+            }
+        };
+        let msg = first
+            .as_deref()
+            .and_then(sse::event_data)
+            .and_then(|d| raw::parse_message(d.as_bytes()))
+            .filter(raw::is_response);
+        if let Some(mut msg) = msg {
+            if let Some(status) = rewrite::modern_error_status(&msg) {
+                plan.apply(&mut msg);
+                return Ok(body::json(status, raw::to_bytes(&msg)));
+            }
+        }
+        read = bytes;
+    }
+    let stream_bounds = sse::StreamBounds {
+        max_event: bounds.max_event,
+        held: bounds.budget.start(),
+        cut: Some(cut),
+        on_limit: Some(bounds.on_limit.clone()),
+    };
+    // The stream's end reports to the plan: its response event, or the error event that
+    // ends a stream broken before it.
+    let body = sse::rewrite_stream(read, body, Some(id.to_owned()), plan, stream_bounds)
+        .prime()
+        .await;
+    Ok(Response::from_parts(parts, body))
+}
+
 /// A JSON answer this large is rewritten off the worker thread (a hop of microseconds against
 /// a parse of a millisecond or more).
 const OFF_WORKER_BYTES: usize = 256 * 1024;
 
-/// A whole JSON answer rewritten by the plan, and the status 2026 gives it when `fix_status`
-/// and it is an error.
-fn rewrite_whole(
+/// A whole JSON answer rewritten by the plan, and the status 2026 gives it when it is an
+/// error a 2025 upstream sent a 2026 client.
+fn rewrite_whole(bytes: Bytes, mut plan: ResultPlan, upstream: Era) -> (Bytes, Option<StatusCode>) {
+    let rewritten = rewrite_message(bytes, &mut plan, upstream);
+    // The whole answer was read: a request it held no result for failed.
+    plan.fail();
+    rewritten
+}
+
+fn rewrite_message(
     bytes: Bytes,
-    mut plan: ResultPlan,
-    fix_status: bool,
+    plan: &mut ResultPlan,
+    upstream: Era,
 ) -> (Bytes, Option<StatusCode>) {
     match raw::parse_message(&bytes) {
         Some(mut msg) if raw::is_response(&msg) || msg.contains_key("method") => {
-            let status = fix_status
+            let status = translates_status(plan.client_era(), upstream)
                 .then(|| rewrite::modern_error_status(&msg))
                 .flatten();
             if plan.apply(&mut msg) {

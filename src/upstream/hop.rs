@@ -31,6 +31,15 @@ pub(crate) enum Hop {
     Stdio(StdioUpstream),
 }
 
+/// Whether the server's own requests (elicitation, sampling, roots) made while answering a
+/// message may go to the client that sent it: only a 2025 client (or a client's own answer or
+/// cancellation) can take them; the sidecar's own requests and a 2026 client's cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServerRequests {
+    Relayed,
+    Withheld,
+}
+
 /// An upstream answer's body.
 pub(crate) enum UpstreamBody {
     Http(PooledBody),
@@ -88,20 +97,20 @@ impl Hop {
         }
     }
 
-    /// POSTs one JSON-RPC message. `answers`: its client may be sent the server's own
-    /// requests (a 2025 client; only a stdio child needs to know).
+    /// POSTs one JSON-RPC message; `relay` says whether its client may be sent the server's
+    /// own requests (only a stdio child needs to know).
     pub(crate) async fn post(
         &self,
         caller: &Caller,
         headers: HeaderMap,
         body: Bytes,
         query: Option<&str>,
-        answers: bool,
+        relay: ServerRequests,
     ) -> Result<Response<UpstreamBody>, Error> {
         match self {
             Hop::Http(h) => Ok(h.post(headers, body, query).await?.map(UpstreamBody::Http)),
             Hop::Stdio(s) => Ok(s
-                .post(caller, &headers, &body, answers)
+                .post(caller, &headers, &body, relay == ServerRequests::Relayed)
                 .await?
                 .map(UpstreamBody::Stdio)),
         }

@@ -1,16 +1,20 @@
 //! The one place that knows how to reach the upstream MCP server and in which era. `http` is
 //! the raw hop (over `pool`, each worker's keep-alive connections; `stdio` for a child
-//! process; `hop` chooses between them); `era` decides the upstream's era and gives a request
-//! its one retry when the upstream changed era; `session` keeps a 2025-era upstream's
-//! sessions; `translate` moves requests between the eras; `answer` reads what comes back and
-//! finishes it for the client.
+//! process; `hop` chooses between them) and `link` the exchange over it; `era` is the
+//! resolver that decides the upstream's era and gives a request its one retry when the
+//! upstream changed era; `session` keeps a 2025-era upstream's sessions; `translate` moves
+//! requests between the eras; `answer` reads what comes back and finishes it for the client.
+//! `Upstream` puts them together for one worker.
 
-pub(crate) mod answer;
+mod answer;
 mod caller;
+mod context;
 mod dns;
 pub(crate) mod era;
 mod hop;
 pub(crate) mod http;
+mod identity;
+mod link;
 mod pool;
 mod ready;
 mod session;
@@ -18,30 +22,32 @@ mod stdio;
 pub(crate) use self::stdio::exec;
 pub(crate) mod translate;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use ::http::{header, HeaderMap, HeaderValue, Response};
+use ::http::{Response, StatusCode};
 use bytes::Bytes;
 use serde_json::{json, Value};
 
-use self::answer::{read_answer, AnswerBounds, ReadAnswer};
-pub(crate) use self::caller::{Caller, Client};
-pub(crate) use self::era::Era;
-use self::era::{is_final_refusal, supports_modern, Verdict};
-use self::hop::Hop;
+use self::answer::{read_answer, AnswerBounds};
+pub(crate) use self::caller::Client;
+pub(crate) use self::context::RequestContext;
+pub(crate) use self::era::Discovery;
+use self::era::EraResolver;
 pub(crate) use self::hop::UpstreamBody;
+use self::hop::{Hop, ServerRequests};
 use self::http::{HttpBounds, HttpUpstream};
+use self::identity::{ServerIdentity, Shown};
+use self::link::Link;
 use self::pool::IdleBound;
 pub(crate) use self::ready::NotReady;
-use self::session::{close_upstream, close_upstream_within, Sessions};
+use self::session::Sessions;
 use self::stdio::{StdioBounds, StdioUpstream};
-use self::translate::{discover_from_init, set_modern_headers, sidecar_info};
+use self::translate::set_modern_headers;
+use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::{Config, Transport};
 use crate::error::{Error, Kind};
-use crate::mcp::headers as mcp_headers;
-use crate::mcp::version::{self, MODERN};
+use crate::mcp::era::Era;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
 
 /// The longest shutdown waits for the upstream to close the 2025-era sessions.
@@ -50,44 +56,25 @@ const SESSION_CLOSE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from
 /// Pages of `tools/list` the sidecar reads when it lists the tools itself.
 const MAX_LIST_PAGES: usize = 20;
 
-/// Headers the sidecar sets itself on every upstream MCP request.
-const MCP_ROUTING: [&str; 5] = [
-    mcp_headers::PROTOCOL_VERSION,
-    mcp_headers::METHOD,
-    mcp_headers::NAME,
-    mcp_headers::SESSION_ID,
-    "last-event-id",
-];
-
-/// The upstream's discovery, in the 2026 shape whatever its era.
-pub(crate) struct Discovery {
-    /// The `server/discover` result (or one built from the `initialize` result).
-    pub(crate) result: Value,
-}
-
 /// A request sent upstream: the response head, and what the sidecar learned on the way.
-pub(crate) struct Sent {
-    pub(crate) response: Response<UpstreamBody>,
-    pub(crate) era: Era,
+struct Sent {
+    response: Response<UpstreamBody>,
+    era: Era,
     /// The upstream's identity from a 2025-era handshake (2026 results carry their own).
-    pub(crate) server_info: Option<Value>,
+    server_info: Option<Value>,
 }
 
-/// What every worker must agree on about the upstream.
-struct UpstreamCommon {
-    verdict: Verdict,
+/// What every worker must agree on about the upstream: its era and its 2025 sessions.
+struct Known {
+    resolver: EraResolver,
     sessions: Sessions,
-    /// The upstream's identity as last seen, for results that lack it.
-    server_info: Mutex<Option<Value>>,
-    counter: AtomicU64,
 }
 
-/// One worker's view of the upstream: its own connection pool (or the shared child process),
-/// shared knowledge.
+/// One worker's view of the upstream: its own link (its own connection pool, or the shared
+/// child process), shared knowledge.
 pub(crate) struct Upstream {
-    hop: Hop,
-    shared: Arc<UpstreamCommon>,
-    bounds: AnswerBounds,
+    link: Link,
+    known: Arc<Known>,
     metrics: Arc<Metrics>,
 }
 
@@ -134,24 +121,22 @@ impl Upstream {
                 },
             )?),
         };
+        let bounds = AnswerBounds {
+            budget,
+            max_answer: config.limits.max_upstream_answer,
+            max_event: config.limits.max_sse_event,
+            timeout: config.upstream_timeout,
+            on_limit,
+        };
         Ok(Upstream {
-            hop,
-            shared: Arc::new(UpstreamCommon {
-                verdict: Verdict::new(config.upstream_protocol),
+            link: Link::new(hop, bounds, ServerIdentity::new(config)),
+            known: Arc::new(Known {
+                resolver: EraResolver::new(config.upstream_protocol),
                 sessions: Sessions::new(
                     config.limits.upstream_sessions,
                     config.limits.upstream_session_idle,
                 ),
-                server_info: Mutex::new(None),
-                counter: AtomicU64::new(0),
             }),
-            bounds: AnswerBounds {
-                budget,
-                max_answer: config.limits.max_upstream_answer,
-                max_event: config.limits.max_sse_event,
-                timeout: config.upstream_timeout,
-                on_limit,
-            },
             metrics,
         })
     }
@@ -159,68 +144,59 @@ impl Upstream {
     /// The same upstream for another worker: its own pool, the same knowledge.
     pub(crate) fn for_worker(&self) -> Self {
         Upstream {
-            hop: self.hop.for_worker(),
-            shared: self.shared.clone(),
-            bounds: self.bounds.clone(),
+            link: self.link.for_worker(),
+            known: self.known.clone(),
             metrics: self.metrics.clone(),
         }
     }
 
-    pub(crate) fn bounds(&self) -> &AnswerBounds {
-        &self.bounds
-    }
-
     /// Closes upstream the sessions unused for the idle time (call now and then).
     pub(crate) fn sweep_sessions(&self) {
-        close_upstream(&self.hop, self.shared.sessions.sweep());
+        self.known.sessions.sweep(&self.link);
         self.metrics
             .upstream_sessions
-            .set(self.shared.sessions.len() as i64);
+            .set(self.known.sessions.len() as i64);
     }
 
-    fn next_id(&self, what: &str) -> String {
-        format!(
-            "epode-sidecar-{what}-{}",
-            self.shared.counter.fetch_add(1, Ordering::Relaxed)
-        )
+    /// The server identity clients see (see [`ServerIdentity::shown`]).
+    pub(crate) fn server_info(&self, upstream: Option<Value>) -> Shown {
+        self.link.identity().shown(upstream)
     }
 
-    pub(crate) fn known_server_info(&self) -> Option<Value> {
-        self.shared
-            .server_info
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    fn remember_server_info(&self, info: Option<&Value>) {
-        if let Some(info) = info.filter(|i| i.is_object()) {
-            *self
-                .shared
-                .server_info
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = Some(info.clone());
-        }
+    /// The identity a 2025 client's `initialize` result carries.
+    pub(crate) fn server_info_for_initialize(&self, upstream: Option<Value>) -> Value {
+        self.link.identity().for_initialize(upstream)
     }
 
     /// Forgets what the sidecar knew of the upstream (it became unreachable, or changed era:
     /// it may come back as another build).
     pub(crate) fn forget(&self) {
-        self.shared.verdict.forget();
-        close_upstream(&self.hop, self.shared.sessions.clear());
+        self.known.resolver.forget();
+        self.known.sessions.clear(&self.link);
+    }
+
+    /// An unreachable upstream is forgotten (it may come back as another build).
+    fn noted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
+        if let Err(e) = &r {
+            if matches!(e.kind(), Kind::UpstreamUnreachable) {
+                self.forget();
+            }
+        }
+        r
     }
 
     /// Whether the upstream answered recently, or answers a POSTed `ping` now (a stdio
     /// child: whether it runs and answers); `Err` says why not.
     pub(crate) async fn ready(&self) -> Result<(), NotReady> {
-        self.hop.ready().await
+        self.link.hop().ready().await
     }
 
     /// A client's message that needs no answer: its answer to a server request, or a
     /// `notifications/cancelled`. A stdio child is told (the sidecar routes them); an HTTP
     /// upstream has no session of the client's to tell, so nothing goes.
     pub(crate) async fn tell(&self, client: &Client<'_>, bytes: &Bytes) {
-        if !self.hop.takes_client_notes() {
+        let hop = self.link.hop();
+        if !hop.takes_client_notes() {
             return;
         }
         let Some(msg) = crate::mcp::raw::parse_message(bytes) else {
@@ -233,10 +209,15 @@ impl Upstream {
         if !relevant {
             return;
         }
-        let headers = self.hop.base_headers(client);
-        if let Err(e) = self
-            .hop
-            .post(&client.caller, headers, bytes.clone(), None, true)
+        let headers = hop.base_headers(client);
+        if let Err(e) = hop
+            .post(
+                &client.caller,
+                headers,
+                bytes.clone(),
+                None,
+                ServerRequests::Relayed,
+            )
             .await
         {
             tracing::debug!(error = %e, "a client's message did not reach the upstream");
@@ -246,201 +227,149 @@ impl Upstream {
     /// Closes the 2025-era sessions still open (`DELETE`, within the upstream timeout, at
     /// most 5 s), then stops a stdio upstream's child process and waits until it is gone.
     pub(crate) async fn shutdown(&self) {
-        let within = self.bounds.timeout.min(SESSION_CLOSE_AT_SHUTDOWN);
-        close_upstream_within(&self.hop, self.shared.sessions.clear(), within).await;
+        let within = self.link.bounds().timeout.min(SESSION_CLOSE_AT_SHUTDOWN);
+        self.known.sessions.close_all(&self.link, within).await;
         self.metrics.upstream_sessions.set(0);
-        self.hop.shutdown().await;
-    }
-
-    /// The client's end-to-end headers for an upstream MCP request, without the routing
-    /// headers the sidecar sets itself.
-    fn base_headers(&self, client: &HeaderMap) -> HeaderMap {
-        let mut h = self.hop.base_headers(client);
-        for name in MCP_ROUTING {
-            h.remove(name);
-        }
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        h.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, text/event-stream"),
-        );
-        h
-    }
-
-    /// POSTs upstream; an unreachable upstream is forgotten (it may come back as another
-    /// build). `answers`: the client may be sent the server's own requests.
-    async fn post(
-        &self,
-        caller: &Caller,
-        headers: HeaderMap,
-        body: Bytes,
-        query: Option<&str>,
-        answers: bool,
-    ) -> Result<Response<UpstreamBody>, Error> {
-        let resp = self.hop.post(caller, headers, body, query, answers).await;
-        if let Err(e) = &resp {
-            if matches!(e.kind(), Kind::UpstreamUnreachable) {
-                self.forget();
-            }
-        }
-        resp
-    }
-
-    /// Sends one request and reads its answer whole.
-    async fn exchange(
-        &self,
-        caller: &Caller,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<ReadAnswer, Error> {
-        let resp = self.post(caller, headers, body, None, false).await?;
-        read_answer(resp, &self.bounds).await
+        self.link.hop().shutdown().await;
     }
 
     /// The era of the upstream, probing with `server/discover` (with the caller's
     /// credentials) when it is not known.
     pub(crate) async fn era(&self, client: &Client<'_>) -> Result<Era, Error> {
-        if let Some(era) = self.shared.verdict.get() {
-            return Ok(era);
-        }
-        Ok(self.discover(client, None).await?.0)
+        let known = &self.known;
+        self.noted(
+            known
+                .resolver
+                .era(&self.link, &known.sessions, client)
+                .await,
+        )
     }
 
-    /// Discovery per request, which is also how the era is found: `server/discover` goes
-    /// upstream with the client's credentials (`client_body` is a modern client's own
-    /// `server/discover`, forwarded as it was); an upstream that does not speak 2026 gets a
-    /// fresh `initialize` handshake instead. An upstream known to speak 2025 whose handshake
-    /// is refused may have been redeployed as a 2026-only server: it is probed again.
+    /// The upstream's discovery for a client (`client_body`: a modern client's own
+    /// `server/discover`, forwarded as it was); see [`EraResolver::discover`].
     pub(crate) async fn discover(
         &self,
         client: &Client<'_>,
         client_body: Option<Bytes>,
     ) -> Result<(Era, Discovery), Error> {
-        let cached = self.shared.verdict.get();
-        if cached != Some(Era::Legacy) {
-            if let Some(d) = self.probe_modern(client, client_body.clone()).await? {
-                return Ok((Era::Modern, d));
-            }
-        }
-        match self.handshake(client).await {
-            Ok(session) => {
-                self.shared.verdict.set(Era::Legacy);
-                let result = discover_from_init(&session.init);
-                Ok((Era::Legacy, Discovery { result }))
-            }
-            Err(e)
-                if cached == Some(Era::Legacy)
-                    && self.shared.verdict.is_auto()
-                    && matches!(e.kind(), Kind::UpstreamRefused(a) if !is_final_refusal(a.status)) =>
-            {
-                self.forget();
-                match self.probe_modern(client, client_body).await? {
-                    Some(d) => Ok((Era::Modern, d)),
-                    None => Err(e),
-                }
-            }
-            Err(e) => Err(e),
-        }
+        let known = &self.known;
+        self.noted(
+            known
+                .resolver
+                .discover(&self.link, &known.sessions, client, client_body)
+                .await,
+        )
     }
 
-    /// `server/discover` upstream: the discovery when the upstream speaks 2026-07-28, `None`
-    /// when it does not, or the upstream's refusal (401, 5xx, …) to pass on.
-    async fn probe_modern(
-        &self,
-        client: &Client<'_>,
-        client_body: Option<Bytes>,
-    ) -> Result<Option<Discovery>, Error> {
-        let body = client_body.unwrap_or_else(|| {
-            Bytes::from(
-                json!({
-                    "jsonrpc": "2.0",
-                    "id": self.next_id("discover"),
-                    "method": "server/discover",
-                    "params": {"_meta": {
-                        version::META_PROTOCOL_VERSION: MODERN,
-                        version::META_CLIENT_CAPABILITIES: {},
-                        version::META_CLIENT_INFO: sidecar_info(),
-                    }},
-                })
-                .to_string(),
-            )
-        });
-        let mut headers = self.base_headers(client);
-        set_modern_headers(&mut headers, "server/discover", None);
-        let answer = self.exchange(&client.caller, headers, body).await?;
-        if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
-            self.shared.verdict.set(Era::Modern);
-            self.remember_server_info(
-                result
-                    .get("_meta")
-                    .and_then(|m| m.get(version::META_SERVER_INFO)),
-            );
-            return Ok(Some(Discovery { result }));
-        }
-        if is_final_refusal(answer.status()) || self.shared.verdict.fixed() == Some(Era::Modern) {
-            return Err(answer.into_refusal());
-        }
-        Ok(None)
-    }
-
-    /// Sends a client's request in the upstream's era, translating it from the client's;
-    /// when the upstream's refusal says it changed era, once more in the new one. A 2026
-    /// upstream's 400 is read whole to tell an era change from a refusal to pass on.
+    /// Sends a client's request in the upstream's era, translating it from the client's,
+    /// and returns its answer finished for the client: in the client's era, through the
+    /// request's plan (the hook hears the outcome, or the failure where it is found). A
+    /// `subscriptions/listen` stream comes back as it is.
     pub(crate) async fn forward(
         &self,
         client: &Client<'_>,
         query: Option<&str>,
         bytes: &Bytes,
+        mut ctx: RequestContext<'_>,
+    ) -> Result<Response<Body>, Error> {
+        let sent = match self
+            .send_with_retry(client, query, bytes, ctx.method, ctx.era)
+            .await
+        {
+            Ok(sent) => sent,
+            Err(e) => return Err(ctx.fail(e)),
+        };
+        if ctx.method == "subscriptions/listen" {
+            return Ok(answer::stream_back(sent.response));
+        }
+        if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
+            ctx.plan.server_info = sent.server_info;
+        }
+        answer::finish(sent.response, ctx, sent.era, self.link.bounds()).await
+    }
+
+    /// Sends a client's request in the upstream's era; when the upstream's refusal says it
+    /// changed era, once more in the new one. A 2026 upstream's 400 is read whole to tell an
+    /// era change from a refusal to pass on.
+    async fn send_with_retry(
+        &self,
+        client: &Client<'_>,
+        query: Option<&str>,
+        bytes: &Bytes,
         method: &str,
-        modern_client: bool,
+        client_era: Era,
     ) -> Result<Sent, Error> {
-        self.with_era_retry(client, |era| async move {
-            match era {
-                Era::Modern => {
-                    let (body, headers) = if modern_client {
-                        (bytes.clone(), self.base_headers_modern(client))
-                    } else {
+        let (link, known) = (&self.link, &self.known);
+        let sent = known
+            .resolver
+            .with_retry(link, &known.sessions, client, |era| async move {
+                self.send(client, query, bytes, method, client_era, era)
+                    .await
+            })
+            .await;
+        self.noted(sent)
+    }
+
+    /// One try of [`Upstream::send_with_retry`], in the era `upstream` speaks.
+    async fn send(
+        &self,
+        client: &Client<'_>,
+        query: Option<&str>,
+        bytes: &Bytes,
+        method: &str,
+        client_era: Era,
+        upstream: Era,
+    ) -> Result<Sent, Error> {
+        let link = &self.link;
+        match upstream {
+            Era::Modern => {
+                let (body, headers) = match client_era {
+                    Era::Modern => (bytes.clone(), link.base_headers_modern(client)),
+                    Era::Legacy => {
                         let (body, name) = translate::to_modern(bytes, method);
-                        let mut headers = self.base_headers(client);
+                        let mut headers = link.base_headers(client);
                         set_modern_headers(&mut headers, method, name.as_deref());
                         (body, headers)
-                    };
-                    let started = std::time::Instant::now();
-                    let response = self
-                        .post(&client.caller, headers, body, query, false)
-                        .await?;
-                    self.observe(method, started);
-                    if response.status() == ::http::StatusCode::BAD_REQUEST {
-                        return Err(read_answer(response, &self.bounds).await?.into_refusal());
                     }
-                    Ok(Sent {
-                        response,
-                        era,
-                        server_info: None,
-                    })
+                };
+                let started = std::time::Instant::now();
+                let response = link
+                    .post(
+                        &client.caller,
+                        headers,
+                        body,
+                        query,
+                        ServerRequests::Withheld,
+                    )
+                    .await?;
+                self.observe(method, started);
+                if response.status() == StatusCode::BAD_REQUEST {
+                    return Err(read_answer(response, link.bounds()).await?.into_refusal());
                 }
-                Era::Legacy => {
-                    let body = if modern_client {
-                        translate::to_legacy(bytes)
-                    } else {
-                        bytes.clone()
-                    };
-                    let started = std::time::Instant::now();
-                    let (response, session) =
-                        self.send_legacy(client, body, !modern_client).await?;
-                    self.observe(method, started);
-                    Ok(Sent {
-                        response,
-                        era,
-                        server_info: session.init.get("serverInfo").cloned(),
-                    })
-                }
+                Ok(Sent {
+                    response,
+                    era: upstream,
+                    server_info: None,
+                })
             }
-        })
-        .await
+            Era::Legacy => {
+                // Only a 2025 client can take the server's own requests; a 2026 client's
+                // request is sent as the sidecar's.
+                let (body, relay) = match client_era {
+                    Era::Modern => (translate::to_legacy(bytes), ServerRequests::Withheld),
+                    Era::Legacy => (bytes.clone(), ServerRequests::Relayed),
+                };
+                let started = std::time::Instant::now();
+                let (response, session) =
+                    self.known.sessions.send(link, client, body, relay).await?;
+                self.observe(method, started);
+                Ok(Sent {
+                    response,
+                    era: upstream,
+                    server_info: session.init.get("serverInfo").cloned(),
+                })
+            }
+        }
     }
 
     fn observe(&self, method: &str, started: std::time::Instant) {
@@ -452,15 +381,7 @@ impl Upstream {
             .observe(started.elapsed().as_secs_f64());
         self.metrics
             .upstream_sessions
-            .set(self.shared.sessions.len() as i64);
-    }
-
-    /// A modern client's headers for a modern upstream: its routing headers were validated
-    /// against the body, so they go as they are (less any session id).
-    fn base_headers_modern(&self, client: &HeaderMap) -> HeaderMap {
-        let mut headers = self.hop.base_headers(client);
-        headers.remove(mcp_headers::SESSION_ID);
-        headers
+            .set(self.known.sessions.len() as i64);
     }
 
     /// Lists the upstream's tools (every page, with the calling request's credentials): each
@@ -473,20 +394,20 @@ impl Upstream {
             if let Some(c) = cursor.take() {
                 params["cursor"] = c;
             }
-            let body = json!({"jsonrpc": "2.0", "id": self.next_id("tools"), "method": "tools/list", "params": params});
+            let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": "tools/list", "params": params});
             let Ok(sent) = self
-                .forward(
+                .send_with_retry(
                     client,
                     None,
                     &Bytes::from(body.to_string()),
                     "tools/list",
-                    false,
+                    Era::Legacy,
                 )
                 .await
             else {
                 break;
             };
-            let Ok(answer) = read_answer(sent.response, &self.bounds).await else {
+            let Ok(answer) = read_answer(sent.response, self.link.bounds()).await else {
                 break;
             };
             let Some(result) = answer.result() else { break };

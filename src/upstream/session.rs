@@ -1,8 +1,8 @@
-//! A 2025-era upstream's sessions: the sidecar performs the `initialize` handshake itself,
-//! keeps one session per distinct client credential, and initialises again once when the
-//! upstream forgets a session (it restarted). The table is bounded: the least recently used
-//! session makes room for a new one, and a session unused for the idle time goes; either way
-//! it is closed upstream with a `DELETE` carrying its `Mcp-Session-Id`.
+//! A 2025-era upstream's sessions, as one component: the sidecar performs the `initialize`
+//! handshake itself, keeps one session per distinct client credential, initialises again once
+//! when the upstream forgets a session (it restarted), and closes every session it lets go
+//! with a `DELETE` carrying its `Mcp-Session-Id`. The table is bounded: the least recently
+//! used session makes room for a new one, and a session unused for the idle time goes.
 
 use lru::LruCache;
 use std::collections::hash_map::RandomState;
@@ -15,14 +15,13 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::answer::read_answer;
-use super::hop::{Hop, UpstreamBody};
+use super::caller::{Client, CREDENTIAL_HEADERS};
+use super::hop::{Hop, ServerRequests, UpstreamBody};
+use super::link::Link;
 use super::translate::sidecar_info;
-use super::Upstream;
 use crate::error::{Error, Kind};
 use crate::mcp::headers;
 use crate::mcp::version::{self, LEGACY_LATEST};
-
-use super::caller::{Client, CREDENTIAL_HEADERS};
 
 /// A 2025-era upstream's session, opened by the sidecar's own handshake.
 #[derive(Debug)]
@@ -58,19 +57,41 @@ pub(crate) struct Closed {
     credentials: HeaderMap,
 }
 
+impl Closed {
+    fn from_entry(e: Entry) -> Self {
+        Closed {
+            session: e.session,
+            credentials: e.credentials,
+        }
+    }
+
+    /// The headers of the `DELETE` that closes the session upstream, over `base` (the
+    /// session's credentials as the hop sends them): its id and protocol version. A session
+    /// without an id (a stateless upstream) needs no `DELETE`.
+    fn delete_headers(&self, mut base: HeaderMap) -> Option<HeaderMap> {
+        let id = self.session.id.clone()?;
+        base.insert(headers::SESSION_ID, id);
+        if let Ok(v) = HeaderValue::from_str(&self.session.version) {
+            base.insert(headers::PROTOCOL_VERSION, v);
+        }
+        Some(base)
+    }
+}
+
 /// The open sessions, by a hash of the client's credentials; bounded, least recently used
-/// first out (O(1) per request, whatever the table's size).
-pub(crate) struct Sessions {
-    table: Mutex<LruCache<u64, Entry>>,
+/// first out (O(1) per request, whatever the table's size). Times are passed in, so the
+/// eviction and idle rules are tested without waiting.
+struct Table {
+    lru: Mutex<LruCache<u64, Entry>>,
     hasher: RandomState,
     cap: usize,
     idle: Duration,
 }
 
-impl Sessions {
-    pub(crate) fn new(cap: usize, idle: Duration) -> Self {
-        Sessions {
-            table: Mutex::new(LruCache::unbounded()),
+impl Table {
+    fn new(cap: usize, idle: Duration) -> Self {
+        Table {
+            lru: Mutex::new(LruCache::unbounded()),
             hasher: RandomState::new(),
             cap: cap.max(1),
             idle,
@@ -78,10 +99,10 @@ impl Sessions {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LruCache<u64, Entry>> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
+        self.lru.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.lock().len()
     }
 
@@ -110,91 +131,99 @@ impl Sessions {
         )
     }
 
-    fn get(&self, client: &HeaderMap) -> Option<Arc<LegacySession>> {
+    fn get(&self, client: &HeaderMap, now: Instant) -> Option<Arc<LegacySession>> {
         let key = self.key(&Self::credentials(client));
         let mut table = self.lock();
         let entry = table.get_mut(&key)?;
-        if entry.used.elapsed() >= self.idle {
+        if now.saturating_duration_since(entry.used) >= self.idle {
             return None; // the next sweep or insert closes it
         }
-        entry.used = Instant::now();
+        entry.used = now;
         Some(entry.session.clone())
     }
 
     /// Keeps `session` for these credentials; returns the sessions it displaced (the one it
     /// replaces, idle ones, and the least recently used when the table is full).
-    fn insert(&self, client: &HeaderMap, session: Arc<LegacySession>) -> Vec<Closed> {
+    fn insert(&self, client: &HeaderMap, session: Arc<LegacySession>, now: Instant) -> Vec<Closed> {
         let credentials = Self::credentials(client);
         let key = self.key(&credentials);
         let mut table = self.lock();
-        let mut closed = Self::sweep_locked(&mut table, self.idle);
+        let mut closed = Self::sweep_locked(&mut table, self.idle, now);
         if let Some(old) = table.pop(&key) {
-            closed.push(Closed {
-                session: old.session,
-                credentials: old.credentials,
-            });
+            closed.push(Closed::from_entry(old));
         }
         while table.len() >= self.cap {
             let Some((_, e)) = table.pop_lru() else { break };
-            closed.push(Closed {
-                session: e.session,
-                credentials: e.credentials,
-            });
+            closed.push(Closed::from_entry(e));
         }
         table.put(
             key,
             Entry {
                 session,
                 credentials,
-                used: Instant::now(),
+                used: now,
             },
         );
         closed
     }
 
     /// The sessions idle for `idle`, from the least recently used end: no scan of the rest.
-    fn sweep_locked(table: &mut LruCache<u64, Entry>, idle: Duration) -> Vec<Closed> {
+    fn sweep_locked(table: &mut LruCache<u64, Entry>, idle: Duration, now: Instant) -> Vec<Closed> {
         let mut closed = Vec::new();
         while table
             .peek_lru()
-            .is_some_and(|(_, e)| e.used.elapsed() >= idle)
+            .is_some_and(|(_, e)| now.saturating_duration_since(e.used) >= idle)
         {
             if let Some((_, e)) = table.pop_lru() {
-                closed.push(Closed {
-                    session: e.session,
-                    credentials: e.credentials,
-                });
+                closed.push(Closed::from_entry(e));
             }
         }
         closed
     }
 
     /// Lets go of the sessions unused for the idle time.
-    pub(crate) fn sweep(&self) -> Vec<Closed> {
-        Self::sweep_locked(&mut self.lock(), self.idle)
+    fn sweep(&self, now: Instant) -> Vec<Closed> {
+        Self::sweep_locked(&mut self.lock(), self.idle, now)
     }
 
     /// Lets go of every session (the upstream is gone, or changed era).
-    pub(crate) fn clear(&self) -> Vec<Closed> {
+    fn clear(&self) -> Vec<Closed> {
         let mut table = self.lock();
         std::iter::from_fn(|| table.pop_lru())
-            .map(|(_, e)| Closed {
-                session: e.session,
-                credentials: e.credentials,
-            })
+            .map(|(_, e)| Closed::from_entry(e))
             .collect()
     }
 }
 
-/// The `DELETE` that closes a session upstream, with the session's id and the credentials
-/// it was opened with. A session without an id (a stateless upstream) needs nothing.
-fn close_one(hop: &Hop, c: Closed) -> Option<impl std::future::Future<Output = ()>> {
-    let id = c.session.id.clone()?;
-    let mut headers = hop.base_headers(&c.credentials);
-    headers.insert(headers::SESSION_ID, id);
-    if let Ok(v) = HeaderValue::from_str(&c.session.version) {
-        headers.insert(headers::PROTOCOL_VERSION, v);
+/// What a status answered inside a session says about the session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum InSession {
+    /// An answer to the request: it goes to the client.
+    Answered,
+    /// 404: the upstream no longer knows the session (it restarted).
+    Forgotten,
+    /// 400: forgotten only if the answer names the session (some servers say so this way).
+    ReadToTell,
+}
+
+fn in_session(status: StatusCode) -> InSession {
+    match status {
+        StatusCode::NOT_FOUND => InSession::Forgotten,
+        StatusCode::BAD_REQUEST => InSession::ReadToTell,
+        _ => InSession::Answered,
     }
+}
+
+fn mentions_session(bytes: &[u8]) -> bool {
+    String::from_utf8_lossy(bytes)
+        .to_ascii_lowercase()
+        .contains("session")
+}
+
+/// The `DELETE` that closes a session upstream, with the session's id and the credentials
+/// it was opened with.
+fn close_one(hop: &Hop, c: Closed) -> Option<impl std::future::Future<Output = ()>> {
+    let headers = c.delete_headers(hop.base_headers(&c.credentials))?;
     let hop = hop.clone();
     Some(async move {
         match hop.delete(headers).await {
@@ -205,7 +234,7 @@ fn close_one(hop: &Hop, c: Closed) -> Option<impl std::future::Future<Output = (
 }
 
 /// Closes sessions upstream in the background.
-pub(crate) fn close_upstream(hop: &Hop, closed: Vec<Closed>) {
+fn close_in_background(hop: &Hop, closed: Vec<Closed>) {
     for c in closed {
         if let Some(close) = close_one(hop, c) {
             tokio::spawn(close);
@@ -213,27 +242,61 @@ pub(crate) fn close_upstream(hop: &Hop, closed: Vec<Closed>) {
     }
 }
 
-/// Closes sessions upstream now, all at once, waiting at most `within` (shutdown).
-pub(crate) async fn close_upstream_within(hop: &Hop, closed: Vec<Closed>, within: Duration) {
-    let n = closed.len();
-    let all = futures_util::future::join_all(closed.into_iter().filter_map(|c| close_one(hop, c)));
-    if tokio::time::timeout(within, all).await.is_err() {
-        tracing::warn!(
-            sessions = n,
-            "upstream sessions not all closed before shutdown"
-        );
-    } else if n > 0 {
-        tracing::info!(sessions = n, "upstream sessions closed");
-    }
+/// A 2025-era upstream's sessions: the table, the handshake that fills it, the one
+/// re-initialisation, and the `DELETE` of every session let go. Shared by every worker.
+pub(crate) struct Sessions {
+    table: Table,
 }
 
-impl Upstream {
+impl Sessions {
+    pub(crate) fn new(cap: usize, idle: Duration) -> Self {
+        Sessions {
+            table: Table::new(cap, idle),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Closes upstream the sessions unused for the idle time (in the background).
+    pub(crate) fn sweep(&self, link: &Link) {
+        close_in_background(link.hop(), self.table.sweep(Instant::now()));
+    }
+
+    /// Lets go of every session, closing each upstream in the background (the upstream is
+    /// gone, or changed era).
+    pub(crate) fn clear(&self, link: &Link) {
+        close_in_background(link.hop(), self.table.clear());
+    }
+
+    /// Closes every session upstream now, all at once, waiting at most `within` (shutdown).
+    pub(crate) async fn close_all(&self, link: &Link, within: Duration) {
+        let closed = self.table.clear();
+        let n = closed.len();
+        let all = futures_util::future::join_all(
+            closed.into_iter().filter_map(|c| close_one(link.hop(), c)),
+        );
+        if tokio::time::timeout(within, all).await.is_err() {
+            tracing::warn!(
+                sessions = n,
+                "upstream sessions not all closed before shutdown"
+            );
+        } else if n > 0 {
+            tracing::info!(sessions = n, "upstream sessions closed");
+        }
+    }
+
     /// A fresh `initialize` handshake with the client's credentials; the session it opens
     /// replaces any kept for those credentials.
-    pub(crate) async fn handshake(&self, client: &Client<'_>) -> Result<Arc<LegacySession>, Error> {
+    pub(crate) async fn handshake(
+        &self,
+        link: &Link,
+        client: &Client<'_>,
+    ) -> Result<Arc<LegacySession>, Error> {
         let body = json!({
             "jsonrpc": "2.0",
-            "id": self.next_id("initialize"),
+            "id": link.next_id("initialize"),
             "method": "initialize",
             "params": {
                 "protocolVersion": LEGACY_LATEST,
@@ -241,8 +304,8 @@ impl Upstream {
                 "clientInfo": sidecar_info(),
             },
         });
-        let headers = self.base_headers(client);
-        let answer = self
+        let headers = link.base_headers(client);
+        let answer = link
             .exchange(
                 &client.caller,
                 headers.clone(),
@@ -272,75 +335,72 @@ impl Upstream {
             .to_owned();
         let id = answer.answer.headers.get(headers::SESSION_ID).cloned();
         let session = Arc::new(LegacySession { id, version, init });
-        self.remember_server_info(session.init.get("serverInfo"));
+        link.identity().remember(session.init.get("serverInfo"));
 
         // notifications/initialized completes the handshake; its answer carries nothing.
         let mut h = headers;
         session.apply(&mut h);
         let note = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
-        match self.hop.post(&client.caller, h, note, None, false).await {
+        match link
+            .post(&client.caller, h, note, None, ServerRequests::Withheld)
+            .await
+        {
             Ok(resp) if resp.status().is_success() => {}
             Ok(resp) => {
                 tracing::warn!(status = %resp.status(), "upstream refused notifications/initialized")
             }
             Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
         }
-        let closed = self.shared.sessions.insert(client, session.clone());
-        close_upstream(&self.hop, closed);
+        let closed = self.table.insert(client, session.clone(), Instant::now());
+        close_in_background(link.hop(), closed);
         Ok(session)
     }
 
     /// The kept session for these credentials, or a new one.
-    async fn session(&self, client: &Client<'_>) -> Result<Arc<LegacySession>, Error> {
-        match self.shared.sessions.get(client) {
+    async fn session(&self, link: &Link, client: &Client<'_>) -> Result<Arc<LegacySession>, Error> {
+        match self.table.get(client, Instant::now()) {
             Some(s) => Ok(s),
-            None => self.handshake(client).await,
+            None => self.handshake(link, client).await,
         }
     }
 
     /// Sends a request to a 2025-era upstream inside the caller's session; when the upstream
     /// no longer knows the session (it restarted), initialises again once and retries.
-    pub(crate) async fn send_legacy(
+    pub(crate) async fn send(
         &self,
+        link: &Link,
         client: &Client<'_>,
         body: Bytes,
-        answers: bool,
+        relay: ServerRequests,
     ) -> Result<(Response<UpstreamBody>, Arc<LegacySession>), Error> {
-        let mut session = self.session(client).await?;
+        let mut session = self.session(link, client).await?;
         let mut retried = false;
         loop {
-            let mut headers = self.base_headers(client);
+            let mut headers = link.base_headers(client);
             session.apply(&mut headers);
-            let resp = self
-                .post(&client.caller, headers, body.clone(), None, answers)
+            let resp = link
+                .post(&client.caller, headers, body.clone(), None, relay)
                 .await?;
             if retried || session.id.is_none() {
                 return Ok((resp, session));
             }
-            match resp.status() {
-                StatusCode::NOT_FOUND => {
+            match in_session(resp.status()) {
+                InSession::Answered => return Ok((resp, session)),
+                InSession::Forgotten => {
                     tracing::info!("upstream forgot its session; initialising again");
                 }
-                StatusCode::BAD_REQUEST => {
-                    // Some servers answer 400 naming the session; read it to be sure.
-                    let answer = read_answer(resp, &self.bounds).await?;
+                InSession::ReadToTell => {
+                    let answer = read_answer(resp, link.bounds()).await?;
                     if !mentions_session(&answer.answer.bytes) {
                         return Err(answer.into_refusal());
                     }
                     tracing::info!("upstream refused its session; initialising again");
                 }
-                _ => return Ok((resp, session)),
             }
-            session = self.handshake(client).await?;
+            session = self.handshake(link, client).await?;
             retried = true;
         }
     }
-}
-
-fn mentions_session(bytes: &[u8]) -> bool {
-    String::from_utf8_lossy(bytes)
-        .to_ascii_lowercase()
-        .contains("session")
 }
 
 #[cfg(test)]
@@ -363,12 +423,13 @@ mod tests {
 
     #[test]
     fn the_table_is_bounded_least_recently_used_first() {
-        let t = Sessions::new(2, Duration::from_secs(600));
-        assert!(t.insert(&creds("a"), session("s1")).is_empty());
-        assert!(t.insert(&creds("b"), session("s2")).is_empty());
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(t.get(&creds("a")).is_some()); // a is now the most recently used
-        let closed = t.insert(&creds("c"), session("s3"));
+        let t = Table::new(2, Duration::from_secs(600));
+        let t0 = Instant::now();
+        assert!(t.insert(&creds("a"), session("s1"), t0).is_empty());
+        assert!(t.insert(&creds("b"), session("s2"), t0).is_empty());
+        let t1 = t0 + Duration::from_millis(5);
+        assert!(t.get(&creds("a"), t1).is_some()); // a is now the most recently used
+        let closed = t.insert(&creds("c"), session("s3"), t1);
         assert_eq!(closed.len(), 1);
         assert_eq!(closed[0].session.id.as_ref().unwrap(), "s2");
         assert_eq!(
@@ -376,18 +437,19 @@ mod tests {
             "closed with its own credentials"
         );
         assert_eq!(t.len(), 2);
-        let replaced = t.insert(&creds("a"), session("s4"));
+        let replaced = t.insert(&creds("a"), session("s4"), t1);
         assert_eq!(replaced[0].session.id.as_ref().unwrap(), "s1");
     }
 
     #[test]
     fn a_full_table_makes_room_in_constant_time() {
         let n = 50_000;
-        let t = Sessions::new(n, Duration::from_secs(600));
+        let t = Table::new(n, Duration::from_secs(600));
+        let now = Instant::now();
         let fill = |from: usize, to: usize| {
             let started = Instant::now();
             for i in from..to {
-                t.insert(&creds(&format!("c{i}")), session("s"));
+                t.insert(&creds(&format!("c{i}")), session("s"), now);
             }
             started.elapsed()
         };
@@ -404,11 +466,71 @@ mod tests {
 
     #[test]
     fn idle_sessions_go() {
-        let t = Sessions::new(10, Duration::from_millis(1));
-        t.insert(&creds("a"), session("s1"));
-        std::thread::sleep(Duration::from_millis(5));
-        assert!(t.get(&creds("a")).is_none());
-        assert_eq!(t.sweep().len(), 1);
+        let t = Table::new(10, Duration::from_millis(1));
+        let t0 = Instant::now();
+        t.insert(&creds("a"), session("s1"), t0);
+        let later = t0 + Duration::from_millis(5);
+        assert!(t.get(&creds("a"), later).is_none());
+        assert_eq!(t.sweep(later).len(), 1);
         assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn a_session_in_use_is_not_idle() {
+        let t = Table::new(10, Duration::from_secs(60));
+        let t0 = Instant::now();
+        t.insert(&creds("a"), session("s1"), t0);
+        assert!(t.get(&creds("a"), t0 + Duration::from_secs(50)).is_some());
+        // Used at 50 s: still kept at 100 s, gone at 110 s.
+        assert!(t.sweep(t0 + Duration::from_secs(100)).is_empty());
+        assert_eq!(t.sweep(t0 + Duration::from_secs(110)).len(), 1);
+    }
+
+    #[test]
+    fn every_session_let_go_gets_its_delete() {
+        let t = Table::new(1, Duration::from_secs(600));
+        let now = Instant::now();
+        t.insert(&creds("a"), session("s1"), now);
+        let evicted = t.insert(&creds("b"), session("s2"), now);
+        assert_eq!(evicted.len(), 1);
+        let base = Table::credentials(&evicted[0].credentials);
+        let delete = evicted[0].delete_headers(base).unwrap();
+        assert_eq!(delete[headers::SESSION_ID], "s1");
+        assert_eq!(delete[headers::PROTOCOL_VERSION], "2025-11-25");
+        assert_eq!(
+            delete["authorization"], "a",
+            "with the session's own credentials"
+        );
+        // At shutdown (or an era change) the rest go too, each with its DELETE.
+        let rest = t.clear();
+        assert_eq!(rest.len(), 1);
+        assert_eq!(t.len(), 0);
+        let delete = rest[0].delete_headers(HeaderMap::new()).unwrap();
+        assert_eq!(delete[headers::SESSION_ID], "s2");
+        // A stateless upstream's session has no id: nothing to close.
+        let stateless = Closed {
+            session: Arc::new(LegacySession {
+                id: None,
+                version: "2025-11-25".into(),
+                init: json!({}),
+            }),
+            credentials: HeaderMap::new(),
+        };
+        assert!(stateless.delete_headers(HeaderMap::new()).is_none());
+    }
+
+    #[test]
+    fn a_forgotten_session_is_initialised_again() {
+        assert_eq!(in_session(StatusCode::NOT_FOUND), InSession::Forgotten);
+        assert_eq!(in_session(StatusCode::BAD_REQUEST), InSession::ReadToTell);
+        assert_eq!(in_session(StatusCode::OK), InSession::Answered);
+        assert_eq!(in_session(StatusCode::UNAUTHORIZED), InSession::Answered);
+        // A 400 is a forgotten session only when it names the session.
+        assert!(mentions_session(
+            br#"{"error":{"message":"Bad Request: No valid Session ID"}}"#
+        ));
+        assert!(!mentions_session(
+            br#"{"error":{"code":-32602,"message":"Invalid params"}}"#
+        ));
     }
 }

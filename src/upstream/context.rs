@@ -1,0 +1,65 @@
+//! The per-request context a request's answer is finished with: the request's id, its
+//! method, the client's era, the `ResultPlan` (the binding's hook, the client's abandonment
+//! flag), and the shutdown cut. The method table builds it; whoever answers (the table for a
+//! local result, `Upstream::forward` for the upstream's) consumes it, and reports a failure
+//! to the plan where the failure is known.
+
+use http::{Response, StatusCode};
+use serde_json::value::RawValue;
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::body::{self, Body};
+use crate::error::Error;
+use crate::mcp::era::Era;
+use crate::mcp::raw::{self, raw};
+use crate::mcp::rewrite::{Abandoned, ResultPlan};
+
+/// One request on its way to its answer.
+pub(crate) struct RequestContext<'a> {
+    pub(crate) id: &'a RawValue,
+    pub(crate) method: &'a str,
+    /// The client's era: the answer goes back in it.
+    pub(crate) era: Era,
+    /// What the answer passes through (hook, identity, cache hints).
+    pub(crate) plan: ResultPlan,
+    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
+    pub(crate) cut: watch::Receiver<bool>,
+}
+
+impl<'a> RequestContext<'a> {
+    pub(crate) fn new(
+        id: &'a RawValue,
+        method: &'a str,
+        era: Era,
+        abandoned: Abandoned,
+        cut: watch::Receiver<bool>,
+    ) -> Self {
+        RequestContext {
+            id,
+            method,
+            era,
+            plan: ResultPlan::new(method, era, abandoned),
+            cut,
+        }
+    }
+
+    /// A result the sidecar made, through the plan (for the client's era and the hook).
+    pub(crate) fn local_result(mut self, result: Value) -> Response<Body> {
+        let mut msg = raw::result_message(self.id, raw(&result));
+        self.plan.apply(&mut msg);
+        body::json(StatusCode::OK, raw::to_bytes(&msg))
+    }
+
+    /// The request failed with `error` before an answer came: the plan hears it now, unless a
+    /// limit of the sidecar's own refused it before anything was sent (the upstream
+    /// connection cap, a full stdin queue), which is no product call at all.
+    pub(crate) fn fail(mut self, error: Error) -> Error {
+        if error.was_unsent() {
+            self.plan.not_sent();
+        } else {
+            self.plan.fail();
+        }
+        error
+    }
+}
