@@ -1,5 +1,6 @@
 //! The command line, logging, the runtime and signals: start, serve, and on SIGTERM/SIGINT
-//! drain, flush telemetry and exit.
+//! drain, flush telemetry and exit. It builds the pieces the request path, the routes and the
+//! shutdown share (`Handles`), hands each its own, and keeps what the shutdown order needs.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,11 +11,19 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_rustls::TlsAcceptor;
 
+use crate::binding::FeedbackBinding;
+use crate::budget::MemoryBudget;
 use crate::config::{self, Config, ConnectionCap, FlagValues, LogFormat};
-use crate::dispatch::Dispatcher;
+use crate::dispatch::{self, Dispatcher};
+use crate::epode::telemetry::Counters;
+use crate::error::Error;
+use crate::gate::Gate;
+use crate::limits::RateLimits;
+use crate::metrics::Metrics;
+use crate::observe::Observer;
 use crate::server;
 use crate::trial::Trial;
-use crate::upstream::exec;
+use crate::upstream::{exec, Upstream};
 
 /// A reverse proxy beside an MCP server: a stateless MCP 2026-07-28 front and Epode feedback.
 /// Every setting is also an environment variable (see README.md); flags win over the
@@ -261,15 +270,20 @@ fn listener_tls(config: &Config) -> Result<Option<TlsAcceptor>, String> {
 
 /// Housekeeping every 30 s (sooner when sessions idle out sooner): idle upstream sessions
 /// closed, recovered rate-limit entries forgotten.
-fn spawn_sweeper(dispatcher: Arc<Dispatcher>) -> tokio::task::JoinHandle<()> {
+fn spawn_sweeper(
+    config: &Config,
+    upstream: Arc<Upstream>,
+    rates: Arc<RateLimits>,
+) -> tokio::task::JoinHandle<()> {
     let every = std::time::Duration::from_secs(30)
-        .min(dispatcher.config().limits.upstream_session_idle / 2)
+        .min(config.limits.upstream_session_idle / 2)
         .max(std::time::Duration::from_millis(100));
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
-            dispatcher.sweep();
+            upstream.sweep_sessions();
+            rates.sweep();
         }
     })
 }
@@ -279,10 +293,10 @@ const STARTUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60)
 
 /// Probes the upstream once it can (it may start after the sidecar, as in a pod) and says
 /// what it found: one line, plain enough to act on.
-async fn startup_check(dispatcher: Arc<Dispatcher>) {
+async fn startup_check(upstream: Arc<Upstream>) {
     let started = std::time::Instant::now();
     loop {
-        match dispatcher.ready().await {
+        match upstream.ready().await {
             Ok(()) => {
                 tracing::info!("the upstream MCP server answers: ready");
                 return;
@@ -319,12 +333,61 @@ fn start_trial(config: &Config) -> Result<Option<Trial>, ExitCode> {
     }
 }
 
+/// The pieces the request path, the routes and the shutdown share, built once.
+struct Handles {
+    metrics: Arc<Metrics>,
+    budget: Arc<MemoryBudget>,
+    binding: Arc<FeedbackBinding>,
+    upstream: Arc<Upstream>,
+    rates: Arc<RateLimits>,
+    /// The MCP requests being served (every worker's).
+    in_flight: Gate,
+}
+
+/// Builds the shared pieces; with feedback on, the binding starts the telemetry task, so this
+/// must run inside the runtime. `observer` watches the requests; `epode` is where the binding
+/// reaches Epode instead of the configured API (the local trial's embedded one).
+fn handles(
+    config: &Config,
+    observer: Option<Arc<dyn Observer>>,
+    epode: Option<url::Url>,
+) -> Result<Handles, Error> {
+    let counters = Counters::new();
+    let metrics = Arc::new(Metrics::new(|r| counters.register(r)));
+    let budget = MemoryBudget::new(config.limits.memory_budget);
+    let mut feedback = config.feedback.clone();
+    if let Some(url) = epode {
+        feedback.api_url = url;
+    }
+    let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer)?;
+    let upstream = Arc::new(Upstream::new(config, budget.clone(), metrics.clone())?);
+    Ok(Handles {
+        metrics,
+        budget,
+        binding,
+        upstream,
+        rates: RateLimits::new(&config.limits),
+        in_flight: Gate::new(config.limits.max_in_flight),
+    })
+}
+
+/// What the housekeeping and the shutdown order need, kept here: the upstream (its sessions
+/// swept; stopped after the last request), the rate limits (swept), the binding (its queued
+/// telemetry delivered before the process exits).
+struct Kept {
+    upstream: Arc<Upstream>,
+    rates: Arc<RateLimits>,
+    binding: Arc<FeedbackBinding>,
+}
+
 /// Everything bound and built before serving starts.
 struct Prepared {
     listeners: server::Listeners,
     admin: Option<std::net::TcpListener>,
-    dispatcher: Arc<Dispatcher>,
+    dispatcher: Dispatcher,
+    operations: server::Operations,
     shared: server::Serving,
+    kept: Kept,
     cut: tokio::sync::watch::Sender<bool>,
 }
 
@@ -346,21 +409,52 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
     let (cut, cut_rx) = tokio::sync::watch::channel(false);
     let observer = trial.map(Trial::observer);
     let epode = trial.map(Trial::epode_url);
-    let dispatcher = Dispatcher::new(config.clone(), cut_rx, observer, epode)
-        .map(Arc::new)
-        .map_err(|e| failed("cannot start", e))?;
+    let Handles {
+        metrics,
+        budget,
+        binding,
+        upstream,
+        rates,
+        in_flight,
+    } = handles(config, observer.clone(), epode).map_err(|e| failed("cannot start", e))?;
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
     let shared = server::Serving::new(
-        &dispatcher,
+        config.clone(),
+        &metrics,
+        budget.clone(),
         connection_cap(config.limits.max_connections),
         tls,
         trial.map(Trial::console),
     );
+    let operations = server::Operations::new(
+        upstream.clone(),
+        metrics.clone(),
+        in_flight.clone(),
+        budget.clone(),
+        rates.clone(),
+    );
+    let dispatcher = Dispatcher::new(dispatch::Parts {
+        config: config.clone(),
+        upstream: upstream.clone(),
+        binding: binding.clone(),
+        metrics,
+        rates: rates.clone(),
+        budget,
+        in_flight,
+        cut: cut_rx,
+        observer,
+    });
     Ok(Prepared {
         listeners,
         admin,
         dispatcher,
+        operations,
         shared,
+        kept: Kept {
+            upstream,
+            rates,
+            binding,
+        },
         cut,
     })
 }
@@ -377,7 +471,9 @@ async fn run(config: Config) -> ExitCode {
         listeners,
         admin: admin_listener,
         dispatcher,
+        operations,
         shared,
+        kept,
         cut,
     } = match prepare(&config, trial.as_ref()) {
         Ok(p) => p,
@@ -394,7 +490,7 @@ async fn run(config: Config) -> ExitCode {
         if let Some(bounds) = shared.admin() {
             tokio::spawn(server::admin(
                 listener,
-                dispatcher.clone(),
+                operations.clone(),
                 bounds,
                 stopped.clone(),
             ));
@@ -407,9 +503,9 @@ async fn run(config: Config) -> ExitCode {
     if let (Some(trial), Some(bounds)) = (trial, shared.dev_epode()) {
         trial.serve(bounds);
     }
-    let sweeper = spawn_sweeper(dispatcher.clone());
-    let first_check = tokio::spawn(startup_check(dispatcher.clone()));
-    let serving = server::serve(listeners, &dispatcher, shared, stopped);
+    let sweeper = spawn_sweeper(&config, kept.upstream.clone(), kept.rates.clone());
+    let first_check = tokio::spawn(startup_check(kept.upstream.clone()));
+    let serving = server::serve(listeners, &dispatcher, &operations, shared, stopped);
     tokio::pin!(serving);
     let mut cut_short = false;
     let drained = tokio::select! {
@@ -433,9 +529,10 @@ async fn run(config: Config) -> ExitCode {
     };
     sweeper.abort();
     first_check.abort();
-    dispatcher.stop_upstream().await;
+    // A stdio upstream's child is stopped after the last request, and waited for.
+    kept.upstream.shutdown().await;
     // Queued telemetry is delivered within its own deadline before the process exits.
-    dispatcher.binding().shutdown().await;
+    kept.binding.shutdown().await;
     if cut_short || !drained {
         tracing::warn!("requests were cut short at shutdown; exiting with status 3");
         return ExitCode::from(3);

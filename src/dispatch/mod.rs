@@ -17,7 +17,6 @@ use crate::binding::FeedbackBinding;
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
-use crate::epode::telemetry::Counters;
 use crate::error::{Error, Kind, Side};
 use crate::frontdoor;
 use crate::gate::Gate;
@@ -25,7 +24,7 @@ use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::observe::{millis, Note, Observer, Served};
-use crate::upstream::{Client, NotReady, Upstream};
+use crate::upstream::{Client, Upstream};
 
 use self::table::Table;
 
@@ -50,98 +49,63 @@ struct Seen {
     note: Option<Arc<Note>>,
 }
 
+/// What a request path is made of: the pieces it shares with the routes and the shutdown
+/// (`cli` builds them once), the signal that cuts in-flight requests, and whoever watches the
+/// requests (the local trial's console, with `--dev`).
+pub(crate) struct Parts {
+    pub(crate) config: Arc<Config>,
+    /// This worker's view of the upstream.
+    pub(crate) upstream: Arc<Upstream>,
+    pub(crate) binding: Arc<FeedbackBinding>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) rates: Arc<RateLimits>,
+    pub(crate) budget: Arc<MemoryBudget>,
+    /// The MCP requests being served (every worker's).
+    pub(crate) in_flight: Gate,
+    /// Turns true when the sidecar cuts in-flight requests short at shutdown.
+    pub(crate) cut: watch::Receiver<bool>,
+    pub(crate) observer: Option<Arc<dyn Observer>>,
+}
+
 impl Dispatcher {
-    /// Builds the request path; with feedback on, this starts the telemetry task, so it must
-    /// run inside the runtime. `observer` watches the requests; `epode` is where the binding
-    /// reaches Epode instead of the configured API (the local trial's embedded one).
-    pub(crate) fn new(
-        config: Arc<Config>,
-        cut: watch::Receiver<bool>,
-        observer: Option<Arc<dyn Observer>>,
-        epode: Option<url::Url>,
-    ) -> Result<Self, Error> {
-        let counters = Counters::new();
-        let metrics = Arc::new(Metrics::new(|r| counters.register(r)));
-        let budget = MemoryBudget::new(config.limits.memory_budget);
-        let mut feedback = config.feedback.clone();
-        if let Some(url) = epode {
-            feedback.api_url = url;
-        }
-        let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer.clone())?;
-        Ok(Dispatcher {
+    /// A request path from its parts (nothing is started here: `cli` started the binding and
+    /// the upstream when it built them).
+    pub(crate) fn new(parts: Parts) -> Self {
+        let Parts {
+            config,
+            upstream,
+            binding,
+            metrics,
+            rates,
+            budget,
+            in_flight,
+            cut,
+            observer,
+        } = parts;
+        Dispatcher {
             table: Table {
-                upstream: Upstream::new(&config, budget.clone(), metrics.clone())?,
-                rates: RateLimits::new(&config.limits),
-                config: config.clone(),
+                config,
+                upstream,
                 binding,
                 metrics,
+                rates,
                 cut,
             },
-            in_flight: Gate::new(config.limits.max_in_flight),
             budget,
+            in_flight,
             observer,
-        })
+        }
     }
 
-    /// The same request path for another worker (its own upstream connection pool).
-    pub(crate) fn for_worker(&self) -> Self {
+    /// The same request path for another worker, through that worker's view of the upstream
+    /// (its own connection pool, which the worker's `/readyz` reads too).
+    pub(crate) fn for_worker(&self, upstream: Arc<Upstream>) -> Self {
         Dispatcher {
-            table: self.table.for_worker(),
+            table: self.table.for_worker(upstream),
             budget: self.budget.clone(),
             in_flight: self.in_flight.clone(),
             observer: self.observer.clone(),
         }
-    }
-
-    pub(crate) fn config(&self) -> &Config {
-        &self.table.config
-    }
-
-    pub(crate) fn binding(&self) -> &FeedbackBinding {
-        &self.table.binding
-    }
-
-    pub(crate) fn metrics_handle(&self) -> Arc<Metrics> {
-        self.table.metrics.clone()
-    }
-
-    /// The one memory budget (the listeners count what connections hold in it).
-    pub(crate) fn budget(&self) -> Arc<MemoryBudget> {
-        self.budget.clone()
-    }
-
-    /// Stops a stdio upstream's child process (after the last request) and waits for it.
-    pub(crate) async fn stop_upstream(&self) {
-        self.table.upstream.shutdown().await;
-    }
-
-    /// Whether the upstream answers (readiness); `Err` says why not.
-    pub(crate) async fn ready(&self) -> Result<(), NotReady> {
-        self.table.upstream.ready().await
-    }
-
-    /// Housekeeping for the shared state (call now and then): idle upstream sessions closed,
-    /// recovered rate-limit entries forgotten.
-    pub(crate) fn sweep(&self) {
-        self.table.upstream.sweep_sessions();
-        self.table.rates.sweep();
-    }
-
-    /// `/metrics`, with the gauges read now.
-    pub(crate) fn render_metrics(&self) -> String {
-        self.table
-            .metrics
-            .in_flight
-            .set(self.in_flight.held() as i64);
-        self.table
-            .metrics
-            .buffered_bytes
-            .set(self.budget.used() as i64);
-        self.table
-            .metrics
-            .rate_limit_clients
-            .set(self.table.rates.tracked_clients() as i64);
-        self.table.metrics.render()
     }
 
     /// One message to the MCP path, from the limits and the front door to the answer, counted

@@ -37,7 +37,7 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 /// upstream, the binding, the tools' rate limits.
 pub(super) struct Table {
     pub(super) config: Arc<Config>,
-    pub(super) upstream: Upstream,
+    pub(super) upstream: Arc<Upstream>,
     pub(super) binding: Arc<FeedbackBinding>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) rates: Arc<RateLimits>,
@@ -46,11 +46,11 @@ pub(super) struct Table {
 }
 
 impl Table {
-    /// The same table for another worker (its own upstream connection pool).
-    pub(super) fn for_worker(&self) -> Self {
+    /// The same table for another worker, through that worker's view of the upstream.
+    pub(super) fn for_worker(&self, upstream: Arc<Upstream>) -> Self {
         Table {
             config: self.config.clone(),
-            upstream: self.upstream.for_worker(),
+            upstream,
             binding: self.binding.clone(),
             metrics: self.metrics.clone(),
             rates: self.rates.clone(),

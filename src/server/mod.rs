@@ -1,6 +1,7 @@
 //! The listeners and workers, and the routes. One worker thread per core, each with its own
 //! single-threaded event loop, its own `SO_REUSEPORT` listener on the shared address and its
-//! own request path ([`Dispatcher::for_worker`]: its own upstream connection pool), so a
+//! own request path ([`Dispatcher::for_worker`]: its own view of the upstream, with its own
+//! connection pool, which the worker's `/readyz` reads too), so a
 //! request is served start to finish on one thread with no cross-thread wake-ups. Every
 //! listener (the MCP port, the admin port, the `--dev` Epode's) runs the same way
 //! (`crate::listener`: its share of the connection cap, the head, idle and write deadlines,
@@ -25,10 +26,15 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::body::{self, Body};
+use crate::budget::MemoryBudget;
+use crate::config::Config;
 use crate::dispatch::Dispatcher;
+use crate::gate::Gate;
+use crate::limits::RateLimits;
 use crate::listener::{self, Admitted, Bounds, Role, Shares};
 use crate::mcp::rewrite::Abandoned;
-use crate::metrics;
+use crate::metrics::{self, Metrics};
+use crate::upstream::{NotReady, Upstream};
 
 /// How long responses cut at shutdown have to reach their clients before workers give up.
 pub(crate) const CUT_FLUSH: Duration = Duration::from_secs(2);
@@ -81,10 +87,12 @@ pub(crate) trait Mounted: Send + Sync {
     fn route(&self, method: &Method, path: &str) -> Option<Response<Body>>;
 }
 
-/// What every worker shares besides its request path: the bounds of each listener (their
-/// shares of the one connection cap), the MCP port's TLS, and the routes mounted beside it.
+/// What every worker shares besides its request path: the configuration, the bounds of each
+/// listener (their shares of the one connection cap), the MCP port's TLS, and the routes
+/// mounted beside it.
 #[derive(Clone)]
 pub(crate) struct Serving {
+    config: Arc<Config>,
     pub(crate) mcp: Bounds,
     admin: Option<Bounds>,
     dev_epode: Option<Bounds>,
@@ -94,14 +102,16 @@ pub(crate) struct Serving {
 
 impl Serving {
     /// `max_connections`: the one cap, shared between the listeners the configuration has;
-    /// `mounted`: routes served beside the MCP path (the local trial's console).
+    /// `budget`: the one memory budget (the MCP listener's connections count what they hold
+    /// in it); `mounted`: routes served beside the MCP path (the local trial's console).
     pub(crate) fn new(
-        dispatcher: &Dispatcher,
+        config: Arc<Config>,
+        metrics: &Arc<Metrics>,
+        budget: Arc<MemoryBudget>,
         max_connections: usize,
         tls: Option<TlsAcceptor>,
         mounted: Option<Arc<dyn Mounted>>,
     ) -> Self {
-        let config = dispatcher.config();
         let shares = Shares::of(
             max_connections,
             config.admin_listen.is_some(),
@@ -113,14 +123,14 @@ impl Serving {
             dev_epode = shares.dev_epode,
             "connection cap shares"
         );
-        let metrics = dispatcher.metrics_handle();
         let bounds =
             |role, cap, budget| Bounds::new(role, cap, &config.limits, metrics.clone(), budget);
         Serving {
-            mcp: bounds(Role::Mcp, shares.mcp, Some(dispatcher.budget())),
+            mcp: bounds(Role::Mcp, shares.mcp, Some(budget)),
             admin: (shares.admin > 0).then(|| bounds(Role::Admin, shares.admin, None)),
             dev_epode: (shares.dev_epode > 0)
                 .then(|| bounds(Role::DevEpode, shares.dev_epode, None)),
+            config,
             tls,
             mounted,
         }
@@ -137,6 +147,62 @@ impl Serving {
     }
 }
 
+/// What the operations' routes read: the upstream's readiness (`/readyz`), and the metrics
+/// with the gauges of what is held now (`/metrics`).
+#[derive(Clone)]
+pub(crate) struct Operations {
+    /// The admin listener's view of the upstream, or a worker's own.
+    upstream: Arc<Upstream>,
+    metrics: Arc<Metrics>,
+    /// The MCP requests being served, the bytes buffered, the clients tracked for their rate:
+    /// read for their gauges when the metrics are rendered.
+    in_flight: Gate,
+    budget: Arc<MemoryBudget>,
+    rates: Arc<RateLimits>,
+}
+
+impl Operations {
+    pub(crate) fn new(
+        upstream: Arc<Upstream>,
+        metrics: Arc<Metrics>,
+        in_flight: Gate,
+        budget: Arc<MemoryBudget>,
+        rates: Arc<RateLimits>,
+    ) -> Self {
+        Operations {
+            upstream,
+            metrics,
+            in_flight,
+            budget,
+            rates,
+        }
+    }
+
+    /// Whether the upstream answers (readiness); `Err` says why not.
+    async fn ready(&self) -> Result<(), NotReady> {
+        self.upstream.ready().await
+    }
+
+    /// `/metrics`, with the gauges read now.
+    fn render_metrics(&self) -> String {
+        self.metrics.in_flight.set(self.in_flight.held() as i64);
+        self.metrics.buffered_bytes.set(self.budget.used() as i64);
+        self.metrics
+            .rate_limit_clients
+            .set(self.rates.tracked_clients() as i64);
+        self.metrics.render()
+    }
+}
+
+/// One worker's routes: the MCP path (its own request path), what is mounted beside it, and
+/// the operations' routes, all through the worker's own view of the upstream.
+struct Routes {
+    config: Arc<Config>,
+    mcp: Dispatcher,
+    mounted: Option<Arc<dyn Mounted>>,
+    operations: Operations,
+}
+
 /// Completes when `shutdown` turns true (or its sender is gone).
 async fn stopped(mut shutdown: watch::Receiver<bool>) {
     let _ = shutdown.wait_for(|stop| *stop).await;
@@ -144,15 +210,27 @@ async fn stopped(mut shutdown: watch::Receiver<bool>) {
 
 /// Runs the workers until `shutdown` turns true, then drains them. Returns whether every
 /// worker finished (within the grace period, or after the caller cut what was left).
+/// Each worker's request path is `dispatcher`'s, and its operations' routes are
+/// `operations`', both through the worker's own view of the upstream.
 pub(crate) async fn serve(
     listeners: Listeners,
     dispatcher: &Dispatcher,
+    operations: &Operations,
     shared: Serving,
     shutdown: watch::Receiver<bool>,
 ) -> bool {
     let mut handles = Vec::new();
     for (index, listener) in listeners.listeners.into_iter().enumerate() {
-        let dispatcher = dispatcher.for_worker();
+        let upstream = Arc::new(operations.upstream.for_worker());
+        let routes = Routes {
+            config: shared.config.clone(),
+            mcp: dispatcher.for_worker(upstream.clone()),
+            mounted: shared.mounted.clone(),
+            operations: Operations {
+                upstream,
+                ..operations.clone()
+            },
+        };
         let shutdown = shutdown.clone();
         let shared = shared.clone();
         let handle = std::thread::Builder::new()
@@ -168,7 +246,7 @@ pub(crate) async fn serve(
                         return false;
                     }
                 };
-                runtime.block_on(worker(listener, Arc::new(dispatcher), shared, shutdown))
+                runtime.block_on(worker(listener, Arc::new(routes), shared, shutdown))
             });
         match handle {
             Ok(h) => handles.push(h),
@@ -203,7 +281,7 @@ async fn timer_pacer() {
 
 async fn worker(
     listener: std::net::TcpListener,
-    dispatcher: Arc<Dispatcher>,
+    routes: Arc<Routes>,
     shared: Serving,
     shutdown: watch::Receiver<bool>,
 ) -> bool {
@@ -223,7 +301,7 @@ async fn worker(
             tokio::spawn(serve_mcp(
                 stream,
                 admitted,
-                dispatcher.clone(),
+                routes.clone(),
                 shared.clone(),
                 draining.clone(),
             ));
@@ -232,7 +310,7 @@ async fn worker(
     drop(listener);
     drop(draining);
     let _ = drain.send(true);
-    let grace = dispatcher.config().shutdown_grace;
+    let grace = routes.config.shutdown_grace;
     tokio::select! {
         () = drain.closed() => true,
         // The caller cuts what is left after the grace period; the flush window lets those
@@ -248,16 +326,14 @@ async fn worker(
 async fn serve_mcp(
     stream: TcpStream,
     admitted: Admitted,
-    dispatcher: Arc<Dispatcher>,
+    routes: Arc<Routes>,
     shared: Serving,
     drain: watch::Receiver<bool>,
 ) {
     let peer = admitted.peer;
-    let mounted = shared.mounted.clone();
     let handler = move |req| {
-        let dispatcher = dispatcher.clone();
-        let mounted = mounted.clone();
-        async move { route(&dispatcher, mounted.as_deref(), req, peer).await }
+        let routes = routes.clone();
+        async move { route(&routes, req, peer).await }
     };
     let bounds = &shared.mcp;
     match &shared.tls {
@@ -292,41 +368,33 @@ async fn tls_handshake(
 
 /// Routes one request on the MCP listener: the MCP path, the mounted routes, health,
 /// readiness, metrics (unless the admin listener serves them), or 404.
-async fn route(
-    dispatcher: &Dispatcher,
-    mounted: Option<&dyn Mounted>,
-    req: Request<Incoming>,
-    peer: SocketAddr,
-) -> Response<Body> {
-    if req.uri().path() == dispatcher.config().path {
+async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    if req.uri().path() == routes.config.path {
         let abandoned = Abandoned::default();
-        return OnAbandon::new(dispatcher.mcp(req, peer, abandoned.clone()), abandoned).await;
+        return OnAbandon::new(routes.mcp.mcp(req, peer, abandoned.clone()), abandoned).await;
     }
+    let mounted = routes.mounted.as_deref();
     if let Some(mounted) = mounted.filter(|m| req.uri().path().starts_with(m.prefix())) {
         let (parts, _) = req.into_parts();
-        if let Err(e) = crate::frontdoor::check_host_and_origin(dispatcher.config(), &parts) {
+        if let Err(e) = crate::frontdoor::check_host_and_origin(&routes.config, &parts) {
             return e.into_response(None);
         }
         if let Some(resp) = mounted.route(&parts.method, parts.uri.path()) {
             return resp;
         }
-        return operations(dispatcher, &Request::from_parts(parts, ()), false).await;
+        return operations(&routes.operations, &Request::from_parts(parts, ()), false).await;
     }
-    let metrics_here = dispatcher.config().admin_listen.is_none();
-    operations(dispatcher, &req, metrics_here).await
+    let metrics_here = routes.config.admin_listen.is_none();
+    operations(&routes.operations, &req, metrics_here).await
 }
 
 /// `/healthz` (and `/health`), `/readyz`, and `/metrics` when `metrics` is set; else 404.
-pub(crate) async fn operations<B>(
-    dispatcher: &Dispatcher,
-    req: &Request<B>,
-    metrics: bool,
-) -> Response<Body> {
+async fn operations<B>(ops: &Operations, req: &Request<B>, metrics: bool) -> Response<Body> {
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/healthz" | "/health") => {
             body::json(StatusCode::OK, r#"{"status":"ok"}"#)
         }
-        (&Method::GET | &Method::HEAD, "/readyz") => match dispatcher.ready().await {
+        (&Method::GET | &Method::HEAD, "/readyz") => match ops.ready().await {
             Ok(()) => body::json(StatusCode::OK, r#"{"status":"ready"}"#),
             Err(not) => body::json(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -334,7 +402,7 @@ pub(crate) async fn operations<B>(
             ),
         },
         (&Method::GET, "/metrics") if metrics => {
-            let text = body::full(dispatcher.render_metrics());
+            let text = body::full(ops.render_metrics());
             body::answer(StatusCode::OK, Some(metrics::CONTENT_TYPE), text)
         }
         _ => body::error(
@@ -348,7 +416,7 @@ pub(crate) async fn operations<B>(
 /// its own share of the connection cap, until `shutdown`.
 pub(crate) async fn admin(
     listener: std::net::TcpListener,
-    dispatcher: Arc<Dispatcher>,
+    ops: Operations,
     bounds: Bounds,
     shutdown: watch::Receiver<bool>,
 ) {
@@ -359,14 +427,15 @@ pub(crate) async fn admin(
             return;
         }
     };
+    let ops = Arc::new(ops);
     bounds
         .accept_until(&listener, stopped(shutdown), |stream, admitted| {
-            let dispatcher = dispatcher.clone();
+            let ops = ops.clone();
             let bounds = bounds.clone();
             tokio::spawn(async move {
                 let handler = move |req: Request<Incoming>| {
-                    let dispatcher = dispatcher.clone();
-                    async move { operations(&dispatcher, &req, true).await }
+                    let ops = ops.clone();
+                    async move { operations(&ops, &req, true).await }
                 };
                 bounds.serve(stream, admitted, handler, None).await;
             });

@@ -110,7 +110,7 @@ impl Hop {
         match self {
             Hop::Http(h) => Ok(h.post(headers, body, query).await?.map(UpstreamBody::Http)),
             Hop::Stdio(s) => Ok(s
-                .post(caller, &headers, &body, relay == ServerRequests::Relayed)
+                .post(caller, &headers, &body, relay)
                 .await?
                 .map(UpstreamBody::Stdio)),
         }

@@ -39,6 +39,7 @@ use self::body::{Streamed, Waiter};
 use self::pool::Pool;
 use self::table::{FromClient, Held, Key, Routed, Table, Waiting, NOTES};
 use super::caller::Caller;
+use super::hop::ServerRequests;
 use super::ready::NotReady;
 use crate::body::{answer, JSON};
 use crate::budget::{MemoryBudget, Reservation};
@@ -450,14 +451,14 @@ impl StdioUpstream {
     }
 
     /// One JSON-RPC message to the child, answered as an HTTP upstream would: 202 for a
-    /// notification or a client's answer, a response for a request. `answers`: the client
-    /// may be sent the server's own requests (a 2025 client).
+    /// notification or a client's answer, a response for a request. `relay`: whether the
+    /// client may be sent the server's own requests (a 2025 client).
     pub(crate) async fn post(
         &self,
         caller: &Caller,
         headers: &HeaderMap,
         body: &Bytes,
-        answers: bool,
+        relay: ServerRequests,
     ) -> Result<Response<StdioBody>, Error> {
         let Some(mut msg) = raw::parse_message(body) else {
             return Err(Error::new(Kind::Parse, "the request is not a JSON object"));
@@ -497,7 +498,7 @@ impl StdioUpstream {
                 Ok(accepted())
             }
             (Some("initialize"), true) => initialize(&pipe, &g, msg, caller).await,
-            (Some(_), true) => request(&pipe, &g, msg, caller, answers).await,
+            (Some(_), true) => request(&pipe, &g, msg, caller, relay).await,
         }
     }
 }
@@ -661,7 +662,7 @@ async fn request_whole(
     msg: RawMap,
     caller: &Caller,
 ) -> Result<Held, Error> {
-    let (_waiter, _notes, done) = send(pipe, g, msg, caller, false).await?;
+    let (_waiter, _notes, done) = send(pipe, g, msg, caller, ServerRequests::Withheld).await?;
     match tokio::time::timeout(pipe.timeout, done).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => Err(Error::new(
@@ -685,7 +686,7 @@ async fn send(
     g: &Generation,
     mut msg: RawMap,
     caller: &Caller,
-    answers: bool,
+    relay: ServerRequests,
 ) -> Result<Sent, Error> {
     let key = table::fresh_key();
     let id = table::key_raw(key);
@@ -703,7 +704,7 @@ async fn send(
             owner: *caller,
             client_id,
             token,
-            answers,
+            relay,
             notes: notes_tx,
             done: Some(done_tx),
             asked: Vec::new(),
@@ -728,10 +729,10 @@ async fn request(
     g: &Generation,
     msg: RawMap,
     caller: &Caller,
-    answers: bool,
+    relay: ServerRequests,
 ) -> Result<Response<StdioBody>, Error> {
     let modern = is_modern(&msg);
-    let (waiter, mut notes, mut done) = send(pipe, g, msg, caller, answers).await?;
+    let (waiter, mut notes, mut done) = send(pipe, g, msg, caller, relay).await?;
     let first = tokio::time::timeout(pipe.timeout, async {
         tokio::select! {
             biased;

@@ -24,6 +24,7 @@ use crate::error::{Error, Kind};
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::version::META_SUBSCRIPTION_ID;
 use crate::upstream::caller::{Caller, Group};
+use crate::upstream::hop::ServerRequests;
 
 /// A message for a client, counted in the memory budget until it is sent.
 pub(super) type Held = (Bytes, Reservation);
@@ -81,7 +82,7 @@ pub(super) struct Waiting {
     /// The client's own progress token, when it asked for progress.
     pub(super) token: Option<Box<RawValue>>,
     /// Whether its client may be sent the server's requests (a 2025 client to a 2025 server).
-    pub(super) answers: bool,
+    pub(super) relay: ServerRequests,
     pub(super) notes: mpsc::Sender<Held>,
     pub(super) done: Option<oneshot::Sender<Answer>>,
     /// The server requests sent on its stream and not answered yet.
@@ -271,7 +272,7 @@ impl Table {
         let mut group: Option<Group> = None;
         let mut newest: Option<(u64, Key)> = None;
         for (key, w) in &self.pending {
-            if w.generation != generation || !w.answers {
+            if w.generation != generation || w.relay != ServerRequests::Relayed {
                 continue;
             }
             match group {

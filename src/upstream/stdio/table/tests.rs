@@ -30,7 +30,7 @@ fn wait_as(
     owner: Caller,
     client_id: &str,
     token: Option<&str>,
-    answers: bool,
+    relay: ServerRequests,
 ) -> Request {
     let (notes_tx, notes) = mpsc::channel(NOTES);
     let (done_tx, done) = oneshot::channel();
@@ -42,7 +42,7 @@ fn wait_as(
             owner,
             client_id: raw::raw(&serde_json::from_str::<serde_json::Value>(client_id).unwrap()),
             token: token.map(|t| raw::raw(&serde_json::from_str::<serde_json::Value>(t).unwrap())),
-            answers,
+            relay,
             notes: notes_tx,
             done: Some(done_tx),
             asked: Vec::new(),
@@ -51,8 +51,14 @@ fn wait_as(
     Request { notes, done }
 }
 
-fn wait(t: &mut Table, key: Key, client_id: &str, token: Option<&str>, answers: bool) -> Request {
-    wait_as(t, key, client(None, 1), client_id, token, answers)
+fn wait(
+    t: &mut Table,
+    key: Key,
+    client_id: &str,
+    token: Option<&str>,
+    relay: ServerRequests,
+) -> Request {
+    wait_as(t, key, client(None, 1), client_id, token, relay)
 }
 
 fn text(held: &Held) -> String {
@@ -91,8 +97,14 @@ fn keys_are_random_and_read_back_only_in_their_own_form() {
 fn responses_and_progress_reach_their_own_request_with_the_clients_ids() {
     let b = budget();
     let mut t = Table::default();
-    let mut a = wait(&mut t, 1, r#""same""#, Some(r#""tok-a""#), false);
-    let mut c = wait(&mut t, 2, r#""same""#, Some("7"), false);
+    let mut a = wait(
+        &mut t,
+        1,
+        r#""same""#,
+        Some(r#""tok-a""#),
+        ServerRequests::Withheld,
+    );
+    let mut c = wait(&mut t, 2, r#""same""#, Some("7"), ServerRequests::Withheld);
     let progress = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1}}}}"#,
         key_json(2)
@@ -132,7 +144,7 @@ fn responses_and_progress_reach_their_own_request_with_the_clients_ids() {
 #[test]
 fn a_childs_exit_fails_what_it_was_sent() {
     let mut t = Table::default();
-    let mut a = wait(&mut t, 1, "1", None, false);
+    let mut a = wait(&mut t, 1, "1", None, ServerRequests::Withheld);
     t.fail_generation(1, || Error::new(Kind::UpstreamFailed, "gone"));
     assert!(a.done.try_recv().unwrap().is_err());
     assert_eq!(t.len(), 0);
@@ -142,7 +154,7 @@ fn a_childs_exit_fails_what_it_was_sent() {
 fn server_requests_go_to_the_one_client_that_can_answer_and_come_back_only_from_it() {
     let b = budget();
     let mut t = Table::default();
-    let mut modern = wait(&mut t, 1, "1", None, false);
+    let mut modern = wait(&mut t, 1, "1", None, ServerRequests::Withheld);
     // Only a 2026 client waits: the child is told at once.
     let ask = r#"{"jsonrpc":"2.0","id":5,"method":"sampling/createMessage","params":{}}"#;
     match t.route(1, msg(ask), &b) {
@@ -154,7 +166,7 @@ fn server_requests_go_to_the_one_client_that_can_answer_and_come_back_only_from_
         other => panic!("{other:?}"),
     }
     let alice = client(Some("alice"), 2);
-    let mut legacy = wait_as(&mut t, 2, alice, r#""l""#, None, true);
+    let mut legacy = wait_as(&mut t, 2, alice, r#""l""#, None, ServerRequests::Relayed);
     assert_eq!(t.route(1, msg(ask), &b), Routed::Delivered);
     let sent = legacy.notes.try_recv().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&sent.0).unwrap();
@@ -199,14 +211,35 @@ fn server_requests_go_to_the_one_client_that_can_answer_and_come_back_only_from_
 fn a_server_request_is_asked_of_nobody_when_two_clients_could_have_caused_it() {
     let b = budget();
     let mut t = Table::default();
-    let mut a1 = wait_as(&mut t, 1, client(Some("a"), 1), "1", None, true);
-    let mut a2 = wait_as(&mut t, 2, client(Some("a"), 2), "2", None, true);
+    let mut a1 = wait_as(
+        &mut t,
+        1,
+        client(Some("a"), 1),
+        "1",
+        None,
+        ServerRequests::Relayed,
+    );
+    let mut a2 = wait_as(
+        &mut t,
+        2,
+        client(Some("a"), 2),
+        "2",
+        None,
+        ServerRequests::Relayed,
+    );
     let ask = r#"{"jsonrpc":"2.0","id":5,"method":"elicitation/create","params":{}}"#;
     // Two requests of one client: the newest carries it.
     assert_eq!(t.route(1, msg(ask), &b), Routed::Delivered);
     assert!(a2.notes.try_recv().is_ok() && a1.notes.try_recv().is_err());
     // A second client's request is open too: nobody is asked, the child hears why.
-    let mut other = wait_as(&mut t, 3, client(None, 7), "3", None, true);
+    let mut other = wait_as(
+        &mut t,
+        3,
+        client(None, 7),
+        "3",
+        None,
+        ServerRequests::Relayed,
+    );
     match t.route(1, msg(ask), &b) {
         Routed::Reply(bytes) => {
             let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
@@ -225,7 +258,7 @@ fn a_server_request_is_asked_of_nobody_when_two_clients_could_have_caused_it() {
 fn listen_notifications_find_their_stream_by_subscription_id() {
     let b = budget();
     let mut t = Table::default();
-    let mut listen = wait(&mut t, 3, r#""sub-1""#, None, false);
+    let mut listen = wait(&mut t, 3, r#""sub-1""#, None, ServerRequests::Withheld);
     let note = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{{"_meta":{{"io.modelcontextprotocol/subscriptionId":{}}}}}}}"#,
         key_json(3)
@@ -242,8 +275,8 @@ fn a_clients_cancel_reaches_only_its_own_request() {
     let mut t = Table::default();
     let alice = client(Some("alice"), 1);
     let anon = client(None, 2);
-    let _a = wait_as(&mut t, 1, alice, "9", None, false);
-    let _b = wait_as(&mut t, 2, anon, "9", None, false);
+    let _a = wait_as(&mut t, 1, alice, "9", None, ServerRequests::Withheld);
+    let _b = wait_as(&mut t, 2, anon, "9", None, ServerRequests::Withheld);
     assert_eq!(t.cancel_target(&raw::raw(&9), &alice), Some(1));
     assert_eq!(
         t.cancel_target(&raw::raw(&9), &client(Some("alice"), 5)),
@@ -260,7 +293,7 @@ fn a_clients_cancel_reaches_only_its_own_request() {
         t.cancel_target(&raw::raw(&9), &client(Some("bob"), 1)),
         None
     );
-    let _c = wait_as(&mut t, 3, alice, "9", None, false);
+    let _c = wait_as(&mut t, 3, alice, "9", None, ServerRequests::Withheld);
     assert_eq!(t.cancel_target(&raw::raw(&9), &alice), None, "ambiguous");
 }
 
@@ -268,7 +301,7 @@ fn a_clients_cancel_reaches_only_its_own_request() {
 fn a_full_client_stream_drops_notifications_never_the_response() {
     let b = budget();
     let mut t = Table::default();
-    let mut r = wait(&mut t, 1, "1", Some("1"), false);
+    let mut r = wait(&mut t, 1, "1", Some("1"), ServerRequests::Withheld);
     let progress = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1}}}}"#,
         key_json(1)
