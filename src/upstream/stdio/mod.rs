@@ -46,6 +46,7 @@ use crate::budget::{MemoryBudget, Reservation};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, Kind};
 use crate::log_summary::LogSummary;
+use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::rewrite::modern_error_status;
@@ -302,12 +303,19 @@ fn accepted() -> Response<StdioBody> {
     answer(StatusCode::ACCEPTED, None, StdioBody::Json(None))
 }
 
-/// Whether a request carries the 2026 envelope (its errors then get their 2026 statuses).
-fn is_modern(msg: &RawMap) -> bool {
-    msg.get("params")
+/// The era a request was sent in: the 2026 envelope makes it 2026-07-28 (its errors then get
+/// their 2026 statuses).
+fn era_of(msg: &RawMap) -> Era {
+    let has_envelope = msg
+        .get("params")
         .and_then(|p| raw::open(p))
         .and_then(|p| p.get("_meta").and_then(|m| raw::open(m)))
-        .is_some_and(|m| m.contains_key(META_PROTOCOL_VERSION))
+        .is_some_and(|m| m.contains_key(META_PROTOCOL_VERSION));
+    if has_envelope {
+        Era::Modern
+    } else {
+        Era::Legacy
+    }
 }
 
 /// Newlines end a message on the pipe; in valid JSON they can only be whitespace between
@@ -731,7 +739,7 @@ async fn request(
     caller: &Caller,
     relay: ServerRequests,
 ) -> Result<Response<StdioBody>, Error> {
-    let modern = is_modern(&msg);
+    let era = era_of(&msg);
     let (waiter, mut notes, mut done) = send(pipe, g, msg, caller, relay).await?;
     let first = tokio::time::timeout(pipe.timeout, async {
         tokio::select! {
@@ -751,12 +759,11 @@ async fn request(
                     "the MCP server process went away before answering",
                 )
             })??;
-            let status = if modern {
-                raw::parse_message(&held.0)
+            let status = match era {
+                Era::Modern => raw::parse_message(&held.0)
                     .and_then(|m| modern_error_status(&m))
-                    .unwrap_or(StatusCode::OK)
-            } else {
-                StatusCode::OK
+                    .unwrap_or(StatusCode::OK),
+                Era::Legacy => StatusCode::OK,
             };
             drop(waiter);
             return Ok(json_response(status, held));
