@@ -775,13 +775,17 @@ async fn a_child_per_client_is_bounded_and_stopped_when_idle() {
         ("EPODE_SIDECAR_STDIO_MAX_CHILDREN", "1"),
         ("EPODE_SIDECAR_STDIO_CHILD_IDLE", "1s"),
     ]);
-    // Ready first: the start-up probe is done with the first child.
-    let ready = format!("{}/readyz", sc.base());
-    let ok = eventually_async(Duration::from_secs(10), || async {
-        http().get(&ready).send().await.unwrap().status() == 200
-    })
-    .await;
-    assert!(ok, "never ready");
+    // Ready first: the start-up probe is done with the first child (while its ping is in
+    // flight, that child is busy, and the only place in the pool is taken).
+    let mut seen = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            seen.extend(sc.logs());
+            seen.iter()
+                .any(|l| l.contains("the upstream MCP server answers: ready"))
+        }),
+        "never ready: {seen:?}"
+    );
     let slow = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "slow", "arguments": {"steps": 20}, "_meta": {"progressToken": "p"}}});
     let resp = post_as(&sc, Some("alice"), &slow).await;
     let mut stream = resp.bytes_stream();
@@ -809,7 +813,7 @@ async fn a_child_per_client_is_bounded_and_stopped_when_idle() {
     }
     assert!(text.contains("done 20"), "{text}");
     // Once Alice's child is idle, Bob's request takes its place.
-    let mut log = Vec::new();
+    let mut log = seen;
     let ok = post_as(&sc, Some("bob"), &echo).await;
     assert_eq!(ok.status(), 200);
     let before = child_pids(&sc, &mut log);
@@ -826,6 +830,45 @@ async fn a_child_per_client_is_bounded_and_stopped_when_idle() {
             "process {pid} outlived its place in the pool"
         );
     }
+}
+
+/// Once the children were stopped for idleness, readiness holds on the last one's answer: a
+/// probe (every few seconds from the kubelet) starts no process and takes no client's place.
+#[tokio::test]
+async fn readiness_starts_no_child_once_the_children_went_idle() {
+    let sc = legacy_child(&[
+        ("EPODE_SIDECAR_STDIO_CHILDREN", "per-client"),
+        ("EPODE_SIDECAR_STDIO_MAX_CHILDREN", "1"),
+        ("EPODE_SIDECAR_STDIO_CHILD_IDLE", "1s"),
+    ]);
+    let ready = format!("{}/readyz", sc.base());
+    let mut log = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            log.extend(sc.logs());
+            log.iter().any(|l| l.contains("idle for"))
+        }),
+        "no idle child stopped: {log:?}"
+    );
+    let started = child_pids(&sc, &mut log);
+    for pid in &started {
+        assert!(
+            eventually(Duration::from_secs(10), || !alive(*pid)),
+            "process {pid} outlived its idle time"
+        );
+    }
+    for _ in 0..3 {
+        assert_eq!(http().get(&ready).send().await.unwrap().status(), 200);
+    }
+    assert_eq!(
+        child_pids(&sc, &mut log),
+        started,
+        "a readiness probe started a process"
+    );
+    // A client still gets its child at once.
+    let echo = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "b"}}});
+    assert_eq!(post_as(&sc, Some("bob"), &echo).await.status(), 200);
+    assert_eq!(child_pids(&sc, &mut log).len(), started.len() + 1);
 }
 
 #[tokio::test]

@@ -144,6 +144,12 @@ impl Pipe {
     }
 
     /// Whether a request is on its way to this pipe's child or waits on it.
+    /// Whether the running child has answered anything.
+    fn has_answered(&self) -> bool {
+        self.current()
+            .is_some_and(|g| g.answered.load(Ordering::Relaxed))
+    }
+
     fn busy(&self) -> bool {
         self.users.load(Ordering::Acquire) > 0
             || self.current().is_some_and(|g| self.lock().busy(g.n))
@@ -418,10 +424,14 @@ impl StdioUpstream {
         let pipe = match &*self.children {
             Children::Shared(p) => p.clone(),
             // Any child that runs tells: a probe must not take a client's place in the pool.
-            Children::PerClient(pool) => pool
+            Children::PerClient(pool) => match pool
                 .any()
                 .await
-                .map_err(|e| NotReady::passing(e.to_string()))?,
+                .map_err(|e| NotReady::passing(e.to_string()))?
+            {
+                Some(pipe) => pipe,
+                None => return Ok(()),
+            },
         };
         let Some(g) = pipe.current() else {
             return Err(NotReady::passing(pipe.why_not_running()));

@@ -8,12 +8,16 @@
 //! runtime the pool was made on (the main one), so their supervisors outlive any worker.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::{start_pipe, stop_pipe, Pipe, StdioBounds};
 use crate::config::StdioCommand;
 use crate::error::{Error, Kind};
+
+/// How long a child that has not answered anything yet counts as starting, not idle.
+const START_PATIENCE: Duration = Duration::from_secs(30);
 
 struct Entry {
     pipe: Arc<Pipe>,
@@ -29,6 +33,9 @@ struct Inner {
     /// One start at a time, so two requests of a new client start one child.
     starting: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,
+    /// Whether a child stopped for room or idleness had answered: readiness then holds with
+    /// no child running, and no child is started just to answer a probe.
+    answered_before: AtomicBool,
 }
 
 pub(super) struct Pool {
@@ -46,6 +53,13 @@ impl Inner {
         let entry = children.get_mut(&key)?;
         entry.used = Instant::now();
         Some(entry.pipe.clone())
+    }
+
+    /// Remembers that `pipe`, about to stop, had answered.
+    fn note_answered(&self, pipe: &Pipe) {
+        if pipe.has_answered() {
+            self.answered_before.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Makes room for one more child: the least recently used idle one goes.
@@ -66,6 +80,7 @@ impl Inner {
             )
             .unsent());
         };
+        self.note_answered(&entry.pipe);
         self.runtime
             .spawn(async move { stop_pipe(&entry.pipe).await });
         Ok(())
@@ -97,6 +112,7 @@ impl Pool {
             children: Mutex::new(children),
             starting: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
+            answered_before: AtomicBool::new(false),
         });
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner)));
         Pool { inner, sweeper }
@@ -129,9 +145,10 @@ impl Pool {
         Ok(started)
     }
 
-    /// The child used most recently (for readiness), or the one of clients without
-    /// credentials when none runs.
-    pub(super) async fn any(&self) -> Result<Arc<Pipe>, Error> {
+    /// The child used most recently (for readiness); when none runs, `None` if a child
+    /// stopped before had answered (a probe must not start a process, nor take a client's
+    /// place in the pool), else the one of clients without credentials, started now.
+    pub(super) async fn any(&self) -> Result<Option<Arc<Pipe>>, Error> {
         let newest = {
             let children = self.inner.lock();
             children
@@ -140,8 +157,9 @@ impl Pool {
                 .map(|e| e.pipe.clone())
         };
         match newest {
-            Some(pipe) => Ok(pipe),
-            None => self.get(0).await,
+            Some(pipe) => Ok(Some(pipe)),
+            None if self.inner.answered_before.load(Ordering::Relaxed) => Ok(None),
+            None => self.get(0).await.map(Some),
         }
     }
 
@@ -167,12 +185,23 @@ async fn sweep(pool: std::sync::Weak<Inner>) {
             let mut children = p.lock();
             let gone: Vec<u64> = children
                 .iter()
-                .filter(|(_, e)| e.used.elapsed() >= p.idle && !e.pipe.busy())
+                .filter(|(_, e)| {
+                    let unused = e.used.elapsed();
+                    // A child that has not answered yet may still be starting (a Python
+                    // server on a loaded machine takes seconds): it is idle only later.
+                    let idle = if e.pipe.has_answered() {
+                        p.idle
+                    } else {
+                        p.idle.max(START_PATIENCE)
+                    };
+                    unused >= idle && !e.pipe.busy()
+                })
                 .map(|(k, _)| *k)
                 .collect();
             gone.iter()
                 .filter_map(|k| children.remove(k))
                 .map(|e| e.pipe)
+                .inspect(|pipe| p.note_answered(pipe))
                 .collect()
         };
         for pipe in idle {
