@@ -6,6 +6,9 @@
 #   bash docker/build.sh            # prints progress, the image's size, and on its LAST line
 #                                   # the image reference (epode-sidecar:<version>)
 #
+#   bash docker/build.sh --binary   # only step 2 (no Docker engine needed): the static binary;
+#                                   # prints its path on its last line
+#
 # Environment: EPODE_SIDECAR_IMAGE (default epode-sidecar:<Cargo.toml version>); CARGO_TARGET_DIR
 # (where cargo builds, as for cargo itself; CI builds the image in its own while the tests run).
 # When no Docker engine answers, installs Debian's docker.io (as root) and starts dockerd in
@@ -18,8 +21,15 @@ cd "$REPO"
 log() { printf 'docker/build.sh: %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+BINARY_ONLY=false
+case "${1:-}" in
+  "") ;;
+  --binary) BINARY_ONLY=true ;;
+  *) die "unknown argument '$1' (the one option is --binary)" ;;
+esac
+
 # ---- 1. a Docker engine ------------------------------------------------------------------------
-if ! docker info >/dev/null 2>&1; then
+if ! $BINARY_ONLY && ! docker info >/dev/null 2>&1; then
   if ! command -v dockerd >/dev/null; then
     [[ $(id -u) == 0 ]] || die "no Docker engine answers and this is not root: install Docker (or run as root)"
     log "installing Debian's docker.io"
@@ -50,6 +60,10 @@ BIN="${CARGO_TARGET_DIR:-target}/$TRIPLE/dist/epode-sidecar"
 file_out="$(file -b "$BIN" 2>/dev/null || true)"
 if [[ -n "$file_out" && "$file_out" != *static* ]]; then
   die "$BIN is not statically linked: $file_out"
+fi
+if $BINARY_ONLY; then
+  echo "$BIN"
+  exit 0
 fi
 
 # ---- 3. the image ------------------------------------------------------------------------------

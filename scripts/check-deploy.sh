@@ -23,11 +23,21 @@
 #      TypeScript client), then the pod deleted: no probe past its threshold, no restart, the
 #      server stopped before the sidecar, within terminationGracePeriodSeconds
 #
+# EPODE_CHECK_PARTS picks what runs: "files" (1-5), "image" (6-7), or both (the default). The
+# renders of 1 are made in either (7 runs them). CI runs "files" while the tests run and
+# "image" once the image is built. In "image", the pods (7) run while 6 checks the image.
+#
 # Exits non-zero at the first failed check. Cleans up its containers and processes on exit.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
 started=$SECONDS
+
+PARTS=" ${EPODE_CHECK_PARTS:-files image} "
+for part in $PARTS; do
+  [[ "$part" == files || "$part" == image ]] || { echo "check-deploy: EPODE_CHECK_PARTS: unknown part '$part' (files, image)" >&2; exit 2; }
+done
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 
 say() { printf -- '-- %s\n' "$*"; }
 fail() { printf 'check-deploy: FAILED: %s\n' "$*" >&2; exit 1; }
@@ -93,6 +103,7 @@ say "helm lint + template: helm/examples/existing-app (named templates from a pa
 "$KUBECTL" kustomize deploy/kubernetes >"$R/kustomize-deploy-kubernetes.yaml" || fail "kubectl kustomize deploy/kubernetes"
 say "kubectl kustomize deploy/kubernetes ($(grep -c '^kind:' "$R/kustomize-deploy-kubernetes.yaml") objects)"
 
+if want files; then
 # ---- 2. kubernetes-validate -------------------------------------------------------------------
 manifests=()
 for f in deploy/kubernetes/*.yaml; do
@@ -189,7 +200,9 @@ if ! systemd-analyze verify --root="$SD" /etc/systemd/system/epode-sidecar.servi
   cat "$WORK/sd.txt"; fail "systemd-analyze verify with deploy/systemd/stdio-separated.conf"
 fi
 say "deploy/systemd/stdio-separated.conf: systemd-analyze verify clean with the unit"
+fi
 
+if want image; then
 # ---- 6. the image -------------------------------------------------------------------------------
 t0=$SECONDS
 # EPODE_CHECK_IMAGE: an image docker/build.sh already built from this tree (CI builds it while
@@ -205,6 +218,48 @@ say "image $IMAGE ${EPODE_CHECK_IMAGE:+(built while the tests ran) }ready in $((
   || fail "$IMAGE: unexpected HEALTHCHECK"
 if docker run --rm --entrypoint /bin/sh "$IMAGE" -c true >/dev/null 2>&1; then fail "$IMAGE has a shell"; fi
 say "image: user 65532:65532, HEALTHCHECK [/epode-sidecar healthcheck], no /bin/sh"
+
+# ---- 7. starts here: the pods, as the kubelet runs them (a minute of probing), in the background
+# while 6 checks the image. The tools above read the manifests; this runs them. The server's
+# image is docker/example-server.Dockerfile with its FROM line swapped for a Python base made
+# from this machine's Python with mcp installed (no registry to pull python:… from), built
+# with no network.
+t0=$SECONDS
+PYBASE="$("$PY" scripts/pod-image-python.py --python "$PEERS/py/bin/python" --tag epode-check/python:local)" \
+  || fail "scripts/pod-image-python.py: no Python base image"
+EXAMPLE_IMAGE=epode-example-server:0.1.0
+CTX="$WORK/example-server-context"
+mkdir -p "$CTX/examples/python-server"
+cp examples/python-server/server.py "$CTX/examples/python-server/"
+grep -c '^FROM ' docker/example-server.Dockerfile | grep -qx 1 || fail "docker/example-server.Dockerfile: expected one FROM line"
+sed "s|^FROM .*|FROM $PYBASE|" docker/example-server.Dockerfile >"$CTX/Dockerfile"
+docker build --quiet --network none -t "$EXAMPLE_IMAGE" "$CTX" >"$WORK/example-build.txt" 2>&1 \
+  || { cat "$WORK/example-build.txt"; fail "docker build docker/example-server.Dockerfile (on $PYBASE)"; }
+say "example server image $EXAMPLE_IMAGE (docker/example-server.Dockerfile on $PYBASE) in $((SECONDS - t0)) s"
+# A product key of the right shape, made here and never printed (no Epode is reachable from the
+# pods' network anyway: it has no way out).
+FAKE_KEY="$("$PY" -c 'import secrets; print("af_live_" + secrets.token_hex(16) + "_" + secrets.token_hex(16) + "_" + secrets.token_urlsafe(24))')"
+t0=$SECONDS
+"$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-60}" \
+  --pod chart="$R/chart-default.yaml" \
+  --pod chart-server-exec-probes="$R/chart-server-exec-probes-values.yaml" \
+  --pod chart-classic-sidecar="$R/chart-classic-sidecar-values.yaml" \
+  --pod existing-app="$R/existing-app.yaml" \
+  --pod deploy-kubernetes=deploy/kubernetes/deployment.yaml \
+  --image "epode-sidecar=$IMAGE" --image "registry.example.com/acme/epode-sidecar=$IMAGE" \
+  --image "epode-example-server=$EXAMPLE_IMAGE" --image "registry.example.com/acme/orders-mcp=$EXAMPLE_IMAGE" \
+  --secret "epode-sidecar/api-key=$FAKE_KEY" --secret "orders-epode/api-key=$FAKE_KEY" \
+  --secret "orders-epode/product-key=$FAKE_KEY" \
+  --infra "$EXAMPLE_IMAGE python -c 'import signal; signal.pause()'" \
+  --mcp-call "node $PEERS/ts/ts_call.mjs {url} pin call get_order '{\"order_id\":\"A-1001\"}'" \
+  --mcp-expect '"structuredContent":{"order_id":"A-1001","status":"shipped"' \
+  >"$WORK/pod-check.txt" 2>&1 &
+PODS=$!
+PIDS+=("$PODS")
+t_pods=$t0
+
+
+# ---- 6. the image (6a, 6b) ----------------------------------------------------------------------
 
 free_port() { "$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 # wait_port PORT PID: until PORT accepts a connection, while PID runs (60 s at most: the
@@ -288,41 +343,11 @@ docker logs "$C2" 2>&1 | grep -q '"message":"telemetry flushed","delivered":1' \
   || { docker logs "$C2" 2>&1 | tail -5; fail "$C2: the telemetry event was not delivered to the embedded Epode on shutdown"; }
 say "$C2: decorated result (feedback_ready), telemetry event delivered at shutdown"
 
-# ---- 7. the pods, as the kubelet runs them ---------------------------------------------------
-# The tools above read the manifests; this runs them. The server's image is
-# docker/example-server.Dockerfile with its FROM line swapped for a Python base made from this
-# machine's Python with mcp installed (no registry to pull python:… from), built with no network.
-t0=$SECONDS
-PYBASE="$("$PY" scripts/pod-image-python.py --python "$PEERS/py/bin/python" --tag epode-check/python:local)" \
-  || fail "scripts/pod-image-python.py: no Python base image"
-EXAMPLE_IMAGE=epode-example-server:0.1.0
-CTX="$WORK/example-server-context"
-mkdir -p "$CTX/examples/python-server"
-cp examples/python-server/server.py "$CTX/examples/python-server/"
-grep -c '^FROM ' docker/example-server.Dockerfile | grep -qx 1 || fail "docker/example-server.Dockerfile: expected one FROM line"
-sed "s|^FROM .*|FROM $PYBASE|" docker/example-server.Dockerfile >"$CTX/Dockerfile"
-docker build --quiet --network none -t "$EXAMPLE_IMAGE" "$CTX" >"$WORK/example-build.txt" 2>&1 \
-  || { cat "$WORK/example-build.txt"; fail "docker build docker/example-server.Dockerfile (on $PYBASE)"; }
-say "example server image $EXAMPLE_IMAGE (docker/example-server.Dockerfile on $PYBASE) in $((SECONDS - t0)) s"
-# A product key of the right shape, made here and never printed (no Epode is reachable from the
-# pods' network anyway: it has no way out).
-FAKE_KEY="$("$PY" -c 'import secrets; print("af_live_" + secrets.token_hex(16) + "_" + secrets.token_hex(16) + "_" + secrets.token_urlsafe(24))')"
-t0=$SECONDS
-"$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-60}" \
-  --pod chart="$R/chart-default.yaml" \
-  --pod chart-server-exec-probes="$R/chart-server-exec-probes-values.yaml" \
-  --pod chart-classic-sidecar="$R/chart-classic-sidecar-values.yaml" \
-  --pod existing-app="$R/existing-app.yaml" \
-  --pod deploy-kubernetes=deploy/kubernetes/deployment.yaml \
-  --image "epode-sidecar=$IMAGE" --image "registry.example.com/acme/epode-sidecar=$IMAGE" \
-  --image "epode-example-server=$EXAMPLE_IMAGE" --image "registry.example.com/acme/orders-mcp=$EXAMPLE_IMAGE" \
-  --secret "epode-sidecar/api-key=$FAKE_KEY" --secret "orders-epode/api-key=$FAKE_KEY" \
-  --secret "orders-epode/product-key=$FAKE_KEY" \
-  --infra "$EXAMPLE_IMAGE python -c 'import signal; signal.pause()'" \
-  --mcp-call "node $PEERS/ts/ts_call.mjs {url} pin call get_order '{\"order_id\":\"A-1001\"}'" \
-  --mcp-expect '"structuredContent":{"order_id":"A-1001","status":"shipped"' \
-  >"$WORK/pod-check.txt" 2>&1 || { cat "$WORK/pod-check.txt"; fail "the pods, run as the kubelet runs them (scripts/pod-check.py)"; }
-sed -n '/^== /,$p' "$WORK/pod-check.txt"
-say "pods run as the kubelet runs them in $((SECONDS - t0)) s"
 
-say "deploy checks OK in $((SECONDS - started)) s"
+# ---- 7 ends: the pods' verdict -------------------------------------------------------------------
+wait "$PODS" || { cat "$WORK/pod-check.txt"; fail "the pods, run as the kubelet runs them (scripts/pod-check.py)"; }
+sed -n '/^== /,$p' "$WORK/pod-check.txt"
+say "pods run as the kubelet runs them in $((SECONDS - t_pods)) s"
+fi
+
+say "deploy checks ($PARTS) OK in $((SECONDS - started)) s"
