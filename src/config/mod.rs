@@ -19,6 +19,7 @@ use std::path::PathBuf;
 mod core;
 mod dev;
 mod feedback;
+mod http;
 mod limits;
 mod setting;
 mod stdio;
@@ -31,7 +32,7 @@ pub(crate) use self::setting::ConfigError;
 use self::setting::{Doc, Layers};
 pub(crate) use self::types::{
     redact_userinfo, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
-    Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs, StdioChildren, StdioCommand,
+    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs, StdioChildren, StdioCommand,
     Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
 };
 
@@ -58,6 +59,7 @@ const GROUPS: &[(&str, &[&Doc])] = &[
     ("TLS and the admin listener", tls::TLS),
     ("Rate limits", limits::RATES),
     ("Epode feedback", feedback::FEEDBACK),
+    ("The HTTP surface", http::HTTP),
     ("The local trial (--dev)", dev::TRIAL),
 ];
 
@@ -297,7 +299,11 @@ impl Config {
     fn read(l: &Layers, argv: &[String]) -> Result<Config, ConfigError> {
         let (tls, upstream_tls, admin_listen) = tls::read(l)?;
         let limits = limits::read(l)?;
-        let upstream = transport(l, argv)?;
+        let http = http::read(l)?;
+        let mut upstream = transport(l, argv)?;
+        if http.is_some() {
+            bare_origin(l, &mut upstream)?;
+        }
         let listen: SocketAddr = l.get(&core::LISTEN)?;
         let loopback = listen.ip().is_loopback();
         // The local trial requires a listener that stays on this machine.
@@ -344,6 +350,7 @@ impl Config {
             cache_scope: l.get(&core::CACHE_SCOPE)?,
             feedback: feedback::read(l, dev.is_some())?,
             dev,
+            http,
             log: l.get(&core::LOG)?,
             log_format: l.get(&core::LOG_FORMAT)?,
         })
@@ -412,6 +419,25 @@ fn transport(l: &Layers, argv: &[String]) -> Result<Transport, ConfigError> {
         }),
         (None, Some((program, args))) => stdio::read(l, program, args).map(Transport::Stdio),
     }
+}
+
+/// With the HTTP surface on: the upstream must be reached over HTTP (its routes are proxied to
+/// its origin), and a bare origin (`http://127.0.0.1:8000`, no path at all) has its MCP
+/// endpoint at `EPODE_SIDECAR_PATH`.
+fn bare_origin(l: &Layers, upstream: &mut Transport) -> Result<(), ConfigError> {
+    let Transport::Http(target) = upstream else {
+        return Err(http::HTTP_SURFACE.doc.invalid(
+            "on, while the upstream is a stdio command; the HTTP surface proxies to an HTTP upstream (EPODE_SIDECAR_UPSTREAM)",
+        ));
+    };
+    let raw = l.text(&core::UPSTREAM).unwrap_or_default();
+    let after_scheme = raw.split_once("://").map_or("", |(_, rest)| rest);
+    let no_path = !after_scheme.contains('/');
+    if no_path {
+        let path: String = l.get(&core::PATH)?;
+        target.url.set_path(&path);
+    }
+    Ok(())
 }
 
 /// The closest known name to `name` among `known`, with its edit distance.

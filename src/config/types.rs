@@ -112,6 +112,29 @@ pub(crate) struct Config {
     pub(crate) log_format: LogFormat,
     /// The local trial (`--dev`), when on.
     pub(crate) dev: Option<DevConfig>,
+    /// The HTTP surface, when on.
+    pub(crate) http: Option<HttpSurface>,
+}
+
+/// Whether the HTTP surface instruments responses a shared cache may keep.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HttpCacheMode {
+    /// Leaves them untouched.
+    Safe,
+    /// Instruments them, and makes them private.
+    Private,
+}
+
+/// The HTTP surface's settings, present when it is on.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpSurface {
+    /// The largest candidate response body held to instrument it.
+    pub(crate) max_body: u64,
+    pub(crate) cache_mode: HttpCacheMode,
+    /// Path globs never instrumented, besides the defaults.
+    pub(crate) exclude: Vec<String>,
+    /// Where the sidecar's own routes move on the main port.
+    pub(crate) operations_prefix: String,
 }
 
 /// Values given on the command line; absent ones leave the lower layers in force.

@@ -1,4 +1,5 @@
-//! Confirmed MCP telemetry: one event per completed product tool call, numbered (`sequence`)
+//! Telemetry: one event per completed product tool call (confirmed MCP) or instrumented HTTP
+//! response (unclassified, `http_json`/`http_html`/`http_headers`), numbered (`sequence`)
 //! and enqueued without waiting (a product response never waits for Epode) on a bounded
 //! channel. One dispatcher task forms batches of up to `batch_max` (sent as soon as one is
 //! full, or `flush_every` after its first event) and starts a delivery task for each, as many
@@ -91,6 +92,46 @@ pub(crate) struct McpCompletion {
     pub(crate) runtime_hint: Option<String>,
 }
 
+/// Where an HTTP response carried its envelope: the telemetry `surface`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Surface {
+    /// `_agentFeedback` in a JSON object.
+    HttpJson,
+    /// The script tag in an HTML page.
+    HttpHtml,
+    /// The `Agent-Feedback` header.
+    HttpHeaders,
+}
+
+impl Surface {
+    pub(crate) const ALL: [Surface; 3] = [Surface::HttpJson, Surface::HttpHtml, Surface::HttpHeaders];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Surface::HttpJson => "http_json",
+            Surface::HttpHtml => "http_html",
+            Surface::HttpHeaders => "http_headers",
+        }
+    }
+}
+
+/// What the HTTP surface knows of one instrumented response.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpCompletion {
+    /// The capability's `i`, the envelope's interaction.
+    pub(crate) interaction_id: String,
+    pub(crate) surface: Surface,
+    /// The normalised route.
+    pub(crate) operation: String,
+    /// The status the client got.
+    pub(crate) status: u16,
+    /// From the request's arrival to the body being ready.
+    pub(crate) duration: Duration,
+    /// The identity references, the mode's customerRef rule already applied.
+    pub(crate) refs: IdentityRefs,
+    pub(crate) runtime_hint: Option<String>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum InvalidCompletion {
     #[error("invalid_operation: the tool name is not a valid telemetry operation")]
@@ -173,6 +214,55 @@ pub(crate) fn build_event(
     if let Some(h) = c.runtime_hint.as_deref().and_then(runtime_hint) {
         e.insert("runtimeHint".into(), Value::from(h));
         e.insert("runtimeHintSource".into(), "mcp".into());
+    }
+    Ok(e)
+}
+
+/// The event for an instrumented HTTP response, without its `sequence`: `unclassified` (Epode
+/// confirms it when a report names its interaction), no `confirmationMethod` (Epode refuses
+/// one on an HTTP event), the real status; a session and a runtime hint are the customer's
+/// and come over HTTP.
+pub(crate) fn build_http_event(
+    c: &HttpCompletion,
+    occurred_at: SystemTime,
+) -> Result<Map<String, Value>, InvalidCompletion> {
+    if !valid_operation(&c.operation) {
+        return Err(InvalidCompletion::Operation);
+    }
+    if !(100..=599).contains(&c.status) {
+        return Err(InvalidCompletion::Outcome);
+    }
+    let mut refs = c.refs.clone();
+    refs.drop_conflicting_customer();
+    let mut e = Map::new();
+    e.insert(
+        "interactionId".into(),
+        Value::from(c.interaction_id.as_str()),
+    );
+    e.insert("surface".into(), c.surface.as_str().into());
+    e.insert("operation".into(), Value::from(c.operation.as_str()));
+    e.insert("classification".into(), "unclassified".into());
+    e.insert(
+        "occurredAt".into(),
+        Value::from(humantime::format_rfc3339_millis(occurred_at).to_string()),
+    );
+    e.insert("statusCode".into(), Value::from(c.status));
+    e.insert(
+        "durationMs".into(),
+        Value::from(u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX)),
+    );
+    for (kind, value) in refs.iter() {
+        if kind != RefKind::Session {
+            e.insert(kind.key().into(), Value::from(value));
+        }
+    }
+    if let Some(s) = refs.session_ref {
+        e.insert("sessionRef".into(), Value::from(s));
+        e.insert("sessionSource".into(), "customer".into());
+    }
+    if let Some(h) = c.runtime_hint.as_deref().and_then(runtime_hint) {
+        e.insert("runtimeHint".into(), Value::from(h));
+        e.insert("runtimeHintSource".into(), "http".into());
     }
     Ok(e)
 }
@@ -423,7 +513,16 @@ impl Telemetry {
     /// completions and a full queue are counted and summarised in the log, not errors for
     /// the caller.
     pub(crate) fn record(&self, c: McpCompletion) {
-        let event = match build_event(&c, SystemTime::now()) {
+        self.enqueue(build_event(&c, SystemTime::now()));
+    }
+
+    /// The same for an instrumented HTTP response, through the same queue.
+    pub(crate) fn record_http(&self, c: &HttpCompletion) {
+        self.enqueue(build_http_event(c, SystemTime::now()));
+    }
+
+    fn enqueue(&self, event: Result<Map<String, Value>, InvalidCompletion>) {
+        let event = match event {
             Ok(e) => e,
             Err(e) => {
                 self.counters.drop_n("invalid", 1);

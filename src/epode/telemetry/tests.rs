@@ -184,3 +184,68 @@ fn large_batches_are_sent_in_parts_that_fit() {
     // One event larger than the limit is sent alone (Epode's answer judges it).
     assert_eq!(bodies(vec![event_of(70_000, 1)]).len(), 1);
 }
+
+fn http_completion() -> HttpCompletion {
+    HttpCompletion {
+        interaction_id: "018f1f2e-7b4a-4c12-9c8d-123456789abc".into(),
+        surface: Surface::HttpJson,
+        operation: "/search/:id".into(),
+        status: 201,
+        duration: Duration::from_millis(7),
+        refs: IdentityRefs::from_meta(
+            &json!({"accountRef":"acct_1","userRef":"user.acct_1","customerRef":"acct_1","sessionRef":"s1"}),
+        ),
+        runtime_hint: Some("claude-code".into()),
+    }
+}
+
+#[test]
+fn an_http_event_is_unclassified_with_its_surface_and_real_status() {
+    let mut event = build_http_event(&http_completion(), SystemTime::now()).unwrap();
+    assert!(event.remove("occurredAt").is_some());
+    assert_eq!(
+        Value::Object(event.clone()),
+        json!({
+            "interactionId": "018f1f2e-7b4a-4c12-9c8d-123456789abc",
+            "surface": "http_json",
+            "operation": "/search/:id",
+            "classification": "unclassified",
+            "statusCode": 201,
+            "durationMs": 7,
+            "accountRef": "acct_1",
+            "userRef": "user.acct_1",
+            "customerRef": "acct_1",
+            "sessionRef": "s1",
+            "sessionSource": "customer",
+            "runtimeHint": "claude-code",
+            "runtimeHintSource": "http"
+        })
+    );
+    assert!(!event.contains_key("confirmationMethod"));
+    let keys: Vec<&str> = event.keys().map(String::as_str).collect();
+    assert_eq!(&keys[..3], ["interactionId", "surface", "operation"]);
+}
+
+#[test]
+fn http_events_validate_against_the_batch_schema() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/protocol/epode-v1/telemetry-batch.schema.json"
+    );
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    for surface in Surface::ALL {
+        let mut c = http_completion();
+        c.surface = surface;
+        let mut event = build_http_event(&c, SystemTime::now()).unwrap();
+        event.insert("sequence".into(), Value::from(1));
+        let batch = json!({"events": [event]});
+        assert!(validator.is_valid(&batch), "{batch}");
+    }
+    let mut bad = http_completion();
+    bad.operation = "/a b".into();
+    assert_eq!(
+        build_http_event(&bad, SystemTime::now()).unwrap_err(),
+        InvalidCompletion::Operation
+    );
+}

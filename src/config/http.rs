@@ -1,0 +1,173 @@
+//! The HTTP surface (the product's routes that are not MCP, proxied to the upstream's origin
+//! and instrumented as Epode's HTTP protocol says): its settings and the [`HttpSurface`] built
+//! from them. Off by default, so nothing changes for a sidecar in front of an MCP server only.
+
+use super::setting::{setting, settings, split_list, Bad, ConfigError, Layers};
+use super::types::{HttpCacheMode, HttpSurface};
+
+/// The HTTP surface's settings; `None` when it is off.
+pub(super) fn read(l: &Layers) -> Result<Option<HttpSurface>, ConfigError> {
+    if !l.get(&HTTP_SURFACE)? {
+        return Ok(None);
+    }
+    Ok(Some(HttpSurface {
+        max_body: l.get(&HTTP_MAX_BODY)?,
+        cache_mode: l.get(&HTTP_CACHE_MODE)?,
+        exclude: l.optional(&HTTP_EXCLUDE)?.unwrap_or_default(),
+        operations_prefix: l.get(&OPERATIONS_PREFIX)?,
+    }))
+}
+
+fn on_off(v: &str) -> Result<bool, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(Bad::Whole),
+    }
+}
+
+/// A size in bytes: a whole number, or one with a unit (`KiB`, `MiB`, `GiB` are powers of
+/// 1024; `kB`, `MB`, `GB` powers of 1000), from 1 byte to 1 GiB.
+pub(super) fn byte_size(v: &str) -> Result<u64, Bad> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    let number: u64 = number.parse().map_err(|_| Bad::Whole)?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return Err(Bad::Whole),
+    };
+    number
+        .checked_mul(scale)
+        .filter(|n| (1..=1 << 30).contains(n))
+        .ok_or(Bad::Whole)
+}
+
+fn cache_mode(v: &str) -> Result<HttpCacheMode, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "safe" => Ok(HttpCacheMode::Safe),
+        "private" => Ok(HttpCacheMode::Private),
+        _ => Err(Bad::Whole),
+    }
+}
+
+/// Path globs: each starts with `/`, without a query, fragment or space.
+fn globs(raw: &str) -> Result<Vec<String>, Bad> {
+    let list = split_list(raw);
+    if let Some(bad) = list
+        .iter()
+        .find(|g| !g.starts_with('/') || g.contains(['?', '#', ' ']))
+    {
+        return Err(Bad::Entry(bad.clone()));
+    }
+    Ok(list)
+}
+
+/// A path prefix such as `/_epode-sidecar`: starts with `/`, does not end with one, and is
+/// more than `/`.
+fn prefix(v: &str) -> Result<String, Bad> {
+    let ok = v.starts_with('/')
+        && v.len() > 1
+        && !v.ends_with('/')
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/_-.~".contains(&b));
+    if ok {
+        Ok(v.to_owned())
+    } else {
+        Err(Bad::Whole)
+    }
+}
+
+fn shown<T>(c: &super::types::Config, f: impl Fn(&HttpSurface) -> T) -> Option<T> {
+    c.http.as_ref().map(f)
+}
+
+settings! {
+    /// The HTTP surface's settings.
+    pub(super) HTTP {
+        HTTP_SURFACE: bool = setting(
+            "http_surface",
+            &["EPODE_SIDECAR_HTTP_SURFACE"],
+            Some("off"),
+            "on or off",
+            "The HTTP surface: with `on`, every request that is not for the MCP path goes to the origin (scheme, host, port) of `EPODE_SIDECAR_UPSTREAM` with its own path and query, and its response is instrumented as Epode's HTTP protocol says (`_agentFeedback` in a JSON object, a script tag in an HTML page, the `Agent-Feedback` header otherwise). The upstream names the caller with a response header `Epode-Identity`, which the sidecar always removes. `EPODE_SIDECAR_UPSTREAM` may then be a bare origin (`http://127.0.0.1:8000`), the MCP endpoint being `EPODE_SIDECAR_PATH` on it; the sidecar's health, readiness and metrics move under `EPODE_SIDECAR_OPERATIONS_PREFIX` on this port. Request bodies to the app are read whole, up to `EPODE_SIDECAR_MAX_BODY_BYTES`. Needs an HTTP upstream.",
+            on_off,
+            |c| if c.http.is_some() { "on" } else { "off" }.to_owned(),
+        ),
+        HTTP_MAX_BODY: u64 = setting(
+            "http_max_body",
+            &["EPODE_SIDECAR_HTTP_MAX_BODY"],
+            Some("1MiB"),
+            "a size from 1 byte to 1GiB, such as 1048576, 512KiB or 1MiB",
+            "With the HTTP surface: the largest JSON or HTML response the sidecar holds (within the memory budget) to instrument; a larger one streams through untouched.",
+            byte_size,
+            |c| shown(c, |h| h.max_body.to_string()).unwrap_or_else(|| "<not used>".into()),
+        ),
+        HTTP_CACHE_MODE: HttpCacheMode = setting(
+            "http_cache_mode",
+            &["EPODE_SIDECAR_HTTP_CACHE_MODE"],
+            Some("safe"),
+            "safe or private",
+            "With the HTTP surface: `safe` leaves responses a shared cache may keep (`public`, `s-maxage`, `max-age`, `immutable`, `stale-while-revalidate` in `Cache-Control` or a CDN's cache header) untouched; `private` instruments them too. Every instrumented response is made `Cache-Control: private, no-store`.",
+            cache_mode,
+            |c| shown(c, |h| match h.cache_mode {
+                HttpCacheMode::Safe => "safe",
+                HttpCacheMode::Private => "private",
+            }.to_owned()).unwrap_or_else(|| "<not used>".into()),
+        ),
+        HTTP_EXCLUDE: Vec<String> = setting(
+            "http_exclude",
+            &["EPODE_SIDECAR_HTTP_EXCLUDE"],
+            None,
+            "comma-separated path globs starting with /, `*` matching within one segment and `**` anything",
+            "With the HTTP surface: paths never instrumented (proxied untouched), besides the defaults `/health`, `/healthz`, `/readyz`, `/metrics`, `/favicon.ico`, `/robots.txt`, `/_agent-feedback/**`, `/_epode/**`, `/api/v2/reports`, `/api/v2/consent/**`.",
+            globs,
+            |c| shown(c, |h| h.exclude.join(",")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<the defaults only>".into()),
+        ),
+        OPERATIONS_PREFIX: String = setting(
+            "operations_prefix",
+            &["EPODE_SIDECAR_OPERATIONS_PREFIX"],
+            Some("/_epode-sidecar"),
+            "a URL path starting with / and not ending with one, such as /_epode-sidecar",
+            "With the HTTP surface: the sidecar's own routes on its port are `<prefix>/healthz`, `<prefix>/health`, `<prefix>/readyz` (and `<prefix>/metrics` when there is no admin listener), so the app's own `/health` reaches the app. The admin listener keeps the bare paths.",
+            prefix,
+            |c| shown(c, |h| h.operations_prefix.clone()).unwrap_or_else(|| "<not used>".into()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_a_unit_and_stay_in_bounds() {
+        assert_eq!(byte_size("1MiB").unwrap(), 1 << 20);
+        assert_eq!(byte_size("512KiB").unwrap(), 512 << 10);
+        assert_eq!(byte_size("2MB").unwrap(), 2_000_000);
+        assert_eq!(byte_size("1048576").unwrap(), 1 << 20);
+        assert_eq!(byte_size("1GiB").unwrap(), 1 << 30);
+        for bad in ["0", "2GiB", "1 mb", "MiB", "-1", "1.5MiB", ""] {
+            assert!(byte_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn prefixes_and_globs_are_checked() {
+        assert_eq!(prefix("/_ops").unwrap(), "/_ops");
+        for bad in ["/", "ops", "/ops/", "/a b", "/a?b"] {
+            assert!(prefix(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            globs("/a/*, /b/**").unwrap(),
+            vec!["/a/*".to_owned(), "/b/**".to_owned()]
+        );
+        assert!(matches!(globs("/a,b"), Err(Bad::Entry(e)) if e == "b"));
+    }
+}
