@@ -425,6 +425,16 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         connection_cap(config.limits.max_connections),
         tls,
         trial.map(Trial::console),
+    )
+    .with_surface(
+        crate::surface::HttpSurfaceRoute::new(
+            config.clone(),
+            binding.clone(),
+            metrics.clone(),
+            budget.clone(),
+            observer.clone(),
+        )
+        .map_err(|e| failed("cannot start the HTTP surface", e))?,
     );
     let operations = server::Operations::new(
         upstream.clone(),

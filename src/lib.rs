@@ -4,7 +4,8 @@
 //! The request path, in the order a request travels it: `server` (listeners, workers, routes)
 //! → `frontdoor` (head, body, message, era ladder) → `dispatch` (the method table) →
 //! `upstream` (the hop, in the upstream's era) → back through `mcp::rewrite` with the
-//! `binding`'s hooks. Below them: `feedback` (the protocol's pure pieces), `epode` (the Epode
+//! `binding`'s hooks. Beside the MCP path, `surface` (the HTTP surface: the product's other
+//! routes, proxied and instrumented). Below them: `feedback` (the protocol's pure pieces), `epode` (the Epode
 //! API, the consent cache, the telemetry queue), `mcp` (the wire), `config`, `error`, `body`;
 //! `listener` (how every listener runs), `observe` (what the request path shows whoever
 //! watches), `gate` (counted places). `trial` (`--dev`) is reached only from `cli`. The
@@ -32,6 +33,7 @@ mod mcp;
 mod metrics;
 mod observe;
 mod server;
+mod surface;
 mod tls;
 mod trial;
 mod upstream;

@@ -36,6 +36,16 @@ pub(crate) struct FeedbackCallLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SurfaceLabels {
+    pub(crate) surface: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SkipLabels {
+    pub(crate) reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct LimitLabels {
     pub(crate) kind: &'static str,
 }
@@ -136,6 +146,12 @@ pub(crate) struct Metrics {
     pub(crate) decorations: Family<DecorationLabels, Counter>,
     pub(crate) feedback_calls: Family<FeedbackCallLabels, Counter>,
     pub(crate) limits_hit: Family<LimitLabels, Counter>,
+    /// HTTP responses instrumented, by surface (the HTTP surface).
+    pub(crate) http_instrumented: Family<SurfaceLabels, Counter>,
+    /// HTTP responses passed on untouched, by reason.
+    pub(crate) http_skipped: Family<SkipLabels, Counter>,
+    /// `Epode-Identity` headers that were not a valid identity object.
+    pub(crate) http_identity_invalid: Counter,
     pub(crate) open_connections: Gauge,
     pub(crate) in_flight: Gauge,
     pub(crate) buffered_bytes: Gauge,
@@ -157,6 +173,9 @@ impl Metrics {
             decorations: Family::default(),
             feedback_calls: Family::default(),
             limits_hit: Family::default(),
+            http_instrumented: Family::default(),
+            http_skipped: Family::default(),
+            http_identity_invalid: Counter::default(),
             open_connections: Gauge::default(),
             in_flight: Gauge::default(),
             buffered_bytes: Gauge::default(),
@@ -195,6 +214,7 @@ impl Metrics {
             "Requests and connections refused by a limit, by kind",
             m.limits_hit.clone(),
         );
+        m.register_http();
         for (name, help, gauge) in m.gauges() {
             m.registry.register(name, help, gauge);
         }
@@ -236,6 +256,38 @@ impl Metrics {
     }
 
     /// A limit refused something.
+    fn register_http(&mut self) {
+        self.registry.register(
+            "http_instrumented",
+            "HTTP responses (not MCP) that carried an Epode envelope, by surface",
+            self.http_instrumented.clone(),
+        );
+        self.registry.register(
+            "http_skipped",
+            "HTTP responses (not MCP) passed on untouched, by reason",
+            self.http_skipped.clone(),
+        );
+        self.registry.register(
+            "http_identity_invalid",
+            "Epode-Identity response headers that were not a valid identity object (removed, unused)",
+            self.http_identity_invalid.clone(),
+        );
+    }
+
+    /// Shows every HTTP surface and skip reason from the start (at 0); the labels are the
+    /// HTTP surface's own.
+    pub(crate) fn preregister_http(&self, surfaces: &[&'static str], reasons: &[&'static str]) {
+        for &surface in surfaces {
+            drop(
+                self.http_instrumented
+                    .get_or_create(&SurfaceLabels { surface }),
+            );
+        }
+        for &reason in reasons {
+            drop(self.http_skipped.get_or_create(&SkipLabels { reason }));
+        }
+    }
+
     pub(crate) fn limit(&self, kind: LimitKind) {
         self.limits_hit
             .get_or_create(&LimitLabels {

@@ -17,6 +17,27 @@ pub(crate) trait Observer: Send + Sync {
     fn decorated(&self, decorated: Decorated<'_>);
     /// The sidecar refused a feedback tool's call itself: it never reached Epode.
     fn refused(&self, refused: Refused<'_>);
+    /// A request to the HTTP surface (a route that is not MCP) was answered.
+    fn http(&self, served: HttpServed<'_>);
+}
+
+/// One request to the HTTP surface, as it was answered.
+pub(crate) struct HttpServed<'a> {
+    pub(crate) started: SystemTime,
+    pub(crate) method: &'a str,
+    /// The request's path, without its query.
+    pub(crate) path: &'a str,
+    pub(crate) status: u16,
+    /// Where the envelope went (`http_json`, `http_html`, `http_headers`), when it was
+    /// instrumented.
+    pub(crate) surface: Option<&'static str>,
+    /// Why it was not instrumented (the metrics' label), when it was not.
+    pub(crate) skipped: Option<&'static str>,
+    /// The envelope's consent stage, when instrumented.
+    pub(crate) state: Option<&'static str>,
+    pub(crate) interaction_id: Option<&'a str>,
+    /// From arrival to the response head (the body ready, when instrumented).
+    pub(crate) duration: Duration,
 }
 
 /// One request, as it was served.

@@ -5,6 +5,7 @@
 
 mod catalog;
 mod hooks;
+mod http_surface;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use serde_json::{json, Value};
 
 use self::catalog::ToolCatalog;
 use self::hooks::{CallHook, ListHook};
+pub(crate) use self::http_surface::HttpEnvelope;
 use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
 use crate::epode::consent::{ConsentCache, Decided};

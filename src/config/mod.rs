@@ -32,8 +32,8 @@ pub(crate) use self::setting::ConfigError;
 use self::setting::{Doc, Layers};
 pub(crate) use self::types::{
     redact_userinfo, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
-    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs, StdioChildren, StdioCommand,
-    Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
+    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs,
+    StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
 };
 
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.

@@ -95,22 +95,22 @@ pub(crate) struct McpCompletion {
 /// Where an HTTP response carried its envelope: the telemetry `surface`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Surface {
-    /// `_agentFeedback` in a JSON object.
-    HttpJson,
-    /// The script tag in an HTML page.
-    HttpHtml,
-    /// The `Agent-Feedback` header.
-    HttpHeaders,
+    /// `_agentFeedback` in a JSON object (`http_json`).
+    Json,
+    /// The script tag in an HTML page (`http_html`).
+    Html,
+    /// The `Agent-Feedback` header (`http_headers`).
+    Headers,
 }
 
 impl Surface {
-    pub(crate) const ALL: [Surface; 3] = [Surface::HttpJson, Surface::HttpHtml, Surface::HttpHeaders];
+    pub(crate) const ALL: [Surface; 3] = [Surface::Json, Surface::Html, Surface::Headers];
 
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Surface::HttpJson => "http_json",
-            Surface::HttpHtml => "http_html",
-            Surface::HttpHeaders => "http_headers",
+            Surface::Json => "http_json",
+            Surface::Html => "http_html",
+            Surface::Headers => "http_headers",
         }
     }
 }

@@ -14,7 +14,7 @@ use http::request::Parts;
 use http::Method;
 use serde_json::value::RawValue;
 
-pub(crate) use self::checks::read_body;
+pub(crate) use self::checks::{check_host, read_body};
 use crate::config::Config;
 use crate::error::{Error, Kind};
 use crate::mcp::era::Era;

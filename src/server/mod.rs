@@ -8,7 +8,9 @@
 //! the header size and count); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
 //! configured. Routes: the MCP path, what is [`Mounted`] beside it (the local trial's console),
 //! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
-//! one). On shutdown every worker stops accepting and lets
+//! one). With the HTTP surface on, those four move under its operations prefix on this port
+//! (the admin listener keeps them bare) and every other path goes to the surface
+//! (`crate::surface`), so the app's own `/health` reaches the app. On shutdown every worker stops accepting and lets
 //! its in-flight requests finish; the caller cuts what outlives the grace period.
 
 use std::future::Future;
@@ -34,6 +36,7 @@ use crate::limits::RateLimits;
 use crate::listener::{self, Admitted, Bounds, Role, Shares};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{self, Metrics};
+use crate::surface::{HttpSurfaceRoute, IDENTITY_HEADER};
 use crate::upstream::{NotReady, Upstream};
 
 /// How long responses cut at shutdown have to reach their clients before workers give up.
@@ -98,6 +101,8 @@ pub(crate) struct Serving {
     dev_epode: Option<Bounds>,
     pub(crate) tls: Option<TlsAcceptor>,
     mounted: Option<Arc<dyn Mounted>>,
+    /// The HTTP surface, when on.
+    surface: Option<Arc<HttpSurfaceRoute>>,
 }
 
 impl Serving {
@@ -133,7 +138,15 @@ impl Serving {
             config,
             tls,
             mounted,
+            surface: None,
         }
+    }
+
+    /// Every path that is neither the MCP path nor mounted nor the operations' goes to
+    /// `surface` (the HTTP surface, when on).
+    pub(crate) fn with_surface(mut self, surface: Option<Arc<HttpSurfaceRoute>>) -> Self {
+        self.surface = surface;
+        self
     }
 
     /// The admin listener's bounds (when there is one).
@@ -201,6 +214,7 @@ struct Routes {
     mcp: Dispatcher,
     mounted: Option<Arc<dyn Mounted>>,
     operations: Operations,
+    surface: Option<Arc<HttpSurfaceRoute>>,
 }
 
 /// Completes when `shutdown` turns true (or its sender is gone).
@@ -226,6 +240,7 @@ pub(crate) async fn serve(
             config: shared.config.clone(),
             mcp: dispatcher.for_worker(upstream.clone()),
             mounted: shared.mounted.clone(),
+            surface: shared.surface.clone(),
             operations: Operations {
                 upstream,
                 ..operations.clone()
@@ -367,11 +382,16 @@ async fn tls_handshake(
 }
 
 /// Routes one request on the MCP listener: the MCP path, the mounted routes, health,
-/// readiness, metrics (unless the admin listener serves them), or 404.
+/// readiness, metrics (unless the admin listener serves them), or 404; with the HTTP surface
+/// on, the operations' routes under its prefix and everything else to the surface.
 async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
     if req.uri().path() == routes.config.path {
         let abandoned = Abandoned::default();
-        return OnAbandon::new(routes.mcp.mcp(req, peer, abandoned.clone()), abandoned).await;
+        let mut resp =
+            OnAbandon::new(routes.mcp.mcp(req, peer, abandoned.clone()), abandoned).await;
+        // The app's private identity header never reaches a client, on any path.
+        resp.headers_mut().remove(IDENTITY_HEADER);
+        return resp;
     }
     let mounted = routes.mounted.as_deref();
     if let Some(mounted) = mounted.filter(|m| req.uri().path().starts_with(m.prefix())) {
@@ -382,15 +402,37 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
         if let Some(resp) = mounted.route(&parts.method, parts.uri.path()) {
             return resp;
         }
-        return operations(&routes.operations, &Request::from_parts(parts, ()), false).await;
+        return operations(&routes.operations, &parts.method, parts.uri.path(), false).await;
     }
     let metrics_here = routes.config.admin_listen.is_none();
-    operations(&routes.operations, &req, metrics_here).await
+    if let (Some(surface), Some(http)) = (&routes.surface, &routes.config.http) {
+        let own = req
+            .uri()
+            .path()
+            .strip_prefix(http.operations_prefix.as_str())
+            .filter(|rest| rest.starts_with('/'));
+        return match own {
+            Some(rest) => operations(&routes.operations, req.method(), rest, metrics_here).await,
+            None => surface.serve(&routes.operations.upstream, req).await,
+        };
+    }
+    operations(
+        &routes.operations,
+        req.method(),
+        req.uri().path(),
+        metrics_here,
+    )
+    .await
 }
 
 /// `/healthz` (and `/health`), `/readyz`, and `/metrics` when `metrics` is set; else 404.
-async fn operations<B>(ops: &Operations, req: &Request<B>, metrics: bool) -> Response<Body> {
-    match (req.method(), req.uri().path()) {
+async fn operations(
+    ops: &Operations,
+    method: &Method,
+    path: &str,
+    metrics: bool,
+) -> Response<Body> {
+    match (method, path) {
         (&Method::GET | &Method::HEAD, "/healthz" | "/health") => {
             body::json(StatusCode::OK, r#"{"status":"ok"}"#)
         }
@@ -435,7 +477,7 @@ pub(crate) async fn admin(
             tokio::spawn(async move {
                 let handler = move |req: Request<Incoming>| {
                     let ops = ops.clone();
-                    async move { operations(&ops, &req, true).await }
+                    async move { operations(&ops, req.method(), req.uri().path(), true).await }
                 };
                 bounds.serve(stream, admitted, handler, None).await;
             });

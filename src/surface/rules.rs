@@ -100,7 +100,9 @@ impl Paths {
     }
 
     pub(crate) fn excluded(&self, path: &str) -> bool {
-        self.globs.iter().any(|g| glob_match(g.as_bytes(), path.as_bytes()))
+        self.globs
+            .iter()
+            .any(|g| glob_match(g.as_bytes(), path.as_bytes()))
     }
 }
 
@@ -164,7 +166,7 @@ pub(crate) fn on_head(
         return Err(Skip::Redirect);
     }
     if !status.is_success()
-        || matches!(status.as_u16(), 204 | 205 | 206)
+        || matches!(status.as_u16(), 204..=206)
         || headers.contains_key(header::CONTENT_RANGE)
     {
         return Err(Skip::NotSuccess);
@@ -181,7 +183,9 @@ pub(crate) fn on_head(
     } else {
         return Err(Skip::ContentType);
     };
-    let encoding = text(headers, "content-encoding").trim().to_ascii_lowercase();
+    let encoding = text(headers, "content-encoding")
+        .trim()
+        .to_ascii_lowercase();
     if !encoding.is_empty() && encoding != "identity" {
         return Err(Skip::Compressed);
     }

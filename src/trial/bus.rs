@@ -12,7 +12,9 @@ use std::time::SystemTime;
 use serde_json::{json, Map, Value};
 use tokio::sync::{broadcast, watch};
 
-use crate::observe::{millis, Decorated, FeedbackTool, Noted, Observer, Refused, Served};
+use crate::observe::{
+    millis, Decorated, FeedbackTool, HttpServed, Noted, Observer, Refused, Served,
+};
 
 /// Events kept for a console page opened after they happened.
 pub(crate) const HISTORY: usize = 500;
@@ -124,6 +126,22 @@ impl Observer for Bus {
             json!({"refused": r.reason, "by": "sidecar", "interactionId": r.interaction_id}),
         );
     }
+
+    fn http(&self, h: HttpServed<'_>) {
+        let mut event = Map::new();
+        event.insert("startedAt".into(), Value::from(time_text(h.started)));
+        if let Some(i) = h.interaction_id {
+            event.insert("interactionId".into(), Value::from(i));
+        }
+        event.insert("method".into(), Value::from(h.method));
+        event.insert("path".into(), Value::from(h.path));
+        event.insert("status".into(), h.status.into());
+        event.insert("surface".into(), h.surface.into());
+        event.insert("state".into(), h.state.into());
+        event.insert("skipped".into(), h.skipped.into());
+        event.insert("durationMs".into(), millis(h.duration).into());
+        self.publish("http", Value::Object(event));
+    }
 }
 
 #[cfg(test)]
@@ -142,6 +160,29 @@ mod tests {
         bus.publish("report", serde_json::json!({"summary": "s"}));
         let next = live.try_recv().unwrap();
         assert!(next.starts_with(r#"{"kind":"report","at":""#), "{next}");
+    }
+
+    #[test]
+    fn an_http_request_shows_its_surface_or_why_it_was_skipped() {
+        let bus = Bus::new("/mcp");
+        bus.http(HttpServed {
+            started: SystemTime::UNIX_EPOCH,
+            method: "GET",
+            path: "/search",
+            status: 200,
+            surface: Some("http_json"),
+            skipped: None,
+            state: Some("feedback_ready"),
+            interaction_id: Some("i"),
+            duration: std::time::Duration::from_millis(3),
+        });
+        let (history, _) = bus.follow();
+        let event: Value = serde_json::from_str(&history[0]).unwrap();
+        assert_eq!(event["kind"], "http");
+        assert_eq!(event["interactionId"], "i");
+        assert_eq!(event["surface"], "http_json");
+        assert_eq!(event["skipped"], Value::Null);
+        assert_eq!(event["path"], "/search");
     }
 
     #[test]

@@ -15,7 +15,8 @@ use hyper_rustls::HttpsConnectorBuilder;
 use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
-use super::pool::{ConnectionBound, Connector, IdleBound, Pool, PoolError, PooledBody};
+pub(crate) use super::pool::PooledBody;
+use super::pool::{ConnectionBound, Connector, IdleBound, Pool, PoolError};
 use super::ready::NotReady;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
@@ -200,6 +201,11 @@ impl HttpUpstream {
         headers.remove(header::CONTENT_LENGTH);
         headers.insert(header::HOST, self.host.clone());
         headers
+    }
+
+    /// The upstream's own authority, as `Host`.
+    pub(crate) fn host(&self) -> &HeaderValue {
+        &self.host
     }
 
     /// POSTs a body upstream. The response head must arrive within the configured timeout;

@@ -187,6 +187,15 @@ impl Upstream {
 
     /// Whether the upstream answered recently, or answers a POSTed `ping` now (a stdio
     /// child: whether it runs and answers); `Err` says why not.
+    /// The HTTP hop, when the upstream is reached over HTTP (the HTTP surface proxies the
+    /// product's other routes through its pool).
+    pub(crate) fn http(&self) -> Option<&http::HttpUpstream> {
+        match self.link.hop() {
+            hop::Hop::Http(h) => Some(h),
+            hop::Hop::Stdio(_) => None,
+        }
+    }
+
     pub(crate) async fn ready(&self) -> Result<(), NotReady> {
         self.link.hop().ready().await
     }

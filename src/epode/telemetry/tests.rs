@@ -188,7 +188,7 @@ fn large_batches_are_sent_in_parts_that_fit() {
 fn http_completion() -> HttpCompletion {
     HttpCompletion {
         interaction_id: "018f1f2e-7b4a-4c12-9c8d-123456789abc".into(),
-        surface: Surface::HttpJson,
+        surface: Surface::Json,
         operation: "/search/:id".into(),
         status: 201,
         duration: Duration::from_millis(7),

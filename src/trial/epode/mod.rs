@@ -410,6 +410,13 @@ fn drop_reason(event: &Value, stored: Option<&Value>) -> Option<&'static str> {
     {
         return Some("MCP events must be confirmed with confirmationMethod mcp");
     }
+    // The HTTP surfaces: Epode confirms an HTTP interaction itself, when its report arrives.
+    if text("surface").is_some_and(|s| s.starts_with("http_"))
+        && (text("classification") != Some("unclassified")
+            || event.get("confirmationMethod").is_some())
+    {
+        return Some("HTTP events must be unclassified, without a confirmationMethod");
+    }
     let occurred = text("occurredAt").and_then(|t| humantime::parse_rfc3339_weak(t).ok());
     let now = SystemTime::now();
     let in_window = occurred.is_some_and(|t| {

@@ -1,0 +1,90 @@
+//! The binding's part in the HTTP surface: the identity of an HTTP response (the app's
+//! `Epode-Identity`, else a trusted gateway's headers, with the customerRef rule), the envelope
+//! for its mode and the cached consent (as a product tool result gets, in the HTTP shape), and
+//! its telemetry event and consent warm-up once it is answered. Where the envelope goes is the
+//! surface's business (`crate::surface`).
+
+use std::time::SystemTime;
+
+use http::HeaderMap;
+
+use super::FeedbackBinding;
+use crate::epode::telemetry::HttpCompletion;
+use crate::feedback::capability;
+use crate::feedback::envelope::{CachedConsent, Case, Envelope};
+use crate::feedback::identity::IdentityRefs;
+use crate::feedback::FeedbackMode;
+
+/// The envelope made for one HTTP response.
+pub(crate) struct HttpEnvelope {
+    /// The protocol's HTTP envelope, compact JSON.
+    pub(crate) json: String,
+    /// The capability's `i`: the telemetry event's and the report's interaction.
+    pub(crate) interaction_id: String,
+    /// The consent stage (`feedback_ready`, `consent_required`, `feedback_disabled`).
+    pub(crate) state: &'static str,
+    /// The Ask-once consent subject, warmed once the response is answered.
+    subject: Option<String>,
+}
+
+impl FeedbackBinding {
+    /// Epode's origin, for the envelope's URLs and the discovery link.
+    pub(crate) fn endpoint(&self) -> &str {
+        self.config.api_url.as_str()
+    }
+
+    /// The references of an HTTP response: the app's (`Epode-Identity`) first, then a trusted
+    /// gateway's request headers, then the one customerRef rule. Never the client's own.
+    pub(crate) fn http_refs(&self, app: IdentityRefs, request: &HeaderMap) -> IdentityRefs {
+        let mut refs = app.or(self.header_refs(request));
+        refs.apply_customer_rule(self.config.mode);
+        refs
+    }
+
+    /// Mints the response's handle and builds its envelope, as `hooks.rs` does for a product
+    /// tool result: the consent subject from customerRef in Ask once, the cached decision and
+    /// its revision (the cache only: a response never waits for Epode). `None` when feedback
+    /// is off.
+    pub(crate) fn http_envelope(&self, refs: &IdentityRefs) -> Option<HttpEnvelope> {
+        let active = self.active.as_ref()?;
+        let mode = self.config.mode;
+        let subject = (mode == FeedbackMode::AskOnce)
+            .then(|| refs.customer_ref.as_deref().map(|c| active.key.subject(c)))
+            .flatten();
+        let (cached, revision) = match &subject {
+            Some(s) => active.consent.get(s),
+            None => {
+                if mode == FeedbackMode::AskOnce {
+                    self.no_subject
+                        .add("HTTP responses without a customerRef", 1);
+                }
+                (CachedConsent::NoSubject, 0)
+            }
+        };
+        let case = Case::for_product_result(mode, cached)?;
+        let minted = capability::mint(
+            &active.key,
+            SystemTime::now(),
+            subject.clone().map(|s| (s, revision)),
+        );
+        let envelope = Envelope::new(case, minted.handle, minted.claims.exp);
+        Some(HttpEnvelope {
+            json: envelope.http(self.endpoint()).to_string(),
+            interaction_id: minted.claims.i,
+            state: case.stage().as_str(),
+            subject,
+        })
+    }
+
+    /// The response was answered with `envelope`: its telemetry event goes to the queue, and
+    /// an Ask-once subject's consent is looked up in the background for the next response.
+    pub(crate) fn http_answered(&self, envelope: &HttpEnvelope, completion: &HttpCompletion) {
+        let Some(active) = self.active.as_ref() else {
+            return;
+        };
+        active.telemetry.record_http(completion);
+        if let Some(s) = &envelope.subject {
+            active.consent.warm(s, false);
+        }
+    }
+}
