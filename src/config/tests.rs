@@ -542,3 +542,81 @@ fn every_key_and_variable_is_declared_once() {
         "only the key is missing: {err}"
     );
 }
+
+#[test]
+fn the_http_surface_is_off_by_default_and_reads_its_settings_when_on() {
+    let c = Config::from_layers(env(&[UP, OFF]), &FlagValues::default()).unwrap();
+    assert!(c.http.is_none());
+    let c = Config::from_layers(
+        env(&[
+            UP,
+            OFF,
+            ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+            ("EPODE_SIDECAR_HTTP_MAX_BODY", "256KiB"),
+            ("EPODE_SIDECAR_HTTP_CACHE_MODE", "private"),
+            ("EPODE_SIDECAR_HTTP_EXCLUDE", "/internal/**, /a/*/b"),
+        ]),
+        &FlagValues::default(),
+    )
+    .unwrap();
+    let h = c.http.expect("on");
+    assert_eq!(h.max_body, 256 * 1024);
+    assert_eq!(h.cache_mode, HttpCacheMode::Private);
+    assert_eq!(h.exclude, ["/internal/**", "/a/*/b"]);
+    assert_eq!(h.operations_prefix, "/_epode-sidecar");
+    let Transport::Http(t) = &c.upstream else {
+        panic!("an HTTP upstream")
+    };
+    assert_eq!(t.url.path(), "/mcp", "a path given is kept");
+}
+
+#[test]
+fn with_the_http_surface_a_bare_origin_upstream_has_its_mcp_endpoint_at_the_path() {
+    let bare = |surface: &str| {
+        let c = Config::from_layers(
+            env(&[
+                ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000"),
+                ("EPODE_SIDECAR_PATH", "/rpc"),
+                ("EPODE_SIDECAR_HTTP_SURFACE", surface),
+                OFF,
+            ]),
+            &FlagValues::default(),
+        )
+        .unwrap();
+        let Transport::Http(t) = c.upstream else {
+            panic!("an HTTP upstream")
+        };
+        t.url.to_string()
+    };
+    assert_eq!(bare("on"), "http://127.0.0.1:8000/rpc");
+    assert_eq!(bare("off"), "http://127.0.0.1:8000/", "unchanged when off");
+}
+
+#[test]
+fn http_surface_values_are_checked_and_named() {
+    for (var, value) in [
+        ("EPODE_SIDECAR_HTTP_SURFACE", "yes"),
+        ("EPODE_SIDECAR_HTTP_MAX_BODY", "2GiB"),
+        ("EPODE_SIDECAR_HTTP_MAX_BODY", "lots"),
+        ("EPODE_SIDECAR_HTTP_CACHE_MODE", "request"),
+        ("EPODE_SIDECAR_HTTP_EXCLUDE", "/ok,nope"),
+        ("EPODE_SIDECAR_OPERATIONS_PREFIX", "/ops/"),
+    ] {
+        let err = Config::from_layers(
+            env(&[UP, OFF, ("EPODE_SIDECAR_HTTP_SURFACE", "on"), (var, value)]),
+            &FlagValues::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with(var), "{var}={value}: {err}");
+        assert!(err.contains("expected"), "{err}");
+    }
+    let err = stdio_config(
+        &[("EPODE_SIDECAR_HTTP_SURFACE", "on")],
+        &["python3", "s.py"],
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("EPODE_SIDECAR_HTTP_SURFACE"), "{err}");
+    assert!(err.contains("stdio"), "{err}");
+}
