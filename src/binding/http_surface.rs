@@ -2,7 +2,7 @@
 //! `Epode-Identity`, else a trusted gateway's headers, with the customerRef rule), the envelope
 //! for its mode and the cached consent (as a product tool result gets, in the HTTP shape), and
 //! its telemetry event and consent warm-up once it is answered. Where the envelope goes is the
-//! surface's business (`crate::surface`).
+//! HTTP surface's business.
 
 use std::time::SystemTime;
 
