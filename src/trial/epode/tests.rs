@@ -216,3 +216,27 @@ fn the_record_stops_growing_at_its_cap() {
             <= 1024
     );
 }
+
+#[test]
+fn http_telemetry_is_taken_unclassified_and_a_report_for_its_interaction_is_accepted() {
+    let (e, key, _bus, _d) = epode(FeedbackMode::NeverAsk);
+    let (bearer, id) = handle(&key);
+    let mut http = event(&id);
+    http["surface"] = json!("http_json");
+    http["operation"] = json!("/search/:id");
+    http["classification"] = json!("unclassified");
+    http.as_object_mut().unwrap().remove("confirmationMethod");
+    let mut confirmed = event(&uuid::Uuid::new_v4().to_string());
+    confirmed["surface"] = json!("http_html");
+    let batch = json!({"events": [http, confirmed]});
+    let (status, body) = post(&e, "/api/v2/telemetry/batches", key.expose_secret(), &batch);
+    assert_eq!(
+        (status, body),
+        (202, json!({"accepted": 1, "dropped": 1})),
+        "an HTTP event that claims confirmation is dropped, as the service does"
+    );
+    let report = json!({"summary": "The search page answered well.", "impact": "helped"});
+    let (status, body) = post(&e, "/api/v2/reports", &bearer, &report);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["interactionId"], json!(id));
+}
