@@ -32,6 +32,7 @@ mod mcp;
 mod metrics;
 mod observe;
 mod server;
+mod surface;
 mod tls;
 mod trial;
 mod upstream;
