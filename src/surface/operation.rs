@@ -111,3 +111,114 @@ fn uuid_starts(bytes: &[u8], start: usize) -> bool {
             .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
         && bytes.get(start + 8) == Some(&b'-')
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn paths_normalise_as_the_sdk_plus_id_like_segments() {
+        let cases: &[(&str, Option<&str>)] = &[
+            ("/search", Some("/search")),
+            ("/docs/test", Some("/docs/test")),
+            ("/search?q=1&x=%20", Some("/search")),
+            ("", Some("/")),
+            ("?q", Some("/")),
+            ("/", Some("/")),
+            ("/users/42", Some("/users/:id")),
+            ("/users/42/", Some("/users/:id/")),
+            ("/users/42/posts/7", Some("/users/:id/posts/:id")),
+            ("/v2/items", Some("/v2/items")),
+            ("/a1/12b", Some("/a1/12b")),
+            ("/files/1.5", Some("/files/1.5")),
+            (
+                "/orders/123e4567-e89b-12d3-a456-426614174000",
+                Some("/orders/:id"),
+            ),
+            (
+                "/orders/123E4567-E89B-12D3-A456-426614174000/items",
+                Some("/orders/:id/items"),
+            ),
+            // The SDK replaces a UUID inside a segment too.
+            (
+                "/r/report-123e4567-e89b-12d3-a456-426614174000.pdf",
+                Some("/r/report-:id.pdf"),
+            ),
+            // Greedy to the last word boundary; a trailing `-` is not part of it.
+            ("/x/123e4567-e89b-12d3-a456-426614174000-", Some("/x/:id-")),
+            // No word boundary before the hex run: not a UUID (then id-like by our rule).
+            ("/x/g123e4567-e89b-12d3-a456-426614174000", Some("/x/:id")),
+            // Too short after the first dash: not a UUID, and too short to be id-like.
+            ("/x/deadbeef-0123", Some("/x/deadbeef-0123")),
+            ("/t/9f86d081884c7d659a2feaa0c55ad015", Some("/t/:id")),
+            ("/t/AbCdEfGh12345678", Some("/t/:id")),
+            ("/t/AbCdEfGh1234567", Some("/t/AbCdEfGh1234567")),
+            (
+                "/t/abcdefghijklmnopqrstuvwxyz",
+                Some("/t/abcdefghijklmnopqrstuvwxyz"),
+            ),
+            (
+                "/t/tok_0123456789abcdef.json",
+                Some("/t/tok_0123456789abcdef.json"),
+            ),
+            ("/api/{id}/*.json", Some("/api/{id}/*.json")),
+            ("*", Some("*")),
+            ("/a%20b", None),
+            ("/caf\u{e9}", None),
+            ("/a b", None),
+            ("/a+b", None),
+            ("/a,b", None),
+            ("/~user", None),
+            ("/a@b", None),
+            ("/a#b", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(normalise(path).as_deref(), *want, "{path}");
+        }
+    }
+
+    #[test]
+    fn length_is_checked_after_collapsing() {
+        let long = format!("/{}", "a".repeat(MAX_LEN - 1));
+        assert_eq!(normalise(&long).as_deref(), Some(long.as_str()));
+        assert_eq!(normalise(&format!("{long}b")), None);
+        let collapsing = format!("/items/{}", "1".repeat(10_000));
+        assert_eq!(normalise(&collapsing).as_deref(), Some("/items/:id"));
+    }
+
+    #[test]
+    fn long_hex_runs_are_linear() {
+        // A scanner that retried the UUID pattern from every start would be quadratic here.
+        let run = "a-".repeat(200_000);
+        assert_eq!(normalise(&format!("/{run}")), None);
+        let run = "0123456789abcdef".repeat(20_000);
+        assert_eq!(normalise(&format!("/{run}")).as_deref(), Some("/:id"));
+    }
+
+    fn valid(operation: &str) -> bool {
+        (1..=MAX_LEN).contains(&operation.len()) && operation.bytes().all(allowed)
+    }
+
+    proptest! {
+        #[test]
+        fn output_is_always_valid_or_none(path in "[/a-f0-9A-Z_:.*{}%?~ -]{0,200}") {
+            if let Some(operation) = normalise(&path) {
+                prop_assert!(valid(&operation), "{operation}");
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(path in any::<String>()) {
+            if let Some(operation) = normalise(&path) {
+                prop_assert!(valid(&operation), "{operation}");
+            }
+        }
+
+        #[test]
+        fn plain_word_paths_are_unchanged(path in "(/[a-z_.-]{1,12}){0,8}") {
+            let want = if path.is_empty() { "/".to_owned() } else { path.clone() };
+            prop_assert_eq!(normalise(&path), Some(want));
+        }
+    }
+}

@@ -339,3 +339,344 @@ pub(crate) fn on_head(
     }
     Ok(kind)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn paths() -> Paths {
+        Paths::new(&["/private/*".to_owned(), " /assets/**/raw ".to_owned()]).unwrap()
+    }
+
+    #[test]
+    fn labels_are_the_agreed_ones_and_distinct() {
+        let labels: Vec<&str> = Skip::ALL.iter().map(|skip| skip.label()).collect();
+        assert_eq!(
+            labels.join(" "),
+            "mode_off not_success redirect head excluded_path static_asset content_type stream \
+             too_large compressed already_instrumented shared_cacheable invalid_operation"
+        );
+    }
+
+    #[test]
+    fn globs_are_anchored_and_star_stays_in_a_segment() {
+        let paths = paths();
+        let excluded = [
+            "/health",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+            "/favicon.ico",
+            "/robots.txt",
+            "/_agent-feedback/",
+            "/_agent-feedback/a/b",
+            "/_epode/x",
+            "/api/v2/reports",
+            "/api/v2/consent/state",
+            "/api/v2/consent/a/b",
+            "/private/",
+            "/private/x",
+            "/assets//raw",
+            "/assets/a/b/raw",
+            "/health?probe=1",
+        ];
+        let kept = [
+            "/",
+            "/health/",
+            "/healthx",
+            "/x/health",
+            "/HEALTH",
+            "/_agent-feedback",
+            "/api/v2/reports/1",
+            "/private",
+            "/private/x/y",
+            "/assets/raw",
+            "/assets/raw/x",
+            "/assets/a/rawx",
+            "/search",
+            "/docs/test",
+        ];
+        for path in excluded {
+            assert!(paths.excluded(path), "{path}");
+        }
+        for path in kept {
+            assert!(!paths.excluded(path), "{path}");
+        }
+        let literal = Paths::new(&["/a.b/(c)+".to_owned()]).unwrap();
+        assert!(literal.excluded("/a.b/(c)+"));
+        assert!(!literal.excluded("/axb/(c)+"));
+        let stars = Paths::new(&["/a/***".to_owned(), "/b*c*d".to_owned()]).unwrap();
+        assert!(stars.excluded("/a/x/y") && stars.excluded("/a/"));
+        assert!(stars.excluded("/bcd") && stars.excluded("/bxxcyyd") && !stars.excluded("/bc/d"));
+    }
+
+    #[test]
+    fn bad_globs_are_refused_by_name() {
+        for bad in ["", "  ", "health", "*/x", "**"] {
+            let err = Paths::new(&["/ok".to_owned(), bad.to_owned()]).unwrap_err();
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+    }
+
+    #[test]
+    fn globs_are_linear() {
+        let paths =
+            Paths::new(&["/*a*a*a*a*a*a*a*a*b".to_owned(), "/**a**a**a**b".to_owned()]).unwrap();
+        assert!(!paths.excluded(&format!("/{}", "a".repeat(100_000))));
+    }
+
+    fn head(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in pairs {
+            headers.append(
+                HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        headers
+    }
+
+    fn decide(
+        method: Method,
+        path: &str,
+        status: u16,
+        pairs: &[(&str, &str)],
+    ) -> Result<Kind, Skip> {
+        let status = StatusCode::from_u16(status).unwrap();
+        on_head(
+            &method,
+            path,
+            &paths(),
+            status,
+            &head(pairs),
+            CacheMode::Safe,
+            1000,
+        )
+    }
+
+    const JSON: (&str, &str) = ("content-type", "application/json");
+
+    #[test]
+    fn supported_kinds() {
+        let cases: &[(&str, Result<Kind, Skip>)] = &[
+            ("application/json", Ok(Kind::Json)),
+            ("Application/JSON; charset=utf-8", Ok(Kind::Json)),
+            ("application/problem+json", Ok(Kind::Json)),
+            ("application/vnd.api+json ; x=y", Ok(Kind::Json)),
+            ("text/html", Ok(Kind::Html)),
+            ("TEXT/HTML;charset=ISO-8859-1", Ok(Kind::Html)),
+            ("text/event-stream", Err(Skip::Stream)),
+            ("text/plain", Err(Skip::ContentType)),
+            ("application/octet-stream", Err(Skip::ContentType)),
+            ("application/jsonx", Err(Skip::ContentType)),
+            ("application/xhtml+xml", Err(Skip::ContentType)),
+            ("image/png", Err(Skip::ContentType)),
+            ("", Err(Skip::ContentType)),
+        ];
+        for (media, want) in cases {
+            assert_eq!(
+                decide(Method::GET, "/x", 200, &[("content-type", media)]),
+                *want,
+                "{media}"
+            );
+        }
+        assert_eq!(decide(Method::GET, "/x", 200, &[]), Err(Skip::ContentType));
+    }
+
+    /// Method, path, status, headers, decision.
+    type Case = (
+        Method,
+        &'static str,
+        u16,
+        &'static [(&'static str, &'static str)],
+        Result<Kind, Skip>,
+    );
+
+    const HEAD_CASES: &[Case] = &[
+        (Method::GET, "/search", 200, &[JSON], Ok(Kind::Json)),
+        (Method::POST, "/search", 201, &[JSON], Ok(Kind::Json)),
+        (Method::HEAD, "/health", 500, &[], Err(Skip::Head)),
+        (Method::GET, "/health", 500, &[], Err(Skip::ExcludedPath)),
+        (Method::GET, "/app.js", 302, &[JSON], Err(Skip::StaticAsset)),
+        (
+            Method::GET,
+            "/a/IMG.PNG?x=1",
+            200,
+            &[JSON],
+            Err(Skip::StaticAsset),
+        ),
+        (
+            Method::GET,
+            "/x.tar.gz",
+            200,
+            &[JSON],
+            Err(Skip::StaticAsset),
+        ),
+        (Method::GET, "/data.json", 200, &[JSON], Ok(Kind::Json)),
+        (Method::GET, "/js/page", 200, &[JSON], Ok(Kind::Json)),
+        (Method::GET, "/x", 301, &[JSON], Err(Skip::Redirect)),
+        (Method::GET, "/x", 304, &[JSON], Err(Skip::Redirect)),
+        (Method::GET, "/x", 404, &[JSON], Err(Skip::NotSuccess)),
+        (Method::GET, "/x", 401, &[JSON], Err(Skip::NotSuccess)),
+        (Method::GET, "/x", 500, &[JSON], Err(Skip::NotSuccess)),
+        (Method::GET, "/x", 101, &[JSON], Err(Skip::NotSuccess)),
+        (Method::GET, "/x", 204, &[JSON], Err(Skip::NotSuccess)),
+        (Method::GET, "/x", 205, &[JSON], Err(Skip::NotSuccess)),
+        (Method::GET, "/x", 206, &[JSON], Err(Skip::NotSuccess)),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[JSON, ("content-range", "bytes 0-1/2")],
+            Err(Skip::NotSuccess),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[
+                ("content-type", "text/event-stream"),
+                ("content-encoding", "gzip"),
+            ],
+            Err(Skip::Stream),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[("content-type", "image/png"), ("content-encoding", "gzip")],
+            Err(Skip::ContentType),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[
+                JSON,
+                ("content-encoding", "gzip"),
+                ("content-length", "99999"),
+            ],
+            Err(Skip::Compressed),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[JSON, ("content-encoding", "identity, br")],
+            Err(Skip::Compressed),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[JSON, ("content-encoding", "IDENTITY")],
+            Ok(Kind::Json),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[
+                JSON,
+                ("content-length", "1001"),
+                ("cache-control", "public"),
+            ],
+            Err(Skip::TooLarge),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[JSON, ("content-length", "1000")],
+            Ok(Kind::Json),
+        ),
+        (
+            Method::GET,
+            "/x",
+            200,
+            &[JSON, ("cache-control", "public")],
+            Err(Skip::SharedCacheable),
+        ),
+    ];
+
+    #[test]
+    fn head_level_skips_in_order() {
+        for (method, path, status, pairs, want) in HEAD_CASES {
+            assert_eq!(
+                decide(method.clone(), path, *status, pairs),
+                *want,
+                "{method} {path} {status} {pairs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn shared_cacheable_as_the_sdk_pattern() {
+        let cacheable = [
+            "public",
+            "PUBLIC",
+            "private, public",
+            "no-cache,public",
+            "max-age=0",
+            "max-age = 60",
+            "Max-Age=60",
+            "s-maxage=10",
+            "immutable",
+            "stale-while-revalidate=30",
+            " ,\tpublic",
+            "publicity",
+            "max-age=60, private",
+        ];
+        let not = [
+            "",
+            "private",
+            "no-store",
+            "private, no-store",
+            "no-cache",
+            "max-age",
+            "x-max-age=5",
+            "private max-age=5",
+            "stale-while-revalidate",
+            "must-revalidate",
+            "s-maxage",
+        ];
+        for value in cacheable {
+            assert!(shared_cacheable_value(value.as_bytes()), "{value}");
+        }
+        for value in not {
+            assert!(!shared_cacheable_value(value.as_bytes()), "{value}");
+        }
+        for name in CACHE_HEADERS {
+            let headers = head(&[JSON, (name, "no-store"), (name, "public")]);
+            let decide = |cache| {
+                on_head(
+                    &Method::GET,
+                    "/x",
+                    &paths(),
+                    StatusCode::OK,
+                    &headers,
+                    cache,
+                    10,
+                )
+            };
+            assert_eq!(
+                decide(CacheMode::Safe),
+                Err(Skip::SharedCacheable),
+                "{name}"
+            );
+            assert_eq!(decide(CacheMode::Private), Ok(Kind::Json), "{name}");
+        }
+        assert!(shared_cacheable_value(b"\xff, public"));
+    }
+
+    proptest! {
+        #[test]
+        fn nothing_panics(path in any::<String>(), glob in "/[a-z*/]{0,12}", value in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let paths = Paths::new(&[glob]).unwrap();
+            let _ = paths.excluded(&path);
+            let _ = static_asset(&path);
+            let _ = shared_cacheable_value(&value);
+        }
+    }
+}
