@@ -1244,7 +1244,7 @@ async fn http_surface_events_are_unclassified_and_strict() {
             ],
         ),
     ];
-    let bad = vec![
+    let bad = [
         http("http_json", &[("classification", json!("confirmed"))]),
         http("http_json", &[("confirmationMethod", json!("mcp"))]),
         http("http_headers", &[("operation", json!("/search?q=1"))]),

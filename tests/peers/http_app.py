@@ -120,34 +120,38 @@ def build(with_mcp: bool) -> FastAPI:
                 yield
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # Every read route answers HEAD too (FastAPI's `get` alone would say 405).
+    def get(path: str):
+        return app.api_route(path, methods=["GET", "HEAD"])
+
     J = "application/json"
     H = "text/html; charset=utf-8"
 
-    @app.get("/search")
+    @get("/search")
     async def search(request: Request):
         return raw(request, SEARCH, J)
 
-    @app.get("/list")
+    @get("/list")
     async def list_(request: Request):
         return raw(request, LIST, J)
 
-    @app.get("/docs/test")
+    @get("/docs/test")
     async def docs(request: Request):
         return raw(request, DOCS, H)
 
-    @app.get("/page-no-head")
+    @get("/page-no-head")
     async def no_head(request: Request):
         return raw(request, NO_HEAD, H)
 
-    @app.get("/tricky")
+    @get("/tricky")
     async def tricky(request: Request):
         return raw(request, TRICKY, H)
 
-    @app.get("/big")
+    @get("/big")
     async def big(request: Request):
         return raw(request, BIG, J)
 
-    @app.get("/big-chunked")
+    @get("/big-chunked")
     async def big_chunked(request: Request):
         async def chunks():
             for i in range(0, len(BIG), 256 * 1024):
@@ -155,7 +159,7 @@ def build(with_mcp: bool) -> FastAPI:
 
         return StreamingResponse(chunks(), media_type=J, headers=identity_header(request))
 
-    @app.get("/stream")
+    @get("/stream")
     async def stream(request: Request):
         async def events():
             n = 0
@@ -166,7 +170,7 @@ def build(with_mcp: bool) -> FastAPI:
 
         return StreamingResponse(events(), media_type="text/event-stream", headers=identity_header(request))
 
-    @app.get("/stream-json")
+    @get("/stream-json")
     async def stream_json(request: Request):
         async def chunks():
             yield b'{"items": ['
@@ -177,51 +181,51 @@ def build(with_mcp: bool) -> FastAPI:
 
         return StreamingResponse(chunks(), media_type=J, headers=identity_header(request))
 
-    @app.get("/cached")
+    @get("/cached")
     async def cached(request: Request):
         return raw(request, b'{"cached": true}', J, Cache_Control="public, max-age=60")
 
-    @app.get("/redirect")
+    @get("/redirect")
     async def redirect(request: Request):
         return raw(request, b"", "text/plain", 302, Location="/search")
 
-    @app.get("/missing")
+    @get("/missing")
     async def missing(request: Request):
         return raw(request, b'{"error": "missing"}', J, 404)
 
-    @app.get("/created")
+    @get("/created")
     async def created(request: Request):
         return raw(request, b'{"created": true}', J, 201)
 
-    @app.get("/gz")
+    @get("/gz")
     async def gz(request: Request):
         return raw(request, gzip.compress(b'{"zipped": true}'), J, Content_Encoding="gzip")
 
-    @app.get("/binary")
+    @get("/binary")
     async def binary(request: Request):
         return raw(request, bytes(range(256)), "application/octet-stream")
 
-    @app.get("/static/app.js")
+    @get("/static/app.js")
     async def app_js(request: Request):
         return raw(request, b'{"looks": "like json but is a static asset"}', J)
 
-    @app.get("/health")
+    @get("/health")
     async def health(request: Request):
         return raw(request, b'{"status": "app-ok"}', J)
 
-    @app.get("/owns")
+    @get("/owns")
     async def owns(request: Request):
         return raw(request, OWNS, J)
 
-    @app.get("/marked")
+    @get("/marked")
     async def marked(request: Request):
         return raw(request, MARKED, H)
 
-    @app.get("/weird/{name}")
+    @get("/weird/{name}")
     async def weird(name: str, request: Request):
         return raw(request, json.dumps({"weird": name}).encode(), J)
 
-    @app.get("/internal/{name}")
+    @get("/internal/{name}")
     async def internal(name: str, request: Request):
         return raw(request, json.dumps({"internal": name}).encode(), J)
 
@@ -237,7 +241,7 @@ def build(with_mcp: bool) -> FastAPI:
         }
         return raw(request, json.dumps(out).encode(), J, 200, X_Echo="yes")
 
-    @app.get("/bad-identity")
+    @get("/bad-identity")
     async def bad_identity(request: Request):
         return Response(
             content=b'{"bad": "identity"}',
