@@ -261,13 +261,12 @@ fn instrumented(got: &Got, epode: &FakeEpode, what: &str) -> (Value, HandleClaim
             "{what}: {h} must not reach the client"
         );
     }
-    if let Some(len) = got.header("content-length") {
-        assert_eq!(
-            len.parse::<usize>().ok(),
-            Some(got.body.len()),
-            "{what}: Content-Length must be the new body's length"
-        );
-    }
+    let len = got.header("content-length");
+    assert_eq!(
+        len.as_deref().and_then(|l| l.parse::<usize>().ok()),
+        Some(got.body.len()),
+        "{what}: Content-Length must be the (new) body's length, got {len:?}"
+    );
     let env = envelope_from(got).unwrap_or_else(|| panic!("{what}: no envelope:\n{}", got.text()));
     schema_ok(&env, what);
     let auth = env["submit"]["authorization"]
@@ -443,6 +442,10 @@ async fn never_ask_places_the_envelope_by_content_type() {
         search_claims.s.is_none(),
         "never_ask has no consent subject"
     );
+    assert!(
+        search.header("etag").is_none(),
+        "/search: a changed body loses the app's ETag"
+    );
 
     // HTML with a head: the tag once, right before </head>, the page otherwise unchanged.
     let docs = get(&r.sc, "/docs/test", user).await;
@@ -497,6 +500,11 @@ async fn never_ask_places_the_envelope_by_content_type() {
     let list = get(&r.sc, "/list", user).await;
     let (env, list_claims) = instrumented(&list, &r.epode, "/list");
     assert_eq!(list.body, LIST, "/list: an array's body is never changed");
+    assert_eq!(
+        list.header("etag").as_deref(),
+        Some("\"list-v1\""),
+        "/list: an unchanged body keeps its ETag"
+    );
     assert_eq!(env["state"], "feedback_ready");
     let link = list.header("link").unwrap_or_default();
     assert!(
@@ -513,9 +521,15 @@ async fn never_ask_places_the_envelope_by_content_type() {
     let (_, created_claims) = instrumented(&created, &r.epode, "/created");
     spliced(&created, br#"{"created": true}"#, "/created");
 
+    // Id-like path segments are collapsed in the operation, so operations do not explode.
+    let numeric = get(&r.sc, "/weird/12345", user).await;
+    let (_, numeric_claims) = instrumented(&numeric, &r.epode, "/weird/12345");
+    let uuid = get(&r.sc, "/weird/0f8fad5b-d9cb-469f-a165-70867728950e", user).await;
+    let (_, uuid_claims) = instrumented(&uuid, &r.epode, "/weird/<uuid>");
+
     // One event per instrumented response, with the app's identity (no customerRef outside
     // ask_once) and the capability's interaction id.
-    let all = events(&r.epode, 6).await;
+    let all = events(&r.epode, 8).await;
     for (claims, surface, operation, status) in [
         (&search_claims, "http_json", "/search", 200),
         (&docs_claims, "http_html", "/docs/test", 200),
@@ -523,6 +537,8 @@ async fn never_ask_places_the_envelope_by_content_type() {
         (&tricky_claims, "http_html", "/tricky", 200),
         (&list_claims, "http_headers", "/list", 200),
         (&created_claims, "http_json", "/created", 201),
+        (&numeric_claims, "http_json", "/weird/:id", 200),
+        (&uuid_claims, "http_json", "/weird/:id", 200),
     ] {
         let e = event_for(&all, claims);
         check_event(e, surface, operation, status);
@@ -534,7 +550,7 @@ async fn never_ask_places_the_envelope_by_content_type() {
         );
     }
     let text = metrics(&r.sc).await;
-    assert_eq!(instrumented_count(&text, "http_json"), 2, "{text}");
+    assert_eq!(instrumented_count(&text, "http_json"), 4, "{text}");
     assert_eq!(instrumented_count(&text, "http_html"), 3, "{text}");
     assert_eq!(instrumented_count(&text, "http_headers"), 1, "{text}");
 }
@@ -776,6 +792,14 @@ async fn off_passes_everything_untouched_and_still_strips_identity() {
     let search = get(&r.sc, "/search", Some("user-acme")).await;
     assert_eq!(search.status, 200);
     untouched(&search, SEARCH, "off /search");
+    assert_eq!(
+        (
+            search.header("etag").as_deref(),
+            search.header("surrogate-control").as_deref()
+        ),
+        (Some("\"search-v1\""), Some("no-store")),
+        "off mode keeps every header of the app but Epode-Identity"
+    );
     assert!(
         search.header("cache-control").is_none(),
         "off mode adds no Cache-Control"
@@ -1155,6 +1179,20 @@ async fn with_the_surface_off_nothing_changes() {
         list["tools"].as_array().is_some_and(|t| !t.is_empty()),
         "MCP still works: {list}"
     );
+    // The app's identity header is taken off the MCP path whatever the surface setting.
+    let mut req = client()
+        .post(sc.url())
+        .header("authorization", "Bearer user-acme")
+        .body(modern_body(json!(1), "tools/list", json!({})).to_string());
+    for (k, v) in modern_headers("tools/list", None) {
+        req = req.header(k, v);
+    }
+    let mcp = send(req).await;
+    assert_eq!(mcp.status, 200, "{}", mcp.text());
+    assert!(
+        mcp.header("epode-identity").is_none(),
+        "Epode-Identity must not reach an MCP client, surface off too"
+    );
 }
 
 #[tokio::test]
@@ -1197,6 +1235,20 @@ async fn with_the_surface_on_the_app_owns_its_paths_and_mcp_still_works() {
     assert!(
         names.contains(&"echo") && names.contains(&"report_product_feedback"),
         "{names:?}"
+    );
+    // The identity header is taken off MCP responses too.
+    let mut req = client()
+        .post(r.sc.url())
+        .header("authorization", "Bearer user-acme")
+        .body(modern_body(json!(1), "tools/list", json!({})).to_string());
+    for (k, v) in modern_headers("tools/list", None) {
+        req = req.header(k, v);
+    }
+    let mcp = send(req).await;
+    assert_eq!(mcp.status, 200, "{}", mcp.text());
+    assert!(
+        mcp.header("epode-identity").is_none(),
+        "Epode-Identity must not reach an MCP client either"
     );
     // And the HTTP side beside it.
     let search = get(&r.sc, "/search", Some("user-acme")).await;

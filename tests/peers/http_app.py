@@ -105,6 +105,31 @@ def raw(request: Request, body: bytes, media: str, status: int = 200, **headers:
     return Response(content=body, status_code=status, media_type=media, headers=h)
 
 
+class IdentityOnMcp:
+    """The MCP app, whose responses also carry `Epode-Identity` (the sidecar strips it there too)."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        token = headers.get("authorization", "")
+        extra = []
+        if token.startswith("Bearer user-"):
+            ref = token[len("Bearer user-") :]
+            extra = [(b"epode-identity", json.dumps({"accountRef": ref}, separators=(",", ":")).encode())]
+
+        async def send_with(message) -> None:
+            if message["type"] == "http.response.start" and extra:
+                message = {**message, "headers": list(message.get("headers", [])) + extra}
+            await send(message)
+
+        await self.app(scope, receive, send_with)
+
+
 def build(with_mcp: bool) -> FastAPI:
     mcp_app = None
     lifespan = None
@@ -112,11 +137,13 @@ def build(with_mcp: bool) -> FastAPI:
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         import py_server  # the MCP peer's tools, served at /mcp
 
-        mcp_app = py_server.mcp.streamable_http_app(stateless_http=True, json_response=True, host="127.0.0.1")
+        mcp_app = IdentityOnMcp(
+            py_server.mcp.streamable_http_app(stateless_http=True, json_response=True, host="127.0.0.1")
+        )
 
         @contextlib.asynccontextmanager
         async def lifespan(_app):
-            async with mcp_app.router.lifespan_context(mcp_app):
+            async with mcp_app.app.router.lifespan_context(mcp_app.app):
                 yield
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
@@ -127,13 +154,15 @@ def build(with_mcp: bool) -> FastAPI:
     J = "application/json"
     H = "text/html; charset=utf-8"
 
+    # Validators and a CDN header the sidecar must drop once it changes the body (and keep
+    # when it does not: /list's body is never changed).
     @get("/search")
     async def search(request: Request):
-        return raw(request, SEARCH, J)
+        return raw(request, SEARCH, J, ETag='"search-v1"', Surrogate_Control="no-store")
 
     @get("/list")
     async def list_(request: Request):
-        return raw(request, LIST, J)
+        return raw(request, LIST, J, ETag='"list-v1"')
 
     @get("/docs/test")
     async def docs(request: Request):
