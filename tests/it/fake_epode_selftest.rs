@@ -7,9 +7,9 @@ use std::io::{Read as _, Write as _};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fake_epode::{
-    consent_subject, decode_handle, format_timestamp, mint_handle, product_key_parts,
-    verify_handle, BatchCost, Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY,
-    FAKE_WORKSPACE_ID, FAULT_SECRET, PROTOCOL_DIR,
+    consent_subject, decode_handle, feedback_envelope, format_timestamp, http_envelope_errors,
+    mint_handle, product_key_parts, verify_handle, BatchCost, Endpoint, FakeConfig, FakeEpode,
+    Fault, DEMO_PRODUCT_KEY, FAKE_WORKSPACE_ID, FAULT_SECRET, PROTOCOL_DIR,
 };
 use serde_json::{json, Value};
 
@@ -1195,6 +1195,144 @@ async fn telemetry_drops_bad_events_individually() {
     assert_eq!(
         (counters.events_accepted, counters.events_dropped),
         (3, bad.len() + 1)
+    );
+}
+
+#[tokio::test]
+async fn http_surface_events_are_unclassified_and_strict() {
+    let fake = start("never_ask");
+    let url = telemetry_url(&fake);
+    let http = |surface: &str, pairs: &[(&str, Value)]| {
+        let mut event = json!({
+            "interactionId": new_id(),
+            "surface": surface,
+            "operation": "/search",
+            "statusCode": 201,
+            "durationMs": 3,
+            "classification": "unclassified",
+            "occurredAt": timestamp(0),
+        });
+        for (key, value) in pairs {
+            event[*key] = value.clone();
+        }
+        event
+    };
+    let good = vec![
+        http(
+            "http_json",
+            &[
+                ("accountRef", json!("acme")),
+                ("customerRef", json!("acme")),
+            ],
+        ),
+        http("http_html", &[("operation", json!("/docs/:id"))]),
+        http(
+            "http_headers",
+            &[
+                ("anonymousRef", json!("anon.x")),
+                ("runtimeHint", json!("curl")),
+                ("runtimeHintSource", json!("http")),
+            ],
+        ),
+        http(
+            "http_html",
+            &[
+                ("anonymousRef", json!("anon.x")),
+                ("sessionRef", json!("s1")),
+                ("sessionSource", json!("customer")),
+                ("customerLinkSource", json!("product_link_click")),
+            ],
+        ),
+    ];
+    let bad = [
+        http("http_json", &[("classification", json!("confirmed"))]),
+        http("http_json", &[("confirmationMethod", json!("mcp"))]),
+        http("http_headers", &[("operation", json!("/search?q=1"))]),
+        http("http_html", &[("operation", json!("/a b"))]),
+        http("http_json", &[("operation", json!("/a%20b"))]),
+        http(
+            "http_json",
+            &[
+                ("runtimeHint", json!("curl")),
+                ("runtimeHintSource", json!("mcp")),
+            ],
+        ),
+        http(
+            "http_json",
+            &[
+                ("customerRef", json!("other")),
+                ("accountRef", json!("acme")),
+            ],
+        ),
+    ];
+    let mut events = good.clone();
+    events.extend(bad.iter().cloned());
+    let response = post(&url, Some(DEMO_PRODUCT_KEY), &json!({ "events": events })).await;
+    assert_eq!(response.status, 202, "{}", response.text);
+    assert_eq!(
+        response.json(),
+        json!({"accepted": good.len(), "dropped": bad.len()}),
+        "dropped: {:?}",
+        fake.dropped_events()
+    );
+    // A status outside 100..=599 (or a ref the schema refuses) fails the whole batch.
+    let schema_bad = [
+        ("statusCode", json!(99)),
+        ("statusCode", json!(600)),
+        ("statusCode", json!("200")),
+        ("userRef", json!("has space")),
+        ("durationMs", json!(-1)),
+        ("classification", Value::Null),
+        ("customerLinkSource", json!("product_link_click")),
+    ];
+    for (key, status) in schema_bad {
+        let event = http("http_json", &[(key, status.clone())]);
+        let response = post(&url, Some(DEMO_PRODUCT_KEY), &json!({ "events": [event] })).await;
+        assert_eq!(
+            response.status, 400,
+            "statusCode {status}: {}",
+            response.text
+        );
+    }
+    // An unknown surface too.
+    let event = http("http_xml", &[]);
+    let response = post(&url, Some(DEMO_PRODUCT_KEY), &json!({ "events": [event] })).await;
+    assert_eq!(response.status, 400, "{}", response.text);
+}
+
+#[test]
+fn http_envelopes_validate_against_the_relaxed_schema() {
+    let (_, token, _) = vector();
+    let ok = feedback_envelope(
+        "http://127.0.0.1:9",
+        &token,
+        "ask_always",
+        false,
+        false,
+        1_715_007_260,
+    );
+    assert!(
+        http_envelope_errors(&ok).is_empty(),
+        "{:?}",
+        http_envelope_errors(&ok)
+    );
+    let mut extra = ok.clone();
+    extra["surprise"] = json!(1);
+    assert!(
+        !http_envelope_errors(&extra).is_empty(),
+        "an unknown member must fail"
+    );
+    let mut mcp = ok.clone();
+    mcp["reliability"] = json!("protocol_tool");
+    assert!(
+        !http_envelope_errors(&mcp).is_empty(),
+        "the MCP reliability must fail"
+    );
+    let mut ftp = ok;
+    ftp["submit"]["url"] = json!("ftp://127.0.0.1:9/api/v2/reports");
+    assert!(
+        !http_envelope_errors(&ftp).is_empty(),
+        "a non-http URL must fail"
     );
 }
 

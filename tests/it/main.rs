@@ -16,6 +16,7 @@ mod fake_epode_selftest;
 mod feedback;
 mod front_door;
 mod hop;
+mod http_surface;
 mod isolation;
 mod limits;
 mod listeners;

@@ -2240,6 +2240,37 @@ fn first_decision(
     outcome
 }
 
+/// Why `envelope` is not a valid HTTP envelope (empty when it is): the published
+/// `envelope.schema.json` with its `^https://` URL pattern relaxed to `^https?://`, as Epode's
+/// own end-to-end harness relaxes it for a local backend (this fake serves plain HTTP on
+/// loopback), plus the HTTP variant's `reliability` (the MCP one says `protocol_tool`).
+pub fn http_envelope_errors(envelope: &Value) -> Vec<String> {
+    let text = std::fs::read_to_string(format!("{PROTOCOL_DIR}/envelope.schema.json"))
+        .unwrap_or_default()
+        .replace("\"^https://\"", "\"^https?://\"");
+    let schema: Value = match serde_json::from_str(&text) {
+        Ok(schema) => schema,
+        Err(error) => return vec![format!("envelope.schema.json is not JSON: {error}")],
+    };
+    let validator = match jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+    {
+        Ok(validator) => validator,
+        Err(error) => return vec![format!("envelope.schema.json does not compile: {error}")],
+    };
+    let mut errors: Vec<String> = validator
+        .iter_errors(envelope)
+        .map(|error| format!("{} at {}", error, error.instance_path()))
+        .collect();
+    if envelope.get("reliability").and_then(Value::as_str)
+        != Some("best_effort_without_agent_adapter")
+    {
+        errors.push("reliability is not best_effort_without_agent_adapter".to_owned());
+    }
+    errors
+}
+
 /// The HTTP `feedback_ready` envelope returned after approval (`approved_feedback_contract`).
 pub fn feedback_envelope(
     public_base_url: &str,
