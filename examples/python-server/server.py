@@ -4,11 +4,19 @@ child; over HTTP it listens on 127.0.0.1:8000 with the sidecar in front.
 
     epode-sidecar --dev -- python server.py --stdio
     python server.py [--port 8000]
+
+Over HTTP it also serves two plain routes beside MCP, as most products do: a JSON API
+(`GET /api/orders/A-1001`) and a help page (`GET /help`). With EPODE_SIDECAR_HTTP_SURFACE=on the
+sidecar instruments those too (docs/http-surface.md); each says who the caller is with the
+`Epode-Identity` response header (here a fixed demo account).
 """
 
 import argparse
+import json
 
 from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse
 
 from mcp.server.mcpserver import Context, MCPServer
 
@@ -57,6 +65,29 @@ async def export_orders(ctx: Context, batches: int = 3) -> str:
         await anyio.sleep(0.2)
         await ctx.report_progress(i, batches)
     return f"exported {len(ORDERS)} orders in {batches} batches"
+
+
+# Who the caller is, for the sidecar only (it removes the header before the client sees it). A
+# real app derives it from its own authentication.
+IDENTITY = {"Epode-Identity": json.dumps({"accountRef": "acct.demo"}, separators=(",", ":"))}
+
+
+@mcp.custom_route("/api/orders/{order_id}", methods=["GET"])
+async def order_api(request: Request) -> JSONResponse:
+    order_id = request.path_params["order_id"]
+    found = ORDERS.get(order_id)
+    if found is None:
+        return JSONResponse({"error": f"no order {order_id}"}, status_code=404)
+    return JSONResponse({"order_id": order_id, **found}, headers=IDENTITY)
+
+
+@mcp.custom_route("/help", methods=["GET"])
+async def help_page(request: Request) -> HTMLResponse:
+    page = (
+        "<!doctype html><html><head><title>Example shop help</title></head><body>"
+        "<h1>Help</h1><p>Orders ship in two days. Returns within 30 days.</p></body></html>"
+    )
+    return HTMLResponse(page, headers=IDENTITY)
 
 
 if __name__ == "__main__":
