@@ -402,13 +402,16 @@ mod tests {
         // left averages about 500 and stayed under 800 in 300 simulated fills; a run here,
         // with the real hash of sequential addresses, left more than 1,000. 3,000 allows it.
         assert!((97_000..=100_000).contains(&r.tracked_clients()));
-        // 20,000 fresh clients past the bound, in one run: the clients are not given time
-        // to recover (which would let a sweep of the table find little to keep).
-        let full = per_check(&r, 1, 20_000, |i| ip(200_000 + i));
+        // 20,000 fresh clients past the bound per run, three runs in a row (the best counts:
+        // a loaded machine preempts a run): the clients are not given time to recover (which
+        // would let a sweep of the table find little to keep).
+        let full = per_check(&r, 3, 20_000, |i| ip(200_000 + i));
         let tracked = r.tracked_clients();
         assert!((97_000..=100_000).contains(&tracked), "bounded: {tracked}");
+        // The scan this guards against cost 2,000 times one client's; on a loaded 2-core
+        // machine the full table's cache misses alone cost tens of times more.
         assert!(
-            full < one * 20 + Duration::from_micros(10),
+            full < one * 50 + Duration::from_micros(50),
             "{full:?} per check with the table full, {one:?} with one client"
         );
     }
