@@ -170,33 +170,93 @@ pub(crate) fn build_event(
     c: &McpCompletion,
     occurred_at: SystemTime,
 ) -> Result<Map<String, Value>, InvalidCompletion> {
-    if !valid_operation(&c.operation) {
-        return Err(InvalidCompletion::Operation);
-    }
     let status = match c.outcome {
         Some(Outcome::Success) => 200,
         Some(Outcome::Error) => 500,
         None => return Err(InvalidCompletion::Outcome),
     };
+    event(Event {
+        interaction_id: &c.interaction_id,
+        surface: "mcp",
+        operation: &c.operation,
+        classification: "confirmed",
+        confirmation: Some("mcp"),
+        occurred_at,
+        status,
+        duration: c.duration,
+        refs: &c.refs,
+        runtime_hint: c.runtime_hint.as_deref(),
+        session_source: "mcp",
+        hint_source: "mcp",
+    })
+}
+
+/// The event for an instrumented HTTP response, without its `sequence`: `unclassified` (Epode
+/// confirms it when a report names its interaction), no `confirmationMethod` (Epode refuses
+/// one on an HTTP event), the real status; a session and a runtime hint are the customer's
+/// and come over HTTP.
+pub(crate) fn build_http_event(
+    c: &HttpCompletion,
+    occurred_at: SystemTime,
+) -> Result<Map<String, Value>, InvalidCompletion> {
+    if !(100..=599).contains(&c.status) {
+        return Err(InvalidCompletion::Outcome);
+    }
+    event(Event {
+        interaction_id: &c.interaction_id,
+        surface: c.surface.as_str(),
+        operation: &c.operation,
+        classification: "unclassified",
+        confirmation: None,
+        occurred_at,
+        status: c.status,
+        duration: Some(c.duration),
+        refs: &c.refs,
+        runtime_hint: c.runtime_hint.as_deref(),
+        session_source: "customer",
+        hint_source: "http",
+    })
+}
+
+/// What an event of either surface says; [`event`] writes it in the order Epode documents.
+struct Event<'a> {
+    interaction_id: &'a str,
+    surface: &'static str,
+    operation: &'a str,
+    classification: &'static str,
+    confirmation: Option<&'static str>,
+    occurred_at: SystemTime,
+    status: u16,
+    duration: Option<Duration>,
+    refs: &'a IdentityRefs,
+    runtime_hint: Option<&'a str>,
+    /// Where a session and a runtime hint came from (`mcp`, or `customer` and `http`).
+    session_source: &'static str,
+    hint_source: &'static str,
+}
+
+fn event(f: Event<'_>) -> Result<Map<String, Value>, InvalidCompletion> {
+    if !valid_operation(f.operation) {
+        return Err(InvalidCompletion::Operation);
+    }
     // References reach here valid (IdentityRefs only keeps valid ones); the conflict rule
     // holds for every event.
-    let mut refs = c.refs.clone();
+    let mut refs = f.refs.clone();
     refs.drop_conflicting_customer();
     let mut e = Map::new();
-    e.insert(
-        "interactionId".into(),
-        Value::from(c.interaction_id.as_str()),
-    );
-    e.insert("surface".into(), "mcp".into());
-    e.insert("operation".into(), Value::from(c.operation.as_str()));
-    e.insert("classification".into(), "confirmed".into());
-    e.insert("confirmationMethod".into(), "mcp".into());
+    e.insert("interactionId".into(), Value::from(f.interaction_id));
+    e.insert("surface".into(), f.surface.into());
+    e.insert("operation".into(), Value::from(f.operation));
+    e.insert("classification".into(), f.classification.into());
+    if let Some(method) = f.confirmation {
+        e.insert("confirmationMethod".into(), method.into());
+    }
     e.insert(
         "occurredAt".into(),
-        Value::from(humantime::format_rfc3339_millis(occurred_at).to_string()),
+        Value::from(humantime::format_rfc3339_millis(f.occurred_at).to_string()),
     );
-    e.insert("statusCode".into(), Value::from(status));
-    if let Some(d) = c.duration {
+    e.insert("statusCode".into(), Value::from(f.status));
+    if let Some(d) = f.duration {
         e.insert(
             "durationMs".into(),
             Value::from(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
@@ -209,60 +269,11 @@ pub(crate) fn build_event(
     }
     if let Some(s) = refs.session_ref {
         e.insert("sessionRef".into(), Value::from(s));
-        e.insert("sessionSource".into(), "mcp".into());
+        e.insert("sessionSource".into(), f.session_source.into());
     }
-    if let Some(h) = c.runtime_hint.as_deref().and_then(runtime_hint) {
+    if let Some(h) = f.runtime_hint.and_then(runtime_hint) {
         e.insert("runtimeHint".into(), Value::from(h));
-        e.insert("runtimeHintSource".into(), "mcp".into());
-    }
-    Ok(e)
-}
-
-/// The event for an instrumented HTTP response, without its `sequence`: `unclassified` (Epode
-/// confirms it when a report names its interaction), no `confirmationMethod` (Epode refuses
-/// one on an HTTP event), the real status; a session and a runtime hint are the customer's
-/// and come over HTTP.
-pub(crate) fn build_http_event(
-    c: &HttpCompletion,
-    occurred_at: SystemTime,
-) -> Result<Map<String, Value>, InvalidCompletion> {
-    if !valid_operation(&c.operation) {
-        return Err(InvalidCompletion::Operation);
-    }
-    if !(100..=599).contains(&c.status) {
-        return Err(InvalidCompletion::Outcome);
-    }
-    let mut refs = c.refs.clone();
-    refs.drop_conflicting_customer();
-    let mut e = Map::new();
-    e.insert(
-        "interactionId".into(),
-        Value::from(c.interaction_id.as_str()),
-    );
-    e.insert("surface".into(), c.surface.as_str().into());
-    e.insert("operation".into(), Value::from(c.operation.as_str()));
-    e.insert("classification".into(), "unclassified".into());
-    e.insert(
-        "occurredAt".into(),
-        Value::from(humantime::format_rfc3339_millis(occurred_at).to_string()),
-    );
-    e.insert("statusCode".into(), Value::from(c.status));
-    e.insert(
-        "durationMs".into(),
-        Value::from(u64::try_from(c.duration.as_millis()).unwrap_or(u64::MAX)),
-    );
-    for (kind, value) in refs.iter() {
-        if kind != RefKind::Session {
-            e.insert(kind.key().into(), Value::from(value));
-        }
-    }
-    if let Some(s) = refs.session_ref {
-        e.insert("sessionRef".into(), Value::from(s));
-        e.insert("sessionSource".into(), "customer".into());
-    }
-    if let Some(h) = c.runtime_hint.as_deref().and_then(runtime_hint) {
-        e.insert("runtimeHint".into(), Value::from(h));
-        e.insert("runtimeHintSource".into(), "http".into());
+        e.insert("runtimeHintSource".into(), f.hint_source.into());
     }
     Ok(e)
 }
