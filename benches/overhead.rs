@@ -4,9 +4,10 @@
 //! installs nginx); `cargo bench --bench overhead -- [--quick] [--json]` runs it directly.
 //!
 //! Three processes share the machine's cores: this harness (load generator, and, re-executed
-//! with `--responder`, the tiny MCP upstream and Epode stand-in), the sidecar, and nginx. Only
-//! ratios from one run are meaningful on a shared machine; absolute times are printed for
-//! reference.
+//! with `--responder`, the tiny MCP upstream, its one JSON route and the Epode stand-in), the
+//! sidecar (two of them: the MCP scenarios' as it always was, and one with the HTTP surface on
+//! for the instrumented JSON route, idle while the other is measured), and nginx. Only ratios
+//! from one run are meaningful on a shared machine; absolute times are printed for reference.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -28,7 +29,8 @@ use support::*;
 const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_fedcba9876543210fedcba9876543210_bench_secret_not_a_real_key";
 
 // ---------------------------------------------------------------------------------------
-// The responder: a tiny MCP 2026-07-28 upstream, and the Epode telemetry endpoint.
+// The responder: a tiny MCP 2026-07-28 upstream, one plain JSON route beside it (for the HTTP
+// surface), and the Epode telemetry endpoint.
 
 const SERVER_INFO: &str =
     r#"{"io.modelcontextprotocol/serverInfo":{"name":"bench-upstream","version":"1.0.0"}}"#;
@@ -85,8 +87,23 @@ fn responder_reply(body: &[u8]) -> (bool, String) {
 
 type RBody = http_body_util::combinators::BoxBody<Bytes, Infallible>;
 
+/// The JSON route's path, and its answer: a small JSON object (217 bytes) with the caller's
+/// identity in `Epode-Identity`, as an app behind the HTTP surface would send it.
+const JSON_ROUTE: &str = "/api/search";
+const JSON_ROUTE_URI: &str = "/api/search?q=x";
+const JSON_ROUTE_BODY: &str = r#"{"query":"x","results":[{"id":"sku-1001","title":"Trail running shoe","price":89.0},{"id":"sku-1002","title":"Road running shoe","price":74.5},{"id":"sku-1003","title":"Hiking boot","price":129.0}],"total":3,"page":1}"#;
+const JSON_ROUTE_IDENTITY: &str = r#"{"accountRef":"acct.bench"}"#;
+
 async fn responder_service(req: Request<Incoming>) -> Result<Response<RBody>, Infallible> {
     let path = req.uri().path().to_owned();
+    if path == JSON_ROUTE && req.method() == hyper::Method::GET {
+        let mut resp =
+            Response::new(Full::new(Bytes::from_static(JSON_ROUTE_BODY.as_bytes())).boxed());
+        let h = resp.headers_mut();
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.insert("epode-identity", JSON_ROUTE_IDENTITY.parse().unwrap());
+        return Ok(resp);
+    }
     let body = req
         .into_body()
         .collect()
@@ -161,7 +178,9 @@ fn run_responder(port: u16) {
 // ---------------------------------------------------------------------------------------
 // Processes.
 
-fn start_sidecar(port: u16, upstream: u16) -> Proc {
+/// The sidecar in never_ask, its MCP endpoint the upstream's `/mcp`, Epode the responder; with
+/// `http_surface`, the upstream's other routes proxied and instrumented too.
+fn start_sidecar(port: u16, upstream: u16, http_surface: bool) -> Proc {
     let child = Command::new(sidecar_binary())
         .env_clear()
         .env("EPODE_SIDECAR_LISTEN", format!("127.0.0.1:{port}"))
@@ -174,6 +193,7 @@ fn start_sidecar(port: u16, upstream: u16) -> Proc {
         .env("EPODE_API_URL", format!("http://127.0.0.1:{upstream}"))
         .env("AGENT_FEEDBACK_MODE", "never_ask")
         .env("EPODE_SIDECAR_LOG", "warn")
+        .envs(http_surface.then_some(("EPODE_SIDECAR_HTTP_SURFACE", "on")))
         .envs(std::env::var("EPODE_SIDECAR_WORKERS").map(|v| ("EPODE_SIDECAR_WORKERS", v)))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -284,14 +304,17 @@ enum Scenario {
     ToolsList,
     DecoratedCall,
     SseCall,
+    /// `GET /api/search?q=x`, not MCP: through the sidecar with the HTTP surface on.
+    JsonRoute,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 4] = [
+    const ALL: [Scenario; 5] = [
         Scenario::PassThrough,
         Scenario::ToolsList,
         Scenario::DecoratedCall,
         Scenario::SseCall,
+        Scenario::JsonRoute,
     ];
 
     fn name(self) -> &'static str {
@@ -300,54 +323,114 @@ impl Scenario {
             Scenario::ToolsList => "tools/list + feedback tools",
             Scenario::DecoratedCall => "decorated tools/call",
             Scenario::SseCall => "SSE tools/call with progress",
+            Scenario::JsonRoute => "instrumented JSON route",
         }
     }
 
-    fn request(self) -> (String, Option<&'static str>, String) {
+    /// Whether the sidecar measured is the one with the HTTP surface on.
+    fn http_surface(self) -> bool {
+        self == Scenario::JsonRoute
+    }
+
+    /// The request's body, made once per slice.
+    fn body(self) -> Bytes {
+        match self {
+            Scenario::JsonRoute => Bytes::new(),
+            _ => Bytes::from(self.mcp_request()),
+        }
+    }
+
+    /// The request sent, again and again, with `body` from `Scenario::body`.
+    fn http_request(self, body: &Bytes) -> Request<Full<Bytes>> {
+        if self == Scenario::JsonRoute {
+            return Request::get(JSON_ROUTE_URI)
+                .header("host", "127.0.0.1")
+                .header("accept", "application/json")
+                .body(Full::new(body.clone()))
+                .unwrap();
+        }
+        let (method, name) = self.mcp_method();
+        let mut req = Request::post("/mcp")
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", method);
+        if let Some(n) = name {
+            req = req.header("mcp-name", n);
+        }
+        req.body(Full::new(body.clone())).unwrap()
+    }
+
+    /// Whether a 200's answer is whole: for MCP its final JSON-RPC result; for the JSON route
+    /// the app's object, with `_agentFeedback` spliced in and `Epode-Identity` taken off
+    /// through the sidecar, and neither touched on the other paths (direct, nginx).
+    fn whole(self, via_sidecar: bool, headers: &hyper::HeaderMap, body: &[u8]) -> bool {
+        if self != Scenario::JsonRoute {
+            return contains(body, RESULT);
+        }
+        let app_object = body.starts_with(&JSON_ROUTE_BODY.as_bytes()[..JSON_ROUTE_BODY.len() - 1]);
+        let feedback = contains(body, FEEDBACK);
+        let identity = headers.contains_key("epode-identity");
+        app_object && feedback == via_sidecar && identity != via_sidecar
+    }
+
+    /// The `Mcp-Method` and `Mcp-Name` headers.
+    fn mcp_method(self) -> (&'static str, Option<&'static str>) {
+        match self {
+            Scenario::PassThrough => ("prompts/list", None),
+            Scenario::ToolsList => ("tools/list", None),
+            Scenario::DecoratedCall => ("tools/call", Some("search")),
+            Scenario::SseCall => ("tools/call", Some("stream")),
+            Scenario::JsonRoute => unreachable!("not MCP"),
+        }
+    }
+
+    /// The JSON-RPC request's text.
+    fn mcp_request(self) -> String {
         let meta = json!({"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                           "io.modelcontextprotocol/clientCapabilities": {}});
-        let (method, name, params) = match self {
-            Scenario::PassThrough => ("prompts/list", None, json!({"_meta": meta})),
-            Scenario::ToolsList => ("tools/list", None, json!({"_meta": meta})),
-            Scenario::DecoratedCall => (
-                "tools/call",
-                Some("search"),
-                json!({"name": "search", "arguments": {"q": "shoes"}, "_meta": meta}),
-            ),
+        let params = match self {
+            Scenario::PassThrough | Scenario::ToolsList => json!({"_meta": meta}),
+            Scenario::DecoratedCall => {
+                json!({"name": "search", "arguments": {"q": "shoes"}, "_meta": meta})
+            }
             Scenario::SseCall => {
                 let mut m = meta.clone();
                 m["progressToken"] = json!("t");
-                (
-                    "tools/call",
-                    Some("stream"),
-                    json!({"name": "stream", "arguments": {}, "_meta": m}),
-                )
+                json!({"name": "stream", "arguments": {}, "_meta": m})
             }
+            Scenario::JsonRoute => unreachable!("not MCP"),
         };
-        let body =
-            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string();
-        (method.to_owned(), name, body)
+        let method = self.mcp_method().0;
+        json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string()
     }
 }
 
-/// What every answer the load generator counts must contain.
+/// What every MCP answer the load generator counts must contain.
 const RESULT: &[u8] = br#""result":{"resultType":"complete""#;
+/// What every JSON route answer through the sidecar must contain, and no other must.
+const FEEDBACK: &[u8] = br#","_agentFeedback":"#;
 
-/// `concurrency` connections, each sending requests back to back for `for_how_long`.
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `concurrency` connections, each sending requests back to back for `for_how_long`;
+/// `via_sidecar` says which answer is whole (`Scenario::whole`).
 async fn load(
     addr: SocketAddr,
     scenario: Scenario,
+    via_sidecar: bool,
     concurrency: usize,
     for_how_long: Duration,
 ) -> Sample {
-    let (method, name, body) = scenario.request();
-    let body = Bytes::from(body);
+    let body = scenario.body();
     let started = Instant::now();
     let deadline = started + for_how_long;
     let mut tasks = Vec::new();
     for _ in 0..concurrency {
         let body = body.clone();
-        let method = method.clone();
         tasks.push(tokio::spawn(async move {
             let (mut lat, mut errors, mut reconnects) = (Vec::with_capacity(4096), 0, 0);
             let Some(mut send) = connect_http1(addr).await else {
@@ -365,24 +448,17 @@ async fn load(
                         }
                     }
                 }
-                let mut req = Request::post("/mcp")
-                    .header("host", "127.0.0.1")
-                    .header("content-type", "application/json")
-                    .header("accept", "application/json, text/event-stream")
-                    .header("mcp-protocol-version", "2026-07-28")
-                    .header("mcp-method", method.as_str());
-                if let Some(n) = name {
-                    req = req.header("mcp-name", n);
-                }
-                let req = req.body(Full::new(body.clone())).unwrap();
+                let req = scenario.http_request(&body);
                 let t = Instant::now();
                 match send.send_request(req).await {
                     Ok(resp) => {
-                        let ok = resp.status() == 200;
-                        let got = resp.into_body().collect().await.map(|c| c.to_bytes());
-                        // A whole answer: its final JSON-RPC result, not just a 200.
-                        let whole = got.is_ok_and(|b| b.windows(RESULT.len()).any(|w| w == RESULT));
-                        if ok && whole {
+                        let (head, body) = resp.into_parts();
+                        let got = body.collect().await.map(|c| c.to_bytes());
+                        // A whole answer, not just a 200 (`Scenario::whole`).
+                        let whole = got.is_ok_and(|b| {
+                            head.status == 200 && scenario.whole(via_sidecar, &head.headers, &b)
+                        });
+                        if whole {
                             lat.push(t.elapsed().as_micros().min(u32::MAX as u128) as u32);
                         } else {
                             errors += 1;
@@ -434,8 +510,12 @@ fn main() {
     );
     wait_port(up_port);
     let sc_port = free_port();
-    let sidecar = start_sidecar(sc_port, up_port);
+    let sidecar = start_sidecar(sc_port, up_port, false);
     let sc_pid = sidecar.0.id();
+    // The instrumented JSON route's sidecar: the same settings, and the HTTP surface on.
+    let hs_port = free_port();
+    let http_sidecar = start_sidecar(hs_port, up_port, true);
+    let hs_pid = http_sidecar.0.id();
     std::thread::sleep(Duration::from_millis(300));
     let (rss_idle, _) = rss_kib(sc_pid);
     let threads = std::thread::available_parallelism()
@@ -447,7 +527,16 @@ fn main() {
         log("nginx not found: install it (bench/run does) for the comparison point".into());
     }
     let direct = SocketAddr::from(([127, 0, 0, 1], up_port));
-    let via_sidecar = SocketAddr::from(([127, 0, 0, 1], sc_port));
+    let via_mcp_sidecar = SocketAddr::from(([127, 0, 0, 1], sc_port));
+    let via_http_sidecar = SocketAddr::from(([127, 0, 0, 1], hs_port));
+    // The sidecar a scenario is measured through, and its pid.
+    let sidecar_for = |s: Scenario| {
+        if s.http_surface() {
+            (via_http_sidecar, hs_pid)
+        } else {
+            (via_mcp_sidecar, sc_pid)
+        }
+    };
     let via_nginx = SocketAddr::from(([127, 0, 0, 1], ng_port));
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -458,33 +547,36 @@ fn main() {
     // Warm-up: connections, the sidecar's tool catalog, allocator pools.
     rt.block_on(async {
         for s in Scenario::ALL {
-            load(via_sidecar, s, 4, Duration::from_millis(300)).await;
-            load(direct, s, 4, Duration::from_millis(100)).await;
+            load(sidecar_for(s).0, s, true, 4, Duration::from_millis(300)).await;
+            load(direct, s, false, 4, Duration::from_millis(100)).await;
             if nginx.is_some() {
-                load(via_nginx, s, 4, Duration::from_millis(100)).await;
+                load(via_nginx, s, false, 4, Duration::from_millis(100)).await;
             }
         }
     });
     std::thread::sleep(Duration::from_millis(600)); // let telemetry drain
 
-    // EPODE_BENCH_PROFILE=<scenario index 0-3>: only load one target for 12 s (the sidecar,
-    // or nginx with EPODE_BENCH_PROFILE_TARGET=nginx; concurrency EPODE_BENCH_CONCURRENCY,
-    // 32 by default) and print its pids, for `perf record -p`.
+    // EPODE_BENCH_PROFILE=<scenario index 0-4>: only load one target for 12 s (the sidecar,
+    // the HTTP surface's for 4, or nginx with EPODE_BENCH_PROFILE_TARGET=nginx; concurrency
+    // EPODE_BENCH_CONCURRENCY, 32 by default) and print its pids, for `perf record -p`.
     if let Some(i) = std::env::var("EPODE_BENCH_PROFILE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let scenario = Scenario::ALL[i.min(3)];
-        let (target, pids) = match (
+        let scenario = Scenario::ALL[i.min(Scenario::ALL.len() - 1)];
+        let (target, via_sidecar, pids) = match (
             std::env::var("EPODE_BENCH_PROFILE_TARGET").as_deref(),
             &nginx,
         ) {
             (Ok("nginx"), Some(n)) => {
                 let mut pids = vec![n.pid()];
                 pids.extend(children_of(n.pid()));
-                (via_nginx, pids)
+                (via_nginx, false, pids)
             }
-            _ => (via_sidecar, vec![sc_pid]),
+            _ => {
+                let (addr, pid) = sidecar_for(scenario);
+                (addr, true, vec![pid])
+            }
         };
         let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
         eprintln!(
@@ -496,7 +588,13 @@ fn main() {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(32);
-        let s = rt.block_on(load(target, scenario, conc, Duration::from_secs(12)));
+        let s = rt.block_on(load(
+            target,
+            scenario,
+            via_sidecar,
+            conc,
+            Duration::from_secs(12),
+        ));
         eprintln!(
             "bench: {} requests, p50 {} µs",
             s.latencies_us.len(),
@@ -528,16 +626,22 @@ fn main() {
             for _ in 0..rounds {
                 // Interleaved: each target in turn, so drift in the machine hits all three.
                 row.direct
-                    .merge(rt.block_on(load(direct, scenario, concurrency, slice)));
+                    .merge(rt.block_on(load(direct, scenario, false, concurrency, slice)));
                 if let (Some(n), Some(p)) = (row.nginx.as_mut(), nginx.as_ref()) {
                     let before = tree_cpu_ticks(p.pid());
-                    n.merge(rt.block_on(load(via_nginx, scenario, concurrency, slice)));
+                    n.merge(rt.block_on(load(via_nginx, scenario, false, concurrency, slice)));
                     nginx_ticks += tree_cpu_ticks(p.pid()) - before;
                 }
-                let before = cpu_ticks(sc_pid);
-                row.sidecar
-                    .merge(rt.block_on(load(via_sidecar, scenario, concurrency, slice)));
-                sidecar_ticks += cpu_ticks(sc_pid) - before;
+                let (via_sidecar, pid) = sidecar_for(scenario);
+                let before = cpu_ticks(pid);
+                row.sidecar.merge(rt.block_on(load(
+                    via_sidecar,
+                    scenario,
+                    true,
+                    concurrency,
+                    slice,
+                )));
+                sidecar_ticks += cpu_ticks(pid) - before;
             }
             row.sidecar_cpu_us_per_request =
                 sidecar_ticks as f64 * tick_us / row.sidecar.latencies_us.len().max(1) as f64;
@@ -550,7 +654,9 @@ fn main() {
     }
     std::thread::sleep(Duration::from_millis(600));
     let (_, rss_peak) = rss_kib(sc_pid);
+    let (_, rss_http_peak) = rss_kib(hs_pid);
     drop(sidecar);
+    drop(http_sidecar);
     let left_behind = nginx.map(Nginx::stop).unwrap_or_default();
     drop(responder);
     let failures = failures(&rows, &left_behind);
@@ -582,6 +688,7 @@ fn main() {
         "rss_idle_kib": rss_idle,
         "rss_after_warmup_kib": rss_warm,
         "rss_load_kib": rss_peak,
+        "rss_http_surface_load_kib": rss_http_peak,
         "failures": failures,
     });
 
@@ -676,6 +783,10 @@ fn print_table(report: &Value) {
     println!(
         "sidecar RSS: {} KiB idle at start, {} KiB after warm-up, {} KiB peak under load",
         report["rss_idle_kib"], report["rss_after_warmup_kib"], report["rss_load_kib"]
+    );
+    println!(
+        "HTTP-surface sidecar (instrumented JSON route) RSS: {} KiB peak under load",
+        report["rss_http_surface_load_kib"]
     );
     let reconnects: Vec<String> = report["scenarios"]
         .as_array()
