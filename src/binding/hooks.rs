@@ -5,17 +5,16 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime};
+use std::time::Instant;
 
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{Active, FeedbackBinding};
+use super::{Active, FeedbackBinding, Grant};
 use crate::epode::telemetry::{self, McpCompletion, Outcome};
-use crate::feedback::envelope::CachedConsent;
 use crate::feedback::envelope::{Case, Envelope};
 use crate::feedback::identity::{self, IdentityRefs};
-use crate::feedback::{capability, placement, tools, FeedbackMode};
+use crate::feedback::{placement, tools};
 use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
 use crate::mcp::rewrite::ResultHook;
 use crate::metrics::DecorationLabels;
@@ -196,26 +195,13 @@ impl CallHook {
         is_error: bool,
     ) -> (String, bool) {
         let mode = self.binding.config.mode;
-        // The consent subject: Ask once with a stable customerRef only.
-        let subject = (mode == FeedbackMode::AskOnce)
-            .then(|| refs.customer_ref.as_deref().map(|c| active.key.subject(c)))
-            .flatten();
-        let (cached, revision) = match &subject {
-            Some(s) => active.consent.get(s),
-            None => {
-                if mode == FeedbackMode::AskOnce {
-                    self.binding
-                        .no_subject
-                        .add("calls without a customerRef", 1);
-                }
-                (CachedConsent::NoSubject, 0)
-            }
-        };
-        let minted = capability::mint(
-            &active.key,
-            SystemTime::now(),
-            subject.clone().map(|s| (s, revision)),
-        );
+        let Grant {
+            subject,
+            cached,
+            minted,
+        } = self
+            .binding
+            .grant(active, refs, "calls without a customerRef");
         let mut changed = false;
         if let Some(case) = Case::for_product_result(mode, cached) {
             self.binding

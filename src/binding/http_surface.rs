@@ -4,16 +4,12 @@
 //! its telemetry event and consent warm-up once it is answered. Where the envelope goes is the
 //! HTTP surface's business.
 
-use std::time::SystemTime;
-
 use http::HeaderMap;
 
-use super::FeedbackBinding;
+use super::{FeedbackBinding, Grant};
 use crate::epode::telemetry::HttpCompletion;
-use crate::feedback::capability;
-use crate::feedback::envelope::{CachedConsent, Case, Envelope};
+use crate::feedback::envelope::{Case, Envelope};
 use crate::feedback::identity::IdentityRefs;
-use crate::feedback::FeedbackMode;
 
 /// The envelope made for one HTTP response.
 pub(crate) struct HttpEnvelope {
@@ -47,26 +43,12 @@ impl FeedbackBinding {
     /// is off.
     pub(crate) fn http_envelope(&self, refs: &IdentityRefs) -> Option<HttpEnvelope> {
         let active = self.active.as_ref()?;
-        let mode = self.config.mode;
-        let subject = (mode == FeedbackMode::AskOnce)
-            .then(|| refs.customer_ref.as_deref().map(|c| active.key.subject(c)))
-            .flatten();
-        let (cached, revision) = match &subject {
-            Some(s) => active.consent.get(s),
-            None => {
-                if mode == FeedbackMode::AskOnce {
-                    self.no_subject
-                        .add("HTTP responses without a customerRef", 1);
-                }
-                (CachedConsent::NoSubject, 0)
-            }
-        };
-        let case = Case::for_product_result(mode, cached)?;
-        let minted = capability::mint(
-            &active.key,
-            SystemTime::now(),
-            subject.clone().map(|s| (s, revision)),
-        );
+        let Grant {
+            subject,
+            cached,
+            minted,
+        } = self.grant(active, refs, "HTTP responses without a customerRef");
+        let case = Case::for_product_result(self.config.mode, cached)?;
         let envelope = Envelope::new(case, minted.handle, minted.claims.exp);
         Some(HttpEnvelope {
             json: envelope.http(self.endpoint()).to_string(),

@@ -47,6 +47,16 @@ struct Active {
     timeout: Duration,
 }
 
+/// What a product answer's envelope is made from, on either surface: the Ask-once consent
+/// subject (from customerRef), the decision cached for it (the cache only: an answer never
+/// waits for Epode) and the capability minted for the interaction, which carries the subject
+/// and the decision's revision.
+struct Grant {
+    subject: Option<String>,
+    cached: crate::feedback::envelope::CachedConsent,
+    minted: crate::feedback::capability::Minted,
+}
+
 pub(crate) struct FeedbackBinding {
     config: FeedbackConfig,
     active: Option<Active>,
@@ -60,6 +70,35 @@ pub(crate) struct FeedbackBinding {
 }
 
 impl FeedbackBinding {
+    /// The grant for an answer with `refs`; `without_customer` names what is counted when
+    /// Ask once has no customerRef to ask once for.
+    fn grant(&self, active: &Active, refs: &IdentityRefs, without_customer: &'static str) -> Grant {
+        use crate::feedback::envelope::CachedConsent;
+        let ask_once = self.config.mode == crate::feedback::FeedbackMode::AskOnce;
+        let subject = ask_once
+            .then(|| refs.customer_ref.as_deref().map(|c| active.key.subject(c)))
+            .flatten();
+        let (cached, revision) = match &subject {
+            Some(s) => active.consent.get(s),
+            None => {
+                if ask_once {
+                    self.no_subject.add(without_customer, 1);
+                }
+                (CachedConsent::NoSubject, 0)
+            }
+        };
+        let minted = crate::feedback::capability::mint(
+            &active.key,
+            std::time::SystemTime::now(),
+            subject.clone().map(|s| (s, revision)),
+        );
+        Grant {
+            subject,
+            cached,
+            minted,
+        }
+    }
+
     /// Builds the binding; with feedback on, starts the telemetry task on the current runtime.
     pub(crate) fn new(
         config: FeedbackConfig,
