@@ -150,14 +150,17 @@ fn an_admin_flood_leaves_the_mcp_port_answering() {
     let mut flood: Vec<TcpStream> = (0..400)
         .filter_map(|_| TcpStream::connect_timeout(&admin, Duration::from_millis(500)).ok())
         .collect();
-    // Past its share, the admin port resets new connections at once.
-    assert!(flood.len() > 350, "{} connections", flood.len());
-    let reset = count_closed(&mut flood, 300, Duration::from_secs(10));
+    // Past its share, the admin port resets new connections at once. (On a loaded machine
+    // some connects time out in the listen backlog: they never reach the sidecar.)
+    assert!(flood.len() >= 300, "{} connections", flood.len());
+    let want = flood.len() - 40;
+    let reset = count_closed(&mut flood, want, Duration::from_secs(10));
     mcp_answers_within_a_second(sc.addr);
     assert!(open_fds(sc.pid()) < 256, "{}", open_fds(sc.pid()));
     assert!(
-        reset >= 300,
-        "{reset} of 400 admin connections refused past the admin share"
+        reset >= want,
+        "{reset} of {} admin connections refused past the admin share",
+        flood.len()
     );
     // The silent ones go at the header timeout; then the probes are answered again.
     let started = Instant::now();
