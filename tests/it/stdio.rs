@@ -865,9 +865,14 @@ async fn readiness_starts_no_child_once_the_children_went_idle() {
         started,
         "a readiness probe started a process"
     );
-    // A client still gets its child at once.
+    // A client still gets its child (on a loaded machine its start may outlast the upstream
+    // timeout, a 504, once: the child then serves the next request).
     let echo = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": "b"}}});
-    assert_eq!(post_as(&sc, Some("bob"), &echo).await.status(), 200);
+    let ok = eventually_async(Duration::from_secs(90), || async {
+        post_as(&sc, Some("bob"), &echo).await.status() == 200
+    })
+    .await;
+    assert!(ok, "bob never got an answer from a child of his own");
     assert_eq!(child_pids(&sc, &mut log).len(), started.len() + 1);
 }
 
