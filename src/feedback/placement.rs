@@ -35,17 +35,17 @@ impl Decoration {
         })
     }
 
-    /// From the three pieces as JSON text; `None` when one is not JSON.
-    pub(crate) fn from_json(
-        feedback: String,
-        feedback_block: String,
-        restatement_block: String,
-    ) -> Option<Self> {
-        Some(Decoration {
-            feedback: RawValue::from_string(feedback).ok()?,
-            feedback_block: RawValue::from_string(feedback_block).ok()?,
-            restatement_block: RawValue::from_string(restatement_block).ok()?,
-        })
+    /// From the three pieces, already JSON.
+    pub(crate) fn from_raw(
+        feedback: Box<RawValue>,
+        feedback_block: Box<RawValue>,
+        restatement_block: Box<RawValue>,
+    ) -> Self {
+        Decoration {
+            feedback,
+            feedback_block,
+            restatement_block,
+        }
     }
 
     /// The three pieces as JSON text.
