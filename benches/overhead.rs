@@ -195,6 +195,8 @@ fn start_sidecar(port: u16, upstream: u16, http_surface: bool) -> Proc {
         .env("EPODE_SIDECAR_LOG", "warn")
         .envs(http_surface.then_some(("EPODE_SIDECAR_HTTP_SURFACE", "on")))
         .envs(std::env::var("EPODE_SIDECAR_WORKERS").map(|v| ("EPODE_SIDECAR_WORKERS", v)))
+        // The access line costs CPU per request: on or off, to measure it.
+        .envs(std::env::var("EPODE_SIDECAR_ACCESS_LOG").map(|v| ("EPODE_SIDECAR_ACCESS_LOG", v)))
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -92,7 +92,14 @@ impl Cli {
 }
 
 fn init_logging(config: &Config) {
-    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(&config.log);
+    // The access line is one setting: when it is on, its target is let through even where
+    // `log` asks only for warnings (off, the line is never made: see `dispatch`).
+    let filter = if config.access_log {
+        format!("{},{}=info", config.log, crate::observe::ACCESS_TARGET)
+    } else {
+        config.log.clone()
+    };
+    let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(filter);
     use std::io::IsTerminal as _;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -353,6 +353,7 @@ impl Config {
             http,
             log: l.get(&core::LOG)?,
             log_format: l.get(&core::LOG_FORMAT)?,
+            access_log: l.get(&core::ACCESS_LOG)?,
         })
     }
 

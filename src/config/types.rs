@@ -110,6 +110,8 @@ pub(crate) struct Config {
     pub(crate) admin_listen: Option<SocketAddr>,
     pub(crate) log: String,
     pub(crate) log_format: LogFormat,
+    /// One access line per request (`epode_sidecar::access`), whatever `log` says.
+    pub(crate) access_log: bool,
     /// The local trial (`--dev`), when on.
     pub(crate) dev: Option<DevConfig>,
     /// The HTTP surface, when on.

@@ -23,7 +23,7 @@ use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabels};
-use crate::observe::{millis, Note, Observer, Served};
+use crate::observe::{Millis, Note, Observer, Served, ACCESS_TARGET};
 use crate::upstream::{Client, Upstream};
 
 use self::table::Table;
@@ -146,14 +146,16 @@ impl Dispatcher {
                 method: seen.method,
             })
             .observe(elapsed.as_secs_f64());
-        tracing::info!(
-            target: "epode_sidecar::access",
-            method = seen.method,
-            era = seen.era,
-            status = status.as_u16(),
-            duration_ms = millis(elapsed),
-            "request"
-        );
+        if self.table.config.access_log {
+            tracing::info!(
+                target: ACCESS_TARGET,
+                method = seen.method,
+                era = seen.era,
+                status = status.as_u16(),
+                duration_ms = %Millis(elapsed),
+                "request"
+            );
+        }
         match (&self.observer, seen.note.take()) {
             (Some(observer), Some(note)) => {
                 show_call(observer.clone(), note, seen, status, elapsed, resp)

@@ -56,6 +56,9 @@ pub(crate) struct ProductKey {
     /// HMAC-SHA256 keyed with the SHA-256 of the whole key, its key schedule done once: each
     /// handle clones it.
     signer: HmacSha256,
+    /// HMAC-SHA256 keyed with the consent scope's SHA-256, prepared once: every Ask-once call
+    /// derives a subject, and cloning skips the SHA-256 and the key schedule.
+    subject_signer: HmacSha256,
 }
 
 impl ProductKey {
@@ -79,6 +82,7 @@ impl ProductKey {
         let signing_key: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         Ok(ProductKey {
             signer: new_mac(&signing_key),
+            subject_signer: scope_mac(scope),
             full: key.to_owned(),
             key_id: key_id.to_ascii_lowercase(),
             consent_scope: scope.to_ascii_lowercase(),
@@ -121,7 +125,7 @@ impl ProductKey {
 
     /// The Ask-once consent subject for a customer of this product.
     pub(crate) fn subject(&self, customer_ref: &str) -> String {
-        subject(&self.consent_scope, customer_ref)
+        subject_with(self.subject_signer.clone(), customer_ref)
     }
 }
 
@@ -370,19 +374,26 @@ pub(crate) fn valid_subject(value: &str) -> bool {
 /// The Ask-once consent subject: `afsub1_` + b64url(HMAC-SHA256(SHA256("epode-consent-scope:" +
 /// lowercase scope), "customer-ref:" + trimmed customerRef)). Stable across key rotation within a
 /// scope, and it never reveals the customerRef.
+#[cfg(test)]
 pub(crate) fn subject(consent_scope: &str, customer_ref: &str) -> String {
-    let scope_key: [u8; 32] = Sha256::digest(
-        format!("epode-consent-scope:{}", consent_scope.to_ascii_lowercase()).as_bytes(),
-    )
-    .into();
-    let message = format!(
-        "customer-ref:{}",
-        customer_ref.trim_matches(is_js_whitespace)
-    );
-    format!(
-        "{SUBJECT_PREFIX}{}",
-        URL_SAFE_NO_PAD.encode(mac(&scope_key, message.as_bytes()))
-    )
+    subject_with(scope_mac(consent_scope), customer_ref)
+}
+
+/// The keyed MAC a scope's subjects are derived with (the scope's case does not matter).
+fn scope_mac(consent_scope: &str) -> HmacSha256 {
+    let mut hasher = Sha256::new();
+    hasher.update(b"epode-consent-scope:");
+    hasher.update(consent_scope.to_ascii_lowercase().as_bytes());
+    new_mac(&hasher.finalize().into())
+}
+
+fn subject_with(mut mac: HmacSha256, customer_ref: &str) -> String {
+    mac.update(b"customer-ref:");
+    mac.update(customer_ref.trim_matches(is_js_whitespace).as_bytes());
+    let mut out = String::with_capacity(SUBJECT_PREFIX.len() + 43);
+    out.push_str(SUBJECT_PREFIX);
+    URL_SAFE_NO_PAD.encode_string(mac.finalize().into_bytes(), &mut out);
+    out
 }
 
 /// What JavaScript's `String.prototype.trim` removes (the reference trims with it); Rust's
@@ -409,6 +420,7 @@ fn new_mac(key: &[u8; 32]) -> HmacSha256 {
     <HmacSha256 as Mac>::new_from_slice(key).unwrap_or_else(|_| unreachable!())
 }
 
+#[cfg(test)]
 fn mac(key: &[u8; 32], message: &[u8]) -> [u8; 32] {
     let mut mac = new_mac(key);
     mac.update(message);

@@ -12,6 +12,8 @@
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
 
+use serde::ser::{Serialize, SerializeMap as _, SerializeSeq as _, Serializer};
+use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Map, Value};
 
 use super::capability::FeedbackHandle;
@@ -368,17 +370,10 @@ impl Envelope {
             s.bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b"_.-:".contains(&b))
         };
-        if let Some(prepared) = prepared(self.case).filter(|_| safe(handle) && safe(&expires)) {
-            let fill = |t: &Template| t.fill(handle, &expires);
-            if let Some(d) = Decoration::from_json(
-                fill(&prepared.feedback),
-                fill(&prepared.feedback_block),
-                fill(&prepared.restatement_block),
-            ) {
-                return Some(d);
-            }
-        }
-        Decoration::new(&self.agent_feedback(), &self.restatement())
+        prepared(self.case)
+            .filter(|_| safe(handle) && safe(&expires))
+            .and_then(|prepared| prepared.fill(handle, &expires))
+            .or_else(|| Decoration::new(&self.agent_feedback(), &self.restatement()))
     }
 
     fn projection(&self, expires: &str) -> Value {
@@ -436,7 +431,7 @@ impl Envelope {
 const HANDLE_HOLE: &str = "@@epode:handle@@";
 const EXPIRES_HOLE: &str = "@@epode:expires@@";
 
-/// JSON text with holes for the handle and its expiry.
+/// Text with holes for the handle and its expiry.
 struct Template(Vec<Piece>);
 
 enum Piece {
@@ -485,11 +480,110 @@ impl Template {
     }
 }
 
-/// A product case's decoration, serialised once with holes.
+/// A decoration's object serialised once with holes, as a tree: a part without a hole is
+/// JSON text checked once, here, and copied as it is; only a string with a hole is filled per
+/// call, escaped by serde_json as when the piece was first serialised.
+enum Node {
+    Json(Box<RawValue>),
+    /// A string value with a hole, unescaped.
+    Text(Template),
+    Object(Vec<(String, Node)>),
+    Array(Vec<Node>),
+}
+
+impl Node {
+    /// The tree of `text` (compact JSON); `None` unless it serialises back to exactly `text`
+    /// with the holes in place, so a filled tree is what splicing into `text` would give.
+    fn prepare(text: &str) -> Option<Node> {
+        let node = Node::of(&serde_json::from_str(text).ok()?)?;
+        let back = serde_json::to_string(&Filled {
+            node: &node,
+            handle: HANDLE_HOLE,
+            expires: EXPIRES_HOLE,
+        })
+        .ok()?;
+        (back == text).then_some(node)
+    }
+
+    fn of(value: &Value) -> Option<Node> {
+        let text = to_raw_value(value).ok()?;
+        let has_hole = |t: &str| t.contains(HANDLE_HOLE) || t.contains(EXPIRES_HOLE);
+        if !has_hole(text.get()) {
+            return Some(Node::Json(text));
+        }
+        Some(match value {
+            Value::String(s) => Node::Text(Template::new(s)),
+            Value::Object(map) => Node::Object(
+                map.iter()
+                    .map(|(k, v)| (!has_hole(k)).then(|| Some((k.clone(), Node::of(v)?)))?)
+                    .collect::<Option<_>>()?,
+            ),
+            Value::Array(items) => Node::Array(items.iter().map(Node::of).collect::<Option<_>>()?),
+            _ => return None,
+        })
+    }
+}
+
+/// A prepared tree with the call's values in its holes, serialised without a parse.
+struct Filled<'a> {
+    node: &'a Node,
+    handle: &'a str,
+    expires: &'a str,
+}
+
+impl Serialize for Filled<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let child = |node| Filled { node, ..*self };
+        match self.node {
+            Node::Json(raw) => raw.serialize(serializer),
+            Node::Text(template) => {
+                serializer.serialize_str(&template.fill(self.handle, self.expires))
+            }
+            Node::Object(members) => {
+                let mut map = serializer.serialize_map(Some(members.len()))?;
+                for (key, node) in members {
+                    map.serialize_entry(key, &child(node))?;
+                }
+                map.end()
+            }
+            Node::Array(items) => {
+                let mut seq = serializer.serialize_seq(Some(items.len()))?;
+                for node in items {
+                    seq.serialize_element(&child(node))?;
+                }
+                seq.end()
+            }
+        }
+    }
+}
+
+/// A product case's decoration, serialised once with holes. The object is a tree (its text
+/// checked once, never parsed again); the two text blocks stay text, filled and parsed per
+/// call, because writing their strings through serde_json's escaping again measured slower
+/// than that parse (1.7 µs against 1.0 µs for the JSON block, 0.8 against 0.3 for the
+/// restatement; `decorated_call_costs`).
 struct Prepared {
-    feedback: Template,
+    feedback: Node,
     feedback_block: Template,
     restatement_block: Template,
+}
+
+impl Prepared {
+    /// The decoration with the call's handle and expiry, which need no escaping.
+    fn fill(&self, handle: &str, expires: &str) -> Option<Decoration> {
+        let feedback = to_raw_value(&Filled {
+            node: &self.feedback,
+            handle,
+            expires,
+        })
+        .ok()?;
+        let block = |t: &Template| RawValue::from_string(t.fill(handle, expires)).ok();
+        Some(Decoration::from_raw(
+            feedback,
+            block(&self.feedback_block)?,
+            block(&self.restatement_block)?,
+        ))
+    }
 }
 
 /// The cases a product result can carry.
@@ -518,13 +612,13 @@ fn prepared(case: Case) -> Option<&'static Prepared> {
                         expires_at: 0,
                     };
                     let feedback = holes.projection(EXPIRES_HOLE);
-                    let prepared = Decoration::new(&feedback, &holes.restatement()).map(|d| {
+                    let prepared = Decoration::new(&feedback, &holes.restatement()).and_then(|d| {
                         let [feedback, feedback_block, restatement_block] = d.json();
-                        Prepared {
-                            feedback: Template::new(feedback),
+                        Some(Prepared {
+                            feedback: Node::prepare(feedback)?,
                             feedback_block: Template::new(feedback_block),
                             restatement_block: Template::new(restatement_block),
-                        }
+                        })
                     });
                     (case, prepared)
                 })

@@ -4,14 +4,20 @@
 use serde_json::value::{to_raw_value, RawValue};
 use serde_json::{json, Value};
 
-use crate::mcp::raw::RawMap;
+use indexmap::IndexMap;
+
+use crate::mcp::raw::{as_str, RawMap};
 
 fn raw_is_input_required(result: &RawMap) -> bool {
     result
         .get("resultType")
-        .and_then(|value| serde_json::from_str::<String>(value.get()).ok())
+        .and_then(|value| as_str(value))
         .is_some_and(|kind| kind == "input_required")
 }
+
+/// An object's members read in place: the values stay in the upstream's text (only the keys
+/// are copied), since all placement does is add a member and write the object again.
+type Members<'a> = IndexMap<String, &'a RawValue, foldhash::fast::RandomState>;
 
 /// The JSON a decoration adds to a result: the `_agentFeedback` object, the standalone text
 /// block that carries it (`{"_agentFeedback": …}` as text), and the plain-text restatement
@@ -35,17 +41,17 @@ impl Decoration {
         })
     }
 
-    /// From the three pieces as JSON text; `None` when one is not JSON.
-    pub(crate) fn from_json(
-        feedback: String,
-        feedback_block: String,
-        restatement_block: String,
-    ) -> Option<Self> {
-        Some(Decoration {
-            feedback: RawValue::from_string(feedback).ok()?,
-            feedback_block: RawValue::from_string(feedback_block).ok()?,
-            restatement_block: RawValue::from_string(restatement_block).ok()?,
-        })
+    /// From the three pieces, already JSON.
+    pub(crate) fn from_raw(
+        feedback: Box<RawValue>,
+        feedback_block: Box<RawValue>,
+        restatement_block: Box<RawValue>,
+    ) -> Self {
+        Decoration {
+            feedback,
+            feedback_block,
+            restatement_block,
+        }
     }
 
     /// The three pieces as JSON text.
@@ -80,7 +86,7 @@ pub(crate) fn decorate(
         return false;
     }
     let structured = result.get("structuredContent");
-    let structured_object: Option<RawMap> = structured
+    let structured_object: Option<Members<'_>> = structured
         .filter(|value| value.get().trim_start().starts_with('{'))
         .and_then(|value| serde_json::from_str(value.get()).ok());
     let non_object_structured = structured.is_some() && structured_object.is_none();
@@ -104,7 +110,7 @@ pub(crate) fn decorate(
         None
     } else {
         let mut object = structured_object.unwrap_or_default();
-        object.insert("_agentFeedback".into(), decoration.feedback.clone());
+        object.insert("_agentFeedback".into(), &decoration.feedback);
         match to_raw_value(&object) {
             Ok(value) => Some(value),
             Err(_) => return false,
@@ -125,9 +131,9 @@ pub(crate) fn decorate(
 
 fn is_text_block(block: &RawValue) -> bool {
     #[derive(serde::Deserialize)]
-    struct Block {
-        #[serde(rename = "type")]
-        kind: Option<String>,
+    struct Block<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
     }
     serde_json::from_str::<Block>(block.get()).is_ok_and(|b| b.kind.as_deref() == Some("text"))
 }

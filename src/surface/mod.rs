@@ -171,14 +171,16 @@ impl HttpSurfaceRoute {
                 duration: started.elapsed(),
             });
         }
-        tracing::info!(
-            target: "epode_sidecar::access",
-            surface = "http",
-            method = parts.method.as_str(),
-            status = resp.status().as_u16(),
-            duration_ms = crate::observe::millis(started.elapsed()),
-            "request"
-        );
+        if self.config.access_log {
+            tracing::info!(
+                target: crate::observe::ACCESS_TARGET,
+                surface = "http",
+                method = parts.method.as_str(),
+                status = resp.status().as_u16(),
+                duration_ms = %crate::observe::Millis(started.elapsed()),
+                "request"
+            );
+        }
         resp
     }
 

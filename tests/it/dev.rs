@@ -40,6 +40,7 @@ fn dev(record: &std::path::Path) -> Sidecar {
     start(&[
         ("EPODE_SIDECAR_DEV", "1"),
         ("EPODE_SIDECAR_DEV_LOG", record.to_str().unwrap()),
+        ("EPODE_SIDECAR_ACCESS_LOG", "on"),
     ])
 }
 

@@ -1,5 +1,5 @@
 //! What an operator sees: metrics on the admin listener (never on the MCP port when it is
-//! set), one access-log line per request with nothing private in it, and W3C trace context
+//! set), one access-log line per request when it is on, with nothing private in it, and W3C trace context
 //! carried to the upstream.
 
 use std::time::Duration;
@@ -128,7 +128,10 @@ async fn one_access_line_per_request_with_nothing_private() {
         &up.url(),
         &epode,
         "never_ask",
-        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_ACCESS_LOG", "on"),
+        ],
     );
     let body = modern_body(
         json!("c1"),

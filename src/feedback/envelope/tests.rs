@@ -504,3 +504,109 @@ fn the_prepared_decoration_is_the_one_built_from_the_values() {
     assert!(prepared(approved.case).is_none());
     assert!(approved.decoration().is_some());
 }
+
+/// The consent subject as `capability::subject` derived it before its MAC was prepared once
+/// per key: a SHA-256 and an HMAC key schedule per call.
+fn old_subject(scope: &str, customer: &str) -> String {
+    use base64::Engine as _;
+    use hmac::{Hmac, Mac};
+    use sha2::{Digest, Sha256};
+    let scope_key: [u8; 32] = Sha256::digest(format!(
+        "epode-consent-scope:{}",
+        scope.to_ascii_lowercase()
+    ))
+    .into();
+    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(&scope_key).unwrap();
+    mac.update(format!("customer-ref:{}", customer.trim()).as_bytes());
+    let tag: [u8; 32] = mac.finalize().into_bytes().into();
+    format!(
+        "afsub1_{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(tag)
+    )
+}
+
+/// The three steps of a decorated call timed against the way they were done before (issue
+/// 24), alternating: `cargo test --release --lib -- --ignored --nocapture decorated_call_costs`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn decorated_call_costs() {
+    use crate::mcp::raw::RawMap;
+    use std::hint::black_box;
+    use std::time::Instant;
+
+    const N: u32 = 200_000;
+    let time = |name: &str, f: &mut dyn FnMut()| {
+        let start = Instant::now();
+        for _ in 0..N {
+            f();
+        }
+        let ns = start.elapsed().as_nanos() / u128::from(N);
+        println!("{name}: {ns} ns");
+    };
+    let envelope = envelope(Case::NeverAsk);
+    let handle = envelope.handle.as_str().to_owned();
+    let expires = expires_at(envelope.expires_at);
+    let Some(p) = prepared(Case::NeverAsk) else {
+        panic!("prepared")
+    };
+    // Before: the object as text too, filled, then parsed again as JSON.
+    let object = serde_json::to_string(&Filled {
+        node: &p.feedback,
+        handle: HANDLE_HOLE,
+        expires: EXPIRES_HOLE,
+    })
+    .unwrap();
+    let old = [
+        &Template::new(&object),
+        &p.feedback_block,
+        &p.restatement_block,
+    ];
+    let key = ProductKey::parse(KEY).unwrap();
+    assert_eq!(
+        old_subject("0123456789abcdef0123456789abcdef", "c-1"),
+        key.subject("c-1")
+    );
+    let sc = r#"{"sum":3,"terms":[1,2],"note":"the sum of the two numbers, as asked"}"#;
+    let decoration = envelope.decoration().unwrap();
+    let feedback = RawValue::from_string(decoration.json()[0].to_owned()).unwrap();
+    for round in 1..=4 {
+        println!("round {round}");
+        time("decoration, filled then parsed (before)", &mut || {
+            let [a, b, c] = old.each_ref().map(|t| t.fill(&handle, &expires));
+            black_box(Decoration::from_raw(
+                RawValue::from_string(a).unwrap(),
+                RawValue::from_string(b).unwrap(),
+                RawValue::from_string(c).unwrap(),
+            ));
+        });
+        time(
+            "decoration, the object written from its tree (after)",
+            &mut || {
+                black_box(p.fill(&handle, &expires));
+            },
+        );
+        time("subject, key schedule per call (before)", &mut || {
+            black_box(old_subject("0123456789abcdef0123456789abcdef", "c-1"));
+        });
+        time("subject, prepared MAC cloned (after)", &mut || {
+            black_box(key.subject("c-1"));
+        });
+        time(
+            "placement, structuredContent as a RawMap (before)",
+            &mut || {
+                let mut object: RawMap = serde_json::from_str(sc).unwrap();
+                object.insert("_agentFeedback".into(), feedback.clone());
+                black_box(serde_json::value::to_raw_value(&object).unwrap());
+            },
+        );
+        time(
+            "placement, structuredContent read in place (after)",
+            &mut || {
+                let mut object: indexmap::IndexMap<String, &RawValue, foldhash::fast::RandomState> =
+                    serde_json::from_str(sc).unwrap();
+                object.insert("_agentFeedback".into(), &feedback);
+                black_box(serde_json::value::to_raw_value(&object).unwrap());
+            },
+        );
+    }
+}
