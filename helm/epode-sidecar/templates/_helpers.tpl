@@ -165,6 +165,7 @@ An empty string or null leaves the setting to the sidecar's default.
   (list "EPODE_SIDECAR_CACHE_SCOPE" "sidecar.cacheScope" $s.cacheScope)
   (list "EPODE_SIDECAR_LOG" "sidecar.log.level" $s.log.level)
   (list "EPODE_SIDECAR_LOG_FORMAT" "sidecar.log.format" $s.log.format)
+  (list "EPODE_SIDECAR_ACCESS_LOG" "sidecar.log.access" (ternary "on" "" (eq $s.log.access true)))
   (list "EPODE_SIDECAR_MAX_BODY_BYTES" "sidecar.limits.maxBodyBytes" $l.maxBodyBytes)
   (list "EPODE_SIDECAR_MAX_HEADER_BYTES" "sidecar.limits.maxHeaderBytes" $l.maxHeaderBytes)
   (list "EPODE_SIDECAR_MAX_HEADERS" "sidecar.limits.maxHeaders" $l.maxHeaders)
