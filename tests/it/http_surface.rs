@@ -1282,3 +1282,50 @@ async fn the_admin_listener_keeps_the_bare_operations_paths() {
         "with another prefix the default one is the app's"
     );
 }
+
+/// A request body past `EPODE_SIDECAR_MAX_BODY_BYTES` is refused with 413 and a plain message
+/// naming the setting, for a declared length and for a chunked body alike; the next request on
+/// the surface is served as usual.
+#[tokio::test]
+async fn a_request_body_past_the_limit_gets_413_naming_the_setting() {
+    let r = rig("never_ask", &[("EPODE_SIDECAR_MAX_BODY_BYTES", "1000")]);
+    let big = "x".repeat(5000);
+    let declared = send(
+        client()
+            .post(format!("{}/echo", r.sc.base()))
+            .header("content-type", "text/plain")
+            .body(big.clone()),
+    )
+    .await;
+    let chunks = futures_util::stream::iter(
+        (0..5).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from("y".repeat(1000)))),
+    );
+    let chunked = send(
+        client()
+            .post(format!("{}/echo", r.sc.base()))
+            .header("content-type", "text/plain")
+            .body(reqwest::Body::wrap_stream(chunks)),
+    )
+    .await;
+    for (got, what) in [(declared, "declared length"), (chunked, "chunked")] {
+        assert_eq!(got.status, 413, "{what}: {}", got.text());
+        assert!(
+            got.text().contains("EPODE_SIDECAR_MAX_BODY_BYTES"),
+            "{what}: {}",
+            got.text()
+        );
+        assert!(
+            envelope_from(&got).is_none(),
+            "{what}: a refusal is never instrumented"
+        );
+    }
+    let small = send(
+        client()
+            .post(format!("{}/echo", r.sc.base()))
+            .header("content-type", "text/plain")
+            .body("small"),
+    )
+    .await;
+    assert_eq!(small.status, 200, "{}", small.text());
+    assert_eq!(small.json()["body"], "small");
+}

@@ -120,6 +120,46 @@ async fn metrics_live_on_the_admin_listener_with_help_lines() {
     }
 }
 
+/// Without `EPODE_SIDECAR_ACCESS_LOG`, no access line is written, even at the INFO level the
+/// other lines are written at (off by default, as in the mesh sidecars).
+#[tokio::test]
+async fn the_access_log_is_off_by_default() {
+    let up = lookup_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_LOG", "info"),
+        ],
+    );
+    let body = modern_body(
+        json!("c1"),
+        "tools/call",
+        json!({"name": "lookup", "arguments": {"query": "q"}}),
+    );
+    let resp = post_modern(&sc.url(), "tools/call", Some("lookup"), &body).await;
+    assert_eq!(resp.status(), 200);
+    let _ = resp.bytes().await.unwrap();
+    // The call's telemetry is delivered after the answer: once Epode has it, the request's
+    // end (where an access line would be written) is long past.
+    assert!(
+        eventually(Duration::from_secs(10), || !epode.events().is_empty()),
+        "the call's event never reached Epode"
+    );
+    let logs = sc.logs();
+    assert!(
+        logs.iter().any(|l| l.contains(" INFO ")),
+        "INFO lines are written: {logs:?}"
+    );
+    assert!(
+        !logs.iter().any(|l| l.contains("epode_sidecar::access")),
+        "{logs:?}"
+    );
+}
+
 #[tokio::test]
 async fn one_access_line_per_request_with_nothing_private() {
     let up = lookup_upstream();
