@@ -57,8 +57,36 @@ pub(crate) fn to_bytes(msg: &RawMap) -> bytes::Bytes {
     }
 }
 
+/// The message serialised with the member `key` written from `value`, an object opened and
+/// changed: the changed object goes straight into the message's bytes, never made into text
+/// of its own and read back (a decorated result is several KB, and reading it back to check it
+/// was a tenth of a decorated call's work). The member's old text should be gone already.
+pub(crate) fn to_bytes_with(msg: &RawMap, key: &str, value: &RawMap) -> bytes::Bytes {
+    struct With<'a>(&'a RawMap, &'a str, &'a RawMap);
+    impl Serialize for With<'_> {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeMap;
+            let mut m = s.serialize_map(Some(self.0.len()))?;
+            for (k, v) in self.0 {
+                if k == self.1 {
+                    m.serialize_entry(k, self.2)?;
+                } else {
+                    m.serialize_entry(k, v)?;
+                }
+            }
+            m.end()
+        }
+    }
+    let mut out = Vec::with_capacity(size_of_unescaped(msg) + size_of_unescaped(value));
+    match serde_json::to_writer(&mut out, &With(msg, key, value)) {
+        Ok(()) => bytes::Bytes::from(out),
+        Err(_) => bytes::Bytes::new(),
+    }
+}
+
 /// An object as raw JSON, serialised into a buffer sized once: a large result grown by
 /// doubling held up to twice its size, copied at every step.
+#[cfg(test)]
 pub(crate) fn raw_object(map: &RawMap) -> Box<RawValue> {
     let mut out = Vec::with_capacity(size_of_unescaped(map));
     if serde_json::to_writer(&mut out, map).is_err() {
@@ -108,5 +136,57 @@ mod tests {
         assert_eq!(size_of_unescaped(&msg), out.len() + 1);
         let result = open(&msg["result"]).unwrap();
         assert_eq!(raw_object(&result).get(), msg["result"].get());
+    }
+
+    #[test]
+    fn a_member_written_from_its_opened_object_is_what_putting_it_back_would_give() {
+        let text = r#"{"jsonrpc":"2.0","id":"\u0041","result":{"s":"\u00e9\n","n":1e400},"z":[1]}"#;
+        let mut msg = parse_message(text.as_bytes()).unwrap();
+        let mut result = open(&msg["result"]).unwrap();
+        result.insert("added".into(), raw("a \"b\""));
+        msg.insert("result".into(), null());
+        let out = to_bytes_with(&msg, "result", &result);
+        msg.insert("result".into(), raw_object(&result));
+        assert_eq!(&out[..], &to_bytes(&msg)[..]);
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"jsonrpc":"2.0","id":"\u0041","result":{"s":"\u00e9\n","n":1e400,"added":"a \"b\""},"z":[1]}"#
+        );
+    }
+
+    /// What writing a changed result straight into its message saves over making it text
+    /// and reading that back: `cargo test --release --lib result_rewrite_costs -- --ignored
+    /// --nocapture`.
+    #[test]
+    #[ignore = "a measurement, not a check"]
+    fn result_rewrite_costs() {
+        use std::hint::black_box;
+        use std::time::Instant;
+        const N: u32 = 100_000;
+        let text = r#"an instruction of the kind a decoration carries, with \"quotes\" "#.repeat(40);
+        let result = format!(
+            r#"{{"content":[{{"type":"text","text":"3"}},{{"type":"text","text":"{text}"}}],"structuredContent":{{"sum":3}},"_agentFeedback":{{"instruction":"{text}"}}}}"#
+        );
+        let msg =
+            parse_message(format!(r#"{{"jsonrpc":"2.0","id":1,"result":{result}}}"#).as_bytes())
+                .unwrap();
+        let opened = open(&msg["result"]).unwrap();
+        for round in 1..=3 {
+            let start = Instant::now();
+            for _ in 0..N {
+                let mut m = msg.clone();
+                m.insert("result".into(), raw_object(black_box(&opened)));
+                black_box(to_bytes(&m));
+            }
+            let before = start.elapsed().as_nanos() / u128::from(N);
+            let start = Instant::now();
+            for _ in 0..N {
+                let mut m = msg.clone();
+                m.insert("result".into(), null());
+                black_box(to_bytes_with(&m, "result", black_box(&opened)));
+            }
+            let after = start.elapsed().as_nanos() / u128::from(N);
+            println!("round {round}: {} bytes; back through text {before} ns, written in place {after} ns", result.len());
+        }
     }
 }

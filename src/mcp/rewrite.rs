@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::era::Era;
-use super::raw::{as_str, is_object, null, open, raw, raw_object, RawMap};
+use super::raw::{as_str, is_object, null, open, raw, RawMap};
 use super::version::META_SERVER_INFO;
 use crate::error::code;
 
@@ -59,6 +59,15 @@ pub(crate) fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
         | code::UNSUPPORTED_VERSION => Some(http::StatusCode::BAD_REQUEST),
         _ => None,
     }
+}
+
+/// What a plan did to one message.
+enum Outcome {
+    Same,
+    /// The message itself changed (its result became an error).
+    Message,
+    /// The result changed: this is the new one.
+    Result(RawMap),
 }
 
 /// What to do to the response of one request. Its hook hears exactly one outcome: the result
@@ -147,19 +156,71 @@ impl ResultPlan {
     }
 
     /// Applies the plan to one JSON-RPC message of the response (notifications are only
-    /// observed); returns whether anything changed.
+    /// observed); returns the message's new bytes when anything changed. A changed result is
+    /// written into them as it stands, never made into text of its own and read back.
+    pub(crate) fn rewrite(&mut self, msg: &mut RawMap) -> Option<bytes::Bytes> {
+        let outcome = self.outcome(msg);
+        Self::written(outcome, msg)
+    }
+
+    /// [`ResultPlan::rewrite`] of a message read from `original`: those bytes when nothing
+    /// changed, and otherwise gone before the new ones are made (one copy less at the peak).
+    pub(crate) fn rewrite_from(
+        &mut self,
+        msg: &mut RawMap,
+        original: bytes::Bytes,
+    ) -> bytes::Bytes {
+        match self.outcome(msg) {
+            Outcome::Same => original,
+            outcome => {
+                drop(original);
+                Self::written(outcome, msg).unwrap_or_default()
+            }
+        }
+    }
+
+    fn written(outcome: Outcome, msg: &mut RawMap) -> Option<bytes::Bytes> {
+        match outcome {
+            Outcome::Same => None,
+            Outcome::Message => Some(super::raw::to_bytes(msg)),
+            Outcome::Result(result) => {
+                // The old text goes before the new bytes are made: a large result is then
+                // held twice at most (the map and the new message), not three times.
+                if let Some(slot) = msg.get_mut("result") {
+                    *slot = null();
+                }
+                Some(super::raw::to_bytes_with(msg, "result", &result))
+            }
+        }
+    }
+
+    /// [`ResultPlan::rewrite`] into the message itself; whether anything changed.
+    #[cfg(test)]
     pub(crate) fn apply(&mut self, msg: &mut RawMap) -> bool {
+        match self.outcome(msg) {
+            Outcome::Same => false,
+            Outcome::Message => true,
+            Outcome::Result(result) => {
+                if let Some(slot) = msg.get_mut("result") {
+                    *slot = super::raw::raw_object(&result);
+                }
+                true
+            }
+        }
+    }
+
+    fn outcome(&mut self, msg: &mut RawMap) -> Outcome {
         if let Some(method) = msg.get("method").and_then(|m| as_str(m)) {
             if let Some(hook) = self.hook.as_mut() {
                 hook.notification(&method);
             }
-            return false;
+            return Outcome::Same;
         }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
             if msg.contains_key("error") {
                 self.fail();
             }
-            return false;
+            return Outcome::Same;
         };
         let mut changed = false;
         if !self.settled {
@@ -179,17 +240,15 @@ impl ResultPlan {
                         "error".into(),
                         raw(&serde_json::json!({"code": code::INTERNAL_ERROR, "message": message})),
                     );
-                    return true;
+                    return Outcome::Message;
                 }
             },
         }
-        if let (true, Some(slot)) = (changed, msg.get_mut("result")) {
-            // The old text goes before the new one is made: a large result is then held
-            // twice at most (the map and its new text), not three times.
-            *slot = null();
-            *slot = raw_object(&result);
+        if changed {
+            Outcome::Result(result)
+        } else {
+            Outcome::Same
         }
-        changed
     }
 
     fn to_modern(&self, result: &mut RawMap) -> bool {

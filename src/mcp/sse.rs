@@ -391,8 +391,11 @@ fn broken_event<B>(st: &mut State<B>, error: Error) -> Option<Bytes> {
     let id = st.id.take()?;
     st.saw_response = true;
     let mut msg = raw::parse_message(&error.body(Some(&id)))?;
-    st.plan.apply(&mut msg);
-    Some(message_event(&raw::to_bytes(&msg)))
+    let bytes = st
+        .plan
+        .rewrite(&mut msg)
+        .unwrap_or_else(|| raw::to_bytes(&msg));
+    Some(message_event(&bytes))
 }
 
 fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
@@ -407,10 +410,8 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
     let data = event_data(block)?;
     let mut msg: RawMap = raw::parse_message(data.as_bytes())?;
     st.saw_response |= raw::is_response(&msg);
-    if !st.plan.apply(&mut msg) {
-        return None;
-    }
-    Some(replace_data(block, &raw::to_bytes(&msg)))
+    let rewritten = st.plan.rewrite(&mut msg)?;
+    Some(replace_data(block, &rewritten))
 }
 
 #[cfg(test)]

@@ -242,8 +242,10 @@ async fn finish_stream(
             .filter(raw::is_response);
         if let Some(mut msg) = msg {
             if let Some(status) = rewrite::modern_error_status(&msg) {
-                plan.apply(&mut msg);
-                return Ok(body::json(status, raw::to_bytes(&msg)));
+                let bytes = plan
+                    .rewrite(&mut msg)
+                    .unwrap_or_else(|| raw::to_bytes(&msg));
+                return Ok(body::json(status, bytes));
             }
         }
         read = bytes;
@@ -285,13 +287,7 @@ fn rewrite_message(
             let status = translates_status(plan.client_era(), upstream)
                 .then(|| rewrite::modern_error_status(&msg))
                 .flatten();
-            if plan.apply(&mut msg) {
-                // Gone before the rewritten copy is made: one copy less at the peak.
-                drop(bytes);
-                (raw::to_bytes(&msg), status)
-            } else {
-                (bytes, status)
-            }
+            (plan.rewrite_from(&mut msg, bytes), status)
         }
         _ => (bytes, None),
     }

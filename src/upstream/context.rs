@@ -47,8 +47,11 @@ impl<'a> RequestContext<'a> {
     /// A result the sidecar made, through the plan (for the client's era and the hook).
     pub(crate) fn local_result(mut self, result: Value) -> Response<Body> {
         let mut msg = raw::result_message(self.id, raw(&result));
-        self.plan.apply(&mut msg);
-        body::json(StatusCode::OK, raw::to_bytes(&msg))
+        let bytes = self
+            .plan
+            .rewrite(&mut msg)
+            .unwrap_or_else(|| raw::to_bytes(&msg));
+        body::json(StatusCode::OK, bytes)
     }
 
     /// The request failed with `error` before an answer came: the plan hears it now, unless a
