@@ -122,8 +122,8 @@ settings! {
             "workers",
             &["EPODE_SIDECAR_WORKERS"],
             Some("auto"),
-            "auto (one per CPU core) or a whole number from 1 to 256",
-            "Server worker threads, `auto` being one per CPU core. Each serves its own connections start to finish on its own event loop, with its own upstream connection pool.",
+            "auto or a whole number from 1 to 256",
+            "Server worker threads. Each serves its own connections start to finish on its own event loop, with its own upstream connection pool. `auto` is one per CPU core for an HTTP upstream, and one for a stdio upstream: that one runs on the loop that reads and writes the child's pipe, so a call never wakes another thread (a Python child is far slower than one worker). One worker always runs on the main thread's loop, beside telemetry.",
             workers,
             |c| c.workers.to_string(),
         ),
@@ -216,9 +216,22 @@ fn upstream_protocol(p: &str) -> Result<UpstreamProtocol, Bad> {
     }
 }
 
+/// `workers = auto`, before the upstream is known.
+pub(super) const AUTO_WORKERS: usize = 0;
+
+/// The workers to run: as set, or for `auto` one per CPU core (one for a stdio upstream).
+pub(super) fn resolve_workers(set: usize, stdio: bool) -> usize {
+    match (set, stdio) {
+        (AUTO_WORKERS, true) => 1,
+        (AUTO_WORKERS, false) => std::thread::available_parallelism().map_or(2, |n| n.get()),
+        (n, _) => n,
+    }
+}
+
 fn workers(w: &str) -> Result<usize, Bad> {
     match w {
-        "auto" => Ok(std::thread::available_parallelism().map_or(2, |n| n.get())),
+        // Resolved once the upstream is known (`resolve_workers`).
+        "auto" => Ok(AUTO_WORKERS),
         n => number(n, 1..=256),
     }
 }

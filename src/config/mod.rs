@@ -319,6 +319,10 @@ impl Config {
         } else {
             None
         };
+        let workers = core::resolve_workers(
+            l.get(&core::WORKERS)?,
+            matches!(upstream, Transport::Stdio(_)),
+        );
         Ok(Config {
             warnings: Vec::new(),
             listen,
@@ -342,7 +346,7 @@ impl Config {
             max_body_bytes: l.get(&core::MAX_BODY_BYTES)?,
             upstream_timeout: l.get(&core::UPSTREAM_TIMEOUT)?,
             shutdown_grace: l.get(&core::SHUTDOWN_GRACE)?,
-            workers: l.get(&core::WORKERS)?,
+            workers,
             upstream_protocol: l.get(&core::UPSTREAM_PROTOCOL)?,
             server_name: l.optional(&core::SERVER_NAME)?,
             server_version: l.optional(&core::SERVER_VERSION)?,

@@ -620,3 +620,27 @@ fn http_surface_values_are_checked_and_named() {
     assert!(err.contains("EPODE_SIDECAR_HTTP_SURFACE"), "{err}");
     assert!(err.contains("stdio"), "{err}");
 }
+
+#[test]
+fn auto_workers_are_one_per_core_for_http_and_one_for_a_stdio_child() {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let http = Config::from_layers(env(&[UP, OFF]), &FlagValues::default()).unwrap();
+    assert_eq!(http.workers, cores);
+    let stdio = stdio_config(&[OFF], &["python", "server.py"]).unwrap();
+    assert_eq!(
+        stdio.workers, 1,
+        "one worker, on the loop of the child's pipe"
+    );
+    let set = stdio_config(
+        &[OFF, ("EPODE_SIDECAR_WORKERS", "3")],
+        &["python", "server.py"],
+    )
+    .unwrap();
+    assert_eq!(set.workers, 3, "a number set is kept");
+    let err = Config::from_layers(
+        env(&[UP, OFF, ("EPODE_SIDECAR_WORKERS", "0")]),
+        &FlagValues::default(),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("EPODE_SIDECAR_WORKERS"), "{err}");
+}

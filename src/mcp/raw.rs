@@ -163,7 +163,8 @@ mod tests {
         use std::hint::black_box;
         use std::time::Instant;
         const N: u32 = 100_000;
-        let text = r#"an instruction of the kind a decoration carries, with \"quotes\" "#.repeat(40);
+        let text =
+            r#"an instruction of the kind a decoration carries, with \"quotes\" "#.repeat(40);
         let result = format!(
             r#"{{"content":[{{"type":"text","text":"3"}},{{"type":"text","text":"{text}"}}],"structuredContent":{{"sum":3}},"_agentFeedback":{{"instruction":"{text}"}}}}"#
         );

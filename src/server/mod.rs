@@ -2,7 +2,9 @@
 //! single-threaded event loop, its own `SO_REUSEPORT` listener on the shared address and its
 //! own request path ([`Dispatcher::for_worker`]: its own view of the upstream, with its own
 //! connection pool, which the worker's `/readyz` reads too), so a
-//! request is served start to finish on one thread with no cross-thread wake-ups. Every
+//! request is served start to finish on one thread with no cross-thread wake-ups. A single
+//! worker (the default for a stdio upstream) runs on the main thread's loop, where a stdio
+//! child's pipe is read and written and telemetry runs. Every
 //! listener (the MCP port, the admin port, the `--dev` Epode's) runs the same way
 //! (`crate::listener`: its share of the connection cap, the head, idle and write deadlines,
 //! the header size and count); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
@@ -233,19 +235,27 @@ pub(crate) async fn serve(
     shared: Serving,
     shutdown: watch::Receiver<bool>,
 ) -> bool {
+    let routes = |upstream: Arc<Upstream>| Routes {
+        config: shared.config.clone(),
+        mcp: dispatcher.for_worker(upstream.clone()),
+        mounted: shared.mounted.clone(),
+        surface: shared.surface.clone(),
+        operations: Operations {
+            upstream,
+            ..operations.clone()
+        },
+    };
+    let mut listeners = listeners.listeners;
+    if listeners.len() == 1 {
+        // One worker: it runs on this thread's loop, where the upstream's own tasks run (a
+        // stdio child's pipe, telemetry): a call then never wakes another thread.
+        let listener = listeners.remove(0);
+        let routes = Arc::new(routes(Arc::new(operations.upstream.for_worker())));
+        return worker(listener, routes, shared.clone(), shutdown).await;
+    }
     let mut handles = Vec::new();
-    for (index, listener) in listeners.listeners.into_iter().enumerate() {
-        let upstream = Arc::new(operations.upstream.for_worker());
-        let routes = Routes {
-            config: shared.config.clone(),
-            mcp: dispatcher.for_worker(upstream.clone()),
-            mounted: shared.mounted.clone(),
-            surface: shared.surface.clone(),
-            operations: Operations {
-                upstream,
-                ..operations.clone()
-            },
-        };
+    for (index, listener) in listeners.into_iter().enumerate() {
+        let routes = routes(Arc::new(operations.upstream.for_worker()));
         let shutdown = shutdown.clone();
         let shared = shared.clone();
         let handle = std::thread::Builder::new()
@@ -294,6 +304,15 @@ async fn timer_pacer() {
     }
 }
 
+/// A task stopped when this is dropped.
+struct Aborted(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborted {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 async fn worker(
     listener: std::net::TcpListener,
     routes: Arc<Routes>,
@@ -307,7 +326,8 @@ async fn worker(
             return false;
         }
     };
-    let _pacer = tokio::spawn(timer_pacer());
+    // Stopped with the worker (whose loop may be the main thread's, which outlives it).
+    let _pacer = Aborted(tokio::spawn(timer_pacer()));
     // Every connection holds a receiver: once they are all gone, the worker has drained.
     let (drain, draining) = watch::channel(false);
     let bounds = &shared.mcp;
