@@ -13,7 +13,6 @@ use base64::Engine as _;
 use hmac::{Hmac, Mac};
 use rand::RngCore as _;
 use serde::Deserialize;
-use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -181,19 +180,29 @@ impl Claims {
     /// Compact JSON in protocol order (`preserve_order` keeps insertion order); absent `s`/`r`
     /// are omitted, never null.
     pub(crate) fn to_json(&self) -> String {
-        let mut map = Map::new();
-        map.insert("v".into(), Value::from(self.v));
-        map.insert("i".into(), Value::from(self.i.as_str()));
-        map.insert("iat".into(), Value::from(self.iat));
-        map.insert("exp".into(), Value::from(self.exp));
-        map.insert("n".into(), Value::from(self.n.as_str()));
-        if let Some(s) = &self.s {
-            map.insert("s".into(), Value::from(s.as_str()));
+        /// The claims as they are signed, written field by field (no map built first).
+        #[derive(serde::Serialize)]
+        struct Wire<'a> {
+            v: u8,
+            i: &'a str,
+            iat: i64,
+            exp: i64,
+            n: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            s: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            r: Option<i64>,
         }
-        if let Some(r) = self.r {
-            map.insert("r".into(), Value::from(r));
-        }
-        Value::Object(map).to_string()
+        let wire = Wire {
+            v: self.v,
+            i: &self.i,
+            iat: self.iat,
+            exp: self.exp,
+            n: &self.n,
+            s: self.s.as_deref(),
+            r: self.r,
+        };
+        serde_json::to_string(&wire).unwrap_or_default()
     }
 }
 

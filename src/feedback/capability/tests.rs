@@ -1,5 +1,6 @@
 //! Unit tests of `capability`.
 use super::*;
+use serde_json::{Map, Value};
 use std::time::Duration;
 
 const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_conformance_secret_0123456789abcdef";
@@ -362,4 +363,44 @@ fn subject_validation_is_strict() {
     assert!(!valid_subject(&format!("{ok}a")));
     assert!(!valid_subject(&ok.replace('a', "+")));
     assert!(!valid_subject(&ok.replacen("afsub1_", "afsub2_", 1)));
+}
+
+/// The claims written field by field are the bytes the map-built JSON was (the signature
+/// covers them, and Epode verifies against the same text).
+#[test]
+fn claims_are_written_as_the_map_built_json_was() {
+    fn map_built(c: &Claims) -> String {
+        let mut map = Map::new();
+        map.insert("v".into(), Value::from(c.v));
+        map.insert("i".into(), Value::from(c.i.as_str()));
+        map.insert("iat".into(), Value::from(c.iat));
+        map.insert("exp".into(), Value::from(c.exp));
+        map.insert("n".into(), Value::from(c.n.as_str()));
+        if let Some(s) = &c.s {
+            map.insert("s".into(), Value::from(s.as_str()));
+        }
+        if let Some(r) = c.r {
+            map.insert("r".into(), Value::from(r));
+        }
+        Value::Object(map).to_string()
+    }
+    let key = ProductKey::parse(KEY).unwrap();
+    for subject in [
+        None,
+        Some(("afsub1_a\"b\\c\u{e9}".to_owned(), 7)),
+        Some((String::new(), u64::MAX)),
+    ] {
+        let minted = mint(&key, at(1_800_000_000), subject);
+        assert_eq!(minted.claims.to_json(), map_built(&minted.claims));
+    }
+    let odd = Claims {
+        v: 1,
+        i: "x\u{2028}\n".into(),
+        iat: -1,
+        exp: i64::MAX,
+        n: String::new(),
+        s: None,
+        r: Some(3),
+    };
+    assert_eq!(odd.to_json(), map_built(&odd));
 }
