@@ -12,7 +12,8 @@
 //! to the direct pipe. Entered through `bench/run` (which builds in release mode and installs
 //! supergateway into the peers folder); `SUPERGATEWAY=<path to dist/index.js>` and
 //! `EPODE_PEERS_DIR` locate the peers when run directly:
-//! `cargo bench --bench stdio -- [--quick] [--json]`.
+//! `cargo bench --bench stdio -- [--quick] [--json]`. `EPODE_BENCH_BASELINE_BIN=<another build>`
+//! adds that build of the sidecar as a fifth path, interleaved with the others.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -275,8 +276,8 @@ async fn over_http(
 
 // ---------------------------------------------------------------------------------------
 
-fn start_sidecar(port: u16) -> Proc {
-    let child = Command::new(sidecar_binary())
+fn start_sidecar(port: u16, binary: PathBuf) -> Proc {
+    let child = Command::new(binary)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("EPODE_SIDECAR_LISTEN", format!("127.0.0.1:{port}"))
@@ -337,7 +338,14 @@ fn main() {
         (3, Duration::from_secs(2))
     };
     let sc_port = free_port();
-    let sidecar = start_sidecar(sc_port);
+    let sidecar = start_sidecar(sc_port, sidecar_binary());
+    // EPODE_BENCH_BASELINE_BIN: another build of the sidecar measured in the same run, its
+    // slices interleaved with the others (a before/after that the machine's drift between
+    // runs cannot blur).
+    let baseline = std::env::var_os("EPODE_BENCH_BASELINE_BIN").map(|bin| {
+        let port = free_port();
+        (port, start_sidecar(port, PathBuf::from(bin)))
+    });
     let sg = supergateway();
     if sg.is_none() {
         eprintln!(
@@ -377,6 +385,16 @@ fn main() {
                 conns: Vec::new(),
             },
         ];
+        if let Some((port, _)) = &baseline {
+            targets.push(Target {
+                name: "epode-sidecar (baseline)",
+                addr: at(*port),
+                client: Client::Modern,
+                slow: false,
+                sample: Sample::default(),
+                conns: Vec::new(),
+            });
+        }
         if sg.is_some() {
             targets.push(Target {
                 name: "supergateway --stateful",
@@ -444,6 +462,9 @@ fn main() {
         .collect();
     // Every bridge stopped with SIGTERM; what it started must be gone with it.
     let mut stopped = vec![("epode-sidecar", sidecar)];
+    if let Some((_, proc)) = baseline {
+        stopped.push(("epode-sidecar (baseline)", proc));
+    }
     if let Some((stateful, stateless)) = sg_procs {
         stopped.push(("supergateway --stateful", stateful));
         stopped.push(("supergateway (stateless)", stateless));
