@@ -352,16 +352,9 @@ impl Scenario {
                 .unwrap();
         }
         let (method, name) = self.mcp_method();
-        let mut req = Request::post("/mcp")
-            .header("host", "127.0.0.1")
-            .header("content-type", "application/json")
-            .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", "2026-07-28")
-            .header("mcp-method", method);
-        if let Some(n) = name {
-            req = req.header("mcp-name", n);
-        }
-        req.body(Full::new(body.clone())).unwrap()
+        mcp_request("/mcp", method, name)
+            .body(Full::new(body.clone()))
+            .unwrap()
     }
 
     /// Whether a 200's answer is whole: for MCP its final JSON-RPC result; for the JSON route

@@ -171,19 +171,6 @@ fn start_sidecar(upstream: SocketAddr, env: &[(&str, String)]) -> (Proc, SocketA
     (Proc(child), SocketAddr::from(([127, 0, 0, 1], port)))
 }
 
-fn mcp_request(method: &str, name: Option<&str>) -> hyper::http::request::Builder {
-    let mut req = Request::post("/mcp")
-        .header("host", "127.0.0.1")
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method);
-    if let Some(n) = name {
-        req = req.header("mcp-name", n);
-    }
-    req
-}
-
 fn body(method: &str, params: &str) -> String {
     format!(
         r#"{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{{params}"_meta":{{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{{}}}}}}}}"#
@@ -245,7 +232,7 @@ fn drive_clients(
                     break;
                 }
                 let client = if same { address(0) } else { address(n) };
-                let req = mcp_request("prompts/list", None)
+                let req = mcp_request("/mcp", "prompts/list", None)
                     .header("x-forwarded-for", client)
                     .body(Full::new(payload.clone()))
                     .unwrap();
@@ -344,7 +331,7 @@ async fn send(
     let t = Instant::now();
     let go = async {
         let mut send = connect_http1(addr).await.ok_or("connect")?;
-        let req = mcp_request(method, name)
+        let req = mcp_request("/mcp", method, name)
             .body(Full::new(Bytes::from(payload.to_owned())))
             .unwrap();
         let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
@@ -401,7 +388,7 @@ async fn calls_while(addr: SocketAddr, name: &str, secs: Duration, lister: bool)
     let started = Instant::now();
     let mut send_req = connect_http1(addr).await.unwrap();
     while started.elapsed() < secs {
-        let req = mcp_request("tools/call", Some(name))
+        let req = mcp_request("/mcp", "tools/call", Some(name))
             .body(Full::new(Bytes::from(call.clone())))
             .unwrap();
         let t = Instant::now();

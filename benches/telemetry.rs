@@ -158,15 +158,9 @@ fn request(
     name: Option<&str>,
     body: Bytes,
 ) -> Request<Full<Bytes>> {
-    let mut req = Request::post(format!("http://{addr}/mcp"))
-        .header("content-type", "application/json")
-        .header("accept", "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2026-07-28")
-        .header("mcp-method", method);
-    if let Some(n) = name {
-        req = req.header("mcp-name", n);
-    }
-    req.body(Full::new(body)).unwrap()
+    support::mcp_request(&format!("http://{addr}/mcp"), method, name)
+        .body(Full::new(body))
+        .unwrap()
 }
 
 /// One call: its status (0 when no answer) and latency in µs.

@@ -233,3 +233,22 @@ pub(crate) fn children_of(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A 2026-07-28 MCP `POST` to `uri` (a path, or an absolute URL), with the headers the
+/// sidecar's front door checks.
+pub(crate) fn mcp_request(
+    uri: &str,
+    method: &str,
+    name: Option<&str>,
+) -> hyper::http::request::Builder {
+    let mut req = hyper::Request::post(uri)
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", method);
+    if let Some(n) = name {
+        req = req.header("mcp-name", n);
+    }
+    req
+}
