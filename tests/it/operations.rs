@@ -24,33 +24,33 @@ fn lookup_upstream() -> Scripted {
         .start()
 }
 
+/// A never_ask sidecar (2026 upstream, `lookup_upstream`) with `env` too, and its Epode.
+fn lookup_sidecar(env: &[(&str, &str)]) -> (Scripted, FakeEpode, Sidecar) {
+    let up = lookup_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let mut all = vec![("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")];
+    all.extend_from_slice(env);
+    let sc = feedback_sidecar(&up.url(), &epode, "never_ask", &all);
+    (up, epode, sc)
+}
+
+/// One `tools/call` of `lookup` with `arguments`.
+async fn call_lookup(sc: &Sidecar, id: Value, arguments: Value) -> reqwest::Response {
+    let body = modern_body(
+        id,
+        "tools/call",
+        json!({"name": "lookup", "arguments": arguments}),
+    );
+    post_modern(&sc.url(), "tools/call", Some("lookup"), &body).await
+}
+
 const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 #[tokio::test]
 async fn metrics_live_on_the_admin_listener_with_help_lines() {
-    let up = lookup_upstream();
-    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let sc = feedback_sidecar(
-        &up.url(),
-        &epode,
-        "never_ask",
-        &[
-            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
-            ("EPODE_SIDECAR_ADMIN_LISTEN", "127.0.0.1:0"),
-        ],
-    );
+    let (_up, _epode, sc) = lookup_sidecar(&[("EPODE_SIDECAR_ADMIN_LISTEN", "127.0.0.1:0")]);
     let admin = sc.admin.expect("the admin listener");
-    let body = modern_body(
-        json!(1),
-        "tools/call",
-        json!({"name": "lookup", "arguments": {}}),
-    );
-    assert_eq!(
-        post_modern(&sc.url(), "tools/call", Some("lookup"), &body)
-            .await
-            .status(),
-        200
-    );
+    assert_eq!(call_lookup(&sc, json!(1), json!({})).await.status(), 200);
     let unknown = modern_body(json!(2), "nope/nope", json!({}));
     let _ = post_modern(&sc.url(), "nope/nope", None, &unknown).await;
     // Not on the MCP port.
@@ -124,23 +124,8 @@ async fn metrics_live_on_the_admin_listener_with_help_lines() {
 /// other lines are written at (off by default, as in the mesh sidecars).
 #[tokio::test]
 async fn the_access_log_is_off_by_default() {
-    let up = lookup_upstream();
-    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let sc = feedback_sidecar(
-        &up.url(),
-        &epode,
-        "never_ask",
-        &[
-            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
-            ("EPODE_SIDECAR_LOG", "info"),
-        ],
-    );
-    let body = modern_body(
-        json!("c1"),
-        "tools/call",
-        json!({"name": "lookup", "arguments": {"query": "q"}}),
-    );
-    let resp = post_modern(&sc.url(), "tools/call", Some("lookup"), &body).await;
+    let (_up, epode, sc) = lookup_sidecar(&[("EPODE_SIDECAR_LOG", "info")]);
+    let resp = call_lookup(&sc, json!("c1"), json!({"query": "q"})).await;
     assert_eq!(resp.status(), 200);
     let _ = resp.bytes().await.unwrap();
     // The call's telemetry is delivered after the answer: once Epode has it, the request's
@@ -162,23 +147,8 @@ async fn the_access_log_is_off_by_default() {
 
 #[tokio::test]
 async fn one_access_line_per_request_with_nothing_private() {
-    let up = lookup_upstream();
-    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let sc = feedback_sidecar(
-        &up.url(),
-        &epode,
-        "never_ask",
-        &[
-            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
-            ("EPODE_SIDECAR_ACCESS_LOG", "on"),
-        ],
-    );
-    let body = modern_body(
-        json!("c1"),
-        "tools/call",
-        json!({"name": "lookup", "arguments": {"query": "secret-argument"}}),
-    );
-    let resp = post_modern(&sc.url(), "tools/call", Some("lookup"), &body).await;
+    let (_up, _epode, sc) = lookup_sidecar(&[("EPODE_SIDECAR_ACCESS_LOG", "on")]);
+    let resp = call_lookup(&sc, json!("c1"), json!({"query": "secret-argument"})).await;
     let answer: Value = resp.json().await.unwrap();
     let handle = answer["result"]["structuredContent"]["_agentFeedback"]["feedbackHandle"]
         .as_str()
