@@ -134,6 +134,32 @@ fn both_client_eras_reach_a_python_stdio_server() {
     }
 }
 
+/// With a stdio upstream, `EPODE_SIDECAR_WORKERS=auto` is one worker, serving calls on the
+/// main thread, where the child's pipe is read and written: no worker thread of its own, so a
+/// call wakes no other thread. With two workers set, there are two worker threads.
+#[test]
+fn a_stdio_upstream_is_served_on_the_thread_of_its_pipe() {
+    let workers = |sc: &Sidecar| -> Vec<String> {
+        std::fs::read_dir(format!("/proc/{}/task", sc.pid()))
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .map(|name| name.trim().to_owned())
+            .filter(|name| name.starts_with("epode-worker"))
+            .collect()
+    };
+    for (env, expected) in [(None, 0), (Some(("EPODE_SIDECAR_WORKERS", "2")), 2)] {
+        let sc = start(&[], env.as_slice());
+        let added = ts_call(
+            &sc.url(),
+            "pin",
+            Some(("add", &json!({"a": 2, "b": 40}))),
+            &[],
+        );
+        assert_eq!(added["result"]["structuredContent"]["sum"], 42, "{added}");
+        assert_eq!(workers(&sc).len(), expected, "{env:?}: {:?}", workers(&sc));
+    }
+}
+
 #[tokio::test]
 async fn fifty_concurrent_calls_get_their_own_answers_and_progress() {
     let sc = start(&[], &[]);
