@@ -194,21 +194,6 @@ impl ResultPlan {
         }
     }
 
-    /// [`ResultPlan::rewrite`] into the message itself; whether anything changed.
-    #[cfg(test)]
-    pub(crate) fn apply(&mut self, msg: &mut RawMap) -> bool {
-        match self.outcome(msg) {
-            Outcome::Same => false,
-            Outcome::Message => true,
-            Outcome::Result(result) => {
-                if let Some(slot) = msg.get_mut("result") {
-                    *slot = super::raw::raw_object(&result);
-                }
-                true
-            }
-        }
-    }
-
     fn outcome(&mut self, msg: &mut RawMap) -> Outcome {
         if let Some(method) = msg.get("method").and_then(|m| as_str(m)) {
             if let Some(hook) = self.hook.as_mut() {
@@ -393,6 +378,18 @@ mod tests {
         serde_json::from_slice(&to_bytes(m)).unwrap()
     }
 
+    /// The plan applied as the request path applies it ([`ResultPlan::rewrite`]), the message
+    /// then read back from the bytes it gives; whether anything changed.
+    fn apply(plan: &mut ResultPlan, m: &mut RawMap) -> bool {
+        match plan.rewrite(m) {
+            Some(bytes) => {
+                *m = parse_message(&bytes).unwrap();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn new_plan(method: &str, era: Era) -> ResultPlan {
         ResultPlan::new(method, era, Abandoned::default())
     }
@@ -420,13 +417,16 @@ mod tests {
     fn the_hook_hears_exactly_one_outcome() {
         // A result, then the plan dropped: the result only.
         let (mut p, seen) = counted(Era::Modern);
-        p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
-        p.apply(&mut msg(r#"{"id":1,"result":{"content":[]}}"#));
+        apply(&mut p, &mut msg(r#"{"id":1,"result":{"content":[]}}"#));
+        apply(&mut p, &mut msg(r#"{"id":1,"result":{"content":[]}}"#));
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (1, 0));
         // An error answer: failed once, even when dropped after.
         let (mut p, seen) = counted(Era::Modern);
-        p.apply(&mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#));
+        apply(
+            &mut p,
+            &mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#),
+        );
         drop(p);
         assert_eq!(*seen.lock().unwrap(), (0, 1));
         // No answer at all (an error status, an unreachable upstream): failed once, where
@@ -460,13 +460,13 @@ mod tests {
         plan.server_info = Some(json!({"name": "up", "version": "1"}));
         plan.cache = Some((0, "private"));
         let mut m = msg(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"ttlMs":5000}}"#);
-        assert!(plan.apply(&mut m));
+        assert!(apply(&mut plan, &mut m));
         let v = value(&m);
         assert_eq!(v["result"]["resultType"], "complete");
         assert_eq!(v["result"]["ttlMs"], 5000);
         assert_eq!(v["result"]["cacheScope"], "private");
         assert_eq!(v["result"]["_meta"][META_SERVER_INFO]["name"], "up");
-        assert!(!plan.apply(&mut m), "a second pass changes nothing");
+        assert!(!apply(&mut plan, &mut m), "a second pass changes nothing");
     }
 
     #[test]
@@ -474,7 +474,7 @@ mod tests {
         let raw_in = r#"{"jsonrpc":"2.0","id":1,"result":{"z":12345678901234567890,"a":0.1,"big":1e400,"s":"\u00e9\ud83d\ude80","content":[{"type":"text","text":"\u0000x"}]}}"#;
         let mut m = msg(raw_in);
         let mut plan = new_plan("tools/call", Era::Modern);
-        assert!(plan.apply(&mut m));
+        assert!(apply(&mut plan, &mut m));
         let out = String::from_utf8(to_bytes(&m).to_vec()).unwrap();
         assert_eq!(
             out,
@@ -488,19 +488,19 @@ mod tests {
         let mut m = msg(
             r#"{"id":1,"result":{"content":[],"structuredContent":[1,2],"resultType":"complete"}}"#,
         );
-        assert!(plan.apply(&mut m));
+        assert!(apply(&mut plan, &mut m));
         assert_eq!(
             value(&m)["result"],
             json!({"content":[],"structuredContent":{"result":[1,2]}})
         );
         let mut m = msg(r#"{"id":1,"result":{"resultType":"input_required","requestState":"x"}}"#);
-        assert!(plan.apply(&mut m));
+        assert!(apply(&mut plan, &mut m));
         assert_eq!(value(&m)["error"]["code"], -32603);
         let mut plan = new_plan("tools/list", Era::Legacy);
         let mut m = msg(
             r#"{"id":1,"result":{"tools":[{"name":"n","outputSchema":{"type":"string"}},{"name":"o","outputSchema":{"type":"object"}}]}}"#,
         );
-        assert!(plan.apply(&mut m));
+        assert!(apply(&mut plan, &mut m));
         let v = value(&m);
         assert_eq!(
             v["result"]["tools"][0]["outputSchema"]["properties"]["result"]["type"],
