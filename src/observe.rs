@@ -135,11 +135,15 @@ pub(crate) struct Refused<'a> {
     pub(crate) interaction_id: Option<&'a str>,
 }
 
+/// A duration in tenths of a millisecond, rounded to the nearest.
+fn tenths(d: Duration) -> u128 {
+    (d.as_micros() + 50) / 100
+}
+
 /// A duration as the console and the access log show it: milliseconds, to a tenth.
 pub(crate) fn millis(d: Duration) -> f64 {
-    let tenths = (d.as_micros() + 50) / 100;
     // Exact below 2^53 tenths (28 000 years).
-    tenths as f64 / 10.0
+    tenths(d) as f64 / 10.0
 }
 
 /// The access log's target (`EPODE_SIDECAR_ACCESS_LOG`).
@@ -151,7 +155,7 @@ pub(crate) struct Millis(pub(crate) Duration);
 
 impl std::fmt::Display for Millis {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let tenths = (self.0.as_micros() + 50) / 100;
+        let tenths = tenths(self.0);
         match tenths % 10 {
             0 => write!(f, "{}", tenths / 10),
             tenth => write!(f, "{}.{tenth}", tenths / 10),
