@@ -48,7 +48,9 @@ fn assert_same_through_sidecar(kind: UpstreamKind, mode: &str) {
         };
         let (through, direct_gap) = (gap(&via), gap(&direct));
         assert!(
-            through > 25.0 || through >= direct_gap / 4.0,
+            // A buffering proxy gives under 1 ms; a loaded machine squeezed a streamed gap to
+            // 17 ms (against 107 directly) in one CI run, so 5 ms is the floor.
+            through > 5.0 || through >= direct_gap / 4.0,
             "first progress {through} ms before the result through the sidecar, {direct_gap} ms directly: not streamed"
         );
     }
