@@ -309,6 +309,19 @@ const DROP_REASONS: [&str; 6] = [
     "shutdown",
 ];
 
+/// The drop reasons of an event that never entered the queue (the others were accepted first).
+const REFUSED_REASONS: [&str; 2] = ["queue_full", "invalid"];
+
+/// What the shutdown line says: `accepted = delivered + undelivered` once the queue is empty.
+#[derive(Default)]
+struct Tally {
+    accepted: u64,
+    delivered: u64,
+    undelivered: u64,
+    refused: u64,
+    by_reason: String,
+}
+
 impl Counters {
     /// The counters, every drop reason shown from the start (at 0).
     pub(crate) fn new() -> Self {
@@ -377,8 +390,31 @@ impl Counters {
         self.dropped.get_or_create(&DropReason { reason }).get()
     }
 
-    pub(crate) fn delivered(&self) -> u64 {
-        self.delivered.get()
+    /// Every event's fate so far, for the shutdown line.
+    fn tally(&self) -> Tally {
+        let mut tally = Tally {
+            accepted: self.enqueued.get(),
+            delivered: self.delivered.get(),
+            ..Tally::default()
+        };
+        for reason in DROP_REASONS {
+            let n = self.dropped(reason);
+            if REFUSED_REASONS.contains(&reason) {
+                tally.refused += n;
+            } else {
+                tally.undelivered += n;
+            }
+            if n > 0 {
+                if !tally.by_reason.is_empty() {
+                    tally.by_reason.push(' ');
+                }
+                tally.by_reason.push_str(&format!("{reason}={n}"));
+            }
+        }
+        if tally.by_reason.is_empty() {
+            tally.by_reason.push_str("none");
+        }
+        tally
     }
 
     fn show(&self, limiter: &Limiter) {
@@ -601,10 +637,18 @@ impl Telemetry {
         self.summary_timer.abort();
         self.drops.flush();
         let lost = self.counters.dropped("shutdown");
+        let tally = self.counters.tally();
         tracing::info!(
-            delivered = self.counters.delivered(),
-            lost,
-            "telemetry flushed"
+            accepted = tally.accepted,
+            delivered = tally.delivered,
+            undelivered = tally.undelivered,
+            refused = tally.refused,
+            by_reason = %tally.by_reason,
+            lost_at_shutdown = lost,
+            "telemetry flushed: every accepted event was delivered or is undelivered under one \
+             reason (Epode's drops, rejected batches, retries exhausted, lost at shutdown); \
+             refused events never entered the queue (queue full, invalid); the same counts as \
+             epode_sidecar_telemetry_*_total"
         );
         lost
     }

@@ -1073,3 +1073,47 @@ async fn a_call_refused_before_it_is_sent_is_no_event() {
     );
     assert!(events.iter().all(|e| e["statusCode"] != 503), "{events:?}");
 }
+
+/// Epode answers every batch with a receipt the sidecar cannot read: nothing is delivered, and
+/// the shutdown line says so in figures that add up (it once said `delivered=0 lost=0`, the
+/// rejected events in no figure at all).
+#[tokio::test]
+async fn the_shutdown_line_accounts_for_every_event() {
+    let up = work_upstream();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    for _ in 0..40 {
+        epode.inject(Endpoint::Telemetry, Fault::MalformedReceipt);
+    }
+    let mut sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms")]);
+    let c = http();
+    for i in 0..10 {
+        call(&c, &sc, "work", i).await;
+    }
+    let rejected = eventually_async(Duration::from_secs(20), || async {
+        metric(
+            &sc,
+            "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}",
+        )
+        .await
+            == 10
+    })
+    .await;
+    assert!(rejected, "the ten events were not all rejected");
+    sc.terminate();
+    assert_eq!(sc.wait_exit(Duration::from_secs(15)), Some(0));
+    let logs = sc.logs();
+    let line = logs
+        .iter()
+        .find(|l| l.contains("telemetry flushed"))
+        .unwrap_or_else(|| panic!("no shutdown line:\n{}", logs.join("\n")));
+    for figure in [
+        "accepted=10",
+        "delivered=0",
+        "undelivered=10",
+        "refused=0",
+        "by_reason=rejected=10",
+        "lost_at_shutdown=0",
+    ] {
+        assert!(line.contains(figure), "{figure} missing: {line}");
+    }
+}
