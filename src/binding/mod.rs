@@ -23,7 +23,7 @@ use crate::epode::client::{EpodeClient, EpodeError};
 use crate::epode::consent::{ConsentCache, Decided};
 use crate::epode::telemetry::{Counters, QueueSettings, Telemetry};
 use crate::error::{Error, Kind};
-use crate::feedback::capability::{self, ProductKey};
+use crate::feedback::capability::{self, Claims, ProductKey};
 use crate::feedback::envelope;
 use crate::feedback::identity::IdentityRefs;
 use crate::feedback::tools::{self, EpodeFailure, FeedbackTools};
@@ -323,16 +323,21 @@ impl FeedbackBinding {
             Ok(c) => c,
             Err(invalid) => return (invalid.to_result(), "invalid_arguments"),
         };
-        if let Err(why) = verify_handle(active, call.handle.as_str()) {
-            tracing::info!(
-                reason = why,
-                "consent decision refused locally: bad feedback handle"
-            );
-            return (
-                tools::consent_failure(EpodeFailure::InvalidHandle),
-                "invalid_handle",
-            );
-        }
+        // Verified once: the decision is remembered from these claims however long Epode takes
+        // to answer (a handle may expire meanwhile; the decision it carried still stands).
+        let claims = match verify_handle(active, call.handle.as_str()) {
+            Ok(claims) => claims,
+            Err(why) => {
+                tracing::info!(
+                    reason = why,
+                    "consent decision refused locally: bad feedback handle"
+                );
+                return (
+                    tools::consent_failure(EpodeFailure::InvalidHandle),
+                    "invalid_handle",
+                );
+            }
+        };
         let sent = active
             .client
             .post_decision(call.handle.as_str(), &call.body, active.timeout)
@@ -349,7 +354,7 @@ impl FeedbackBinding {
                         "unavailable",
                     );
                 };
-                self.remember_decision(active, call.handle.as_str(), &body);
+                remember_decision(active, claims, &body);
                 tracing::info!(
                     decision = call.decision.as_str(),
                     "feedback consent recorded"
@@ -375,32 +380,29 @@ impl FeedbackBinding {
             }
         }
     }
+}
 
-    /// After an Ask-once decision, the cache learns it at once (the next call must not ask
-    /// again), then checks with Epode in the background. Compare-and-set on the revision:
-    /// a decision made with `r = 0` creates revision 1, one made with `r > 0` makes `r + 1`.
-    fn remember_decision(&self, active: &Active, handle: &str, body: &Value) {
-        let Ok(claims) = capability::verify(&active.key, handle, SystemTime::now()) else {
-            return;
-        };
-        let Some(subject) = claims.s else { return };
-        let approved = match body.get("state").and_then(Value::as_str) {
-            Some("approved") => true,
-            Some("declined") => false,
-            _ => return,
-        };
-        if body.get("changed").and_then(Value::as_bool) == Some(true) {
-            let r = claims.r.unwrap_or(0).max(0) as u64;
-            active.consent.put(
-                &subject,
-                Decided {
-                    approved,
-                    revision: r + 1,
-                },
-            );
-        }
-        active.consent.warm(&subject, true);
+/// After an Ask-once decision, the cache learns it at once (the next call must not ask
+/// again), then checks with Epode in the background. Compare-and-set on the revision:
+/// a decision made with `r = 0` creates revision 1, one made with `r > 0` makes `r + 1`.
+fn remember_decision(active: &Active, claims: Claims, body: &Value) {
+    let Some(subject) = claims.s else { return };
+    let approved = match body.get("state").and_then(Value::as_str) {
+        Some("approved") => true,
+        Some("declined") => false,
+        _ => return,
+    };
+    if body.get("changed").and_then(Value::as_bool) == Some(true) {
+        let r = claims.r.unwrap_or(0).max(0) as u64;
+        active.consent.put(
+            &subject,
+            Decided {
+                approved,
+                revision: r + 1,
+            },
+        );
     }
+    active.consent.warm(&subject, true);
 }
 
 async fn report(active: &Active, arguments: &Value) -> (Value, &'static str) {
@@ -457,19 +459,17 @@ fn log_unavailable(e: &EpodeError, what: &'static str) {
 
 /// Checks a handle an agent sent back before it goes anywhere: bounded, signed by this
 /// product's key, unexpired. Returns the reason (never the handle) when it is not.
-fn verify_handle(active: &Active, handle: &str) -> Result<(), &'static str> {
+fn verify_handle(active: &Active, handle: &str) -> Result<Claims, &'static str> {
     if handle.len() > tools::MAX_HANDLE_LEN {
         return Err("the handle is too long");
     }
-    capability::verify(&active.key, handle, SystemTime::now())
-        .map(|_| ())
-        .map_err(|e| match e {
-            capability::VerifyError::Expired => "the handle has expired",
-            capability::VerifyError::KeyMismatch | capability::VerifyError::BadSignature => {
-                "the handle was not signed with this product's key"
-            }
-            _ => "the handle is malformed",
-        })
+    capability::verify(&active.key, handle, SystemTime::now()).map_err(|e| match e {
+        capability::VerifyError::Expired => "the handle has expired",
+        capability::VerifyError::KeyMismatch | capability::VerifyError::BadSignature => {
+            "the handle was not signed with this product's key"
+        }
+        _ => "the handle is malformed",
+    })
 }
 
 /// A 2xx consent answer is Epode's consent state: an object whose `state` is one of three.

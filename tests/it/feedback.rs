@@ -932,3 +932,48 @@ async fn an_upstream_listing_25_000_tools_is_listed_and_decorated_without_a_clif
         "the tool listed last is decorated: {last}"
     );
 }
+
+/// A handle that expires while Epode is still answering its consent decision: the decision
+/// is remembered all the same (it was verified when it arrived), so the customer is not asked
+/// again. It once was: the cache verified the handle a second time, after Epode's answer,
+/// found it expired and kept the old state without a word.
+#[test]
+fn a_consent_decided_as_its_handle_expires_is_remembered() {
+    let r = rig("ask_once", &[]);
+    let first = call(&r, "pin", "account", json!({"customer": "cust_late"}));
+    let fb = agent_feedback(&first).unwrap();
+    assert_eq!(fb["state"], "consent_required", "{fb}");
+    let claims = r
+        .epode
+        .verify(fb["feedbackHandle"].as_str().unwrap())
+        .unwrap();
+    let subject = claims
+        .s
+        .clone()
+        .expect("an ask-once handle names its subject");
+    // The same interaction and subject, minted to expire two seconds from now.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    r.epode.set_now(Some(now + 2 - 7200));
+    let late = r.epode.mint(&claims.i, Some((&subject, 0)));
+    r.epode.set_now(None);
+    r.epode.inject(
+        Endpoint::ConsentDecisions,
+        Fault::Delay(std::time::Duration::from_secs(4)),
+    );
+    let decided = call(
+        &r,
+        "pin",
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": late, "decision": "approved"}),
+    );
+    assert_eq!(
+        decided["structuredContent"]["state"], "approved",
+        "{decided}"
+    );
+    let next = call(&r, "pin", "account", json!({"customer": "cust_late"}));
+    let fb = agent_feedback(&next).unwrap();
+    assert_eq!(fb["state"], "feedback_ready", "asked again: {fb}");
+}
