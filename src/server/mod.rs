@@ -12,7 +12,9 @@
 //! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
 //! one). With the HTTP surface on, those four move under its operations prefix on this port
 //! (the admin listener keeps them bare) and every other path goes to the surface
-//! (`crate::surface`), so the app's own `/health` reaches the app. On shutdown every worker stops accepting and lets
+//! (`crate::surface`), so the app's own `/health` reaches the app. The route is chosen once,
+//! on the request path's canonical form (`target`), after the refusals every route shares
+//! (CONNECT; a `Host` that is not one well-formed authority). On shutdown every worker stops accepting and lets
 //! its in-flight requests finish; the caller cuts what outlives the grace period.
 
 mod target;
@@ -90,9 +92,11 @@ pub(crate) fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Listener
 /// under `/_dev`), behind the same Host and Origin checks as the MCP path. The server owns
 /// this seam, so it routes to what it does not know.
 pub(crate) trait Mounted: Send + Sync {
-    /// Where its paths start; a request there is checked, then offered to [`Mounted::route`].
+    /// Where its paths start: a whole segment, matched on the canonical path (`target`); a
+    /// request there is checked, then offered to [`Mounted::route`].
     fn prefix(&self) -> &str;
-    /// The answer to a request under [`Mounted::prefix`]; `None` falls through to the
+    /// The answer to a request under [`Mounted::prefix`], given the prefix and the canonical
+    /// rest of its path (`/_dev/events` for `/_DEV//events/`); `None` falls through to the
     /// operations' routes.
     fn route(&self, method: &Method, path: &str) -> Option<Response<Body>>;
 }
