@@ -405,6 +405,26 @@ mod tests {
         assert_eq!(r.route("/healthz/").unwrap().rest(), "/healthz");
     }
 
+    proptest::proptest! {
+        /// Any path is routed or refused, and a key is its own canonical form: routed again it
+        /// has the same owner and key, borrowed unless it keeps an escape or a `\\`.
+        #[test]
+        fn a_key_is_a_fixed_point(path in "/[/a-zA-Z0-9%;.\\\\_~-]{0,40}") {
+            if let Ok(routed) = routing().route(&path) {
+                let again = routing().route(routed.key()).expect("a key routes");
+                proptest::prop_assert_eq!(again.owner, routed.owner);
+                let kept = routed.key().contains(['%', '\\']);
+                proptest::prop_assert!(kept || matches!(again.key, Cow::Borrowed(_)), "{:?}", again);
+                proptest::prop_assert_eq!(again.key(), routed.key());
+            }
+        }
+
+        #[test]
+        fn arbitrary_text_never_panics(path in proptest::prelude::any::<String>()) {
+            let _ = routing().route(&path);
+        }
+    }
+
     #[test]
     fn configured_paths_are_canonical_too() {
         let r = Routing::new("/api/mcp/", None, None);
