@@ -407,7 +407,7 @@ mod tests {
 
     proptest::proptest! {
         /// Any path is routed or refused, and a key is its own canonical form: routed again it
-        /// has the same owner and key, borrowed unless it keeps an escape or a `\\`.
+        /// has the same owner and key, borrowed unless it keeps an escape or a `\`.
         #[test]
         fn a_key_is_a_fixed_point(path in "/[/a-zA-Z0-9%;.\\\\_~-]{0,40}") {
             if let Ok(routed) = routing().route(&path) {
