@@ -14,8 +14,9 @@
 //! (the admin listener keeps them bare) and every other path goes to the surface
 //! (`crate::surface`), so the app's own `/health` reaches the app. The route is chosen once,
 //! on the request path's canonical form (`target`), after the refusals every route shares
-//! (CONNECT; a `Host` that is not one well-formed authority). On shutdown every worker stops accepting and lets
-//! its in-flight requests finish; the caller cuts what outlives the grace period.
+//! (CONNECT; a `Host` that is not one well-formed authority). On shutdown every worker stops
+//! accepting and lets its in-flight requests finish; the caller cuts what outlives the grace
+//! period.
 
 mod target;
 
