@@ -1,11 +1,12 @@
-//! The checks on the request head and body before anything is parsed: Host (DNS-rebinding
-//! protection), Origin, `Content-Type`, and the body size.
+//! The checks on the request head and body before anything is parsed: the request's authority
+//! (one well-formed `Host`, on every route), Host (DNS-rebinding protection), Origin,
+//! `Content-Type`, and the body size.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, request::Parts, HeaderMap};
+use http::{header, request::Parts, HeaderMap, Uri, Version};
 use hyper::body::Incoming;
 use url::Url;
 
@@ -30,6 +31,129 @@ fn split_host_port(authority: &str) -> (&str, Option<&str>) {
         Some((name, port)) => (name, Some(port)),
         None => (authority, None),
     }
+}
+
+/// Refuses (400) a request whose authority is not the one RFC 9112 §3.2 and RFC 9113 §8.3.1
+/// ask for: more than one `Host`; a `Host` or target authority that is not `host[:port]`
+/// (userinfo such as `127.0.0.1:80@evil.com`, a port past 65535); a target authority
+/// (absolute form, HTTP/2's `:authority`) that names another host than `Host`; no authority
+/// at all in an HTTP/1.1 or HTTP/2 request. One scan of a short header, no allocation.
+pub(crate) fn check_authority(
+    headers: &HeaderMap,
+    uri: &Uri,
+    version: Version,
+) -> Result<(), Error> {
+    let bad = |what: &str| {
+        Error::new(
+            Kind::InvalidRequest,
+            format!("{what}; send exactly one Host header naming the server as host[:port]"),
+        )
+    };
+    let mut hosts = headers.get_all(header::HOST).iter();
+    let host = hosts.next();
+    if hosts.next().is_some() {
+        return Err(bad("the request has more than one Host header"));
+    }
+    let host = match host.map(|h| h.to_str()) {
+        None => None,
+        Some(Ok(h)) if authority_syntax(h) => Some(h),
+        Some(_) => {
+            let shown = String::from_utf8_lossy(host.map_or(&[][..], |h| h.as_bytes()));
+            return Err(bad(&format!(
+                "its Host header {:?} is not host[:port]",
+                truncate(&shown)
+            )));
+        }
+    };
+    let target = uri.authority().map(|a| a.as_str());
+    if let Some(t) = target {
+        if !authority_syntax(t) {
+            return Err(bad(&format!(
+                "its target's authority {:?} is not host[:port]",
+                truncate(t)
+            )));
+        }
+    }
+    match (host, target) {
+        (Some(h), Some(t)) if !same_authority(h, t, uri.scheme_str()) => Err(bad(&format!(
+            "its Host header {:?} names another server than its target {:?}",
+            truncate(h),
+            truncate(t)
+        ))),
+        (None, None) if version == Version::HTTP_11 || version == Version::HTTP_2 => {
+            Err(bad("the request has no Host header"))
+        }
+        (None, Some(_)) if version == Version::HTTP_11 => {
+            Err(bad("the request has no Host header"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// `host[:port]` as RFC 3986 §3.2.2 and §3.2.3 write it: an IP literal in brackets or a
+/// reg-name (unreserved, `%XX`, sub-delims but `,`, how two `Host` lines fold into one),
+/// and a port of at most 65535. No userinfo.
+fn authority_syntax(authority: &str) -> bool {
+    let (name, port) = match authority.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((inner, after)) if !inner.is_empty() && inner.bytes().all(literal_byte) => {
+                match after.strip_prefix(':') {
+                    Some(port) => ("", Some(port)),
+                    None if after.is_empty() => ("", None),
+                    None => return false,
+                }
+            }
+            _ => return false,
+        },
+        None => match authority.split_once(':') {
+            Some((name, port)) => (name, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let port_ok = port.is_none_or(|p| {
+        p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u32>().map_or(p.is_empty(), |n| n <= 65535)
+    });
+    port_ok && reg_name(name.as_bytes())
+}
+
+/// An IP literal's byte (IPv6, or RFC 3986's IPvFuture).
+fn literal_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b":.-_~!$&'()*+;=".contains(&b)
+}
+
+/// RFC 3986's reg-name, less the `,` (how two `Host` lines fold into one).
+fn reg_name(name: &[u8]) -> bool {
+    let mut i = 0;
+    while i < name.len() {
+        let ok = if name[i] == b'%' {
+            i += 2;
+            name.get(i - 1..=i)
+                .is_some_and(|p| p.iter().all(u8::is_ascii_hexdigit))
+        } else {
+            name[i].is_ascii_alphanumeric() || b"-._~!$&'()*+;=".contains(&name[i])
+        };
+        if !ok {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+/// Whether two well-formed authorities name one server: the same name (ASCII case aside)
+/// and the same port, an absent one being the scheme's default.
+fn same_authority(a: &str, b: &str, scheme: Option<&str>) -> bool {
+    let default = match scheme {
+        Some(s) if s.eq_ignore_ascii_case("http") => Some(80),
+        Some(s) if s.eq_ignore_ascii_case("https") => Some(443),
+        _ => None,
+    };
+    let (a_name, a_port) = split_host_port(a);
+    let (b_name, b_port) = split_host_port(b);
+    let port = |p: Option<&str>| p.and_then(|p| p.parse::<u16>().ok()).or(default);
+    a_name.eq_ignore_ascii_case(b_name) && port(a_port) == port(b_port)
 }
 
 /// Refuses a Host the policy does not allow. HTTP/2 requests carry it as `:authority`.
@@ -210,6 +334,65 @@ mod tests {
         }
         assert!(check_host(&HostPolicy::Loopback, &parts(None, None)).is_err());
         check_host(&HostPolicy::Any, &parts(Some("anything"), None)).unwrap();
+    }
+
+    #[test]
+    fn the_authority_is_one_well_formed_host() {
+        let check = |version: Version, uri: &str, hosts: &[&str]| {
+            let mut b = Request::builder().version(version).uri(uri);
+            for h in hosts {
+                b = b.header(header::HOST, *h);
+            }
+            let p = b.body(()).unwrap().into_parts().0;
+            check_authority(&p.headers, &p.uri, p.version)
+        };
+        let h11 = Version::HTTP_11;
+        let h2 = Version::HTTP_2;
+        for (version, uri, hosts) in [
+            (h11, "/mcp", &["127.0.0.1:8080"][..]),
+            (h11, "/mcp", &["localhost"]),
+            (h11, "/mcp", &["[::1]:9"]),
+            (h11, "/mcp", &["Example.COM:65535"]),
+            (h11, "/mcp", &["host:"]),
+            (h11, "/mcp", &["xn--bcher-kva.example"]),
+            (h11, "/mcp", &["a%2Db.example"]),
+            (h11, "http://127.0.0.1/mcp", &["127.0.0.1:80"]),
+            (h11, "http://LOCALHOST:8080/mcp", &["localhost:8080"]),
+            (Version::HTTP_10, "/mcp", &[]),
+            (h2, "http://127.0.0.1:8080/mcp", &[]),
+            (h2, "https://a.example/mcp", &["a.example:443"]),
+            (h2, "/mcp", &["a.example"]),
+        ] {
+            check(version, uri, hosts).unwrap_or_else(|e| panic!("{uri} {hosts:?}: {e}"));
+        }
+        for (version, uri, hosts) in [
+            (h11, "/mcp", &["127.0.0.1", "evil.example"][..]),
+            (h11, "/mcp", &["127.0.0.1", "127.0.0.1"]),
+            (h11, "/mcp", &["127.0.0.1:80@evil.example"]),
+            (h11, "/mcp", &["user@127.0.0.1"]),
+            (h11, "/mcp", &["127.0.0.1:99999"]),
+            (h11, "/mcp", &["127.0.0.1:123456"]),
+            (h11, "/mcp", &["127.0.0.1:8o"]),
+            (h11, "/mcp", &["127.0.0.1:80:80"]),
+            (h11, "/mcp", &["a.example, b.example"]),
+            (h11, "/mcp", &["a example"]),
+            (h11, "/mcp", &["[::1"]),
+            (h11, "/mcp", &["[::1]x"]),
+            (h11, "/mcp", &["[]"]),
+            (h11, "/mcp", &["::1"]),
+            (h11, "/mcp", &["a%zz"]),
+            (h11, "/mcp", &[]),
+            (h11, "http://127.0.0.1/mcp", &[]),
+            (h11, "http://evil.example/mcp", &["127.0.0.1"]),
+            (h11, "http://127.0.0.1:81/mcp", &["127.0.0.1"]),
+            (h2, "http://evil.example/mcp", &["127.0.0.1"]),
+            (h2, "http://127.0.0.1:99999/mcp", &[]),
+            (h2, "/mcp", &[]),
+        ] {
+            let e = check(version, uri, hosts).expect_err(&format!("{uri} {hosts:?}"));
+            assert_eq!(e.status(), 400, "{uri} {hosts:?}");
+            assert!(e.to_string().contains("Host"), "{e}");
+        }
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! message (well-formed JSON-RPC, one message, no duplicated routing keys), and for a 2026
 //! request the validation ladder. What comes out is a [`Request`] whose era is known and whose
 //! headers agree with its body; everything refused gets its status and JSON-RPC error here.
+//! One head check runs for every route the sidecar serves, before any is chosen: the
+//! request's authority ([`check_authority`]: one well-formed `Host`, RFC 9112).
 
 mod checks;
 pub(crate) mod cors;
@@ -14,7 +16,7 @@ use http::request::Parts;
 use http::Method;
 use serde_json::value::RawValue;
 
-pub(crate) use self::checks::{check_host, read_body};
+pub(crate) use self::checks::{check_authority, check_host, read_body};
 use crate::config::Config;
 use crate::error::{Error, Kind};
 use crate::mcp::era::Era;

@@ -12,8 +12,13 @@
 //! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
 //! one). With the HTTP surface on, those four move under its operations prefix on this port
 //! (the admin listener keeps them bare) and every other path goes to the surface
-//! (`crate::surface`), so the app's own `/health` reaches the app. On shutdown every worker stops accepting and lets
-//! its in-flight requests finish; the caller cuts what outlives the grace period.
+//! (`crate::surface`), so the app's own `/health` reaches the app. The route is chosen once,
+//! on the request path's canonical form (`target`), after the refusals every route shares
+//! (CONNECT; a `Host` that is not one well-formed authority). On shutdown every worker stops
+//! accepting and lets its in-flight requests finish; the caller cuts what outlives the grace
+//! period.
+
+mod target;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -33,6 +38,7 @@ use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
+use crate::error::{Error, Kind};
 use crate::gate::Gate;
 use crate::limits::RateLimits;
 use crate::listener::{self, Admitted, Bounds, Role, Shares};
@@ -40,6 +46,8 @@ use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{self, Metrics};
 use crate::surface::{HttpSurfaceRoute, IDENTITY_HEADER};
 use crate::upstream::{NotReady, Upstream};
+
+use self::target::{Owner, Refusal, Routing};
 
 /// How long responses cut at shutdown have to reach their clients before workers give up.
 pub(crate) const CUT_FLUSH: Duration = Duration::from_secs(2);
@@ -85,9 +93,11 @@ pub(crate) fn bind(addr: SocketAddr, workers: usize) -> std::io::Result<Listener
 /// under `/_dev`), behind the same Host and Origin checks as the MCP path. The server owns
 /// this seam, so it routes to what it does not know.
 pub(crate) trait Mounted: Send + Sync {
-    /// Where its paths start; a request there is checked, then offered to [`Mounted::route`].
+    /// Where its paths start: a whole segment, matched on the canonical path (`target`); a
+    /// request there is checked, then offered to [`Mounted::route`].
     fn prefix(&self) -> &str;
-    /// The answer to a request under [`Mounted::prefix`]; `None` falls through to the
+    /// The answer to a request under [`Mounted::prefix`], given the prefix and the canonical
+    /// rest of its path (`/_dev/events` for `/_DEV//events/`); `None` falls through to the
     /// operations' routes.
     fn route(&self, method: &Method, path: &str) -> Option<Response<Body>>;
 }
@@ -213,6 +223,8 @@ impl Operations {
 /// the operations' routes, all through the worker's own view of the upstream.
 struct Routes {
     config: Arc<Config>,
+    /// The sidecar's own routes, as canonical keys: what `route` decides on.
+    routing: Arc<Routing>,
     mcp: Dispatcher,
     mounted: Option<Arc<dyn Mounted>>,
     operations: Operations,
@@ -235,8 +247,19 @@ pub(crate) async fn serve(
     shared: Serving,
     shutdown: watch::Receiver<bool>,
 ) -> bool {
+    let operations_prefix = shared
+        .surface
+        .as_ref()
+        .and(shared.config.http.as_ref())
+        .map(|http| http.operations_prefix.as_str());
+    let routing = Arc::new(Routing::new(
+        &shared.config.path,
+        shared.mounted.as_deref().map(|m| m.prefix()),
+        operations_prefix,
+    ));
     let routes = |upstream: Arc<Upstream>| Routes {
         config: shared.config.clone(),
+        routing: routing.clone(),
         mcp: dispatcher.for_worker(upstream.clone()),
         mounted: shared.mounted.clone(),
         surface: shared.surface.clone(),
@@ -403,46 +426,84 @@ async fn tls_handshake(
 
 /// Routes one request on the MCP listener: the MCP path, the mounted routes, health,
 /// readiness, metrics (unless the admin listener serves them), or 404; with the HTTP surface
-/// on, the operations' routes under its prefix and everything else to the surface.
+/// on, the operations' routes under its prefix and everything else to the surface. Decided
+/// once, for every route, on the request's canonical path (`target`), after the checks every
+/// route shares: no CONNECT, one well-formed `Host`.
 async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
-    if req.uri().path() == routes.config.path {
-        let abandoned = Abandoned::default();
-        let mut resp =
-            OnAbandon::new(routes.mcp.mcp(req, peer, abandoned.clone()), abandoned).await;
-        // The app's private identity header never reaches a client, on any path.
-        resp.headers_mut().remove(IDENTITY_HEADER);
+    if let Some(resp) = shared_checks(&req) {
         return resp;
     }
-    let mounted = routes.mounted.as_deref();
-    if let Some(mounted) = mounted.filter(|m| req.uri().path().starts_with(m.prefix())) {
-        let (parts, _) = req.into_parts();
-        if let Err(e) = crate::frontdoor::check_host_and_origin(&routes.config, &parts) {
-            return e.into_response(None);
-        }
-        if let Some(resp) = mounted.route(&parts.method, parts.uri.path()) {
-            return resp;
-        }
-        return operations(&routes.operations, &parts.method, parts.uri.path(), false).await;
-    }
+    let routed = match routes.routing.route(req.uri().path()) {
+        Ok(routed) => routed,
+        Err(why) => return refused_target(req.uri().path(), why),
+    };
     let metrics_here = routes.config.admin_listen.is_none();
-    if let (Some(surface), Some(http)) = (&routes.surface, &routes.config.http) {
-        let own = req
-            .uri()
-            .path()
-            .strip_prefix(http.operations_prefix.as_str())
-            .filter(|rest| rest.starts_with('/'));
-        return match own {
-            Some(rest) => operations(&routes.operations, req.method(), rest, metrics_here).await,
-            None => surface.serve(&routes.operations.upstream, req).await,
-        };
+    match routed.owner {
+        Owner::Mcp => {
+            let abandoned = Abandoned::default();
+            let mut resp =
+                OnAbandon::new(routes.mcp.mcp(req, peer, abandoned.clone()), abandoned).await;
+            // The app's private identity header never reaches a client, on any path.
+            resp.headers_mut().remove(IDENTITY_HEADER);
+            resp
+        }
+        Owner::Mounted(_) => {
+            let Some(mounted) = routes.mounted.as_deref() else {
+                return operations(&routes.operations, req.method(), routed.key(), false).await;
+            };
+            let path = format!("{}{}", mounted.prefix(), routed.rest());
+            let (parts, _) = req.into_parts();
+            if let Err(e) = crate::frontdoor::check_host_and_origin(&routes.config, &parts) {
+                return e.into_response(None);
+            }
+            if let Some(resp) = mounted.route(&parts.method, &path) {
+                return resp;
+            }
+            operations(&routes.operations, &parts.method, &path, false).await
+        }
+        Owner::Operations(_) => {
+            operations(
+                &routes.operations,
+                req.method(),
+                routed.rest(),
+                metrics_here,
+            )
+            .await
+        }
+        Owner::Other => match &routes.surface {
+            Some(surface) => surface.serve(&routes.operations.upstream, req).await,
+            None => operations(&routes.operations, req.method(), routed.key(), metrics_here).await,
+        },
     }
-    operations(
-        &routes.operations,
-        req.method(),
-        req.uri().path(),
-        metrics_here,
+}
+
+/// What every route of the MCP port refuses before one is chosen: CONNECT (501: the sidecar
+/// tunnels nothing, so nothing is sent on), and a request whose authority is not one
+/// well-formed `Host` (400).
+fn shared_checks<B>(req: &Request<B>) -> Option<Response<Body>> {
+    if req.method() == Method::CONNECT {
+        let message = "CONNECT is not served: epode-sidecar is no forward proxy or tunnel";
+        let body = crate::error::error_body(None, crate::error::code::SERVER_ERROR, message, None);
+        return Some(body::json(StatusCode::NOT_IMPLEMENTED, body));
+    }
+    crate::frontdoor::check_authority(req.headers(), req.uri(), req.version())
+        .err()
+        .map(|e| e.into_response(None))
+}
+
+/// The 400 for a path whose canonical form is refused, naming the path (shortened) and why.
+fn refused_target(path: &str, why: Refusal) -> Response<Body> {
+    const SHOWN: usize = 200;
+    let mut end = path.len().min(SHOWN);
+    while !path.is_char_boundary(end) {
+        end -= 1;
+    }
+    let more = if end < path.len() { "…" } else { "" };
+    Error::new(
+        Kind::InvalidRequest,
+        format!("the request path {}{more} {}", &path[..end], why.reason()),
     )
-    .await
+    .into_response(None)
 }
 
 /// `/healthz` (and `/health`), `/readyz`, and `/metrics` when `metrics` is set; else 404.
@@ -497,7 +558,12 @@ pub(crate) async fn admin(
             tokio::spawn(async move {
                 let handler = move |req: Request<Incoming>| {
                     let ops = ops.clone();
-                    async move { operations(&ops, req.method(), req.uri().path(), true).await }
+                    async move {
+                        if let Some(resp) = shared_checks(&req) {
+                            return resp;
+                        }
+                        operations(&ops, req.method(), req.uri().path(), true).await
+                    }
                 };
                 bounds.serve(stream, admitted, handler, None).await;
             });

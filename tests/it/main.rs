@@ -25,6 +25,7 @@ mod rate_limits;
 mod shutdown;
 mod soak;
 mod stdio;
+mod targets;
 mod telemetry;
 mod tls;
 mod transparency;
