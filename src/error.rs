@@ -142,6 +142,14 @@ impl Error {
         Error::new(Kind::UpstreamRefused(Box::new(answer)), cause)
     }
 
+    /// The upstream's answer this error passes on, when it is one.
+    pub(crate) fn upstream_answer(&self) -> Option<&Buffered> {
+        match &self.kind {
+            Kind::UpstreamRefused(answer) => Some(answer),
+            _ => None,
+        }
+    }
+
     pub(crate) fn kind(&self) -> &Kind {
         &self.kind
     }

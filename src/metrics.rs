@@ -121,6 +121,55 @@ impl LimitKind {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusedLabels {
+    pub(crate) reason: &'static str,
+}
+
+/// Why the front door refused a request by its head alone: the `reason` label of
+/// `front_door_refused_total`, each shown from the start (at 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum HeadRefusal {
+    Host,
+    Origin,
+    /// A 2025 client's optional GET stream (it opens one at connect; 405 says there is none).
+    GetStream,
+    /// A 2025 client's `DELETE` of its session (405: there are no sessions to end).
+    SessionDelete,
+    /// Any other HTTP method than POST.
+    Method,
+    ContentType,
+}
+
+impl HeadRefusal {
+    pub(crate) const ALL: [HeadRefusal; 6] = [
+        HeadRefusal::Host,
+        HeadRefusal::Origin,
+        HeadRefusal::GetStream,
+        HeadRefusal::SessionDelete,
+        HeadRefusal::Method,
+        HeadRefusal::ContentType,
+    ];
+
+    /// The label value.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            HeadRefusal::Host => "host",
+            HeadRefusal::Origin => "origin",
+            HeadRefusal::GetStream => "get_stream",
+            HeadRefusal::SessionDelete => "session_delete",
+            HeadRefusal::Method => "method",
+            HeadRefusal::ContentType => "content_type",
+        }
+    }
+
+    /// Whether it is what well-behaved clients send (2025 clients' GET and DELETE, which the
+    /// 2025 spec lets a server refuse with 405): counted, not warned about.
+    pub(crate) fn expected(self) -> bool {
+        matches!(self, HeadRefusal::GetStream | HeadRefusal::SessionDelete)
+    }
+}
+
 /// How a feedback tool call can end.
 const FEEDBACK_OUTCOMES: [&str; 7] = [
     "accepted",
@@ -146,6 +195,8 @@ pub(crate) struct Metrics {
     pub(crate) decorations: Family<DecorationLabels, Counter>,
     pub(crate) feedback_calls: Family<FeedbackCallLabels, Counter>,
     pub(crate) limits_hit: Family<LimitLabels, Counter>,
+    /// Requests the front door refused by their head, by reason.
+    pub(crate) front_door_refused: Family<RefusedLabels, Counter>,
     /// HTTP responses instrumented, by surface (the HTTP surface).
     pub(crate) http_instrumented: Family<SurfaceLabels, Counter>,
     /// HTTP responses passed on untouched, by reason.
@@ -173,6 +224,7 @@ impl Metrics {
             decorations: Family::default(),
             feedback_calls: Family::default(),
             limits_hit: Family::default(),
+            front_door_refused: Family::default(),
             http_instrumented: Family::default(),
             http_skipped: Family::default(),
             http_identity_invalid: Counter::default(),
@@ -214,6 +266,11 @@ impl Metrics {
             "Requests and connections refused by a limit, by kind",
             m.limits_hit.clone(),
         );
+        r.register(
+            "front_door_refused",
+            "MCP requests refused by their head alone (Host, Origin, HTTP method, Content-Type), by reason",
+            m.front_door_refused.clone(),
+        );
         m.register_http();
         for (name, help, gauge) in m.gauges() {
             m.registry.register(name, help, gauge);
@@ -230,6 +287,11 @@ impl Metrics {
         for kind in LimitKind::ALL {
             drop(m.limits_hit.get_or_create(&LimitLabels {
                 kind: kind.as_str(),
+            }));
+        }
+        for refusal in HeadRefusal::ALL {
+            drop(m.front_door_refused.get_or_create(&RefusedLabels {
+                reason: refusal.as_str(),
             }));
         }
         m
@@ -296,6 +358,14 @@ impl Metrics {
             .inc();
     }
 
+    pub(crate) fn refused(&self, refusal: HeadRefusal) {
+        self.front_door_refused
+            .get_or_create(&RefusedLabels {
+                reason: refusal.as_str(),
+            })
+            .inc();
+    }
+
     /// The exposition, in the Prometheus text format.
     pub(crate) fn render(&self) -> String {
         let mut out = String::new();
@@ -339,11 +409,11 @@ pub(crate) fn method_label(method: &str) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use super::LimitKind;
+    use super::{HeadRefusal, LimitKind};
 
-    /// The documented `limits_hit_total` row names every kind the code counts, and no other.
-    #[test]
-    fn the_documented_limit_kinds_are_the_counted_ones() {
+    /// The label values the metrics table documents for `metric` (its row in the README or
+    /// docs/operations.md), in order.
+    fn documented(metric: &str, label: &str) -> Vec<String> {
         let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
         let docs = ["README.md", "docs/operations.md"]
             .iter()
@@ -351,15 +421,33 @@ mod tests {
             .collect::<String>();
         let row = docs
             .lines()
-            .find(|l| l.starts_with("| `limits_hit_total`"))
-            .expect("a metrics table row for limits_hit_total");
-        let documented: Vec<&str> = row
-            .split('`')
+            .find(|l| l.starts_with(&format!("| `{metric}`")))
+            .unwrap_or_else(|| panic!("a metrics table row for {metric}"));
+        row.split('`')
             .skip(1)
             .step_by(2)
-            .filter(|w| *w != "limits_hit_total" && *w != "kind")
-            .collect();
+            .filter(|w| *w != metric && *w != label)
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The documented `limits_hit_total` row names every kind the code counts, and no other.
+    #[test]
+    fn the_documented_limit_kinds_are_the_counted_ones() {
         let counted: Vec<&str> = LimitKind::ALL.iter().map(|k| k.as_str()).collect();
-        assert_eq!(documented, counted, "{row}");
+        assert_eq!(documented("limits_hit_total", "kind"), counted);
+    }
+
+    /// The same for `front_door_refused_total`.
+    #[test]
+    fn the_documented_refusal_reasons_are_the_counted_ones() {
+        let counted: Vec<&str> = HeadRefusal::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(documented("front_door_refused_total", "reason"), counted);
+        let expected: Vec<&str> = HeadRefusal::ALL
+            .iter()
+            .filter(|r| r.expected())
+            .map(|r| r.as_str())
+            .collect();
+        assert_eq!(expected, ["get_stream", "session_delete"]);
     }
 }

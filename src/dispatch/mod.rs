@@ -22,7 +22,7 @@ use crate::frontdoor;
 use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::rewrite::Abandoned;
-use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics, RequestLabels};
+use crate::metrics::{method_label, HeadRefusal, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::observe::{Millis, Note, Observer, Served, ACCESS_TARGET};
 use crate::upstream::{Client, Upstream};
 
@@ -173,6 +173,19 @@ impl Dispatcher {
         seen.era = request.era.label();
     }
 
+    /// A request refused by its head: counted by reason, and a warning unless it is what
+    /// well-behaved clients send (a 2025 client's GET stream).
+    fn refuse_head(&self, e: Error, method: &http::Method) -> Response<Body> {
+        let refusal = head_refusal(&e, method);
+        self.table.metrics.refused(refusal);
+        if refusal.expected() {
+            tracing::debug!(error = %e, "refused at the front door");
+        } else {
+            tracing::warn!(error = %e, "refused at the front door");
+        }
+        e.into_response(None)
+    }
+
     async fn serve(
         &self,
         req: http::Request<Incoming>,
@@ -185,8 +198,7 @@ impl Dispatcher {
             return frontdoor::cors::preflight(&self.table.config, &parts);
         }
         if let Err(e) = frontdoor::check_head(&self.table.config, &parts) {
-            tracing::warn!(error = %e, "refused at the front door");
-            return e.into_response(None);
+            return self.refuse_head(e, &parts.method);
         }
         let client = self.table.rates.client_address(peer, &parts.headers);
         if let Err(wait) = self.table.rates.check_client(client) {
@@ -255,6 +267,19 @@ impl Dispatcher {
             }
             e.into_response(Some(request.id))
         })
+    }
+}
+
+/// Why the front door refused a head (see [`frontdoor::check_head`]).
+fn head_refusal(e: &Error, method: &http::Method) -> HeadRefusal {
+    match e.kind() {
+        Kind::BadHost => HeadRefusal::Host,
+        Kind::BadOrigin => HeadRefusal::Origin,
+        Kind::MethodNotAllowed if method == http::Method::GET => HeadRefusal::GetStream,
+        Kind::MethodNotAllowed if method == http::Method::DELETE => HeadRefusal::SessionDelete,
+        Kind::MethodNotAllowed => HeadRefusal::Method,
+        // The last of the head checks, and the only other refusal it makes.
+        _ => HeadRefusal::ContentType,
     }
 }
 

@@ -1,7 +1,8 @@
 //! The method table (`Table`, one per worker): for each validated request, what is answered here, what is translated,
 //! and what is forwarded. Local: `server/discover` (the upstream's, merged with the feedback
 //! rule), `initialize` for 2025 clients, `ping` and `subscriptions/listen` where the upstream's
-//! era has none, and the two feedback tools. Rewritten: `tools/list` and product `tools/call`.
+//! era has none, a 2025 client's `logging/setLevel` for a 2026 upstream, and the two feedback
+//! tools. Rewritten: `tools/list` and product `tools/call`.
 //! Everything else goes to the upstream in its era and comes back in the client's.
 
 use std::sync::Arc;
@@ -90,7 +91,7 @@ impl Table {
             )),
             Route::Discover => self.discover(req, client, ctx).await,
             Route::Initialize => self.initialize(req, client).await,
-            Route::Ping if self.upstream.era(client).await? == Era::Modern => {
+            Route::Ping | Route::SetLevel if self.upstream.era(client).await? == Era::Modern => {
                 Ok(ctx.local_result(json!({})))
             }
             Route::Listen if self.upstream.era(client).await? == Era::Legacy => {
@@ -103,7 +104,9 @@ impl Table {
                 ctx.plan.hook = self.binding.list_hook();
                 self.forward(req, client, ctx).await
             }
-            Route::Ping | Route::Listen | Route::Forward => self.forward(req, client, ctx).await,
+            Route::Ping | Route::SetLevel | Route::Listen | Route::Forward => {
+                self.forward(req, client, ctx).await
+            }
         }
     }
 
@@ -140,7 +143,8 @@ impl Table {
     }
 
     /// A 2025-era `initialize`, answered per request from the upstream's discovery: no
-    /// session id, the client's version when it is one the sidecar serves.
+    /// session id, the client's version when it is one the sidecar serves, and only the
+    /// capabilities the sidecar can serve a 2025 client (nothing pushed).
     async fn initialize(
         &self,
         req: &Request<'_>,
@@ -164,8 +168,7 @@ impl Table {
             "capabilities".into(),
             discover
                 .get("capabilities")
-                .cloned()
-                .unwrap_or_else(|| json!({})),
+                .map_or_else(|| json!({}), translate::for_legacy_client),
         );
         r.insert("serverInfo".into(), info);
         if let Some(i) = discover.get("instructions").filter(|i| i.is_string()) {
@@ -257,6 +260,10 @@ enum Route {
     Initialize,
     /// A 2025 client's `ping`: answered here when the upstream speaks 2026 (which has none).
     Ping,
+    /// A 2025 client's `logging/setLevel`: answered here when the upstream speaks 2026 (which
+    /// removed it, though it may still advertise `logging`). A stateless front keeps no level:
+    /// the upstream is asked for no log messages, as 2026 requests without `logLevel` are.
+    SetLevel,
     /// `subscriptions/listen`: answered here when the upstream speaks 2025 (which has none).
     Listen,
     /// `tools/call` of a feedback tool: answered here.
@@ -276,6 +283,7 @@ fn route(method: &str, client_era: Era, feedback_tool: bool) -> Route {
         "server/discover" if client_era == Era::Modern => Route::Discover,
         "initialize" => Route::Initialize,
         "ping" => Route::Ping,
+        "logging/setLevel" => Route::SetLevel,
         "subscriptions/listen" => Route::Listen,
         "tools/call" if feedback_tool => Route::FeedbackTool,
         "tools/call" => Route::ToolCall,
@@ -341,7 +349,7 @@ mod tests {
             assert_eq!(modern(removed), Route::Removed, "{removed}");
         }
         assert_eq!(legacy("ping"), Route::Ping);
-        assert_eq!(legacy("logging/setLevel"), Route::Forward);
+        assert_eq!(legacy("logging/setLevel"), Route::SetLevel);
         assert_eq!(modern("subscriptions/listen"), Route::Listen);
         assert_eq!(modern("tools/call"), Route::ToolCall);
         assert_eq!(route("tools/call", Era::Legacy, true), Route::FeedbackTool);

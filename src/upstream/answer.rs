@@ -1,7 +1,8 @@
 //! The upstream's answer on its way back: read whole when the sidecar needs all of it (a
 //! handshake, a probe, a refusal to look into), or finished for the client — a JSON result
 //! rewritten whole, an SSE stream rewritten event by event, an error status passed on as it
-//! was.
+//! was (for a 2025 client, a JSON-RPC error for its request travels with 200, as 2025 servers
+//! send one).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +11,7 @@ use super::UpstreamBody;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::context::RequestContext;
@@ -137,6 +139,38 @@ fn parse_message(headers: &HeaderMap, bytes: &Bytes) -> Option<Value> {
     }
 }
 
+/// The statuses a 2025 client reads as the transport's verdict (a refused message, a session
+/// gone) that an upstream may also give a JSON-RPC error for the request itself: a 2026 one
+/// does (400 for its validation ladder, 404 for an unknown method).
+fn may_be_in_band(status: StatusCode) -> bool {
+    status == StatusCode::BAD_REQUEST || status == StatusCode::NOT_FOUND
+}
+
+/// The upstream's answer for a 2025 client when it is a JSON-RPC error for request `id` sent
+/// with 400 or 404: the same answer with 200, as 2025 servers send an error answer (the
+/// client would take the 404 for its session gone, the 400 for its message refused). `None`
+/// for any other answer, which goes as it was.
+pub(crate) fn for_legacy_client(answer: &Buffered, id: &RawValue) -> Option<Response<Body>> {
+    if !may_be_in_band(answer.status) || is_event_stream(&answer.headers) {
+        return None;
+    }
+    let msg: Value = serde_json::from_slice(&answer.bytes).ok()?;
+    let own: Value = serde_json::from_str(id.get()).ok()?;
+    let in_band = msg.get("error").is_some_and(Value::is_object)
+        && msg.get("result").is_none()
+        && msg.get("id") == Some(&own);
+    in_band.then(|| {
+        let mut resp = Buffered {
+            status: StatusCode::OK,
+            headers: answer.headers.clone(),
+            bytes: answer.bytes.clone(),
+        }
+        .into_response();
+        resp.headers_mut().remove(SESSION_ID);
+        resp
+    })
+}
+
 /// Whether a JSON-RPC error the upstream sent with 200 gets the status 2026 gives it (404 for
 /// an unknown method): the upstream speaks 2025 and the client 2026.
 fn translates_status(client: Era, upstream: Era) -> bool {
@@ -156,9 +190,17 @@ pub(crate) async fn finish(
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
     if !parts.status.is_success() || parts.status == StatusCode::ACCEPTED {
-        // No result: the error status is the answer.
-        let mut plan = ctx.plan;
+        // No result: the error status is the answer (for a 2025 client, in its era's terms).
+        let RequestContext {
+            id, era, mut plan, ..
+        } = ctx;
         plan.fail();
+        if era == Era::Legacy && may_be_in_band(parts.status) {
+            let read = read_answer(Response::from_parts(parts, body), bounds).await?;
+            return Ok(
+                for_legacy_client(&read.answer, id).unwrap_or_else(|| read.answer.into_response())
+            );
+        }
         return Ok(Response::from_parts(parts, body.boxed_unsync()));
     }
     if is_event_stream(&parts.headers) {
@@ -298,4 +340,55 @@ pub(crate) fn stream_back(resp: Response<UpstreamBody>) -> Response<Body> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
     Response::from_parts(parts, body.boxed_unsync())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(status: u16, content_type: &str, body: &'static str) -> Buffered {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_str(content_type).unwrap(),
+        );
+        headers.insert(SESSION_ID, HeaderValue::from_static("s"));
+        Buffered {
+            status: StatusCode::from_u16(status).unwrap(),
+            headers,
+            bytes: Bytes::from_static(body.as_bytes()),
+        }
+    }
+
+    #[test]
+    fn a_json_rpc_error_for_the_request_travels_to_a_2025_client_with_200() {
+        let id = RawValue::from_string("7".to_owned()).unwrap();
+        let json = "application/json";
+        let not_found =
+            r#"{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"Method not found"}}"#;
+        for status in [400, 404] {
+            let resp = for_legacy_client(&answer(status, json, not_found), &id).unwrap();
+            assert_eq!(resp.status(), StatusCode::OK);
+            assert!(resp.headers().get(SESSION_ID).is_none());
+            assert_eq!(resp.headers()[header::CONTENT_TYPE], json);
+        }
+        // Anything else goes as it was: other statuses (auth, limits, failures), another
+        // request's error (the sidecar's own handshake), no JSON-RPC error, an SSE body.
+        let other_id = r#"{"jsonrpc":"2.0","id":"init","error":{"code":-32600,"message":"x"}}"#;
+        let refusals = [
+            answer(401, json, not_found),
+            answer(429, json, not_found),
+            answer(502, json, not_found),
+            answer(400, json, other_id),
+            answer(400, json, r#"{"jsonrpc":"2.0","id":7,"result":{}}"#),
+            answer(400, "text/plain", "Bad Request"),
+            answer(404, "text/event-stream", not_found),
+        ];
+        for a in &refusals {
+            assert!(for_legacy_client(a, &id).is_none(), "{:?}", a.bytes);
+        }
+        let string_id = RawValue::from_string(r#""\u0061""#.to_owned()).unwrap();
+        let escaped = r#"{"jsonrpc":"2.0","id":"a","error":{"code":-32602,"message":"x"}}"#;
+        assert!(for_legacy_client(&answer(400, json, escaped), &string_id).is_some());
+    }
 }

@@ -286,7 +286,17 @@ impl Upstream {
             .await
         {
             Ok(sent) => sent,
-            Err(e) => return Err(ctx.fail(e)),
+            Err(e) => {
+                let (era, id) = (ctx.era, ctx.id);
+                let e = ctx.fail(e);
+                // A 2026 upstream's 400 (read whole to tell an era change) may be a JSON-RPC
+                // error for the request, which a 2025 client gets with 200.
+                let in_band = e
+                    .upstream_answer()
+                    .filter(|_| era == Era::Legacy)
+                    .and_then(|answer| answer::for_legacy_client(answer, id));
+                return in_band.ok_or(e);
+            }
         };
         if ctx.method == "subscriptions/listen" {
             return Ok(answer::stream_back(sent.response));

@@ -1,6 +1,7 @@
 //! Requests and discovery results between the eras. A 2026 request for a 2025-era upstream
 //! loses the 2026 envelope keys from `params._meta`; a 2025 request for a 2026 upstream gains
-//! them and the routing headers; a 2025 `initialize` result becomes a 2026 discovery. Request
+//! them and the routing headers; a 2025 `initialize` result becomes a 2026 discovery, and a
+//! discovery's capabilities become what a 2025 client of the sidecar can use. Request
 //! bodies are rewritten as raw JSON maps, so every value the translation does not touch
 //! keeps its exact bytes.
 
@@ -173,9 +174,10 @@ pub(crate) fn set_modern_headers(headers: &mut HeaderMap, method: &str, name: Op
     }
 }
 
-/// Capabilities a stateless 2026 front cannot deliver for a 2025-era upstream: change
-/// notifications would need the upstream's session stream.
-fn without_push_capabilities(caps: &Value) -> Value {
+/// The capabilities a 2025 client of the sidecar can use: none that pushes. Change and
+/// resource-update notifications would need a session's GET stream, which a stateless front
+/// answers with 405 (and `resources/subscribe` is gone from a 2026 upstream).
+pub(crate) fn for_legacy_client(caps: &Value) -> Value {
     let mut caps = caps.clone();
     if let Some(obj) = caps.as_object_mut() {
         for key in ["tools", "prompts", "resources"] {
@@ -184,6 +186,15 @@ fn without_push_capabilities(caps: &Value) -> Value {
                 c.remove("subscribe");
             }
         }
+    }
+    caps
+}
+
+/// Capabilities a stateless 2026 front cannot deliver for a 2025-era upstream: change
+/// notifications would need the upstream's session stream, and so would its tasks.
+fn without_push_capabilities(caps: &Value) -> Value {
+    let mut caps = for_legacy_client(caps);
+    if let Some(obj) = caps.as_object_mut() {
         obj.remove("tasks");
     }
     caps
@@ -293,6 +304,23 @@ mod tests {
             (headers, out),
             (Cow::Borrowed(_), Cow::Borrowed(_))
         ));
+    }
+
+    #[test]
+    fn a_2025_client_is_offered_nothing_pushed() {
+        let caps = json!({
+            "tools": {"listChanged": true},
+            "resources": {"subscribe": true, "listChanged": true},
+            "prompts": {},
+            "logging": {},
+            "completions": {},
+            "tasks": {"list": {}},
+        });
+        assert_eq!(
+            for_legacy_client(&caps),
+            json!({"tools": {}, "resources": {}, "prompts": {}, "logging": {},
+                   "completions": {}, "tasks": {"list": {}}})
+        );
     }
 
     #[test]

@@ -100,10 +100,19 @@ fn count(checks: &Checks, status: &str) -> usize {
 }
 
 fn differential(kind: UpstreamKind, requirements: &str) {
+    differential_with(kind, &[], requirements);
+}
+
+/// [`differential`] against an upstream started with `extra` arguments.
+fn differential_with(kind: UpstreamKind, extra: &[&str], requirements: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let up = Upstream::start(kind);
+    let up = Upstream::start_with(kind, extra);
     let sc = Sidecar::start(&up.url(), &[]);
-    let base = repo_root().join(format!("target/conformance/{kind:?}-{requirements}"));
+    let name = std::iter::once(format!("{kind:?}"))
+        .chain(extra.iter().map(|e| e.trim_start_matches('-').to_owned()))
+        .collect::<Vec<_>>()
+        .join("-");
+    let base = repo_root().join(format!("target/conformance/{name}-{requirements}"));
     let direct = run_suite(&up.url(), requirements, &base.join("direct"));
     let via = run_suite(&sc.url(), requirements, &base.join("sidecar"));
 
@@ -119,7 +128,7 @@ fn differential(kind: UpstreamKind, requirements: &str) {
         })
         .collect();
     let summary = format!(
-        "{kind:?} --requirements {requirements}: direct {} passed / {} checks; sidecar {} passed / {} checks; {} regressions\n",
+        "{name} --requirements {requirements}: direct {} passed / {} checks; sidecar {} passed / {} checks; {} regressions\n",
         count(&direct, "SUCCESS"),
         direct.len(),
         count(&via, "SUCCESS"),
@@ -148,6 +157,18 @@ fn python_2026_07_28() {
 #[test]
 fn python_2025_11_25() {
     differential(UpstreamKind::Python, "2025-11-25");
+}
+
+/// An upstream that speaks 2026 and advertises `logging` and `completions` in both eras, as
+/// FastMCP does: directly, a 2025 client's `logging-set-level` and `completion-complete`
+/// pass; through the sidecar they must too, though 2026 removed `logging/setLevel`.
+#[test]
+fn python_with_logging_and_completion_2025_11_25() {
+    differential_with(
+        UpstreamKind::Python,
+        &["--logging-completion"],
+        "2025-11-25",
+    );
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! Any client era in front of any upstream era, against real peers: the official TypeScript
-//! client (pinned 2026-07-28 and default legacy) through the sidecar to Python `mcp==2.3.0`,
-//! the TypeScript server (dual-era and modern-only) and server-everything (2025-only,
-//! stateful, issues session ids).
+//! client (pinned 2026-07-28 and default legacy) and the TypeScript SDK v1 client (2025-11-25,
+//! what most clients run) through the sidecar to Python `mcp==2.3.0`, the TypeScript server
+//! (dual-era and modern-only) and server-everything (2025-only, stateful, issues session ids).
 
 use std::time::Duration;
 
@@ -423,4 +423,117 @@ fn live_2025_sessions_get_their_delete_at_shutdown() {
         ["session-of-alice Bearer alice", "session-of-bob Bearer bob"],
         "every live session closed with its own credentials"
     );
+}
+
+/// One operation of a [`v1_client`] report, which must have succeeded.
+fn v1_ok<'a>(report: &'a Value, op: &str) -> &'a Value {
+    let r = &report["ops"][op];
+    assert!(r.get("ok").is_some(), "{op}: {r}\nreport: {report}");
+    &r["ok"]
+}
+
+/// The TypeScript SDK v1 client (2025-11-25) in front of an upstream that speaks 2026 and
+/// advertises `logging` and `completions` in both eras, as FastMCP does, while 2026 removed
+/// `logging/setLevel`. Direct, the client negotiates 2025 with the upstream and every
+/// operation works; through the sidecar it must work the same: `logging/setLevel` is answered
+/// by the sidecar, `completion/complete` by the upstream, and the upstream's JSON-RPC error
+/// (400 / -32602 for a resource it does not have) reaches the client as a JSON-RPC error with
+/// 200, not as an HTTP failure a 2025 client reads as its connection broken.
+#[test]
+fn a_2025_client_in_front_of_a_2026_server() {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--logging-completion"]);
+    let direct = v1_client(&up.url());
+    let sc = Sidecar::start(&up.url(), &[]);
+    let via = v1_client(&sc.url());
+    for report in [&direct, &via] {
+        assert_eq!(report["protocolVersion"], "2025-11-25", "{report}");
+        assert_eq!(report["transportErrors"], json!([]), "{report}");
+        assert_eq!(v1_ok(report, "setLevel"), &json!({}));
+        assert_eq!(
+            v1_ok(report, "complete")["completion"]["values"],
+            json!(["Ada", "Alan"])
+        );
+        assert_eq!(v1_ok(report, "add")["structuredContent"]["sum"], 5);
+        let missing = &report["ops"]["readMissing"]["error"];
+        assert_eq!(missing["kind"], "mcp", "{report}");
+        assert_eq!(missing["code"], -32602, "{report}");
+    }
+    assert_eq!(v1_ok(&direct, "listTools"), v1_ok(&via, "listTools"));
+    // What the sidecar advertises to a 2025 client, it serves: logging and completions, but
+    // nothing pushed (no GET stream, no resources/subscribe at a 2026 upstream).
+    let caps = &via["capabilities"];
+    assert_eq!(caps["logging"], json!({}), "{via}");
+    assert_eq!(caps["completions"], json!({}), "{via}");
+    for kind in ["tools", "prompts", "resources"] {
+        assert_eq!(caps[kind], json!({}), "{kind}: {via}");
+    }
+}
+
+/// A 2026-only upstream that has no prompts and no completions answers them 404 / -32601; a
+/// 2025 client of the sidecar gets that JSON-RPC error with 200 (a 404 would tell it its
+/// session is gone), and its connection keeps working.
+#[test]
+fn a_2025_client_gets_a_2026_servers_errors_as_json_rpc_errors() {
+    let up = Upstream::start(UpstreamKind::TypeScriptModernOnly);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let via = v1_client(&sc.url());
+    assert_eq!(via["transportErrors"], json!([]), "{via}");
+    for op in ["complete", "listPrompts"] {
+        let e = &via["ops"][op]["error"];
+        assert_eq!(e["kind"], "mcp", "{op}: {via}");
+        assert_eq!(e["code"], -32601, "{op}: {via}");
+    }
+    assert_eq!(v1_ok(&via, "add")["structuredContent"]["sum"], 5);
+    assert_eq!(v1_ok(&via, "setLevel"), &json!({}));
+}
+
+/// A 2025 client opens the optional GET stream at connect and the sidecar answers 405, as the
+/// spec allows: that is expected traffic, counted (`front_door_refused_total`, reason
+/// `get_stream`) and logged at DEBUG, never a WARN. A `DELETE` of a session is counted too; a
+/// method no MCP client sends is still a warning.
+#[tokio::test]
+async fn a_2025_clients_get_stream_is_counted_not_warned() {
+    let up = Upstream::start(UpstreamKind::TypeScriptModernOnly);
+    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_ADMIN_LISTEN", "127.0.0.1:0")]);
+    let url = sc.url();
+    let via = tokio::task::spawn_blocking(move || v1_client(&url))
+        .await
+        .unwrap();
+    assert_eq!(v1_ok(&via, "add")["structuredContent"]["sum"], 5);
+    let delete = http().delete(sc.url()).send().await.unwrap();
+    assert_eq!(delete.status(), 405);
+    let put = http().put(sc.url()).send().await.unwrap();
+    assert_eq!(put.status(), 405);
+
+    let mut logs = Vec::new();
+    assert!(
+        eventually_async(Duration::from_secs(10), || {
+            logs.extend(sc.logs());
+            let logged = |what: &str| logs.iter().any(|l| l.contains(what));
+            std::future::ready(logged("GET is not served") && logged("PUT is not served"))
+        })
+        .await,
+        "every refusal is logged:\n{}",
+        logs.join("\n")
+    );
+    let level = |l: &str| l.split_whitespace().nth(1).unwrap_or_default().to_owned();
+    for l in logs
+        .iter()
+        .filter(|l| l.contains("refused at the front door"))
+    {
+        let expected = l.contains("GET is not served") || l.contains("DELETE is not served");
+        assert_eq!(level(l), if expected { "DEBUG" } else { "WARN" }, "{l}");
+    }
+
+    let metrics = get_blocking(sc.admin.unwrap(), "/metrics");
+    let refused = |reason: &str| {
+        metric_value(
+            &metrics,
+            &format!("epode_sidecar_front_door_refused_total{{reason=\"{reason}\"}}"),
+        )
+    };
+    assert!(refused("get_stream") >= 1, "{metrics}");
+    assert_eq!(refused("session_delete"), 1, "{metrics}");
+    assert_eq!(refused("method"), 1, "{metrics}");
+    assert_eq!(refused("host"), 0, "{metrics}");
 }

@@ -11,7 +11,7 @@ http://127.0.0.1:PORT/mcp, with three tools:
                      no outputSchema (same as the TS peer)
 
 Usage (run with the venv python from scripts/install-peers.sh):
-  $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN]
+  $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN] [--logging-completion]
   $D/py/bin/python tests/peers/py_server.py --stdio [--identity] [--extras]
 
   --port N               port on 127.0.0.1; 0 picks a free port
@@ -20,6 +20,11 @@ Usage (run with the venv python from scripts/install-peers.sh):
   --require-token TOKEN  every HTTP request must carry `Authorization: Bearer TOKEN`,
                          otherwise 401 + WWW-Authenticate + a JSON error body
   --tls-cert PEM --tls-key PEM  serve HTTPS (for the sidecar's https:// upstream tests)
+  --logging-completion   also handle logging/setLevel and completion/complete (a prompt
+                         `greet {name}` whose name completes from Ada, Alan, Grace), so
+                         both are advertised in either era, as FastMCP does; 2026-07-28
+                         removed logging/setLevel, so a 2026 request for it still gets
+                         404 / -32601
 
 Readiness: once uvicorn accepts connections the server prints exactly one line
 `READY <port>` to stdout (flushed); with --port 0 that is the port it got.
@@ -123,6 +128,28 @@ def add_stdio_tools() -> None:
         return "x" * size
 
 
+def add_logging_and_completion() -> None:
+    """A logging/setLevel handler (which makes the server advertise `logging`) and a
+    completable prompt (which makes it advertise `completions`)."""
+
+    async def set_level(ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        return types.EmptyResult()
+
+    mcp._lowlevel_server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, set_level)
+
+    @mcp.prompt()
+    def greet(name: str) -> str:
+        """Greet someone by name."""
+        return f"Hello, {name}!"
+
+    @mcp.completion()
+    async def complete(ref, argument, context) -> types.Completion | None:
+        if isinstance(ref, types.PromptReference) and ref.name == "greet" and argument.name == "name":
+            names = ["Ada", "Alan", "Grace"]
+            return types.Completion(values=[n for n in names if n.startswith(argument.value)])
+        return None
+
+
 class RequireBearer:
     """ASGI wrapper: HTTP requests without `Authorization: Bearer TOKEN` get 401.
 
@@ -181,12 +208,15 @@ def main() -> None:
     p.add_argument("--identity", action="store_true", help="also serve the `account` tool, whose result carries _meta identity")
     p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (with --tls-key)")
     p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    p.add_argument("--logging-completion", action="store_true", help="also handle logging/setLevel and completion/complete")
     p.add_argument("--keep-alive", type=float, default=5, metavar="SECONDS", help="uvicorn's keep-alive timeout (its default: 5)")
     args = p.parse_args()
     if args.identity:
         add_identity_tools()
     if args.extras:
         add_stdio_tools()
+    if args.logging_completion:
+        add_logging_and_completion()
     if args.stdio:
         mcp.run("stdio")
         return

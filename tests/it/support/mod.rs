@@ -1,7 +1,7 @@
 //! Shared test fixtures: the real peers (Python `mcp` and TypeScript SDK upstreams, the
-//! TypeScript client, the conformance suite) installed by `scripts/install-peers.sh`, the
-//! sidecar binary itself, and (in `scripted`) the scripted upstream for edge cases real peers
-//! cannot produce.
+//! TypeScript clients of both SDK generations, the conformance suite) installed by
+//! `scripts/install-peers.sh`, the sidecar binary itself, and (in `scripted`) the scripted
+//! upstream for edge cases real peers cannot produce.
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -515,6 +515,31 @@ pub fn ts_client(url: &str, mode: &str, extras: &[&str]) -> Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
         panic!(
             "ts_client printed no JSON (exit {:?}):\n{stdout}\n{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Runs the TypeScript SDK v1 client (`tests/peers/sdk1/v1_client.mjs`, the 2025-era client
+/// most clients run) against `url` and returns its JSON report: each operation's result or
+/// error, told apart as a JSON-RPC error (`mcp`) or an HTTP failure (`transport`).
+pub fn v1_client(url: &str) -> Value {
+    let script = peers_dir().join("sdk1/v1_client.mjs");
+    assert!(
+        script.exists(),
+        "{} is missing: run `bash scripts/install-peers.sh`",
+        script.display()
+    );
+    let out = Command::new("node")
+        .arg(script)
+        .arg(url)
+        .output()
+        .expect("run v1_client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "v1_client printed no JSON (exit {:?}):\n{stdout}\n{}",
             out.status.code(),
             String::from_utf8_lossy(&out.stderr)
         )
