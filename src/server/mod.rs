@@ -162,12 +162,22 @@ impl Serving {
     }
 }
 
+/// Who reaches a listener's operations' routes, which decides what `/readyz` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Audience {
+    /// The admin listener: why not ready, and where (the upstream's address, redacted).
+    Operator,
+    /// The MCP port: why not ready, never where (the upstream's address is no client's).
+    Clients,
+}
+
 /// What the operations' routes read: the upstream's readiness (`/readyz`), and the metrics
 /// with the gauges of what is held now (`/metrics`).
 #[derive(Clone)]
 pub(crate) struct Operations {
     /// The admin listener's view of the upstream, or a worker's own.
     upstream: Arc<Upstream>,
+    audience: Audience,
     metrics: Arc<Metrics>,
     /// The MCP requests being served, the bytes buffered, the clients tracked for their rate:
     /// read for their gauges when the metrics are rendered.
@@ -186,6 +196,7 @@ impl Operations {
     ) -> Self {
         Operations {
             upstream,
+            audience: Audience::Operator,
             metrics,
             in_flight,
             budget,
@@ -242,6 +253,7 @@ pub(crate) async fn serve(
         surface: shared.surface.clone(),
         operations: Operations {
             upstream,
+            audience: Audience::Clients,
             ..operations.clone()
         },
     };
@@ -458,10 +470,16 @@ async fn operations(
         }
         (&Method::GET | &Method::HEAD, "/readyz") => match ops.ready().await {
             Ok(()) => body::json(StatusCode::OK, r#"{"status":"ready"}"#),
-            Err(not) => body::json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({"status": "not ready", "reason": not.reason}).to_string(),
-            ),
+            Err(not) => {
+                let reason = match ops.audience {
+                    Audience::Operator => not.reason,
+                    Audience::Clients => not.summary.to_owned(),
+                };
+                body::json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({"status": "not ready", "reason": reason}).to_string(),
+                )
+            }
         },
         (&Method::GET, "/metrics") if metrics => {
             let text = body::full(ops.render_metrics());
