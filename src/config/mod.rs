@@ -16,6 +16,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+#[cfg(test)]
+mod chart_tests;
 mod core;
 mod dev;
 mod feedback;
