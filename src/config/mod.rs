@@ -1,12 +1,14 @@
 //! The configuration: a table of settings, each declared once (`setting::Setting`: key,
-//! environment variables, default, what it accepts, README text, parser with its bounds, and
-//! how `--check-config` shows it), in groups (`core`, `stdio`, `limits`, `tls`, `feedback`,
-//! `dev`), the one source of the README's settings tables, `--check-config`, the errors that
-//! name a setting, and the probe's address (`healthcheck`). The layers (built-in defaults, then
-//! an optional TOML file, then environment variables, then command-line flags) are merged
-//! into one map of strings by key ([`Layers`]); each group then reads its typed struct from it
-//! through its declarations, so an error names the setting and what it accepts. Settings that
-//! depend on each other are checked here, where they meet.
+//! environment variables, default, what it accepts (for a bounded value, its bounds, which
+//! are both the check and the text), README text, parser, and how `--check-config` shows it),
+//! in groups (`core`, `stdio`, `limits`, `tls`, `feedback`, `http`, `dev`), the one source of
+//! the README's settings tables, `--check-config`, the errors that name a setting, and the
+//! probe's address (`healthcheck`); `chart_tests` holds the Helm chart to it. The layers
+//! (built-in defaults, then an optional TOML file, then environment variables, then
+//! command-line flags) are merged into one map of strings by key ([`Layers`]); each group then
+//! reads its typed struct from it through its declarations, so an error names the setting and
+//! what it accepts, and never shows a product key. Settings that depend on each other are
+//! checked here, where they meet, and so are the variables that are no setting.
 //!
 //! Imports inside `config/` go one way: `types` (the typed structs) ← `setting` ← the group
 //! files ← this file.

@@ -10,7 +10,8 @@
 //! the header size and count); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
 //! configured. Routes: the MCP path, what is [`Mounted`] beside it (the local trial's console),
 //! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
-//! one). With the HTTP surface on, those four move under its operations prefix on this port
+//! one). `/readyz` on the MCP port says why the upstream is not ready without where; the
+//! admin listener's says where too. With the HTTP surface on, those four move under its operations prefix on this port
 //! (the admin listener keeps them bare) and every other path goes to the surface
 //! (`crate::surface`), so the app's own `/health` reaches the app. On shutdown every worker stops accepting and lets
 //! its in-flight requests finish; the caller cuts what outlives the grace period.
