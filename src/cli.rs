@@ -192,6 +192,10 @@ pub fn main() -> ExitCode {
         }
     };
     if cli.check_config {
+        // The warnings the start would log, on stderr: stdout stays TOML to feed back.
+        for w in &config.warnings {
+            eprintln!("epode-sidecar: warning: {w}");
+        }
         print!("{config}");
         return ExitCode::SUCCESS;
     }

@@ -7,12 +7,11 @@ use std::time::Duration;
 use url::Url;
 
 use super::setting::{
-    any_duration, boolean, duration, number, positive_duration, setting, settings, split_list,
-    text, Bad,
+    a_duration, boolean, bounded, duration, number, setting, settings, split_list, text, Accepts,
+    Bad, AT_LEAST_1MS,
 };
 use super::types::{
-    redact_userinfo, HostPolicy, LogFormat, OriginPolicy, Transport, UpstreamProtocol,
-    UpstreamTarget,
+    redact_url, HostPolicy, LogFormat, OriginPolicy, Transport, UpstreamProtocol, UpstreamTarget,
 };
 
 settings! {
@@ -26,7 +25,7 @@ settings! {
             "The upstream MCP server's Streamable HTTP endpoint. Required, unless the upstream is a stdio MCP server the sidecar runs (`EPODE_SIDECAR_UPSTREAM_COMMAND`, or a command after `--`).",
             |v| parse_upstream(v).ok_or(Bad::Whole),
             |c| match &c.upstream {
-                Transport::Http(t) => redact_userinfo(t.url.as_str()).into_owned(),
+                Transport::Http(t) => redact_url(t.url.as_str()).into_owned(),
                 Transport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
             },
         ),
@@ -75,22 +74,22 @@ settings! {
                 HostPolicy::List(l) => l.join(","),
             },
         ),
-        MAX_BODY_BYTES: usize = setting(
+        MAX_BODY_BYTES: usize = bounded(
             "max_body_bytes",
             &["EPODE_SIDECAR_MAX_BODY_BYTES"],
             Some("4194304"),
-            "a whole number of bytes from 1 to 1073741824",
+            Accepts::whole("bytes", 1, 1 << 30),
             "Largest request body; larger gets 413.",
-            |v| number(v, 1..=1 << 30),
+            number,
             |c| c.max_body_bytes.to_string(),
         ),
-        UPSTREAM_TIMEOUT: Duration = setting(
+        UPSTREAM_TIMEOUT: Duration = bounded(
             "upstream_timeout",
             &["EPODE_SIDECAR_UPSTREAM_TIMEOUT"],
             Some("30s"),
-            "a duration of at least 1ms, such as 30s, 500ms or 2m",
+            Accepts::duration(AT_LEAST_1MS, Duration::MAX, "30s, 500ms or 2m"),
             "How long the upstream may take to begin its answer; then 504. A streamed (SSE) answer may then last as long as both ends want.",
-            positive_duration,
+            a_duration,
             |c| duration(c.upstream_timeout),
         ),
         UPSTREAM_PROTOCOL: UpstreamProtocol = setting(
@@ -109,20 +108,20 @@ settings! {
                 .to_owned()
             },
         ),
-        SHUTDOWN_GRACE: Duration = setting(
+        SHUTDOWN_GRACE: Duration = bounded(
             "shutdown_grace",
             &["EPODE_SIDECAR_SHUTDOWN_GRACE"],
             Some("10s"),
-            "a duration such as 10s, 500ms or 2m",
+            Accepts::duration(Duration::ZERO, Duration::MAX, "10s, 500ms or 2m"),
             "On SIGTERM/SIGINT, how long in-flight requests may take to finish. `0s`: they are cut at once.",
-            any_duration,
+            a_duration,
             |c| duration(c.shutdown_grace),
         ),
-        WORKERS: usize = setting(
+        WORKERS: usize = bounded(
             "workers",
             &["EPODE_SIDECAR_WORKERS"],
             Some("auto"),
-            "auto or a whole number from 1 to 256",
+            Accepts::whole("", 1, 256).or("auto"),
             "Server worker threads. Each serves its own connections start to finish on its own event loop, with its own upstream connection pool. `auto` is one per CPU core for an HTTP upstream, and one for a stdio upstream: that one runs on the loop that reads and writes the child's pipe, so a call never wakes another thread (a Python child is far slower than one worker). One worker always runs on the main thread's loop, beside telemetry.",
             workers,
             |c| c.workers.to_string(),
@@ -145,13 +144,13 @@ settings! {
             text,
             |c| c.server_version.clone().unwrap_or_else(|| "<the upstream's>".into()),
         ),
-        CACHE_TTL_MS: u64 = setting(
+        CACHE_TTL_MS: u64 = bounded(
             "cache_ttl_ms",
             &["EPODE_SIDECAR_CACHE_TTL_MS"],
             Some("0"),
-            "a whole number of milliseconds, 0 or more",
+            Accepts::whole("milliseconds", 0, u64::MAX),
             "`ttlMs` on cacheable 2026 results (`server/discover`, the four lists, `resources/read`) when the upstream gives none.",
-            |v| number(v, 0..=u64::MAX),
+            number,
             |c| c.cache_ttl_ms.to_string(),
         ),
         CACHE_SCOPE: &'static str = setting(
@@ -232,7 +231,7 @@ fn workers(w: &str) -> Result<usize, Bad> {
     match w {
         // Resolved once the upstream is known (`resolve_workers`).
         "auto" => Ok(AUTO_WORKERS),
-        n => number(n, 1..=256),
+        n => number(n),
     }
 }
 

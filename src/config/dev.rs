@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::setting::{boolean, number, setting, settings, Bad, ConfigError, Layers};
+use super::setting::{
+    boolean, bounded, number, setting, settings, Accepts, Bad, ConfigError, Layers,
+};
 use super::types::DevConfig;
 
 /// The trial's settings, read when `--dev` is on.
@@ -43,13 +45,13 @@ settings! {
             dev_log,
             |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log.display().to_string()),
         ),
-        DEV_LOG_MAX_BYTES: u64 = setting(
+        DEV_LOG_MAX_BYTES: u64 = bounded(
             "dev_log_max_bytes",
             &["EPODE_SIDECAR_DEV_LOG_MAX_BYTES"],
             Some("67108864"),
-            "a whole number of bytes, at least 1024",
+            Accepts::whole("bytes", 1024, u64::MAX),
             "With `--dev`: the JSON-lines file stops growing past this size (one warning says so).",
-            |v| number(v, 1024..=u64::MAX),
+            number,
             |c| c.dev.as_ref().map_or("<not used>".to_owned(), |d| d.log_max_bytes.to_string()),
         ),
     }

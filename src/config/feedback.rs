@@ -6,10 +6,10 @@ use std::time::Duration;
 use url::Url;
 
 use super::setting::{
-    any_duration, boolean, duration, duration_in, number, setting, settings, split_list, Bad,
-    ConfigError, Layers,
+    a_duration, boolean, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
+    ConfigError, Layers, AT_LEAST_1MS,
 };
-use super::types::{redact_userinfo, Config, FeedbackConfig, ToolPatterns};
+use super::types::{redact_url, Config, FeedbackConfig, ToolPatterns};
 use crate::feedback::capability::{ProductKey, ProductKeyError};
 use crate::feedback::identity::RefKind;
 use crate::feedback::FeedbackMode;
@@ -26,7 +26,7 @@ pub(super) fn read(l: &Layers, dev: bool) -> Result<FeedbackConfig, ConfigError>
             return Err(ConfigError::Invalid {
                 name: API_KEY.doc.name(),
                 value: "<set, while --dev is on>".to_owned(),
-                accepts: "no key with --dev (EPODE_SIDECAR_DEV): the local trial makes an ephemeral key for its embedded Epode and never talks to the real service; unset EPODE_API_KEY, or drop --dev to use it",
+                accepts: "no key with --dev (EPODE_SIDECAR_DEV): the local trial makes an ephemeral key for its embedded Epode and never talks to the real service; unset EPODE_API_KEY, or drop --dev to use it".into(),
             });
         }
         key = Some(ProductKey::ephemeral());
@@ -34,7 +34,7 @@ pub(super) fn read(l: &Layers, dev: bool) -> Result<FeedbackConfig, ConfigError>
     if key.is_none() && mode.is_enabled() {
         return Err(ConfigError::Missing {
             name: API_KEY.doc.name(),
-            accepts: "an Epode product key af_live_… from your Epode workspace. To try the sidecar without an Epode account, run it with --dev (or EPODE_SIDECAR_DEV=1): an embedded Epode on this machine, with a live console. To run without feedback, set AGENT_FEEDBACK_MODE=off",
+            accepts: "an Epode product key af_live_… from your Epode workspace. To try the sidecar without an Epode account, run it with --dev (or EPODE_SIDECAR_DEV=1): an embedded Epode on this machine, with a live console. To run without feedback, set AGENT_FEEDBACK_MODE=off".into(),
         });
     }
     Ok(FeedbackConfig {
@@ -78,9 +78,7 @@ fn parse_api_url(raw: &str) -> Option<Url> {
     (scheme_ok && url.query().is_none()).then_some(url)
 }
 
-fn up_to_a_minute(v: &str) -> Result<Duration, Bad> {
-    duration_in(v, Duration::from_millis(1)..=Duration::from_secs(60))
-}
+const A_MINUTE: Duration = Duration::from_secs(60);
 
 fn patterns(raw: &str) -> Result<ToolPatterns, Bad> {
     let text = split_list(raw);
@@ -151,7 +149,7 @@ settings! {
             |u| parse_api_url(u).ok_or(Bad::Whole),
             |c| match c.dev {
                 Some(_) => "<the embedded Epode of --dev, on a loopback port chosen at start>".to_owned(),
-                None => redact_userinfo(c.feedback.api_url.as_str()).into_owned(),
+                None => redact_url(c.feedback.api_url.as_str()).into_owned(),
             },
         ),
         FEEDBACK_MODE: FeedbackMode = setting(
@@ -172,22 +170,22 @@ settings! {
             boolean,
             |c| c.feedback.mode.is_enabled().to_string(),
         ),
-        CONSENT_TIMEOUT_MS: Duration = setting(
+        CONSENT_TIMEOUT_MS: Duration = bounded(
             "consent_timeout_ms",
             &["AGENT_FEEDBACK_CONSENT_TIMEOUT_MS"],
             Some("750"),
-            "a whole number of milliseconds from 1 to 60000",
+            Accepts::whole("milliseconds", 1, 60_000),
             "Deadline of the background Ask-once consent-state lookup.",
-            |v| number(v, 1..=60_000).map(Duration::from_millis),
+            |v| number(v).map(Duration::from_millis),
             |c| c.feedback.consent_timeout.as_millis().to_string(),
         ),
-        FEEDBACK_TIMEOUT: Duration = setting(
+        FEEDBACK_TIMEOUT: Duration = bounded(
             "feedback_timeout",
             &["EPODE_SIDECAR_FEEDBACK_TIMEOUT"],
             Some("10s"),
-            "a duration from 1ms to 1m, such as 10s",
+            Accepts::duration(AT_LEAST_1MS, A_MINUTE, "10s"),
             "Deadline of the two feedback tools' calls to Epode; past it the tool answers a retryable failure.",
-            up_to_a_minute,
+            a_duration,
             |c| duration(c.feedback.tool_timeout),
         ),
         INCLUDE_TOOLS: ToolPatterns = setting(
@@ -233,67 +231,67 @@ settings! {
                     .join(",")
             },
         ),
-        MAX_TOOLS: usize = setting(
+        MAX_TOOLS: usize = bounded(
             "max_tools",
             &["EPODE_SIDECAR_MAX_TOOLS"],
             Some("100000"),
-            "a whole number from 1 to 10000000",
+            Accepts::whole("", 1, 10_000_000),
             "Upstream tool names the feedback binding remembers from `tools/list` answers (a tool must have been listed to be decorated and observed), at most 160 bytes each; past it the name listed longest ago is forgotten.",
-            |v| number(v, 1..=10_000_000),
+            number,
             |c| c.feedback.max_tools.to_string(),
         ),
-        TELEMETRY_QUEUE: usize = setting(
+        TELEMETRY_QUEUE: usize = bounded(
             "telemetry_queue",
             &["EPODE_SIDECAR_TELEMETRY_QUEUE"],
             Some("1000"),
-            "a whole number of events from 1 to 1000000",
+            Accepts::whole("events", 1, 1_000_000),
             "Telemetry queue capacity; events beyond it are dropped and counted. Besides the queue, up to `EPODE_SIDECAR_TELEMETRY_CONCURRENCY` batches may be in delivery.",
-            |v| number(v, 1..=1_000_000),
+            number,
             |c| c.feedback.telemetry_queue.to_string(),
         ),
-        TELEMETRY_BATCH: usize = setting(
+        TELEMETRY_BATCH: usize = bounded(
             "telemetry_batch",
             &["EPODE_SIDECAR_TELEMETRY_BATCH"],
             Some("100"),
-            "a whole number of events from 1 to 100",
+            Accepts::whole("events", 1, 100),
             "Most events per telemetry batch (Epode takes up to 100); a batch whose body would pass Epode's 64 KiB limit is sent in parts.",
-            |v| number(v, 1..=100),
+            number,
             |c| c.feedback.telemetry_batch.to_string(),
         ),
-        TELEMETRY_CONCURRENCY: usize = setting(
+        TELEMETRY_CONCURRENCY: usize = bounded(
             "telemetry_concurrency",
             &["EPODE_SIDECAR_TELEMETRY_CONCURRENCY"],
             Some("16"),
-            "a whole number of deliveries from 1 to 256",
+            Accepts::whole("deliveries", 1, 256),
             "Most telemetry batches in delivery at once. The number in flight adapts below it: it starts at a quarter, doubles each round trip while Epode answers, halves on a 429, 5xx, timeout or network failure, and no batch starts before Epode's `Retry-After` has passed. Up to this many batches of events are held in delivery besides the queue.",
-            |v| number(v, 1..=256),
+            number,
             |c| c.feedback.telemetry_concurrency.to_string(),
         ),
-        TELEMETRY_FLUSH: Duration = setting(
+        TELEMETRY_FLUSH: Duration = bounded(
             "telemetry_flush",
             &["EPODE_SIDECAR_TELEMETRY_FLUSH"],
             Some("500ms"),
-            "a duration from 1ms to 1m, such as 500ms",
+            Accepts::duration(AT_LEAST_1MS, A_MINUTE, "500ms"),
             "How long the first event of a batch waits for others before the batch is sent.",
-            up_to_a_minute,
+            a_duration,
             |c| duration(c.feedback.telemetry_flush),
         ),
-        TELEMETRY_RETRY_BASE: Duration = setting(
+        TELEMETRY_RETRY_BASE: Duration = bounded(
             "telemetry_retry_base",
             &["EPODE_SIDECAR_TELEMETRY_RETRY_BASE"],
             Some("500ms"),
-            "a duration from 1ms to 1m, such as 500ms",
+            Accepts::duration(AT_LEAST_1MS, A_MINUTE, "500ms"),
             "First retry delay of a failed batch; it doubles for each of the at most 6 attempts (Epode's `Retry-After` wins).",
-            up_to_a_minute,
+            a_duration,
             |c| duration(c.feedback.telemetry_retry_base),
         ),
-        TELEMETRY_SHUTDOWN: Duration = setting(
+        TELEMETRY_SHUTDOWN: Duration = bounded(
             "telemetry_shutdown",
             &["EPODE_SIDECAR_TELEMETRY_SHUTDOWN"],
             Some("10s"),
-            "a duration such as 10s, 500ms or 2m",
+            Accepts::duration(Duration::ZERO, Duration::MAX, "10s, 500ms or 2m"),
             "On shutdown, how long queued telemetry may take to be delivered. `0s`: what is queued is dropped (and counted).",
-            any_duration,
+            a_duration,
             |c| duration(c.feedback.telemetry_shutdown),
         ),
     }

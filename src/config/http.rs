@@ -2,7 +2,9 @@
 //! and instrumented as Epode's HTTP protocol says): its settings and the [`HttpSurface`] built
 //! from them. Off by default, so nothing changes for a sidecar in front of an MCP server only.
 
-use super::setting::{setting, settings, split_list, Bad, ConfigError, Layers};
+use super::setting::{
+    a_size, bounded, setting, settings, split_list, Accepts, Bad, ConfigError, Layers,
+};
 use super::types::{HttpCacheMode, HttpSurface};
 
 /// The HTTP surface's settings; `None` when it is off.
@@ -24,29 +26,6 @@ fn on_off(v: &str) -> Result<bool, Bad> {
         "off" => Ok(false),
         _ => Err(Bad::Whole),
     }
-}
-
-/// A size in bytes: a whole number, or one with a unit (`KiB`, `MiB`, `GiB` are powers of
-/// 1024; `kB`, `MB`, `GB` powers of 1000), from 1 byte to 1 GiB.
-pub(super) fn byte_size(v: &str) -> Result<u64, Bad> {
-    let v = v.trim();
-    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
-    let (number, unit) = v.split_at(split);
-    let number: u64 = number.parse().map_err(|_| Bad::Whole)?;
-    let scale: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "KiB" => 1 << 10,
-        "MiB" => 1 << 20,
-        "GiB" => 1 << 30,
-        "kB" | "KB" => 1_000,
-        "MB" => 1_000_000,
-        "GB" => 1_000_000_000,
-        _ => return Err(Bad::Whole),
-    };
-    number
-        .checked_mul(scale)
-        .filter(|n| (1..=1 << 30).contains(n))
-        .ok_or(Bad::Whole)
 }
 
 fn cache_mode(v: &str) -> Result<HttpCacheMode, Bad> {
@@ -100,13 +79,13 @@ settings! {
             on_off,
             |c| if c.http.is_some() { "on" } else { "off" }.to_owned(),
         ),
-        HTTP_MAX_BODY: u64 = setting(
+        HTTP_MAX_BODY: u64 = bounded(
             "http_max_body",
             &["EPODE_SIDECAR_HTTP_MAX_BODY"],
             Some("1MiB"),
-            "a size from 1 byte to 1GiB, such as 1048576, 512KiB or 1MiB",
+            Accepts::size(1, 1 << 30, "1048576, 512KiB or 1MiB"),
             "With the HTTP surface: the largest JSON or HTML response the sidecar holds (within the memory budget) to instrument; a larger one streams through untouched.",
-            byte_size,
+            a_size,
             |c| shown(c, |h| h.max_body.to_string()).unwrap_or_else(|| "<not used>".into()),
         ),
         HTTP_CACHE_MODE: HttpCacheMode = setting(
@@ -147,14 +126,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_take_a_unit_and_stay_in_bounds() {
-        assert_eq!(byte_size("1MiB").unwrap(), 1 << 20);
-        assert_eq!(byte_size("512KiB").unwrap(), 512 << 10);
-        assert_eq!(byte_size("2MB").unwrap(), 2_000_000);
-        assert_eq!(byte_size("1048576").unwrap(), 1 << 20);
-        assert_eq!(byte_size("1GiB").unwrap(), 1 << 30);
+    fn sizes_take_a_unit_and_stay_within_the_declared_bounds() {
+        assert_eq!(HTTP_MAX_BODY.value("1MiB").unwrap(), 1 << 20);
+        assert_eq!(HTTP_MAX_BODY.value("512KiB").unwrap(), 512 << 10);
+        assert_eq!(HTTP_MAX_BODY.value("2MB").unwrap(), 2_000_000);
+        assert_eq!(HTTP_MAX_BODY.value("1048576").unwrap(), 1 << 20);
+        assert_eq!(HTTP_MAX_BODY.value("1GiB").unwrap(), 1 << 30);
         for bad in ["0", "2GiB", "1 mb", "MiB", "-1", "1.5MiB", ""] {
-            assert!(byte_size(bad).is_err(), "{bad}");
+            assert!(HTTP_MAX_BODY.value(bad).is_err(), "{bad}");
         }
     }
 

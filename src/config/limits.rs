@@ -9,13 +9,14 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::setting::{
-    duration, duration_in, number, positive_duration, setting, settings, split_list, Bad,
-    ConfigError, Layers,
+    a_duration, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
+    ConfigError, Layers, AT_LEAST_1MS,
 };
 use super::types::{ConnectionCap, Limits, Rate, ToolRate};
 
-const KIB: usize = 1024;
-const MIB: usize = 1024 * 1024;
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * 1024;
+const A_DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// Reads the limits.
 pub(super) fn read(l: &Layers) -> Result<Limits, ConfigError> {
@@ -44,14 +45,10 @@ pub(super) fn read(l: &Layers) -> Result<Limits, ConfigError> {
     })
 }
 
-fn up_to_a_day(v: &str) -> Result<Duration, Bad> {
-    duration_in(v, Duration::from_millis(1)..=Duration::from_secs(24 * 3600))
-}
-
 fn connection_cap(v: &str) -> Result<ConnectionCap, Bad> {
     match v {
         "auto" => Ok(ConnectionCap::Auto),
-        n => number(n, 1..=1_000_000).map(ConnectionCap::Fixed),
+        n => number(n).map(ConnectionCap::Fixed),
     }
 }
 
@@ -95,56 +92,56 @@ fn bytes(n: usize) -> String {
 settings! {
     /// The bounds on what the sidecar holds.
     pub(super) LIMITS {
-        MAX_HEADER_BYTES: usize = setting(
+        MAX_HEADER_BYTES: usize = bounded(
             "max_header_bytes",
             &["EPODE_SIDECAR_MAX_HEADER_BYTES"],
             Some("32768"),
-            "a whole number of bytes from 1024 to 1048576",
+            Accepts::whole("bytes", KIB, MIB),
             "Largest request head (request line and headers); larger gets 431 and the connection is closed.",
-            |v| number(v, 1024..=MIB),
+            number,
             |c| bytes(c.limits.max_header_bytes),
         ),
-        MAX_HEADERS: usize = setting(
+        MAX_HEADERS: usize = bounded(
             "max_headers",
             &["EPODE_SIDECAR_MAX_HEADERS"],
             Some("100"),
-            "a whole number from 8 to 1000",
+            Accepts::whole("", 8, 1000),
             "Most header fields in a request; more gets 431.",
-            |v| number(v, 8..=1000),
+            number,
             |c| c.limits.max_headers.to_string(),
         ),
-        HEADER_TIMEOUT: Duration = setting(
+        HEADER_TIMEOUT: Duration = bounded(
             "header_timeout",
             &["EPODE_SIDECAR_HEADER_TIMEOUT"],
             Some("10s"),
-            "a duration from 1ms to 24h, such as 10s",
+            Accepts::duration(AT_LEAST_1MS, A_DAY, "10s"),
             "Time a client has to send a request's head, on every listener: a new connection's first from its accept (one that sends nothing is closed then, without an answer, or at the idle timeout when that is nearer), a later one from its first byte; then 408 (when the client can still read it) and the connection is closed.",
-            up_to_a_day,
+            a_duration,
             |c| duration(c.limits.header_timeout),
         ),
-        BODY_TIMEOUT: Duration = setting(
+        BODY_TIMEOUT: Duration = bounded(
             "body_timeout",
             &["EPODE_SIDECAR_BODY_TIMEOUT"],
             Some("30s"),
-            "a duration from 1ms to 24h, such as 30s",
+            Accepts::duration(AT_LEAST_1MS, A_DAY, "30s"),
             "Time a client has to send a request's body once its head arrived; then 408 with a JSON-RPC error and the connection is closed (on HTTP/2, once its other streams have ended).",
-            up_to_a_day,
+            a_duration,
             |c| duration(c.limits.body_timeout),
         ),
-        IDLE_TIMEOUT: Duration = setting(
+        IDLE_TIMEOUT: Duration = bounded(
             "idle_timeout",
             &["EPODE_SIDECAR_IDLE_TIMEOUT"],
             Some("60s"),
-            "a duration from 1ms to 24h, such as 60s",
+            Accepts::duration(AT_LEAST_1MS, A_DAY, "60s"),
             "How long a keep-alive connection may stay idle between requests before the sidecar closes it, and how long a client may take no part of an answer (its writes make no progress) before its connection is cut; on every listener.",
-            up_to_a_day,
+            a_duration,
             |c| duration(c.limits.idle_timeout),
         ),
-        MAX_CONNECTIONS: ConnectionCap = setting(
+        MAX_CONNECTIONS: ConnectionCap = bounded(
             "max_connections",
             &["EPODE_SIDECAR_MAX_CONNECTIONS"],
             Some("auto"),
-            "auto or a whole number from 1 to 1000000",
+            Accepts::whole("", 1, 1_000_000).or("auto"),
             "Most client connections open at once, on every listener together. The admin listener and the `--dev` Epode each keep a sixteenth of it (4 to 256 connections) and the MCP port has the rest, so a flood of one cannot lock out another; past its share a listener closes a new connection at once. `auto`: 80% of the process's file-descriptor limit (raised to its hard limit at start); a number above that is lowered to it, so upstream and Epode connections always have descriptors left.",
             connection_cap,
             |c| match c.limits.max_connections {
@@ -152,94 +149,94 @@ settings! {
                 ConnectionCap::Fixed(n) => n.to_string(),
             },
         ),
-        MAX_IN_FLIGHT: usize = setting(
+        MAX_IN_FLIGHT: usize = bounded(
             "max_in_flight",
             &["EPODE_SIDECAR_MAX_IN_FLIGHT"],
             Some("1024"),
-            "a whole number from 1 to 1000000",
+            Accepts::whole("", 1, 1_000_000),
             "Most MCP requests being served at once; past it 503 with `Retry-After: 1` and a JSON-RPC error.",
-            |v| number(v, 1..=1_000_000),
+            number,
             |c| c.limits.max_in_flight.to_string(),
         ),
-        MEMORY_BUDGET_BYTES: usize = setting(
+        MEMORY_BUDGET_BYTES: usize = bounded(
             "memory_budget_bytes",
             &["EPODE_SIDECAR_MEMORY_BUDGET_BYTES"],
             Some("134217728"),
-            "a whole number of bytes, at least 1048576",
+            Accepts::whole("bytes", MIB, 1 << 40),
             "One budget for everything the sidecar holds in memory at once (request bodies, upstream answers it must parse, SSE events it must rewrite, answers waiting for a slow client until written, Epode answers); a request that would pass it gets 503 with `Retry-After: 1`.",
-            |v| number(v, MIB..=1 << 40),
+            number,
             |c| bytes(c.limits.memory_budget),
         ),
-        MAX_UPSTREAM_ANSWER_BYTES: usize = setting(
+        MAX_UPSTREAM_ANSWER_BYTES: usize = bounded(
             "max_upstream_answer_bytes",
             &["EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES"],
             Some("16777216"),
-            "a whole number of bytes, at least 1024",
+            Accepts::whole("bytes", KIB, 1 << 40),
             "Largest upstream JSON answer the sidecar reads whole to rewrite it; larger gets 502 with the request's id.",
-            |v| number(v, KIB..=1 << 40),
+            number,
             |c| bytes(c.limits.max_upstream_answer),
         ),
-        MAX_SSE_EVENT_BYTES: usize = setting(
+        MAX_SSE_EVENT_BYTES: usize = bounded(
             "max_sse_event_bytes",
             &["EPODE_SIDECAR_MAX_SSE_EVENT_BYTES"],
             Some("16777216"),
-            "a whole number of bytes, at least 1024",
+            Accepts::whole("bytes", KIB, 1 << 40),
             "Largest upstream SSE event the sidecar holds to rewrite it; a larger one ends the stream with a JSON-RPC error event for the request. The same default as `max_upstream_answer_bytes`, so a result has the same limit whether it comes as JSON or as an event.",
-            |v| number(v, KIB..=1 << 40),
+            number,
             |c| bytes(c.limits.max_sse_event),
         ),
-        UPSTREAM_SESSIONS: usize = setting(
+        UPSTREAM_SESSIONS: usize = bounded(
             "upstream_sessions",
             &["EPODE_SIDECAR_UPSTREAM_SESSIONS"],
             Some("256"),
-            "a whole number from 1 to 100000",
+            Accepts::whole("", 1, 100_000),
             "Most 2025-era upstream sessions kept (one per client credential); the least recently used is closed upstream (`DELETE`) to make room.",
-            |v| number(v, 1..=100_000),
+            number,
             |c| c.limits.upstream_sessions.to_string(),
         ),
-        UPSTREAM_SESSION_IDLE: Duration = setting(
+        UPSTREAM_SESSION_IDLE: Duration = bounded(
             "upstream_session_idle",
             &["EPODE_SIDECAR_UPSTREAM_SESSION_IDLE"],
             Some("10m"),
-            "a duration of at least 1ms, such as 10m",
+            Accepts::duration(AT_LEAST_1MS, Duration::MAX, "10m"),
             "A 2025-era upstream session unused this long is closed upstream (`DELETE`).",
-            positive_duration,
+            a_duration,
             |c| duration(c.limits.upstream_session_idle),
         ),
-        UPSTREAM_MAX_IDLE: usize = setting(
+        UPSTREAM_MAX_IDLE: usize = bounded(
             "upstream_max_idle",
             &["EPODE_SIDECAR_UPSTREAM_MAX_IDLE"],
             Some("64"),
-            "a whole number from 0 to 10000",
+            Accepts::whole("", 0, 10_000),
             "Idle keep-alive connections to an HTTP upstream kept for reuse, per worker; past it a connection is closed when its answer ends. 0: a new connection per request.",
-            |v| number(v, 0..=10_000),
+            number,
             |c| c.limits.upstream_max_idle.to_string(),
         ),
-        UPSTREAM_IDLE_TIMEOUT: Duration = setting(
+        UPSTREAM_IDLE_TIMEOUT: Duration = bounded(
             "upstream_idle_timeout",
             &["EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT"],
             Some("3s"),
-            "a duration from 1ms to 24h, such as 3s",
+            Accepts::duration(AT_LEAST_1MS, A_DAY, "3s"),
             "How long a keep-alive connection to an HTTP upstream may stay idle before the sidecar closes it. Keep it below the upstream's own keep-alive timeout (uvicorn and Node: 5 s), so a request is never sent on a connection the upstream is closing; behind gunicorn (2 s) lower it, to 1s say.",
-            up_to_a_day,
+            a_duration,
             |c| duration(c.limits.upstream_idle_timeout),
         ),
-        UPSTREAM_MAX_CONNECTIONS: usize = setting(
+        UPSTREAM_MAX_CONNECTIONS: usize = bounded(
             "upstream_max_connections",
             &["EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS"],
             Some("256"),
-            "a whole number from 1 to 1000000",
+            Accepts::whole("", 1, 1_000_000),
             "Most connections open to an HTTP upstream at once, all workers together (each request, and each SSE answer while it streams, holds one). A request that finds none free waits for the first its worker gets back (or room to open one; at most 32 are opened at once) up to `upstream_wait`, then gets 503 with `Retry-After: 1` and a JSON-RPC error, and nothing is sent upstream. Raise it when the upstream serves more requests at once (long tool calls).",
-            |v| number(v, 1..=1_000_000),
+            number,
             |c| c.limits.upstream_max_connections.to_string(),
         ),
-        UPSTREAM_WAIT: Duration = setting(
+        UPSTREAM_WAIT: Duration = bounded(
             "upstream_wait",
             &["EPODE_SIDECAR_UPSTREAM_WAIT"],
             Some("1s"),
-            "a duration from 0s to 1h, such as 1s",
+            Accepts::duration(Duration::ZERO, Duration::from_secs(3600), "1s"),
             "How long a request may wait for a free connection to an HTTP upstream (`upstream_max_connections`) or for room in a stdio MCP server's stdin queue (`upstream_stdin_queue`); then 503 with `Retry-After: 1` and a JSON-RPC error with its id, nothing sent. At most `upstream_timeout` (which counts the wait). 0s: 503 at once.",
-            |v| duration_in(v, Duration::ZERO..=Duration::from_secs(3600)),
+            a_duration,
             |c| duration(c.limits.upstream_wait),
         ),
     }
@@ -261,26 +258,26 @@ settings! {
                     .map_or_else(|| "<none>".to_owned(), |r| r.shown())
             },
         ),
-        RATE_BURST: NonZeroU32 = setting(
+        RATE_BURST: NonZeroU32 = bounded(
             "rate_burst",
             &["EPODE_SIDECAR_RATE_BURST"],
             None,
-            "a whole number, at least 1",
+            Accepts::whole("", 1, u32::MAX as u64),
             "Requests a client address may send at once before `rate_limit` applies. Unset: the rate's count.",
-            |b| b.parse().ok().and_then(NonZeroU32::new).ok_or(Bad::Whole),
+            number,
             |c| {
                 c.limits
                     .rate_burst
                     .map_or_else(|| "<the rate's count>".to_owned(), |b| b.to_string())
             },
         ),
-        RATE_LIMIT_CLIENTS: usize = setting(
+        RATE_LIMIT_CLIENTS: usize = bounded(
             "rate_limit_clients",
             &["EPODE_SIDECAR_RATE_LIMIT_CLIENTS"],
             Some("100000"),
-            "a whole number from 1 to 10000000",
+            Accepts::whole("", 1, 10_000_000),
             "Client addresses (IPv6: /64 prefixes) the per-client limit keeps track of, about 100 bytes each; past it the least recently seen is forgotten, and starts again with a full burst if it comes back. Each request costs the same however many clients there are.",
-            |v| number(v, 1..=10_000_000),
+            number,
             |c| c.limits.rate_limit_clients.to_string(),
         ),
         TOOL_RATE_LIMITS: Vec<ToolRate> = setting(

@@ -1,12 +1,14 @@
 //! The configuration: a table of settings, each declared once (`setting::Setting`: key,
-//! environment variables, default, what it accepts, README text, parser with its bounds, and
-//! how `--check-config` shows it), in groups (`core`, `stdio`, `limits`, `tls`, `feedback`,
-//! `dev`), the one source of the README's settings tables, `--check-config`, the errors that
-//! name a setting, and the probe's address (`healthcheck`). The layers (built-in defaults, then
-//! an optional TOML file, then environment variables, then command-line flags) are merged
-//! into one map of strings by key ([`Layers`]); each group then reads its typed struct from it
-//! through its declarations, so an error names the setting and what it accepts. Settings that
-//! depend on each other are checked here, where they meet.
+//! environment variables, default, what it accepts (for a bounded value, its bounds, which
+//! are both the check and the text), README text, parser, and how `--check-config` shows it),
+//! in groups (`core`, `stdio`, `limits`, `tls`, `feedback`, `http`, `dev`), the one source of
+//! the README's settings tables, `--check-config`, the errors that name a setting, and the
+//! probe's address (`healthcheck`); `chart_tests` holds the Helm chart to it. The layers
+//! (built-in defaults, then an optional TOML file, then environment variables, then
+//! command-line flags) are merged into one map of strings by key ([`Layers`]); each group then
+//! reads its typed struct from it through its declarations, so an error names the setting and
+//! what it accepts, and never shows a product key. Settings that depend on each other are
+//! checked here, where they meet, and so are the variables that are no setting.
 //!
 //! Imports inside `config/` go one way: `types` (the typed structs) ← `setting` ← the group
 //! files ← this file.
@@ -16,6 +18,8 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+#[cfg(test)]
+mod chart_tests;
 mod core;
 mod dev;
 mod feedback;
@@ -31,7 +35,7 @@ mod types;
 pub(crate) use self::setting::ConfigError;
 use self::setting::{Doc, Layers};
 pub(crate) use self::types::{
-    redact_userinfo, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
+    redact_url, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
     HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs,
     StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
 };
@@ -81,7 +85,9 @@ fn markdown_row(s: &Doc) -> String {
     };
     format!(
         "| {variable} | `{}` | {default} | {} Accepts {}. |\n",
-        s.key, s.help, s.accepts
+        s.key,
+        s.help,
+        s.accepts.text()
     )
 }
 
@@ -184,7 +190,7 @@ fn file_layer(path: &PathBuf, layers: &mut Layers) -> Result<(), ConfigError> {
                 ConfigError::Unknown {
                     what: "the configuration file's key",
                     name: key.clone(),
-                    hint: did_you_mean(closest(key, all().map(|s| s.key)), 6),
+                    hint: did_you_mean(key, &all().map(|s| s.key).collect::<Vec<_>>()),
                 }
                 .to_string(),
             ));
@@ -267,11 +273,15 @@ impl ProbeSettings {
             ..FlagValues::default()
         };
         let l = layers(&env_map(env), &flags)?;
-        Ok(ProbeSettings {
-            listen: l.get(&core::LISTEN)?,
-            admin_listen: l.optional(&tls::ADMIN_LISTEN)?,
-            tls: l.text(&tls::TLS_CERT).is_some(),
-        })
+        let key = l.text(&feedback::API_KEY);
+        let probe = || {
+            Ok(ProbeSettings {
+                listen: l.get(&core::LISTEN)?,
+                admin_listen: l.optional(&tls::ADMIN_LISTEN)?,
+                tls: l.text(&tls::TLS_CERT).is_some(),
+            })
+        };
+        probe().map_err(|e: ConfigError| e.without_key(key.as_deref()))
     }
 }
 
@@ -286,8 +296,11 @@ impl Config {
     {
         let env = env_map(env);
         let layers = layers(&env, flags)?;
-        let warnings = unknown_variables(&env)?;
-        let mut config = Config::read(&layers, &flags.command)?;
+        // No error shows the product key, whichever setting it was put in.
+        let key = layers.text(&feedback::API_KEY);
+        let scrub = |e: ConfigError| e.without_key(key.as_deref());
+        let warnings = unknown_variables(&env).map_err(scrub)?;
+        let mut config = Config::read(&layers, &flags.command).map_err(scrub)?;
         config.warnings = warnings;
         if let Transport::Stdio(command) = &mut config.upstream {
             command.select_env(&env);
@@ -312,7 +325,7 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     name: core::LISTEN.doc.name(),
                     value: listen.to_string(),
-                    accepts: "a loopback address such as 127.0.0.1:8080 with --dev: the local trial's embedded Epode and console are for this machine only",
+                    accepts: "a loopback address such as 127.0.0.1:8080 with --dev: the local trial's embedded Epode and console are for this machine only".into(),
                 });
             }
             Some(dev::read(l)?)
@@ -373,6 +386,9 @@ impl Config {
                 format!("# {} = <set, redacted>", s.key)
             } else if described {
                 format!("# {} = {value}", s.key)
+            } else if value.contains("<redacted>") {
+                // Fed back, a redacted value would be another value: a comment, to set again.
+                format!("# {} = {}", s.key, toml_string(&value))
             } else {
                 format!("{} = {}", s.key, toml_string(&value))
             };
@@ -420,7 +436,7 @@ fn transport(l: &Layers, argv: &[String]) -> Result<Transport, ConfigError> {
         ))),
         (None, None) => Err(ConfigError::Missing {
             name: "the upstream: EPODE_SIDECAR_UPSTREAM (an http:// or https:// URL), or a command to run after `--` (or EPODE_SIDECAR_UPSTREAM_COMMAND)".to_owned(),
-            accepts: "for instance `epode-sidecar -- python server.py` for a stdio MCP server, or EPODE_SIDECAR_UPSTREAM=http://127.0.0.1:8000/mcp",
+            accepts: "for instance `epode-sidecar -- python server.py` for a stdio MCP server, or EPODE_SIDECAR_UPSTREAM=http://127.0.0.1:8000/mcp".into(),
         }),
         (None, Some((program, args))) => stdio::read(l, program, args).map(Transport::Stdio),
     }
@@ -452,44 +468,69 @@ fn closest<'a>(name: &str, known: impl Iterator<Item = &'a str>) -> Option<(&'a 
         .min_by_key(|(_, d)| *d)
 }
 
-fn did_you_mean(closest: Option<(&str, usize)>, within: usize) -> String {
-    match closest {
-        Some((k, d)) if d <= within => format!("; did you mean `{k}`?"),
-        _ => String::new(),
-    }
+/// Edits from a known name that make a name a typo of it (refused, not ignored).
+const TYPO: usize = 2;
+
+/// The hint for a name that is no setting: the known name a typo away; else one it begins or
+/// extends word by word (`…_MAX_BODY` means `…_MAX_BODY_BYTES`, though fewer edits make
+/// `…_MAX_TOOLS`); else the closest within six edits; else none.
+fn did_you_mean(name: &str, known: &[&str]) -> String {
+    let Some((near, distance)) = closest(name, known.iter().copied()) else {
+        return String::new();
+    };
+    let extends = |long: &str, short: &str| {
+        long.strip_prefix(short)
+            .is_some_and(|rest| rest.starts_with('_'))
+    };
+    let meant = if distance <= TYPO {
+        Some(near)
+    } else {
+        known
+            .iter()
+            .copied()
+            .filter(|k| extends(k, name) || extends(name, k))
+            .min_by_key(|k| k.len().abs_diff(name.len()))
+            .or((distance <= 6).then_some(near))
+    };
+    meant.map_or_else(String::new, |k| format!("; did you mean `{k}`?"))
 }
 
-/// Names Kubernetes puts in a pod's environment for a Service named `epode-sidecar`
-/// (service links): not settings, never refused.
-fn service_link(name: &str) -> bool {
-    let rest = &name["EPODE_SIDECAR_".len()..];
+/// The beginnings of the sidecar's environment variables (every setting's has one of them): a
+/// variable with one that is no setting is the operator's mistake, and is reported.
+const PREFIXES: [&str; 3] = ["EPODE_SIDECAR_", "EPODE_API_", "AGENT_FEEDBACK_"];
+
+/// What follows a prefix in the names Kubernetes puts in a pod's environment for a Service
+/// named after it (`epode-sidecar`, `epode-api`: service links): not settings, never refused.
+fn service_link(rest: &str) -> bool {
     rest.starts_with("SERVICE_") || rest == "PORT" || rest.starts_with("PORT_")
 }
 
-/// `EPODE_SIDECAR_*` variables that are no setting: one a typo away from a setting is
-/// refused (a misspelt limit must not be silently ignored); any other is a warning.
+/// Variables with one of the sidecar's prefixes that are no setting: one a typo away from a
+/// setting is refused (a misspelt limit or kill switch must not be silently ignored); any
+/// other is a warning, with the setting it may have meant.
 fn unknown_variables(env: &BTreeMap<String, String>) -> Result<Vec<String>, ConfigError> {
-    let known = || {
-        all()
-            .flat_map(|s| s.env.iter().copied())
-            .chain(std::iter::once(CONFIG_FILE_ENV))
-    };
+    let known: Vec<&str> = all()
+        .flat_map(|s| s.env.iter().copied())
+        .chain(std::iter::once(CONFIG_FILE_ENV))
+        .collect();
     let mut warnings = Vec::new();
-    for name in env.keys().filter(|n| n.starts_with("EPODE_SIDECAR_")) {
-        if known().any(|k| k == name) || service_link(name) {
+    for name in env.keys() {
+        let Some(prefix) = PREFIXES.iter().find(|p| name.starts_with(*p)) else {
+            continue;
+        };
+        if known.contains(&name.as_str()) || service_link(&name[prefix.len()..]) {
             continue;
         }
-        let near = closest(name, known());
-        if near.is_some_and(|(_, d)| d <= 2) {
+        if closest(name, known.iter().copied()).is_some_and(|(_, d)| d <= TYPO) {
             return Err(ConfigError::Unknown {
                 what: "the environment variable",
                 name: name.clone(),
-                hint: did_you_mean(near, 2),
+                hint: did_you_mean(name, &known),
             });
         }
         warnings.push(format!(
             "the environment variable {name} is not a setting and is ignored{}",
-            did_you_mean(near, 6)
+            did_you_mean(name, &known)
         ));
     }
     Ok(warnings)

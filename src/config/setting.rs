@@ -1,15 +1,17 @@
 //! What a setting is: one declaration ([`Setting`]) carrying its key, environment variables,
-//! default, what it accepts, its README text, its parser (bounds included) and how
+//! default, what it accepts (for a number, a duration or a size, its bounds: [`Accepts`], the
+//! check and the text stating it in one value), its README text, its parser and how
 //! `--check-config` shows it; the layers' merged values ([`Layers`]), read only through a
 //! declaration, so a value comes out typed and a bad one names its setting; and the parsers
 //! several declarations share.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::types::{redact_userinfo, Config};
+use super::types::{redact_url, Config};
+use crate::feedback::capability::has_key_shape;
 
 /// Why a parser refused a value, which decides what the error shows.
 #[derive(Debug)]
@@ -22,6 +24,164 @@ pub(crate) enum Bad {
     Described(&'static str),
 }
 
+/// What a setting accepts, as its errors and the README say it. A bounded kind is also the
+/// check the value must pass before the setting's parser reads it, so the bounds and the text
+/// stating them come from the same numbers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Accepts {
+    /// Said in words; the setting's parser checks what they say.
+    Prose(&'static str),
+    /// A whole number of `unit` (empty for a count) from `min` to `max` (`u64::MAX`: no upper
+    /// bound), or `word` (such as `auto`) when there is one.
+    Whole {
+        word: Option<&'static str>,
+        unit: &'static str,
+        min: u64,
+        max: u64,
+    },
+    /// A duration such as `30s` from `min` to `max` (`Duration::MAX`: no upper bound).
+    Duration {
+        min: Duration,
+        max: Duration,
+        such_as: &'static str,
+    },
+    /// A number of bytes, with a unit or without (`512KiB`, `1MB`), from `min` to `max`.
+    Size {
+        min: u64,
+        max: u64,
+        such_as: &'static str,
+    },
+}
+
+impl Accepts {
+    pub(super) const fn whole(unit: &'static str, min: u64, max: u64) -> Accepts {
+        Accepts::Whole {
+            word: None,
+            unit,
+            min,
+            max,
+        }
+    }
+
+    /// The same numbers, or `word`.
+    pub(super) const fn or(self, word: &'static str) -> Accepts {
+        match self {
+            Accepts::Whole { unit, min, max, .. } => Accepts::Whole {
+                word: Some(word),
+                unit,
+                min,
+                max,
+            },
+            other => other,
+        }
+    }
+
+    pub(super) const fn duration(min: Duration, max: Duration, such_as: &'static str) -> Accepts {
+        Accepts::Duration { min, max, such_as }
+    }
+
+    pub(super) const fn size(min: u64, max: u64, such_as: &'static str) -> Accepts {
+        Accepts::Size { min, max, such_as }
+    }
+
+    /// Whether `v` is within the bounds (prose leaves the whole check to the parser).
+    fn admits(&self, v: &str) -> bool {
+        match *self {
+            Accepts::Prose(_) => true,
+            Accepts::Whole { word, min, max, .. } => {
+                word == Some(v) || v.parse::<u64>().is_ok_and(|n| (min..=max).contains(&n))
+            }
+            Accepts::Duration { min, max, .. } => {
+                humantime::parse_duration(v).is_ok_and(|d| (min..=max).contains(&d))
+            }
+            Accepts::Size { min, max, .. } => {
+                bytes_with_unit(v).is_some_and(|n| (min..=max).contains(&n))
+            }
+        }
+    }
+
+    /// The text errors and the README show.
+    pub(crate) fn text(&self) -> Cow<'static, str> {
+        let such = |such_as: &str| {
+            if such_as.is_empty() {
+                String::new()
+            } else {
+                format!(", such as {such_as}")
+            }
+        };
+        match *self {
+            Accepts::Prose(text) => text.into(),
+            Accepts::Whole {
+                word,
+                unit,
+                min,
+                max,
+            } => {
+                let number = match unit {
+                    "" => "a whole number".to_owned(),
+                    unit => format!("a whole number of {unit}"),
+                };
+                let range = match (min, max) {
+                    (0, u64::MAX) => format!("{number}, 0 or more"),
+                    (min, u64::MAX) => format!("{number}, at least {min}"),
+                    (min, max) => format!("{number} from {min} to {max}"),
+                };
+                match word {
+                    Some(word) => format!("{word} or {range}").into(),
+                    None => range.into(),
+                }
+            }
+            Accepts::Duration { min, max, such_as } => {
+                match (min.is_zero(), max == Duration::MAX) {
+                    (true, true) => format!("a duration such as {such_as}"),
+                    (false, true) => {
+                        format!("a duration of at least {}{}", short(min), such(such_as))
+                    }
+                    (true, false) => format!("a duration up to {}{}", short(max), such(such_as)),
+                    (false, false) => format!(
+                        "a duration from {} to {}{}",
+                        short(min),
+                        short(max),
+                        such(such_as)
+                    ),
+                }
+                .into()
+            }
+            Accepts::Size { min, max, such_as } => format!(
+                "a size from {} to {}{}",
+                size_shown(min),
+                size_shown(max),
+                such(such_as)
+            )
+            .into(),
+        }
+    }
+}
+
+/// A bound as a person writes it: `24h`, `1m`, `100ms`, the largest unit that divides it.
+fn short(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".to_owned(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+/// A size bound: `1GiB`, `512KiB`, `1 byte`.
+fn size_shown(n: u64) -> String {
+    const KIB: u64 = 1 << 10;
+    match n {
+        1 => "1 byte".to_owned(),
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{}GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{}MiB", n >> 20),
+        n if n >= KIB && n % KIB == 0 => format!("{}KiB", n >> 10),
+        n => format!("{n} bytes"),
+    }
+}
+
 /// What every setting has whatever its type: the README row, the `--check-config` line, and
 /// the setting's name in errors.
 pub(crate) struct Doc {
@@ -29,7 +189,7 @@ pub(crate) struct Doc {
     /// The first name is the documented one; the others are accepted aliases.
     pub(crate) env: &'static [&'static str],
     pub(crate) default: Option<&'static str>,
-    pub(crate) accepts: &'static str,
+    pub(crate) accepts: Accepts,
     pub(crate) help: &'static str,
     pub(crate) secret: bool,
     /// The effective value as `--check-config` prints it; `<…>` marks a description.
@@ -43,12 +203,35 @@ pub(crate) struct Setting<T> {
     parse: fn(&str) -> Result<T, Bad>,
 }
 
-/// A setting's declaration, in the order the README columns read.
+/// A setting's declaration, in the order the README columns read; what it accepts is said in
+/// words, and `parse` checks it.
 pub(super) const fn setting<T>(
     key: &'static str,
     env: &'static [&'static str],
     default: Option<&'static str>,
     accepts: &'static str,
+    help: &'static str,
+    parse: fn(&str) -> Result<T, Bad>,
+    show: fn(&Config) -> String,
+) -> Setting<T> {
+    bounded(
+        key,
+        env,
+        default,
+        Accepts::Prose(accepts),
+        help,
+        parse,
+        show,
+    )
+}
+
+/// A setting whose value has bounds (a number, a duration, a size): `accepts` holds them,
+/// checks them before `parse` converts the value, and states them in errors and the README.
+pub(super) const fn bounded<T>(
+    key: &'static str,
+    env: &'static [&'static str],
+    default: Option<&'static str>,
+    accepts: Accepts,
     help: &'static str,
     parse: fn(&str) -> Result<T, Bad>,
     show: fn(&Config) -> String,
@@ -79,6 +262,15 @@ impl<T> Setting<T> {
             parse,
         }
     }
+
+    /// The typed value of `text`: within what the setting accepts, then parsed.
+    pub(super) fn value(&self, text: &str) -> Result<T, Bad> {
+        if self.doc.accepts.admits(text) {
+            (self.parse)(text)
+        } else {
+            Err(Bad::Whole)
+        }
+    }
 }
 
 /// Declares a group's settings, each a typed constant, and the group's table (`&[&Doc]`, in
@@ -98,26 +290,33 @@ impl Doc {
         format!("{} (config key `{}`)", self.env[0], self.key)
     }
 
-    /// `value` is refused; a secret's value is not shown.
+    /// `value` is refused; a secret's value is not shown, nor a URL's credentials and query,
+    /// nor anything shaped like a product key.
     pub(super) fn invalid(&self, value: &str) -> ConfigError {
         ConfigError::Invalid {
             name: self.name(),
             value: if self.secret {
                 "<redacted>".to_owned()
+            } else if has_key_shape(value) {
+                KEY_SHAPED.to_owned()
             } else {
-                redact_userinfo(value).into_owned()
+                redact_url(value).into_owned()
             },
-            accepts: self.accepts,
+            accepts: self.accepts.text(),
         }
     }
 
     pub(super) fn missing(&self) -> ConfigError {
         ConfigError::Missing {
             name: self.name(),
-            accepts: self.accepts,
+            accepts: self.accepts.text(),
         }
     }
 }
+
+/// What an error shows instead of a value holding a product key, in whichever setting.
+pub(super) const KEY_SHAPED: &str =
+    "<redacted: it has the shape of an Epode product key, which belongs in EPODE_API_KEY only>";
 
 /// A setting that could not be used, naming it and what it accepts. Secret values are not shown.
 #[derive(Debug, thiserror::Error)]
@@ -126,10 +325,13 @@ pub(crate) enum ConfigError {
     Invalid {
         name: String,
         value: String,
-        accepts: &'static str,
+        accepts: Cow<'static, str>,
     },
     #[error("{name} is required: {accepts}")]
-    Missing { name: String, accepts: &'static str },
+    Missing {
+        name: String,
+        accepts: Cow<'static, str>,
+    },
     #[error("configuration file {path}: {message}")]
     File { path: PathBuf, message: String },
     #[error("the environment variable {name} is not valid UTF-8 text (its value is not shown); set it to text or unset it")]
@@ -141,6 +343,31 @@ pub(crate) enum ConfigError {
         hint: String,
     },
 }
+
+impl ConfigError {
+    /// The error with no value that holds `key` (the product key's text as configured, which
+    /// may be malformed and so not key-shaped): a key put in another setting too stays unseen.
+    pub(super) fn without_key(self, key: Option<&str>) -> ConfigError {
+        match (self, key) {
+            (
+                ConfigError::Invalid {
+                    name,
+                    value,
+                    accepts,
+                },
+                Some(key),
+            ) if value.contains(key) => ConfigError::Invalid {
+                name,
+                value: HOLDS_THE_KEY.to_owned(),
+                accepts,
+            },
+            (e, _) => e,
+        }
+    }
+}
+
+/// What an error shows instead of a value holding the configured product key.
+const HOLDS_THE_KEY: &str = "<redacted: it holds the value of EPODE_API_KEY>";
 
 /// Every setting's value as the layers give it (the highest layer that has the key wins),
 /// before it is parsed. Read only through a declaration.
@@ -163,19 +390,24 @@ impl Layers {
             .filter(|v| !v.is_empty())
     }
 
-    /// The setting's typed value, when it is set.
+    /// The setting's typed value, when it is set. A value shaped like a product key is
+    /// refused in any setting but the key's own: it would be shown where a setting's value is
+    /// (`--check-config`, the start line, a client's `serverInfo`).
     pub(super) fn optional<T>(&self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
         let Some(text) = self.text(s) else {
             return Ok(None);
         };
-        match (s.parse)(&text) {
+        if !s.doc.secret && has_key_shape(&text) {
+            return Err(s.doc.invalid(&text));
+        }
+        match s.value(&text) {
             Ok(v) => Ok(Some(v)),
             Err(Bad::Whole) => Err(s.doc.invalid(&text)),
             Err(Bad::Entry(entry)) => Err(s.doc.invalid(&entry)),
             Err(Bad::Described(value)) => Err(ConfigError::Invalid {
                 name: s.doc.name(),
                 value: value.to_owned(),
-                accepts: s.doc.accepts,
+                accepts: s.doc.accepts.text(),
             }),
         }
     }
@@ -185,7 +417,7 @@ impl Layers {
     pub(super) fn get_or_default<T>(&self, s: &Setting<T>) -> Result<T, ConfigError> {
         match (self.optional(s)?, s.doc.default) {
             (Some(v), _) => Ok(v),
-            (None, Some(d)) => (s.parse)(d).map_err(|_| s.doc.invalid(d)),
+            (None, Some(d)) => s.value(d).map_err(|_| s.doc.invalid(d)),
             (None, None) => Err(s.doc.missing()),
         }
     }
@@ -198,32 +430,42 @@ impl Layers {
 
 // The parsers declarations share. Each refuses with `Bad::Whole` unless it says otherwise.
 
-/// A number within `range`.
-pub(super) fn number<T: std::str::FromStr + PartialOrd>(
-    v: &str,
-    range: RangeInclusive<T>,
-) -> Result<T, Bad> {
-    v.parse()
-        .ok()
-        .filter(|n| range.contains(n))
-        .ok_or(Bad::Whole)
+/// A number (its bounds are the declaration's [`Accepts::whole`]).
+pub(super) fn number<T: std::str::FromStr>(v: &str) -> Result<T, Bad> {
+    v.parse().map_err(|_| Bad::Whole)
 }
 
-/// A duration such as `30s` within `range`.
-pub(super) fn duration_in(v: &str, range: RangeInclusive<Duration>) -> Result<Duration, Bad> {
-    humantime::parse_duration(v)
-        .ok()
-        .filter(|d| range.contains(d))
-        .ok_or(Bad::Whole)
+/// A duration such as `30s` (its bounds are the declaration's [`Accepts::duration`]).
+pub(super) fn a_duration(v: &str) -> Result<Duration, Bad> {
+    humantime::parse_duration(v).map_err(|_| Bad::Whole)
 }
 
 /// A duration of at least a millisecond: a zero timeout would fail every request.
-pub(super) fn positive_duration(v: &str) -> Result<Duration, Bad> {
-    duration_in(v, Duration::from_millis(1)..=Duration::MAX)
+pub(super) const AT_LEAST_1MS: Duration = Duration::from_millis(1);
+
+/// A size in bytes (its bounds are the declaration's [`Accepts::size`]).
+pub(super) fn a_size(v: &str) -> Result<u64, Bad> {
+    bytes_with_unit(v).ok_or(Bad::Whole)
 }
 
-pub(super) fn any_duration(v: &str) -> Result<Duration, Bad> {
-    duration_in(v, Duration::ZERO..=Duration::MAX)
+/// A whole number of bytes, or one with a unit (`KiB`, `MiB`, `GiB` are powers of 1024;
+/// `kB`, `MB`, `GB` powers of 1000).
+fn bytes_with_unit(v: &str) -> Option<u64> {
+    let v = v.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (number, unit) = v.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "kB" | "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        _ => return None,
+    };
+    number.checked_mul(scale)
 }
 
 /// `true`/`false`, `1`/`0`, `yes`/`no`, `on`/`off`, in any case.

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::setting::{
-    duration, duration_in, number, setting, settings, split_list, Bad, ConfigError, Layers,
+    a_duration, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
+    ConfigError, Layers,
 };
 use super::types::{Config, Rate, RunAs, StdioChildren, StdioCommand, Transport};
 
@@ -156,31 +157,31 @@ settings! {
             env_allowlist,
             |c| stdio(c, |s| s.env_allow.join(","), HTTP),
         ),
-        UPSTREAM_STOP_GRACE: Duration = setting(
+        UPSTREAM_STOP_GRACE: Duration = bounded(
             "upstream_stop_grace",
             &["EPODE_SIDECAR_UPSTREAM_STOP_GRACE"],
             Some("5s"),
-            "a duration up to 10m, such as 5s",
+            Accepts::duration(Duration::ZERO, Duration::from_secs(600), "5s"),
             "At shutdown, the stdio MCP server's stdin is closed and its process group gets SIGTERM; whatever still runs after this long gets SIGKILL.",
-            |v| duration_in(v, Duration::ZERO..=Duration::from_secs(600)),
+            a_duration,
             |c| stdio(c, |s| duration(s.stop_grace), HTTP),
         ),
-        UPSTREAM_RESTART_MAX_DELAY: Duration = setting(
+        UPSTREAM_RESTART_MAX_DELAY: Duration = bounded(
             "upstream_restart_max_delay",
             &["EPODE_SIDECAR_UPSTREAM_RESTART_MAX_DELAY"],
             Some("30s"),
-            "a duration from 10ms to 1h, such as 30s",
+            Accepts::duration(Duration::from_millis(10), Duration::from_secs(3600), "30s"),
             "A stdio MCP server that exits is restarted at once the first time, then after a pause that doubles from 100 ms up to this long while it keeps exiting within a minute of its start.",
-            |v| duration_in(v, Duration::from_millis(10)..=Duration::from_secs(3600)),
+            a_duration,
             |c| stdio(c, |s| duration(s.restart_max_delay), HTTP),
         ),
-        UPSTREAM_STDIN_QUEUE: usize = setting(
+        UPSTREAM_STDIN_QUEUE: usize = bounded(
             "upstream_stdin_queue",
             &["EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE"],
             Some("256"),
-            "a whole number from 1 to 65536",
+            Accepts::whole("", 1, 65_536),
             "Messages waiting for the stdio MCP server to read its stdin, at most. A request that finds the queue full waits up to `EPODE_SIDECAR_UPSTREAM_WAIT`, then gets 503 with `Retry-After: 1` and a JSON-RPC error, nothing sent: a server that stops reading never makes the sidecar buffer without bound.",
-            |v| number(v, 1..=65_536),
+            number,
             |c| stdio(c, |s| s.stdin_queue, HTTP),
         ),
         UPSTREAM_STDERR_RATE: Rate = setting(
@@ -210,22 +211,22 @@ settings! {
             per_client,
             |c| stdio(c, |s| s.children.shown(), HTTP),
         ),
-        STDIO_MAX_CHILDREN: usize = setting(
+        STDIO_MAX_CHILDREN: usize = bounded(
             "stdio_max_children",
             &["EPODE_SIDECAR_STDIO_MAX_CHILDREN"],
             Some("16"),
-            "a whole number from 1 to 1024",
+            Accepts::whole("", 1, 1024),
             "With `per-client`, the most server processes at once: a new client makes the least recently used idle one stop; when all are busy, it gets 503 with `Retry-After`.",
-            |v| number(v, 1..=1024),
+            number,
             |c| stdio(c, |s| match s.children { StdioChildren::PerClient { max, .. } => max.to_string(), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
         ),
-        STDIO_CHILD_IDLE: Duration = setting(
+        STDIO_CHILD_IDLE: Duration = bounded(
             "stdio_child_idle",
             &["EPODE_SIDECAR_STDIO_CHILD_IDLE"],
             Some("10m"),
-            "a duration from 1s to 24h, such as 10m",
+            Accepts::duration(Duration::from_secs(1), Duration::from_secs(24 * 3600), "10m"),
             "With `per-client`, a client's server process unused this long (nothing in flight) is stopped; the client's next request starts a new one.",
-            |v| duration_in(v, Duration::from_secs(1)..=Duration::from_secs(24 * 3600)),
+            a_duration,
             |c| stdio(c, |s| match s.children { StdioChildren::PerClient { idle, .. } => duration(idle), StdioChildren::Shared => "<not used: shared>".to_owned() }, HTTP),
         ),
     }

@@ -417,12 +417,22 @@ fn zero_timeouts_are_refused_naming_the_setting() {
 #[test]
 fn url_credentials_are_never_shown() {
     assert_eq!(
-        redact_userinfo("http://user:pa55@host:8000/mcp?x=@"),
-        "http://<redacted>@host:8000/mcp?x=@"
+        redact_url("http://user:pa55@host:8000/mcp?x=@"),
+        "http://<redacted>@host:8000/mcp?<redacted>"
     );
-    assert_eq!(redact_userinfo("https://tok@h/"), "https://<redacted>@h/");
-    assert_eq!(redact_userinfo("http://h/a@b"), "http://h/a@b");
-    assert_eq!(redact_userinfo("not a url @ all"), "not a url @ all");
+    assert_eq!(
+        redact_url("http://h/mcp?api_key=QUERYSECRET"),
+        "http://h/mcp?<redacted>"
+    );
+    assert_eq!(redact_url("http://h/mcp#tok=1"), "http://h/mcp#<redacted>");
+    assert_eq!(
+        redact_url("http://h/mcp?k=s3cret (with a command too)"),
+        "http://h/mcp?<redacted> (with a command too)"
+    );
+    assert_eq!(redact_url("http://h/mcp"), "http://h/mcp");
+    assert_eq!(redact_url("https://tok@h/"), "https://<redacted>@h/");
+    assert_eq!(redact_url("http://h/a@b"), "http://h/a@b");
+    assert_eq!(redact_url("not a url @ all"), "not a url @ all");
     let c = Config::from_layers(
         env(&[
             (
@@ -643,4 +653,186 @@ fn auto_workers_are_one_per_core_for_http_and_one_for_a_stdio_child() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("EPODE_SIDECAR_WORKERS"), "{err}");
+}
+
+/// A value shaped like a product key is refused in every setting but the key's own, and no
+/// error, nor `--check-config`, shows it; nor the configured key's own text, shaped or not.
+#[test]
+fn a_key_in_the_wrong_setting_is_refused_and_never_shown() {
+    for (name, value) in [
+        ("EPODE_API_URL", KEY.to_owned()),
+        ("EPODE_SIDECAR_UPSTREAM", KEY.to_owned()),
+        (
+            "EPODE_SIDECAR_UPSTREAM",
+            format!("http://127.0.0.1:1/{KEY}/mcp"),
+        ),
+        ("AGENT_FEEDBACK_MODE", KEY.to_owned()),
+        ("EPODE_SIDECAR_LISTEN", KEY.to_owned()),
+        ("EPODE_SIDECAR_LOG", KEY.to_owned()),
+        // Settings that take any text: their value would be shown where a value is.
+        ("EPODE_SIDECAR_SERVER_NAME", KEY.to_owned()),
+        ("EPODE_SIDECAR_INCLUDE_TOOLS", format!("search,{KEY}")),
+    ] {
+        let err = Config::from_layers(
+            env(&[UP, ("EPODE_API_KEY", KEY), (name, &value)]),
+            &FlagValues::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with(name), "{name}: {err}");
+        assert!(err.contains("EPODE_API_KEY only"), "{name}: {err}");
+        assert!(!err.contains("conformance_secret"), "{name}: {err}");
+    }
+    // The configured key's text, malformed, is not key-shaped: still never shown elsewhere.
+    let err = Config::from_layers(
+        env(&[
+            UP,
+            ("EPODE_API_KEY", "hunter2hunter2"),
+            ("EPODE_SIDECAR_LISTEN", "hunter2hunter2"),
+        ]),
+        &FlagValues::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("EPODE_SIDECAR_LISTEN"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+    // The description names the key's setting as declared.
+    assert!(setting::KEY_SHAPED.contains(feedback::API_KEY.doc.env[0]));
+}
+
+/// A misspelt variable of any of the sidecar's prefixes is refused when it is a typo of a
+/// setting and a warning otherwise, with the setting it likely meant.
+#[test]
+fn misspelt_variables_of_every_prefix_are_caught() {
+    for (typo, meant) in [
+        ("AGENT_FEEDBACK_ENABLD", "AGENT_FEEDBACK_ENABLED"),
+        ("EPODE_API_KY", "EPODE_API_KEY"),
+        (
+            "EPODE_SIDECAR_MAX_BODY_BYTE",
+            "EPODE_SIDECAR_MAX_BODY_BYTES",
+        ),
+    ] {
+        let err = Config::from_layers(env(&[UP, OFF, (typo, "x")]), &FlagValues::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("did you mean `{meant}`")), "{err}");
+    }
+    for (far, meant) in [
+        (
+            "EPODE_SIDECAR_MAX_BODY",
+            Some("EPODE_SIDECAR_MAX_BODY_BYTES"),
+        ),
+        ("EPODE_SIDECAR_LOG_LEVEL", Some("EPODE_SIDECAR_LOG")),
+        ("AGENT_FEEDBACK_TOKEN", Some("AGENT_FEEDBACK_KEY")),
+        ("AGENT_FEEDBACK_SOMETHING_ELSE", None),
+        ("EPODE_API_SECRET_TOKEN", None),
+    ] {
+        let c = Config::from_layers(env(&[UP, OFF, (far, "x")]), &FlagValues::default()).unwrap();
+        assert_eq!(c.warnings.len(), 1, "{far}: {:?}", c.warnings);
+        assert!(c.warnings[0].contains(far), "{:?}", c.warnings);
+        match meant {
+            Some(m) => assert!(
+                c.warnings[0].ends_with(&format!("did you mean `{m}`?")),
+                "{:?}",
+                c.warnings
+            ),
+            None => assert!(!c.warnings[0].contains("did you mean"), "{:?}", c.warnings),
+        }
+    }
+    // Kubernetes service links of a Service named after a prefix are no one's mistake.
+    for link in [
+        "EPODE_API_SERVICE_HOST",
+        "AGENT_FEEDBACK_PORT",
+        "EPODE_SIDECAR_PORT_8080_TCP",
+    ] {
+        let c = Config::from_layers(env(&[UP, OFF, (link, "x")]), &FlagValues::default()).unwrap();
+        assert!(c.warnings.is_empty(), "{link}: {:?}", c.warnings);
+    }
+    // Every variable the sidecar reads has one of the prefixes, so its typos are caught.
+    for name in all().flat_map(|s| s.env.iter()).chain([&CONFIG_FILE_ENV]) {
+        assert!(
+            PREFIXES.iter().any(|p| name.starts_with(p)),
+            "{name} has none of the prefixes {PREFIXES:?}: add its prefix there"
+        );
+    }
+}
+
+/// A bounded setting's bounds are its check and its text: its lowest and highest values are
+/// read (typed, through the whole configuration), one beyond either is refused, and no
+/// setting states a bound in prose.
+#[test]
+fn bounds_are_checked_and_stated_from_one_place() {
+    use setting::Accepts;
+    // Every group read: the HTTP surface and the trial with an HTTP upstream, then a stdio one.
+    let http = [
+        ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+        ("EPODE_SIDECAR_DEV", "true"),
+    ];
+    let stdio = [
+        ("EPODE_SIDECAR_UPSTREAM_COMMAND", "server"),
+        ("EPODE_SIDECAR_STDIO_CHILDREN", "per-client"),
+    ];
+    let read = |base: &[(&str, &str)], name: &str, value: &str| {
+        let mut pairs = base.to_vec();
+        pairs.push(OFF);
+        pairs.push((name, value));
+        Config::from_layers(env(&pairs), &FlagValues::default())
+    };
+    let accepted = |name: &str, value: &str| {
+        let with_up: Vec<_> = [UP].into_iter().chain(http).collect();
+        read(&with_up, name, value).is_ok() || read(&stdio, name, value).is_ok()
+    };
+    // Refused where it is read (a stdio setting is not read with an HTTP upstream).
+    let refused = |name: &str, value: &str| {
+        let with_up: Vec<_> = [UP].into_iter().chain(http).collect();
+        let results = [read(&with_up, name, value), read(&stdio, name, value)];
+        let named = |r: &Result<Config, ConfigError>| matches!(r, Err(e) if e.to_string().starts_with(name));
+        results.iter().any(named) && results.iter().all(|r| r.is_ok() || named(r))
+    };
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    let mut checked = 0;
+    for s in all() {
+        let name = s.env[0];
+        let (low, high, below, above) = match s.accepts {
+            Accepts::Prose(text) => {
+                let states_a_bound = ["from 0", "from 1", "at least", "up to"]
+                    .iter()
+                    .any(|b| text.contains(b));
+                assert!(
+                    !states_a_bound,
+                    "{name}: a bound in prose ({text}); declare it with `bounded` and `Accepts`"
+                );
+                continue;
+            }
+            Accepts::Whole { min, max, .. } | Accepts::Size { min, max, .. } => (
+                min.to_string(),
+                max.to_string(),
+                min.checked_sub(1).map(|n| n.to_string()),
+                max.checked_add(1).map(|n| n.to_string()),
+            ),
+            Accepts::Duration { min, max, .. } => (
+                ms(min),
+                if max == Duration::MAX {
+                    "1000000h".to_owned()
+                } else {
+                    ms(max)
+                },
+                (!min.is_zero()).then(|| ms(min - Duration::from_millis(1))),
+                (max != Duration::MAX).then(|| ms(max + Duration::from_millis(1))),
+            ),
+        };
+        assert!(
+            accepted(name, &low),
+            "{name}: its lowest value {low} is refused"
+        );
+        assert!(
+            accepted(name, &high),
+            "{name}: its highest value {high} is refused"
+        );
+        for beyond in [below, above].into_iter().flatten() {
+            assert!(refused(name, &beyond), "{name}: {beyond} is accepted");
+        }
+        checked += 1;
+    }
+    assert!(checked > 30, "only {checked} bounded settings");
 }

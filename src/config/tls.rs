@@ -5,7 +5,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::setting::{duration, duration_in, setting, settings, Bad, ConfigError, Layers, Setting};
+use super::setting::{
+    a_duration, bounded, duration, setting, settings, Accepts, Bad, ConfigError, Layers, Setting,
+};
 use super::types::{ListenerTls, UpstreamTls};
 
 /// The checked TLS settings: the listener's, the upstream's, and the admin address.
@@ -82,13 +84,13 @@ settings! {
             existing_file,
             |c| path(&c.tls.as_ref().map(|t| t.key.clone())),
         ),
-        TLS_RELOAD: Duration = setting(
+        TLS_RELOAD: Duration = bounded(
             "tls_reload",
             &["EPODE_SIDECAR_TLS_RELOAD"],
             Some("10s"),
-            "a duration from 100ms to 24h",
+            Accepts::duration(Duration::from_millis(100), Duration::from_secs(24 * 3600), ""),
             "How often the listener's certificate files are checked for a change.",
-            |v| duration_in(v, Duration::from_millis(100)..=Duration::from_secs(24 * 3600)),
+            a_duration,
             |c| {
                 c.tls
                     .as_ref()

@@ -63,11 +63,11 @@ pub(crate) enum Transport {
 }
 
 impl Transport {
-    /// How logs show the upstream (a URL without its credentials, or the program the sidecar
-    /// runs).
+    /// How logs show the upstream (a URL without its credentials and query, or the program
+    /// the sidecar runs).
     pub(crate) fn shown(&self) -> String {
         match self {
-            Transport::Http(t) => redact_userinfo(t.url.as_str()).into_owned(),
+            Transport::Http(t) => redact_url(t.url.as_str()).into_owned(),
             Transport::Stdio(c) => format!("stdio: {}", c.shown()),
         }
     }
@@ -148,18 +148,42 @@ pub(crate) struct FlagValues {
     pub(crate) command: Vec<String>,
 }
 
-/// A URL as it may be printed: its user name and password (`http://user:pass@host`)
-/// replaced by `<redacted>`. Also for text that does not parse as a URL.
-pub(crate) fn redact_userinfo(raw: &str) -> std::borrow::Cow<'_, str> {
+/// A URL as it may be printed: its user name and password (`http://user:pass@host`), and its
+/// query and fragment (`?api_key=…`), each replaced by `<redacted>`; the query and fragment
+/// end at the first white space (the value may be followed by words). Also for text that
+/// does not parse as a URL.
+pub(crate) fn redact_url(raw: &str) -> std::borrow::Cow<'_, str> {
     let Some(scheme_end) = raw.find("://").map(|i| i + 3) else {
         return raw.into();
     };
-    let rest = &raw[scheme_end..];
+    let (head, rest) = raw.split_at(scheme_end);
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{}<redacted>{}", &raw[..scheme_end], &rest[at..]).into(),
-        None => raw.into(),
+    let (authority, after) = rest.split_at(authority_end);
+    let userinfo = authority.rfind('@');
+    let query = after.find(['?', '#']);
+    if userinfo.is_none() && query.is_none() {
+        return raw.into();
     }
+    let mut out = String::with_capacity(raw.len());
+    out.push_str(head);
+    match userinfo {
+        Some(at) => {
+            out.push_str("<redacted>");
+            out.push_str(&authority[at..]);
+        }
+        None => out.push_str(authority),
+    }
+    match query {
+        Some(q) => {
+            let (path, tail) = after.split_at(q);
+            out.push_str(path);
+            out.push_str(&tail[..1]);
+            out.push_str("<redacted>");
+            out.push_str(&tail[tail.find(char::is_whitespace).unwrap_or(tail.len())..]);
+        }
+        None => out.push_str(after),
+    }
+    out.into()
 }
 
 /// Glob patterns over tool names, kept with their source text for display.

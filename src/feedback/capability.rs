@@ -138,6 +138,21 @@ impl fmt::Debug for ProductKey {
     }
 }
 
+/// Whether `text` holds something shaped like an Epode key: `af_live_` or `af_read_` (in any
+/// case) followed by a letter or digit. Such text is a secret wherever it was put, so it is
+/// never printed; the sidecar's own `af_live_…` in a message does not count.
+pub(crate) fn has_key_shape(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    [LIVE_PREFIX, READ_PREFIX].iter().any(|prefix| {
+        lower.match_indices(prefix).any(|(at, _)| {
+            lower[at + prefix.len()..]
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric())
+        })
+    })
+}
+
 /// Splits `<32 hex>_<rest>`; `get` keeps this free of panics on multi-byte input.
 fn hex_id_then_underscore(value: &str) -> Option<(&str, &str)> {
     let id = value.get(..HEX_ID_LEN)?;

@@ -10,7 +10,8 @@
 //! the header size and count); TLS (HTTP/1.1 and HTTP/2 by ALPN) on the MCP port when
 //! configured. Routes: the MCP path, what is [`Mounted`] beside it (the local trial's console),
 //! `/healthz` and `/health`, `/readyz`, and `/metrics` (on the admin listener when there is
-//! one). With the HTTP surface on, those four move under its operations prefix on this port
+//! one). `/readyz` on the MCP port says why the upstream is not ready without where; the
+//! admin listener's says where too. With the HTTP surface on, those four move under its operations prefix on this port
 //! (the admin listener keeps them bare) and every other path goes to the surface
 //! (`crate::surface`), so the app's own `/health` reaches the app. The route is chosen once,
 //! on the request path's canonical form (`target`), after the refusals every route shares
@@ -172,12 +173,22 @@ impl Serving {
     }
 }
 
+/// Who reaches a listener's operations' routes, which decides what `/readyz` says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Audience {
+    /// The admin listener: why not ready, and where (the upstream's address, redacted).
+    Operator,
+    /// The MCP port: why not ready, never where (the upstream's address is no client's).
+    Clients,
+}
+
 /// What the operations' routes read: the upstream's readiness (`/readyz`), and the metrics
 /// with the gauges of what is held now (`/metrics`).
 #[derive(Clone)]
 pub(crate) struct Operations {
     /// The admin listener's view of the upstream, or a worker's own.
     upstream: Arc<Upstream>,
+    audience: Audience,
     metrics: Arc<Metrics>,
     /// The MCP requests being served, the bytes buffered, the clients tracked for their rate:
     /// read for their gauges when the metrics are rendered.
@@ -196,6 +207,7 @@ impl Operations {
     ) -> Self {
         Operations {
             upstream,
+            audience: Audience::Operator,
             metrics,
             in_flight,
             budget,
@@ -265,6 +277,7 @@ pub(crate) async fn serve(
         surface: shared.surface.clone(),
         operations: Operations {
             upstream,
+            audience: Audience::Clients,
             ..operations.clone()
         },
     };
@@ -519,10 +532,16 @@ async fn operations(
         }
         (&Method::GET | &Method::HEAD, "/readyz") => match ops.ready().await {
             Ok(()) => body::json(StatusCode::OK, r#"{"status":"ready"}"#),
-            Err(not) => body::json(
-                StatusCode::SERVICE_UNAVAILABLE,
-                serde_json::json!({"status": "not ready", "reason": not.reason}).to_string(),
-            ),
+            Err(not) => {
+                let reason = match ops.audience {
+                    Audience::Operator => not.reason,
+                    Audience::Clients => not.summary.to_owned(),
+                };
+                body::json(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    serde_json::json!({"status": "not ready", "reason": reason}).to_string(),
+                )
+            }
         },
         (&Method::GET, "/metrics") if metrics => {
             let text = body::full(ops.render_metrics());

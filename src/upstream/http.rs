@@ -288,48 +288,58 @@ impl HttpUpstream {
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "application/json, text/event-stream")
             .body(Full::new(body))
-            .map_err(|e| NotReady::lasting(e.to_string()))?;
+            .map_err(|e| NotReady::lasting(PROBE_NOT_BUILT, e.to_string()))?;
         let within = Duration::from_secs(2);
-        let url = crate::config::redact_userinfo(self.target.url.as_str()).into_owned();
+        let url = crate::config::redact_url(self.target.url.as_str()).into_owned();
         let resp = match tokio::time::timeout(within, self.pool.send(req)).await {
             Err(_) => {
-                return Err(NotReady::passing(format!(
-                    "the upstream {url} did not answer within 2 s"
-                )))
+                return Err(NotReady::passing(
+                    "the upstream MCP server did not answer within 2 s",
+                    format!("the upstream {url} did not answer within 2 s"),
+                ))
             }
             Ok(Err(PoolError::Connect(e))) => {
-                return Err(NotReady::passing(format!(
-                    "the upstream {url} is unreachable: {e}"
-                )))
+                return Err(NotReady::passing(
+                    "the upstream MCP server is unreachable",
+                    format!("the upstream {url} is unreachable: {e}"),
+                ))
             }
             Ok(Err(PoolError::Request(e))) => {
-                return Err(NotReady::passing(format!(
-                    "the upstream {url} failed: {}",
-                    super::pool::chain(&e)
-                )))
+                return Err(NotReady::passing(
+                    "the request to the upstream MCP server failed",
+                    format!("the upstream {url} failed: {}", super::pool::chain(&e)),
+                ))
             }
             Ok(Err(PoolError::Busy(waited))) => {
-                return Err(NotReady::passing(busy(waited).to_string()))
+                return Err(NotReady::passing(
+                    "every connection to the upstream MCP server is busy",
+                    busy(waited).to_string(),
+                ))
             }
             Ok(Ok(resp)) => resp,
         };
         let status = resp.status();
         if status.is_server_error() {
-            return Err(NotReady::lasting(format!(
-                "the upstream {url} answers {status}"
-            )));
+            return Err(NotReady::lasting(
+                "the upstream MCP server answers with a server error",
+                format!("the upstream {url} answers {status}"),
+            ));
         }
         // Read to its end (a small answer): the connection then goes back to the pool.
         let json_rpc = is_json_rpc(resp, within).await;
         if status == http::StatusCode::NOT_FOUND && !json_rpc {
-            return Err(NotReady::lasting(format!(
-                "the upstream answers 404 Not Found at {url}: is the path right? It is usually /mcp (EPODE_SIDECAR_UPSTREAM)"
-            )));
+            return Err(NotReady::lasting(
+                "the upstream answers 404 Not Found at the configured MCP path",
+                format!("the upstream answers 404 Not Found at {url}: is the path right? It is usually /mcp (EPODE_SIDECAR_UPSTREAM)"),
+            ));
         }
         self.mark_answered();
         Ok(())
     }
 }
+
+/// Why readiness cannot be told (no request could be made): no address to hide.
+const PROBE_NOT_BUILT: &str = "the readiness probe could not be built";
 
 /// Every connection to the upstream the process may open was busy for `waited`.
 fn busy(waited: Duration) -> Error {

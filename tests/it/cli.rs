@@ -347,3 +347,53 @@ fn check_config_prints_toml_to_feed_back() {
     assert_eq!(code, 0, "fed back: {err}");
     assert_eq!(again, out, "the same configuration from the file alone");
 }
+
+/// A misspelt variable of any prefix the sidecar reads is caught: a typo of a setting is
+/// refused naming it (`AGENT_FEEDBACK_ENABLD=false` used to start with feedback on, silently);
+/// another is a warning naming the setting meant, in `--check-config` too (on stderr, so its
+/// TOML stays clean) and in the start log (which suggested `MAX_TOOLS` for `MAX_BODY`).
+#[test]
+fn misspelt_variables_of_every_prefix_are_caught_in_check_config_and_at_start() {
+    let up = ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp");
+    for (typo, meant) in [
+        ("AGENT_FEEDBACK_ENABLD", "AGENT_FEEDBACK_ENABLED"),
+        ("EPODE_API_URI", "EPODE_API_URL"),
+    ] {
+        let (code, _, err) = sidecar(
+            &[up, ("EPODE_API_KEY", KEY), (typo, "false")],
+            &["--check-config"],
+        );
+        assert_eq!(code, 2, "{typo}: {err}");
+        assert!(err.contains(&format!("did you mean `{meant}`")), "{err}");
+    }
+    let far = ("EPODE_SIDECAR_MAX_BODY", "10");
+    let (code, out, err) = sidecar(
+        &[up, ("AGENT_FEEDBACK_MODE", "off"), far],
+        &["--check-config"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("EPODE_SIDECAR_MAX_BODY is not a setting")
+            && err.contains("did you mean `EPODE_SIDECAR_MAX_BODY_BYTES`"),
+        "{err}"
+    );
+    assert!(
+        !out.contains("MAX_BODY is not"),
+        "the warning is in the TOML: {out}"
+    );
+    let sc = crate::support::Sidecar::start("http://127.0.0.1:9/mcp", &[far]);
+    let mut logs = Vec::new();
+    crate::support::eventually(std::time::Duration::from_secs(10), || {
+        logs.extend(sc.logs());
+        logs.iter()
+            .any(|l| l.contains("EPODE_SIDECAR_MAX_BODY is not"))
+    });
+    let line = logs
+        .iter()
+        .find(|l| l.contains("EPODE_SIDECAR_MAX_BODY is not"))
+        .unwrap_or_else(|| panic!("no warning at start: {logs:?}"));
+    assert!(
+        line.contains("WARN") && line.contains("did you mean `EPODE_SIDECAR_MAX_BODY_BYTES`"),
+        "{line}"
+    );
+}

@@ -391,3 +391,81 @@ fn the_default_render_has_the_native_sidecar_and_the_security_context() {
     assert_eq!(sidecar["lifecycle"]["preStop"]["sleep"]["seconds"], 5);
     assert_restrictive(sidecar, "classic sidecar");
 }
+
+/// The values the chart maps reach the sidecar as settings it reads: the render's env, given
+/// to `epode-sidecar --check-config`, is accepted and shows each value. These are the settings
+/// the chart lacked until `config::chart_tests` tied it to the declarations; the alias
+/// `AGENT_FEEDBACK_URL` is now refused in `sidecar.env` like the names the chart sets.
+#[test]
+fn newly_mapped_values_render_as_settings_the_sidecar_accepts() {
+    let sets = [
+        (
+            "sidecar.limits.upstreamMaxConnections=64",
+            "upstream_max_connections = \"64\"",
+        ),
+        ("sidecar.limits.upstreamWait=2s", "upstream_wait = \"2s\""),
+        (
+            "sidecar.rateLimit.clients=5000",
+            "rate_limit_clients = \"5000\"",
+        ),
+        ("epode.maxTools=500", "max_tools = \"500\""),
+        (
+            "epode.httpSurface.operationsPrefix=/_ops",
+            "operations_prefix = \"/_ops\"",
+        ),
+    ];
+    let mut args = vec!["--set", "epode.httpSurface.enabled=true"];
+    for (set, _) in &sets {
+        args.extend(["--set", set]);
+    }
+    let d = render_one("deployment.yaml", &args);
+    let sidecar = &d["spec"]["template"]["spec"]["initContainers"][0];
+    let env: Vec<(String, String)> = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let (key, _) = fake_key();
+    let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+        .arg("--check-config")
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("EPODE_API_KEY", &key)
+        .output()
+        .unwrap();
+    let shown = text(&out);
+    assert!(
+        out.status.success(),
+        "the rendered env {env:?} is refused:\n{shown}"
+    );
+    for (set, line) in &sets {
+        assert!(
+            shown.contains(line),
+            "{set} did not reach the sidecar:\n{shown}"
+        );
+    }
+    let refused = helm_template(
+        &chart(),
+        &[
+            "--set".into(),
+            "sidecar.env.AGENT_FEEDBACK_URL=https://epode.example.com".into(),
+        ],
+    );
+    assert!(
+        !refused.status.success(),
+        "sidecar.env.AGENT_FEEDBACK_URL rendered"
+    );
+    assert!(
+        text(&refused).contains(
+            "AGENT_FEEDBACK_URL is refused: the chart sets AGENT_FEEDBACK_URL from epode.apiUrl"
+        ),
+        "{}",
+        text(&refused)
+    );
+}

@@ -22,6 +22,7 @@ mod limits;
 mod listeners;
 mod operations;
 mod rate_limits;
+mod secrets;
 mod shutdown;
 mod soak;
 mod stdio;

@@ -295,15 +295,22 @@ fn the_healthcheck_subcommand_probes_the_running_sidecar() {
     assert!(why.contains("refused"), "{why}");
 }
 
-/// `/readyz` as a JSON value, with its status.
+/// `/readyz` on the MCP port as a JSON value, with its status.
 async fn readyz(sc: &Sidecar) -> (u16, Value) {
-    let resp = http()
-        .get(format!("{}/readyz", sc.base()))
-        .send()
-        .await
-        .unwrap();
+    readyz_at(&sc.base()).await
+}
+
+/// `/readyz` on the admin listener (the sidecar started with `EPODE_SIDECAR_ADMIN_LISTEN`).
+async fn admin_readyz(sc: &Sidecar) -> (u16, Value) {
+    readyz_at(&format!("http://{}", sc.admin.expect("an admin listener"))).await
+}
+
+async fn readyz_at(base: &str) -> (u16, Value) {
+    let resp = http().get(format!("{base}/readyz")).send().await.unwrap();
     (resp.status().as_u16(), resp.json().await.unwrap())
 }
+
+const ADMIN: (&str, &str) = ("EPODE_SIDECAR_ADMIN_LISTEN", "127.0.0.1:0");
 
 /// Waits for a log line containing `needle`.
 fn log_line(sc: &Sidecar, seen: &mut Vec<String>, needle: &str) -> Option<String> {
@@ -317,15 +324,24 @@ fn log_line(sc: &Sidecar, seen: &mut Vec<String>, needle: &str) -> Option<String
 #[tokio::test]
 async fn readyz_says_why_when_the_upstream_path_is_wrong_or_nothing_listens() {
     // A real Python server, reached at a path it does not serve: every call would be 404.
+    // The admin listener says where; the MCP port, which clients reach, only what.
     let up = Upstream::start(UpstreamKind::Python);
     let wrong = format!("http://127.0.0.1:{}/wrong", up.port);
-    let sc = Sidecar::start(&wrong, &[]);
-    let (status, v) = readyz(&sc).await;
+    let sc = Sidecar::start(&wrong, &[ADMIN]);
+    let (status, v) = admin_readyz(&sc).await;
     assert_eq!(status, 503, "{v}");
     let reason = v["reason"].as_str().unwrap();
     assert!(
-        reason.contains("404") && reason.contains("usually /mcp"),
+        reason.contains("404") && reason.contains("usually /mcp") && reason.contains(&wrong),
         "{reason}"
+    );
+    let (status, v) = readyz(&sc).await;
+    assert_eq!(status, 503, "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(reason.contains("404"), "{reason}");
+    assert!(
+        !reason.contains("/wrong") && !reason.contains(&up.port.to_string()),
+        "the MCP port names the upstream: {reason}"
     );
     let mut seen = Vec::new();
     let line = log_line(&sc, &mut seen, "is the path right").expect("no start-up line");
@@ -338,11 +354,23 @@ async fn readyz_says_why_when_the_upstream_path_is_wrong_or_nothing_listens() {
         log_line(&right, &mut seen, "answers: ready").is_some(),
         "{seen:?}"
     );
-    // Nothing listening: not ready, saying so.
-    let nobody = Sidecar::start(&format!("http://127.0.0.1:{}/mcp", free_port()), &[]);
+    // Nothing listening: not ready, saying so (and where, on the admin listener only).
+    let port = free_port().to_string();
+    let nobody = Sidecar::start(&format!("http://127.0.0.1:{port}/mcp"), &[ADMIN]);
     let (status, v) = readyz(&nobody).await;
     assert_eq!(status, 503);
-    assert!(v["reason"].as_str().unwrap().contains("unreachable"), "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("unreachable") && !reason.contains(&port),
+        "{v}"
+    );
+    let (status, v) = admin_readyz(&nobody).await;
+    assert_eq!(status, 503);
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("unreachable") && reason.contains(&port),
+        "{v}"
+    );
 }
 
 #[tokio::test]
@@ -350,7 +378,7 @@ async fn readyz_is_503_while_a_stdio_server_crashes_at_start() {
     let py = python().display().to_string();
     let sc = Sidecar::start_stdio(
         &[&py, "-c", "import no_such_module_for_the_test"],
-        &[("EPODE_SIDECAR_UPSTREAM_RESTART_MAX_DELAY", "200ms")],
+        &[("EPODE_SIDECAR_UPSTREAM_RESTART_MAX_DELAY", "200ms"), ADMIN],
     );
     let mut seen = Vec::new();
     let line = log_line(&sc, &mut seen, "exits at start").expect("no line about the exit");
@@ -361,7 +389,7 @@ async fn readyz_is_503_while_a_stdio_server_crashes_at_start() {
     );
     let mut last = Value::Null;
     for _ in 0..5 {
-        let (status, v) = readyz(&sc).await;
+        let (status, v) = admin_readyz(&sc).await;
         assert_eq!(status, 503, "{v}");
         last = v;
         tokio::time::sleep(Duration::from_millis(150)).await;
@@ -371,4 +399,10 @@ async fn readyz_is_503_while_a_stdio_server_crashes_at_start() {
         reason.contains("ModuleNotFoundError") || reason.contains("said nothing"),
         "{reason}"
     );
+    // The MCP port says the process is down, never what it printed.
+    let (status, v) = readyz(&sc).await;
+    assert_eq!(status, 503, "{v}");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(reason.contains("MCP server process"), "{reason}");
+    assert!(!reason.contains("ModuleNotFoundError"), "{reason}");
 }

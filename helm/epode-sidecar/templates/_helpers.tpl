@@ -131,7 +131,10 @@ is on) + 5 s.
 
 {{/*
 The sidecar settings the chart maps from its values: a list of [NAME, value path, value].
-An empty string or null leaves the setting to the sidecar's default.
+An empty string or null leaves the setting to the sidecar's default. Every setting the sidecar
+declares has a row (an alias and the key too, so sidecar.env cannot set them), or is listed as
+left out on purpose: src/config/chart_tests.rs checks it, with values.yaml, the schema and the
+README.
 */}}
 {{- define "epode-sidecar.settings" -}}
 {{- $s := .Values.sidecar -}}
@@ -181,8 +184,11 @@ An empty string or null leaves the setting to the sidecar's default.
   (list "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE" "sidecar.limits.upstreamSessionIdle" $l.upstreamSessionIdle)
   (list "EPODE_SIDECAR_UPSTREAM_MAX_IDLE" "sidecar.limits.upstreamMaxIdle" $l.upstreamMaxIdle)
   (list "EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT" "sidecar.limits.upstreamIdleTimeout" $l.upstreamIdleTimeout)
+  (list "EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS" "sidecar.limits.upstreamMaxConnections" $l.upstreamMaxConnections)
+  (list "EPODE_SIDECAR_UPSTREAM_WAIT" "sidecar.limits.upstreamWait" $l.upstreamWait)
   (list "EPODE_SIDECAR_RATE_LIMIT" "sidecar.rateLimit.perClient" $r.perClient)
   (list "EPODE_SIDECAR_RATE_BURST" "sidecar.rateLimit.burst" $r.burst)
+  (list "EPODE_SIDECAR_RATE_LIMIT_CLIENTS" "sidecar.rateLimit.clients" $r.clients)
   (list "EPODE_SIDECAR_TOOL_RATE_LIMITS" "sidecar.rateLimit.tools" (join "," $tools))
   (list "EPODE_SIDECAR_TRUSTED_PROXIES" "sidecar.rateLimit.trustedProxies" (join "," $r.trustedProxies))
   (list "EPODE_SIDECAR_TLS_CERT" "sidecar.tls" (ternary (printf "%s/tls.crt" $tlsDir) "" (and $s.tls.enabled true)))
@@ -199,10 +205,12 @@ An empty string or null leaves the setting to the sidecar's default.
   (list "EPODE_SIDECAR_EXCLUDE_TOOLS" "epode.excludeTools" (join "," $e.excludeTools))
   (list "EPODE_SIDECAR_FEEDBACK_TOOLS" "epode.feedbackTools" (join "," $e.feedbackTools))
   (list "EPODE_SIDECAR_IDENTITY_HEADERS" "epode.identityHeaders" (join "," $ids))
+  (list "EPODE_SIDECAR_MAX_TOOLS" "epode.maxTools" $e.maxTools)
   (list "EPODE_SIDECAR_HTTP_SURFACE" "epode.httpSurface.enabled" (ternary "on" "" (eq $e.httpSurface.enabled true)))
   (list "EPODE_SIDECAR_HTTP_MAX_BODY" "epode.httpSurface.maxBody" $e.httpSurface.maxBody)
   (list "EPODE_SIDECAR_HTTP_CACHE_MODE" "epode.httpSurface.cacheMode" $e.httpSurface.cacheMode)
   (list "EPODE_SIDECAR_HTTP_EXCLUDE" "epode.httpSurface.exclude" (join "," $e.httpSurface.exclude))
+  (list "EPODE_SIDECAR_OPERATIONS_PREFIX" "epode.httpSurface.operationsPrefix" $e.httpSurface.operationsPrefix)
   (list "EPODE_SIDECAR_TELEMETRY_QUEUE" "epode.telemetry.queue" $t.queue)
   (list "EPODE_SIDECAR_TELEMETRY_BATCH" "epode.telemetry.batch" $t.batch)
   (list "EPODE_SIDECAR_TELEMETRY_CONCURRENCY" "epode.telemetry.concurrency" $t.concurrency)
@@ -211,6 +219,7 @@ An empty string or null leaves the setting to the sidecar's default.
   (list "EPODE_SIDECAR_TELEMETRY_SHUTDOWN" "epode.telemetry.shutdown" $t.shutdown)
   (list "EPODE_API_KEY" "epode.existingSecret and epode.existingSecretKey" "")
   (list "AGENT_FEEDBACK_KEY" "epode.existingSecret and epode.existingSecretKey" "")
+  (list "AGENT_FEEDBACK_URL" "epode.apiUrl" "")
   (list "AGENT_FEEDBACK_ENABLED" "epode.mode (off)" "")
 -}}
 {{- toJson $rows -}}

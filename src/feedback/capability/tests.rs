@@ -404,3 +404,24 @@ fn claims_are_written_as_the_map_built_json_was() {
     };
     assert_eq!(odd.to_json(), map_built(&odd));
 }
+
+#[test]
+fn key_shapes_are_found_anywhere_but_not_in_the_sidecars_own_ellipsis() {
+    for secret in [
+        "af_live_0123456789abcdef0123456789abcdef_secret",
+        "https://h/mcp?key=af_live_x",
+        "AF_LIVE_abc",
+        "x af_read_1",
+    ] {
+        assert!(has_key_shape(secret), "{secret}");
+    }
+    for fine in [
+        "an Epode product key af_live_… from your workspace",
+        "af_live_",
+        "<redacted: a read key (af_read_…)>",
+        "http://127.0.0.1:8000/mcp",
+        "af_lived",
+    ] {
+        assert!(!has_key_shape(fine), "{fine}");
+    }
+}

@@ -424,38 +424,49 @@ impl StdioUpstream {
         let pipe = match &*self.children {
             Children::Shared(p) => p.clone(),
             // Any child that runs tells: a probe must not take a client's place in the pool.
-            Children::PerClient(pool) => match pool
-                .any()
-                .await
-                .map_err(|e| NotReady::passing(e.to_string()))?
-            {
+            Children::PerClient(pool) => match pool.any().await.map_err(|e| {
+                NotReady::passing("no MCP server process is available", e.to_string())
+            })? {
                 Some(pipe) => pipe,
                 None => return Ok(()),
             },
         };
         let Some(g) = pipe.current() else {
-            return Err(NotReady::passing(pipe.why_not_running()));
+            return Err(NotReady::passing(
+                "the MCP server process is not running",
+                pipe.why_not_running(),
+            ));
         };
         if g.answered.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let ping = raw::parse_message(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#)
-            .ok_or_else(|| NotReady::lasting("the readiness probe could not be built"))?;
+        let ping = raw::parse_message(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#).ok_or_else(
+            || {
+                let why = "the readiness probe could not be built";
+                NotReady::lasting(why, why)
+            },
+        )?;
         let internal = Caller::internal();
         let probe = request_whole(&pipe, &g, ping, &internal);
         match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
             Ok(Ok(_)) => Ok(()),
             // A child that keeps ending: how its run before ended says why (its stderr).
-            Ok(Err(e)) => Err(NotReady::passing(match pipe.previous_end() {
+            Ok(Err(e)) => Err(NotReady::passing(
+                "the MCP server process did not answer a ping",
+                match pipe.previous_end() {
                 Some(how) => format!(
                     "the MCP server process did not answer a ping: {e}; the run before: {how}"
                 ),
                 None => format!("the MCP server process did not answer a ping: {e}"),
-            })),
-            Err(_) => Err(NotReady::passing(format!(
-                "the MCP server process has said nothing since it started, and did not answer a ping within {}",
-                humantime::format_duration(PROBE_TIMEOUT)
-            ))),
+                },
+            )),
+            Err(_) => Err(NotReady::passing(
+                "the MCP server process has not answered yet",
+                format!(
+                    "the MCP server process has said nothing since it started, and did not answer a ping within {}",
+                    humantime::format_duration(PROBE_TIMEOUT)
+                ),
+            )),
         }
     }
 
