@@ -1110,3 +1110,114 @@ fn nix_is_root() -> bool {
         .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
         .unwrap_or(false)
 }
+
+/// The lines of a file, none while it does not exist.
+fn file_lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// The child's environment is exactly what `EPODE_SIDECAR_UPSTREAM_ENV` lets through: nothing
+/// the sidecar sets for its own process (its allocator's option) reaches it.
+#[test]
+fn the_child_sees_only_the_variables_it_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("environ");
+    // What the shell was started with (its own variables, such as PWD, are not in it).
+    let script = format!(
+        "tr '\\0' '\\n' < /proc/$$/environ > {out}.tmp && mv {out}.tmp {out}; exec sleep 600",
+        out = out.display()
+    );
+    let sc = Sidecar::start_stdio(
+        &["sh", "-c", &script],
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_UPSTREAM_ENV", "PATH,PROBE_*"),
+            ("PROBE_ONE", "1"),
+            ("PROBE_TWO", "two"),
+            ("NOT_LISTED", "x"),
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || out.exists()),
+        "the child wrote no environment"
+    );
+    let mut got = file_lines(&out);
+    got.sort();
+    let path = std::env::var("PATH").unwrap_or_default();
+    assert_eq!(
+        got,
+        [
+            format!("PATH={path}"),
+            "PROBE_ONE=1".into(),
+            "PROBE_TWO=two".into()
+        ]
+    );
+    if nix_is_root() {
+        // The sidecar itself still runs with its allocator's option (only root reads the
+        // environment of a process that is not dumpable).
+        let own = std::fs::read(format!("/proc/{}/environ", sc.pid())).unwrap();
+        assert!(
+            own.split(|b| *b == 0)
+                .any(|v| v == b"MIMALLOC_PURGE_DELAY=0"),
+            "{}",
+            String::from_utf8_lossy(&own)
+        );
+    }
+}
+
+/// After the binary is replaced on disk (a package upgrade renames a new file over it), a new
+/// child still starts from the binary that runs, never from a file found by its name: not
+/// the new file, nor one named as the kernel names a deleted binary (`PATH (deleted)`).
+#[test]
+fn a_new_child_starts_through_the_running_binary_after_it_is_replaced_on_disk() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("epode-sidecar");
+    std::fs::copy(env!("CARGO_BIN_EXE_epode-sidecar"), &bin).unwrap();
+    let starts = dir.path().join("starts");
+    let script = format!("echo $$ >> {}; exec sleep 600", starts.display());
+    let _sc = Sidecar::start_stdio_from(
+        &bin,
+        &["sh", "-c", &script],
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || file_lines(&starts).len() == 1),
+        "the first child did not start"
+    );
+    let impostor = |name: &str, marker: &str| {
+        let p = dir.path().join(name);
+        let marker = dir.path().join(marker);
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\necho \"$@\" > '{}'\n", marker.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (p, marker)
+    };
+    let (new, replaced) = impostor("epode-sidecar.new", "ran-the-new-file");
+    std::fs::rename(&new, &bin).unwrap();
+    let (_, deleted) = impostor("epode-sidecar (deleted)", "ran-the-deleted-name");
+    let first = file_lines(&starts)[0].clone();
+    std::process::Command::new("kill")
+        .args(["-KILL", &first])
+        .status()
+        .unwrap();
+    let restarted = eventually(Duration::from_secs(20), || file_lines(&starts).len() >= 2);
+    for marker in [&replaced, &deleted] {
+        assert!(
+            !marker.exists(),
+            "{} ran, as root before the user switch: {:?}",
+            marker.display(),
+            std::fs::read_to_string(marker)
+        );
+    }
+    assert!(
+        restarted,
+        "the child did not start again: {:?}",
+        file_lines(&starts)
+    );
+}
