@@ -1221,3 +1221,118 @@ fn a_new_child_starts_through_the_running_binary_after_it_is_replaced_on_disk() 
         file_lines(&starts)
     );
 }
+
+/// A 2025-era stdio MCP server that starts two processes outside its process group: one in a
+/// session of its own (`setsid`), and one a double fork left behind (its parent exits at
+/// once). It appends `<its pid> <the setsid one> <the orphan>` to the file `$1`.
+const SPAWNER: &str = r#"
+import json, os, subprocess, sys
+
+quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+own = subprocess.Popen(["setsid", "sleep", "1000"], **quiet)
+orphan = subprocess.run(
+    ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"],
+    stdin=subprocess.DEVNULL, capture_output=True, text=True,
+).stdout.strip()
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.getpid()} {own.pid} {orphan}\n")
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    msg = json.loads(line)
+    if "id" not in msg or "method" not in msg:
+        continue
+    method = msg["method"]
+    if method == "initialize":
+        result = {
+            "protocolVersion": msg["params"].get("protocolVersion", "2025-11-25"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "spawner", "version": "0"},
+        }
+    elif method == "tools/list":
+        result = {"tools": []}
+    else:
+        result = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"#;
+
+/// With a child per client and room for two, eight clients in turn: each child that makes room
+/// for a newer one stops with everything it started, whether that left its process group or
+/// was orphaned, while the sidecar runs on; the processes of the children still running (the
+/// last two clients') are left alone.
+#[tokio::test]
+async fn a_stopped_child_per_client_takes_its_processes_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("spawner.py");
+    std::fs::write(&script, SPAWNER).unwrap();
+    let started = dir.path().join("started");
+    let (py, script_arg, started_arg) = (
+        python().display().to_string(),
+        script.display().to_string(),
+        started.display().to_string(),
+    );
+    let sc = Sidecar::start_stdio(
+        &[&py, &script_arg, &started_arg],
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25"),
+            ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "20s"),
+            ("EPODE_SIDECAR_STDIO_CHILDREN", "per-client"),
+            ("EPODE_SIDECAR_STDIO_MAX_CHILDREN", "2"),
+        ],
+    );
+    // The child of clients without credentials has started its processes (it is the first
+    // to make room, maybe before it answered anything).
+    assert!(
+        eventually(Duration::from_secs(20), || file_lines(&started).len() == 1),
+        "the first child did not start"
+    );
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    for client in 0..8 {
+        let resp = post_as(&sc, Some(&format!("client-{client}")), &list).await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "client {client}: {:?}",
+            resp.text().await
+        );
+    }
+    // One line per child: the one of clients without credentials, and one per client.
+    let mut lines = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            lines = file_lines(&started);
+            lines.len() == 9
+        }),
+        "{lines:?}"
+    );
+    let pids: Vec<Vec<u32>> = lines
+        .iter()
+        .map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect())
+        .collect();
+    // The children that made room are those that exited (they started in turn, but wrote
+    // their lines as fast as Python started).
+    let (mut stopped, mut running) = (Vec::new(), Vec::new());
+    let mut left = Vec::new();
+    let gone = eventually(Duration::from_secs(30), || {
+        (stopped, running) = pids.iter().cloned().partition(|p| !alive(p[0]));
+        left = stopped
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|p| alive(*p))
+            .collect();
+        stopped.len() == 7 && left.is_empty()
+    });
+    assert!(alive(sc.pid()), "the sidecar exited: {:?}", sc.logs());
+    assert_eq!(stopped.len(), 7, "children that stopped: {stopped:?}");
+    assert!(
+        gone,
+        "processes of stopped children still run: {left:?} (of child, setsid'd, orphaned: {stopped:?})"
+    );
+    for p in running.iter().flatten() {
+        assert!(
+            alive(*p),
+            "{p} of a running child was stopped ({running:?})"
+        );
+    }
+}
