@@ -160,9 +160,15 @@ fn refuse_inspection() {
     }
 }
 
+/// Whether this process is the stdio MCP server's trampoline (`epode-sidecar __stdio-exec
+/// …`), which becomes the server at once.
+pub fn is_stdio_trampoline() -> bool {
+    std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUBCOMMAND))
+}
+
 /// The process: parse, configure, serve until a signal, drain, flush.
 pub fn main() -> ExitCode {
-    if std::env::args_os().nth(1).as_deref() == Some(std::ffi::OsStr::new(exec::SUBCOMMAND)) {
+    if is_stdio_trampoline() {
         // The stdio MCP server's trampoline: becomes the server, or says why it cannot.
         return exec::trampoline(std::env::args_os().skip(2).collect());
     }

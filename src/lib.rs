@@ -38,7 +38,7 @@ mod tls;
 mod trial;
 mod upstream;
 
-pub use cli::main;
+pub use cli::{is_stdio_trampoline, main};
 
 #[doc(hidden)]
 pub mod fuzzing;

@@ -16,7 +16,12 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const PURGE_DELAY: (&str, &str) = ("MIMALLOC_PURGE_DELAY", "0");
 
 fn main() -> ExitCode {
-    with_allocator_options();
+    // The stdio trampoline becomes the MCP server at once: the option is not for the server,
+    // whose environment is exactly what the operator allowed, and a re-exec is one more
+    // `execve` per child, run before the trampoline switches user.
+    if !epode_sidecar::is_stdio_trampoline() {
+        with_allocator_options();
+    }
     epode_sidecar::main()
 }
 
@@ -30,11 +35,10 @@ fn with_allocator_options() {
     if std::env::var_os(PURGE_DELAY.0).is_some() {
         return;
     }
-    let Ok(exe) = std::env::current_exe() else {
-        return;
-    };
     let mut args = std::env::args_os();
-    let mut again = std::process::Command::new(exe);
+    // The running binary itself, even once replaced on disk (`current_exe()` is only the
+    // link's text, then `PATH (deleted)`: whatever file has that name).
+    let mut again = std::process::Command::new("/proc/self/exe");
     if let Some(arg0) = args.next() {
         again.arg0(arg0);
     }

@@ -1110,3 +1110,229 @@ fn nix_is_root() -> bool {
         .and_then(|v| v.split_whitespace().nth(1).map(|e| e == "0"))
         .unwrap_or(false)
 }
+
+/// The lines of a file, none while it does not exist.
+fn file_lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .map(|s| s.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// The child's environment is exactly what `EPODE_SIDECAR_UPSTREAM_ENV` lets through: nothing
+/// the sidecar sets for its own process (its allocator's option) reaches it.
+#[test]
+fn the_child_sees_only_the_variables_it_is_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("environ");
+    // What the shell was started with (its own variables, such as PWD, are not in it).
+    let script = format!(
+        "tr '\\0' '\\n' < /proc/$$/environ > {out}.tmp && mv {out}.tmp {out}; exec sleep 600",
+        out = out.display()
+    );
+    let sc = Sidecar::start_stdio(
+        &["sh", "-c", &script],
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_UPSTREAM_ENV", "PATH,PROBE_*"),
+            ("PROBE_ONE", "1"),
+            ("PROBE_TWO", "two"),
+            ("NOT_LISTED", "x"),
+        ],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || out.exists()),
+        "the child wrote no environment"
+    );
+    let mut got = file_lines(&out);
+    got.sort();
+    let path = std::env::var("PATH").unwrap_or_default();
+    assert_eq!(
+        got,
+        [
+            format!("PATH={path}"),
+            "PROBE_ONE=1".into(),
+            "PROBE_TWO=two".into()
+        ]
+    );
+    if nix_is_root() {
+        // The sidecar itself still runs with its allocator's option (only root reads the
+        // environment of a process that is not dumpable).
+        let own = std::fs::read(format!("/proc/{}/environ", sc.pid())).unwrap();
+        assert!(
+            own.split(|b| *b == 0)
+                .any(|v| v == b"MIMALLOC_PURGE_DELAY=0"),
+            "{}",
+            String::from_utf8_lossy(&own)
+        );
+    }
+}
+
+/// After the binary is replaced on disk (a package upgrade renames a new file over it), a new
+/// child still starts from the binary that runs, never from a file found by its name: not
+/// the new file, nor one named as the kernel names a deleted binary (`PATH (deleted)`).
+#[test]
+fn a_new_child_starts_through_the_running_binary_after_it_is_replaced_on_disk() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("epode-sidecar");
+    std::fs::copy(env!("CARGO_BIN_EXE_epode-sidecar"), &bin).unwrap();
+    let starts = dir.path().join("starts");
+    let script = format!("echo $$ >> {}; exec sleep 600", starts.display());
+    let _sc = Sidecar::start_stdio_from(
+        &bin,
+        &["sh", "-c", &script],
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    assert!(
+        eventually(Duration::from_secs(20), || file_lines(&starts).len() == 1),
+        "the first child did not start"
+    );
+    let impostor = |name: &str, marker: &str| {
+        let p = dir.path().join(name);
+        let marker = dir.path().join(marker);
+        std::fs::write(
+            &p,
+            format!("#!/bin/sh\necho \"$@\" > '{}'\n", marker.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        (p, marker)
+    };
+    let (new, replaced) = impostor("epode-sidecar.new", "ran-the-new-file");
+    std::fs::rename(&new, &bin).unwrap();
+    let (_, deleted) = impostor("epode-sidecar (deleted)", "ran-the-deleted-name");
+    let first = file_lines(&starts)[0].clone();
+    std::process::Command::new("kill")
+        .args(["-KILL", &first])
+        .status()
+        .unwrap();
+    let restarted = eventually(Duration::from_secs(20), || file_lines(&starts).len() >= 2);
+    for marker in [&replaced, &deleted] {
+        assert!(
+            !marker.exists(),
+            "{} ran, as root before the user switch: {:?}",
+            marker.display(),
+            std::fs::read_to_string(marker)
+        );
+    }
+    assert!(
+        restarted,
+        "the child did not start again: {:?}",
+        file_lines(&starts)
+    );
+}
+
+/// A 2025-era stdio MCP server that starts two processes outside its process group: one in a
+/// session of its own (`setsid`), and one a double fork left behind (its parent exits at
+/// once). It appends `<its pid> <the setsid one> <the orphan>` to the file `$1`.
+const SPAWNER: &str = r#"
+import json, os, subprocess, sys
+
+quiet = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+own = subprocess.Popen(["setsid", "sleep", "1000"], **quiet)
+orphan = subprocess.run(
+    ["sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!"],
+    stdin=subprocess.DEVNULL, capture_output=True, text=True,
+).stdout.strip()
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.getpid()} {own.pid} {orphan}\n")
+for line in sys.stdin:
+    if not line.strip():
+        continue
+    msg = json.loads(line)
+    if "id" not in msg or "method" not in msg:
+        continue
+    method = msg["method"]
+    if method == "initialize":
+        result = {
+            "protocolVersion": msg["params"].get("protocolVersion", "2025-11-25"),
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "spawner", "version": "0"},
+        }
+    elif method == "tools/list":
+        result = {"tools": []}
+    else:
+        result = {}
+    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+"#;
+
+/// With a child per client and room for two, eight clients in turn: each child that makes room
+/// for a newer one stops with everything it started, whether that left its process group or
+/// was orphaned, while the sidecar runs on; the processes of the children still running (the
+/// last two clients') are left alone.
+#[tokio::test]
+async fn a_stopped_child_per_client_takes_its_processes_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("spawner.py");
+    std::fs::write(&script, SPAWNER).unwrap();
+    let started = dir.path().join("started");
+    let (py, script_arg, started_arg) = (
+        python().display().to_string(),
+        script.display().to_string(),
+        started.display().to_string(),
+    );
+    let sc = Sidecar::start_stdio(
+        &[&py, &script_arg, &started_arg],
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25"),
+            ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "20s"),
+            ("EPODE_SIDECAR_STDIO_CHILDREN", "per-client"),
+            ("EPODE_SIDECAR_STDIO_MAX_CHILDREN", "2"),
+        ],
+    );
+    // The child of clients without credentials has started its processes (it is the first
+    // to make room, maybe before it answered anything).
+    assert!(
+        eventually(Duration::from_secs(20), || file_lines(&started).len() == 1),
+        "the first child did not start"
+    );
+    let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"});
+    for client in 0..8 {
+        let resp = post_as(&sc, Some(&format!("client-{client}")), &list).await;
+        assert_eq!(
+            resp.status(),
+            200,
+            "client {client}: {:?}",
+            resp.text().await
+        );
+    }
+    // One line per child: the one of clients without credentials, and one per client.
+    let mut lines = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(20), || {
+            lines = file_lines(&started);
+            lines.len() == 9
+        }),
+        "{lines:?}"
+    );
+    let pids: Vec<Vec<u32>> = lines
+        .iter()
+        .map(|l| l.split_whitespace().map(|p| p.parse().unwrap()).collect())
+        .collect();
+    // The children that made room are those that exited (they started in turn, but wrote
+    // their lines as fast as Python started).
+    let (mut stopped, mut running) = (Vec::new(), Vec::new());
+    let mut left = Vec::new();
+    let gone = eventually(Duration::from_secs(30), || {
+        (stopped, running) = pids.iter().cloned().partition(|p| !alive(p[0]));
+        left = stopped
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|p| alive(*p))
+            .collect();
+        stopped.len() == 7 && left.is_empty()
+    });
+    assert!(alive(sc.pid()), "the sidecar exited: {:?}", sc.logs());
+    assert_eq!(stopped.len(), 7, "children that stopped: {stopped:?}");
+    assert!(
+        gone,
+        "processes of stopped children still run: {left:?} (of child, setsid'd, orphaned: {stopped:?})"
+    );
+    for p in running.iter().flatten() {
+        assert!(
+            alive(*p),
+            "{p} of a running child was stopped ({running:?})"
+        );
+    }
+}

@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use super::exec;
 use super::scan::IdScan;
 use super::{Generation, Pipe, Queued};
-use crate::config::StdioCommand;
+use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, Kind};
 
 /// A child that ends sooner than this after its start is said to exit at start.
@@ -49,10 +49,14 @@ pub(super) fn spawn(command: &StdioCommand) -> std::io::Result<Child> {
     let mut cmd = match exec::own_binary() {
         Some(me) => {
             let mut c = Command::new(me);
+            // A child per client keeps what it starts (`exec`): when it stops, what is
+            // reparented to the sidecar is known to be its own.
+            let own_reaper = matches!(command.children, StdioChildren::PerClient { .. });
             c.args(exec::trampoline_args(
                 &program,
                 &command.args,
                 command.run_as,
+                own_reaper,
             ));
             c
         }
@@ -79,9 +83,7 @@ pub(super) fn spawn(command: &StdioCommand) -> std::io::Result<Child> {
     if let Some(dir) = &command.cwd {
         cmd.current_dir(dir);
     }
-    let child = cmd.spawn()?;
-    exec::track(child.id());
-    Ok(child)
+    exec::spawn_tracked(&mut cmd)
 }
 
 fn signal_group(pid: Option<u32>, signal: Signal) {

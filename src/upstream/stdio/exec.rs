@@ -5,9 +5,11 @@
 //! then becomes the MCP server with `execve`, keeping its pid, pipes and environment. All of
 //! it through safe system-call wrappers, without code run between fork and exec.
 //!
-//! Also here: the sidecar as the subreaper of everything its child starts (a grandchild that
-//! leaves the child's process group or session is still found and stopped), and reaping what
-//! is reparented to it.
+//! Also here: the sidecar as the subreaper of everything its children start (a grandchild
+//! that leaves the child's process group or session is still found and stopped), and reaping
+//! what is reparented to it. A child per client is in turn the subreaper of its own processes
+//! (the trampoline asks for it before `execve`, which keeps it): while it runs, nothing it
+//! started is reparented to the sidecar, so what is, is a stopped child's and can go.
 
 use std::ffi::{CString, OsStr};
 use std::os::unix::ffi::OsStrExt as _;
@@ -20,6 +22,13 @@ use nix::unistd::{Gid, Pid, Uid};
 
 /// The hidden subcommand that runs the trampoline.
 pub(crate) const SUBCOMMAND: &str = "__stdio-exec";
+
+/// The trampoline's word for a server that is the subreaper of its own processes.
+const REAPER: &str = "reaper";
+
+/// Rounds of looking for leftovers and killing them: one that forked as it was found is
+/// caught by the next round (a killed process forks no more).
+const KILL_ROUNDS: usize = 4;
 
 pub(crate) use crate::config::RunAs;
 
@@ -59,11 +68,13 @@ pub(super) fn resolve(program: &str, path: Option<&OsStr>) -> std::io::Result<Pa
 }
 
 /// The trampoline's command line: the sidecar's pid (to check it is still the parent), the
-/// user to become, then the program and its arguments.
+/// user to become, whether the server is to be the subreaper of its own processes, then the
+/// program and its arguments.
 pub(super) fn trampoline_args(
     program: &Path,
     args: &[String],
     run_as: Option<RunAs>,
+    own_reaper: bool,
 ) -> Vec<std::ffi::OsString> {
     let mut out: Vec<std::ffi::OsString> = vec![
         SUBCOMMAND.into(),
@@ -71,6 +82,7 @@ pub(super) fn trampoline_args(
         run_as
             .map_or_else(|| "-".to_owned(), |r| format!("{}:{}", r.uid, r.gid))
             .into(),
+        if own_reaper { REAPER } else { "-" }.into(),
         "--".into(),
         program.as_os_str().to_owned(),
     ];
@@ -92,7 +104,7 @@ fn fail(what: &str, e: impl std::fmt::Display) -> ExitCode {
 /// The trampoline itself (`args`: after the subcommand). Returns only when it cannot become
 /// the server.
 pub(crate) fn trampoline(args: Vec<std::ffi::OsString>) -> ExitCode {
-    let [parent, run_as, sep, program, rest @ ..] = args.as_slice() else {
+    let [parent, run_as, reaper, sep, program, rest @ ..] = args.as_slice() else {
         return fail("the trampoline", "wrong arguments");
     };
     if sep != "--" {
@@ -113,6 +125,12 @@ pub(crate) fn trampoline(args: Vec<std::ffi::OsString>) -> ExitCode {
     // After any change of user (which would clear it).
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         return fail("asking to die with the sidecar", e);
+    }
+    // Kept across `execve`: what the server leaves behind stays its own while it runs.
+    if reaper == REAPER {
+        if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
+            return fail("becoming the subreaper of its own processes", e);
+        }
     }
     let parent_pid = parent.to_str().and_then(|p| p.parse::<i32>().ok());
     if parent_pid != Some(nix::unistd::getppid().as_raw()) {
@@ -138,27 +156,30 @@ pub(crate) fn trampoline(args: Vec<std::ffi::OsString>) -> ExitCode {
 }
 
 /// The MCP server processes the sidecar runs and waits for itself (never reaped by
-/// [`reap_orphans`]).
+/// [`reap_orphans`]). Held while a child starts and while leftovers are looked for: a child
+/// just started but not yet in the list would look like one.
 static TRACKED: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
 
 fn tracked_lock() -> std::sync::MutexGuard<'static, Vec<i32>> {
     TRACKED.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-pub(super) fn track(pid: Option<u32>) {
-    if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-        tracked_lock().push(pid);
+/// Starts a child and notes it as one the sidecar waits for itself.
+pub(super) fn spawn_tracked(
+    cmd: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    let mut tracked = tracked_lock();
+    let child = cmd.spawn()?;
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        tracked.push(pid);
     }
+    Ok(child)
 }
 
 pub(super) fn untrack(pid: Option<u32>) {
     if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
         tracked_lock().retain(|p| *p != pid);
     }
-}
-
-pub(super) fn tracked() -> Vec<i32> {
-    tracked_lock().clone()
 }
 
 /// Makes the sidecar the subreaper of its descendants: a process its child leaves behind (even
@@ -211,25 +232,40 @@ fn descendants(keep: &[i32]) -> Vec<i32> {
 
 /// SIGKILLs every process the sidecar's MCP servers left behind (what a child started and
 /// left running when it ended, in its process group or not), then reaps those reparented to
-/// the sidecar. The servers it still runs, and their own processes, are left alone.
+/// the sidecar. The servers it still runs, and their own processes, are left alone: a shared
+/// child is the only one, and a child per client holds its own (see the module's comment).
 pub(super) fn kill_leftovers() {
-    let keep = tracked();
-    let left = descendants(&keep);
-    for pid in &left {
-        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    let keep = tracked_lock();
+    let mut killed: Vec<i32> = Vec::new();
+    for _ in 0..KILL_ROUNDS {
+        let left: Vec<i32> = descendants(&keep)
+            .into_iter()
+            .filter(|p| !killed.contains(p))
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        for pid in &left {
+            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        }
+        killed.extend(left);
     }
-    if !left.is_empty() {
+    if !killed.is_empty() {
         tracing::info!(
-            processes = left.len(),
+            processes = killed.len(),
             "stopped processes the MCP server left behind"
         );
     }
-    reap_orphans(&keep);
+    reap(&keep);
 }
 
 /// Reaps the sidecar's exited children that are not the MCP server processes it waits for
-/// itself (`keep`): processes reparented to it as their subreaper (or as PID 1 in a container).
-pub(crate) fn reap_orphans(keep: &[i32]) {
+/// itself: processes reparented to it as their subreaper (or as PID 1 in a container).
+pub(super) fn reap_orphans() {
+    reap(&tracked_lock());
+}
+
+fn reap(keep: &[i32]) {
     let me = i32::try_from(std::process::id()).unwrap_or(0);
     for (pid, ppid, zombie) in parents() {
         if ppid == me && zombie && !keep.contains(&pid) {
@@ -268,10 +304,15 @@ mod tests {
             Path::new("/bin/sh"),
             &["-c".into(), "x".into()],
             Some(RunAs { uid: 1, gid: 2 }),
+            true,
         );
         let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into()).collect();
         assert_eq!(text[0], SUBCOMMAND);
         assert_eq!(text[2], "1:2");
-        assert_eq!(&text[3..], ["--", "/bin/sh", "-c", "x"]);
+        assert_eq!(text[3], REAPER);
+        assert_eq!(&text[4..], ["--", "/bin/sh", "-c", "x"]);
+        let shared = trampoline_args(Path::new("/bin/sh"), &[], None, false);
+        assert_eq!(shared[2], "-");
+        assert_eq!(shared[3], "-");
     }
 }

@@ -108,8 +108,6 @@ pub(super) struct Pipe {
     on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
     dropped: LogSummary,
     supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Whether this pipe's child is the only one (then what any child left behind is its).
-    alone: bool,
     /// The last lines the child wrote to its stderr (all of them, logged or not).
     stderr_tail: Mutex<std::collections::VecDeque<String>>,
     /// How the last run ended, while the next has not answered yet (for `/readyz`).
@@ -233,11 +231,10 @@ impl Pipe {
         }
     }
 
-    /// A child's run ended: what it left behind goes too, when it was the only child.
+    /// A child's run ended: what it left behind goes too (reparented to the sidecar, it is no
+    /// running child's: a shared child is the only one, a child per client holds its own).
     fn ended(&self, how: Option<String>) {
-        if self.alone {
-            exec::kill_leftovers();
-        }
+        exec::kill_leftovers();
         *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) = how;
     }
 
@@ -339,11 +336,7 @@ fn line(bytes: &[u8]) -> Bytes {
 
 /// Starts a pipe: its first child now (a command that cannot start is an error at once),
 /// and the task that restarts it, on the runtime this is called on.
-fn start_pipe(
-    command: &StdioCommand,
-    bounds: &StdioBounds,
-    alone: bool,
-) -> Result<Arc<Pipe>, Error> {
+fn start_pipe(command: &StdioCommand, bounds: &StdioBounds) -> Result<Arc<Pipe>, Error> {
     let first = child::spawn(command).map_err(|e| {
         Error::new(
             Kind::UpstreamUnreachable,
@@ -367,7 +360,6 @@ fn start_pipe(
             Duration::from_secs(60),
         ),
         supervisor: Mutex::new(None),
-        alone,
         stderr_tail: Mutex::new(std::collections::VecDeque::with_capacity(STDERR_TAIL)),
         last_end: Mutex::new(None),
         users: AtomicUsize::new(0),
@@ -399,9 +391,9 @@ impl StdioUpstream {
         exec::become_subreaper();
         spawn_reaper();
         let children = match command.children {
-            StdioChildren::Shared => Children::Shared(start_pipe(command, &bounds, true)?),
+            StdioChildren::Shared => Children::Shared(start_pipe(command, &bounds)?),
             StdioChildren::PerClient { max, idle } => {
-                let first = start_pipe(command, &bounds, false)?;
+                let first = start_pipe(command, &bounds)?;
                 Children::PerClient(Pool::new(command.clone(), bounds, first, max, idle))
             }
         };
@@ -544,7 +536,7 @@ fn spawn_reaper() {
     };
     tokio::spawn(async move {
         while chld.recv().await.is_some() {
-            exec::reap_orphans(&exec::tracked());
+            exec::reap_orphans();
         }
     });
 }

@@ -132,7 +132,7 @@ impl Pool {
         let started = self
             .inner
             .runtime
-            .spawn(async move { start_pipe(&inner.command, &inner.bounds, false) })
+            .spawn(async move { start_pipe(&inner.command, &inner.bounds) })
             .await
             .map_err(|e| Error::new(Kind::Internal, format!("starting a child: {e}")))??;
         self.inner.lock().insert(

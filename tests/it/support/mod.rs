@@ -370,13 +370,28 @@ impl Sidecar {
         Self::start_in(None, None, command, env)
     }
 
+    /// The same, from a copy of the binary at `bin` (which a test may then replace on disk).
+    pub fn start_stdio_from(bin: &Path, command: &[&str], env: &[(&str, &str)]) -> Sidecar {
+        Self::start_from(bin, None, None, command, env)
+    }
+
     fn start_in(
         prelude: Option<&str>,
         upstream_url: Option<&str>,
         command: &[&str],
         env: &[(&str, &str)],
     ) -> Sidecar {
-        let bin = env!("CARGO_BIN_EXE_epode-sidecar");
+        let bin = Path::new(env!("CARGO_BIN_EXE_epode-sidecar"));
+        Self::start_from(bin, prelude, upstream_url, command, env)
+    }
+
+    fn start_from(
+        bin: &Path,
+        prelude: Option<&str>,
+        upstream_url: Option<&str>,
+        command: &[&str],
+        env: &[(&str, &str)],
+    ) -> Sidecar {
         let mut cmd = match prelude {
             None => Command::new(bin),
             Some(p) => {
