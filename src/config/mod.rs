@@ -32,8 +32,8 @@ pub(crate) use self::setting::ConfigError;
 use self::setting::{Doc, Layers};
 pub(crate) use self::types::{
     redact_userinfo, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
-    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs,
-    StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
+    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RouteTemplate,
+    RunAs, StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
 };
 
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
@@ -303,6 +303,13 @@ impl Config {
         let mut upstream = transport(l, argv)?;
         if http.is_some() {
             bare_origin(l, &mut upstream)?;
+            // Each surface keeps a share of the upstream connections (`upstream_connections`).
+            if limits.upstream_max_connections < 2 {
+                return Err(limits::UPSTREAM_MAX_CONNECTIONS.doc.invalid(&format!(
+                    "{}, while the HTTP surface is on; it needs at least 2: the MCP path and the HTTP surface each keep a share of the connections (EPODE_SIDECAR_HTTP_UPSTREAM_SHARE)",
+                    limits.upstream_max_connections
+                )));
+            }
         }
         let listen: SocketAddr = l.get(&core::LISTEN)?;
         let loopback = listen.ip().is_loopback();

@@ -433,7 +433,7 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
             .filter(|rest| rest.starts_with('/'));
         return match own {
             Some(rest) => operations(&routes.operations, req.method(), rest, metrics_here).await,
-            None => surface.serve(&routes.operations.upstream, req).await,
+            None => surface.serve(&routes.operations.upstream, req, peer).await,
         };
     }
     operations(
