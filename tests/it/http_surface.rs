@@ -5,7 +5,9 @@
 //! the discovery link, the identity header never reaching the client, one telemetry event per
 //! instrumented response; every skip reason counted under its label; a 10 MB body and endless
 //! streams passed through within the limits; methods, headers, bodies and statuses untouched;
-//! and, with the surface off, nothing changed.
+//! and, with the surface off, nothing changed. Against a scripted product (issue 30): no token,
+//! name or address reaches Epode in an operation (the route templates too), and the surface and
+//! the MCP path cannot starve each other (connection shares, rate and in-flight limits).
 
 use crate::support::fake_epode::{
     http_envelope_errors, FakeConfig, FakeEpode, HandleClaims, DEMO_PRODUCT_KEY,
