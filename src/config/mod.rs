@@ -305,10 +305,11 @@ impl Config {
             bare_origin(l, &mut upstream)?;
             // Each surface keeps a share of the upstream connections (`upstream_connections`).
             if limits.upstream_max_connections < 2 {
-                return Err(limits::UPSTREAM_MAX_CONNECTIONS.doc.invalid(&format!(
-                    "{}, while the HTTP surface is on; it needs at least 2: the MCP path and the HTTP surface each keep a share of the connections (EPODE_SIDECAR_HTTP_UPSTREAM_SHARE)",
-                    limits.upstream_max_connections
-                )));
+                return Err(ConfigError::Invalid {
+                    name: limits::UPSTREAM_MAX_CONNECTIONS.doc.name(),
+                    value: limits.upstream_max_connections.to_string(),
+                    accepts: "at least 2 with the HTTP surface on: the MCP path and the surface each keep a share of the upstream connections (EPODE_SIDECAR_HTTP_UPSTREAM_SHARE)",
+                });
             }
         }
         let listen: SocketAddr = l.get(&core::LISTEN)?;
