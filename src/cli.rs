@@ -449,6 +449,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
             binding.clone(),
             metrics.clone(),
             budget.clone(),
+            rates.clone(),
             observer.clone(),
         )
         .map_err(|e| failed("cannot start the HTTP surface", e))?,

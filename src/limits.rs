@@ -1,5 +1,6 @@
 //! The rate limits the request path enforces at run time, shared by every worker (per client
-//! address and per tool, with governor). Each refusal is a defined answer, made where the
+//! address on the MCP path, the same limit counted apart on the HTTP surface, and per tool,
+//! with governor). Each refusal is a defined answer, made where the
 //! limit is hit. (The in-flight request count is a `gate`; the memory budget is in
 //! `budget`.) The per-client limiter keeps its state in [`ClientTable`], bounded, with O(1)
 //! eviction of the least recently seen client.
@@ -127,6 +128,9 @@ fn quota(rate: Rate, burst: Option<NonZeroU32>) -> Quota {
 /// The rate limits: per client address, and per tool pattern.
 pub(crate) struct RateLimits {
     client: Option<ClientLimiter>,
+    /// The same per-client limit for the HTTP surface, counted apart: a client (or every
+    /// client behind one untrusted proxy) busy on one surface keeps its allowance on the other.
+    surface: Option<ClientLimiter>,
     tools: Vec<(globset::GlobMatcher, DefaultDirectRateLimiter)>,
     trusted: Vec<IpNet>,
     clock: DefaultClock,
@@ -134,14 +138,19 @@ pub(crate) struct RateLimits {
 
 impl RateLimits {
     pub(crate) fn new(limits: &Limits) -> Arc<Self> {
-        Arc::new(RateLimits {
-            client: limits.rate_limit.map(|r| {
+        let client = || {
+            limits.rate_limit.map(|r| {
                 RateLimiter::new(
                     quota(r, limits.rate_burst),
                     ClientTable::new(limits.rate_limit_clients),
                     DefaultClock::default(),
                 )
-            }),
+            })
+        };
+        Arc::new(RateLimits {
+            client: client(),
+            // Its table is sparse: nothing is allocated until the surface sees a client.
+            surface: client(),
             tools: limits
                 .tool_rate_limits
                 .iter()
@@ -186,9 +195,18 @@ impl RateLimits {
         client
     }
 
-    /// `Err(wait)` when the client is over its limit.
+    /// `Err(wait)` when the client is over its limit on the MCP path.
     pub(crate) fn check_client(&self, ip: IpAddr) -> Result<(), Duration> {
-        let Some(limiter) = &self.client else {
+        self.check(self.client.as_ref(), ip)
+    }
+
+    /// `Err(wait)` when the client is over its limit on the HTTP surface.
+    pub(crate) fn check_surface_client(&self, ip: IpAddr) -> Result<(), Duration> {
+        self.check(self.surface.as_ref(), ip)
+    }
+
+    fn check(&self, limiter: Option<&ClientLimiter>, ip: IpAddr) -> Result<(), Duration> {
+        let Some(limiter) = limiter else {
             return Ok(());
         };
         limiter
@@ -209,14 +227,18 @@ impl RateLimits {
     /// Forgets clients whose limit has fully recovered, from the least recently seen (call
     /// now and then).
     pub(crate) fn sweep(&self) {
-        if let Some(limiter) = &self.client {
+        for limiter in [&self.client, &self.surface].into_iter().flatten() {
             limiter.retain_recent();
         }
     }
 
-    /// The client keys the per-client limiter holds now (at most `rate_limit_clients`).
+    /// The client keys the per-client limiters hold now (at most `rate_limit_clients` each).
     pub(crate) fn tracked_clients(&self) -> usize {
-        self.client.as_ref().map_or(0, |l| l.len())
+        [&self.client, &self.surface]
+            .into_iter()
+            .flatten()
+            .map(|l| l.len())
+            .sum()
     }
 }
 
@@ -304,6 +326,12 @@ mod tests {
             r.check_client("192.0.2.2".parse().unwrap()).is_ok(),
             "per client"
         );
+        // The HTTP surface has the same limit, counted apart.
+        assert!(r.check_surface_client(ip).is_ok());
+        assert!(r.check_surface_client(ip).is_ok());
+        assert!(r.check_surface_client(ip).is_err());
+        assert!(r.check_client(ip).is_err(), "still over on the MCP path");
+        assert_eq!(r.tracked_clients(), 3);
         assert!(r.check_tool("export_csv").is_ok());
         let wait = r.check_tool("export_pdf").unwrap_err();
         assert!(wait > Duration::from_secs(50), "{wait:?}");

@@ -306,7 +306,7 @@ impl Metrics {
             ("upstream_sessions", "2025-era upstream sessions open now", self.upstream_sessions.clone()),
             (
                 "rate_limit_clients",
-                "Client addresses the per-client rate limit tracks now (at most rate_limit_clients)",
+                "Client addresses the per-client rate limits track now (at most rate_limit_clients each on the MCP path and the HTTP surface)",
                 self.rate_limit_clients.clone(),
             ),
             (

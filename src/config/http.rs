@@ -5,7 +5,7 @@
 use super::setting::{
     a_size, bounded, setting, settings, split_list, Accepts, Bad, ConfigError, Layers,
 };
-use super::types::{HttpCacheMode, HttpSurface};
+use super::types::{HttpCacheMode, HttpSurface, RouteTemplate};
 
 /// The HTTP surface's settings; `None` when it is off.
 pub(super) fn read(l: &Layers) -> Result<Option<HttpSurface>, ConfigError> {
@@ -17,6 +17,8 @@ pub(super) fn read(l: &Layers) -> Result<Option<HttpSurface>, ConfigError> {
         cache_mode: l.get(&HTTP_CACHE_MODE)?,
         exclude: l.optional(&HTTP_EXCLUDE)?.unwrap_or_default(),
         operations_prefix: l.get(&OPERATIONS_PREFIX)?,
+        routes: l.optional(&HTTP_ROUTES)?.unwrap_or_default(),
+        upstream_share: l.get(&HTTP_UPSTREAM_SHARE)?,
     }))
 }
 
@@ -46,6 +48,29 @@ fn globs(raw: &str) -> Result<Vec<String>, Bad> {
         return Err(Bad::Entry(bad.clone()));
     }
     Ok(list)
+}
+
+/// The most route templates: each request may be compared with every one.
+const ROUTES_MAX: usize = 64;
+
+/// Route templates such as `/users/{id}/orders/{id}` (`RouteTemplate::parse`), at most
+/// [`ROUTES_MAX`].
+fn routes(raw: &str) -> Result<Vec<RouteTemplate>, Bad> {
+    let list = split_list(raw);
+    if list.len() > ROUTES_MAX {
+        return Err(Bad::Described("more than 64 route templates"));
+    }
+    list.iter()
+        .map(|t| RouteTemplate::parse(t).ok_or_else(|| Bad::Entry(t.clone())))
+        .collect()
+}
+
+/// A whole percentage from 1 to 99, with or without `%`.
+/// A percentage, `50%` or `50` (its bounds are the declaration's, checked before).
+fn percent(v: &str) -> Result<u8, Bad> {
+    let v = v.trim();
+    let n = v.strip_suffix('%').unwrap_or(v).trim();
+    n.parse().map_err(|_| Bad::Whole)
 }
 
 /// A path prefix such as `/_epode-sidecar`: starts with `/`, does not end with one, and is
@@ -118,6 +143,24 @@ settings! {
             prefix,
             |c| shown(c, |h| h.operations_prefix.clone()).unwrap_or_else(|| "<not used>".into()),
         ),
+        HTTP_ROUTES: Vec<RouteTemplate> = setting(
+            "http_routes",
+            &["EPODE_SIDECAR_HTTP_ROUTES"],
+            None,
+            "comma-separated route templates, at most 64, each starting with / and naming an operation of at most 160 characters, its segments separated by / and each a literal of A-Z a-z 0-9 _ . - or a placeholder {name}, such as /users/{id}/orders/{id}",
+            "With the HTTP surface: the operation an instrumented response's telemetry event names, for paths the default gets wrong. A path matching a template (the same number of segments, one trailing / ignored; each literal the same, each placeholder any non-empty segment) is reported as the template with every placeholder as `:id` (`/users/{id}/orders/{id}` → `/users/:id/orders/:id`); the first that matches wins. Any other path is named by the default: each segment that is not a route word (lowercase letters, words joined by single - or _, at most 24 characters, no digits but a version such as v2) becomes `:id`, so ids, tokens, names and e-mail addresses never reach Epode.",
+            routes,
+            |c| shown(c, |h| h.routes.iter().map(|r| r.written.as_str()).collect::<Vec<_>>().join(",")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<the default operation names only>".into()),
+        ),
+        HTTP_UPSTREAM_SHARE: u8 = bounded(
+            "http_upstream_share",
+            &["EPODE_SIDECAR_HTTP_UPSTREAM_SHARE"],
+            Some("50%"),
+            Accepts::whole("%", 1, 99),
+            "With the HTTP surface: its share of `upstream_max_connections` (rounded down, at least 1 connection); the MCP path has the rest, so neither can take the connections the other needs. A request past its path's share waits up to `upstream_wait`, then gets 503 with `Retry-After: 1`, nothing sent. `upstream_max_connections` must then be at least 2.",
+            percent,
+            |c| shown(c, |h| format!("{}%", h.upstream_share)).unwrap_or_else(|| "<not used>".into()),
+        ),
     }
 }
 
@@ -148,5 +191,77 @@ mod tests {
             vec!["/a/*".to_owned(), "/b/**".to_owned()]
         );
         assert!(matches!(globs("/a,b"), Err(Bad::Entry(e)) if e == "b"));
+    }
+
+    #[test]
+    fn route_templates_are_checked_and_bounded() {
+        let got = routes("/users/{id}/orders/{id}, /Reports/{year}/, /, /u/{}").unwrap();
+        let ops: Vec<String> = got.iter().map(RouteTemplate::operation).collect();
+        assert_eq!(
+            ops,
+            ["/users/:id/orders/:id", "/Reports/:id", "/", "/u/:id"]
+        );
+        assert_eq!(got[1].written, "/Reports/{year}/");
+        assert_eq!(got[1].segments, [Some("Reports".to_owned()), None]);
+        for bad in [
+            "users/{id}",
+            "/users//{id}",
+            "//",
+            "/users/{id",
+            "/users/{i-d}",
+            "/users/x{id}",
+            "/a b",
+            "/a:b",
+            "/a*",
+            "/a%20b",
+            "/caf\u{e9}",
+        ] {
+            assert!(
+                matches!(routes(&format!("/ok,{bad}")), Err(Bad::Entry(e)) if e == bad),
+                "{bad}"
+            );
+        }
+        let longest = format!("/{}", "a".repeat(159));
+        assert!(routes(&longest).is_ok());
+        assert!(matches!(routes(&format!("{longest}b")), Err(Bad::Entry(_))));
+        // `{}` grows to `:id`: the operation's length counts.
+        let grows = format!("/{}/{{}}", "a".repeat(156));
+        assert_eq!(grows.len(), 160);
+        assert!(routes(&grows).is_err());
+        let many: Vec<String> = (0..65).map(|i| format!("/r{i}")).collect();
+        assert!(routes(&many[..64].join(",")).is_ok());
+        assert!(matches!(routes(&many.join(",")), Err(Bad::Described(_))));
+    }
+
+    #[test]
+    fn the_upstream_share_is_a_percentage_and_leaves_mcp_some() {
+        assert_eq!(percent("50%").unwrap(), 50);
+        assert_eq!(percent(" 25 ").unwrap(), 25);
+        for bad in ["0", "100%", "50.5%", "half", "", "-1"] {
+            assert!(percent(bad).is_err(), "{bad}");
+        }
+        let surface = |share| HttpSurface {
+            max_body: 1,
+            cache_mode: HttpCacheMode::Safe,
+            exclude: Vec::new(),
+            operations_prefix: "/_ops".into(),
+            routes: Vec::new(),
+            upstream_share: share,
+        };
+        for (share, max, want) in [
+            (50, 4, 2),
+            (50, 256, 128),
+            (50, 3, 1),
+            (50, 2, 1),
+            (1, 10, 1),
+            (99, 10, 9),
+            (99, 2, 1),
+        ] {
+            assert_eq!(
+                surface(share).upstream_connections(max),
+                want,
+                "{share}% of {max}"
+            );
+        }
     }
 }

@@ -154,7 +154,7 @@ settings! {
             &["EPODE_SIDECAR_MAX_IN_FLIGHT"],
             Some("1024"),
             Accepts::whole("", 1, 1_000_000),
-            "Most MCP requests being served at once; past it 503 with `Retry-After: 1` and a JSON-RPC error.",
+            "Most MCP requests being served at once; past it 503 with `Retry-After: 1` and a JSON-RPC error. With the HTTP surface on, it has as many of its own (503 with `Retry-After: 1` and a plain message past them), so neither fills the other's.",
             number,
             |c| c.limits.max_in_flight.to_string(),
         ),
@@ -250,7 +250,7 @@ settings! {
             &["EPODE_SIDECAR_RATE_LIMIT"],
             None,
             "N/s, N/m or N/h, such as 100/s",
-            "Requests per client address on the MCP path; past it 429 with `Retry-After` and a JSON-RPC error. Unset: no limit.",
+            "Requests per client address on the MCP path; past it 429 with `Retry-After` and a JSON-RPC error. With the HTTP surface on, the same limit holds for its requests, counted apart (429 with `Retry-After` and a plain message), so a client busy on one surface keeps its allowance on the other. Unset: no limit.",
             |r| Rate::parse(r).ok_or(Bad::Whole),
             |c| {
                 c.limits
@@ -276,7 +276,7 @@ settings! {
             &["EPODE_SIDECAR_RATE_LIMIT_CLIENTS"],
             Some("100000"),
             Accepts::whole("", 1, 10_000_000),
-            "Client addresses (IPv6: /64 prefixes) the per-client limit keeps track of, about 100 bytes each; past it the least recently seen is forgotten, and starts again with a full burst if it comes back. Each request costs the same however many clients there are.",
+            "Client addresses (IPv6: /64 prefixes) the per-client limit keeps track of, about 100 bytes each; past it the least recently seen is forgotten, and starts again with a full burst if it comes back (with the HTTP surface on, as many again for its own count). Each request costs the same however many clients there are.",
             number,
             |c| c.limits.rate_limit_clients.to_string(),
         ),

@@ -36,8 +36,8 @@ pub(crate) use self::setting::ConfigError;
 use self::setting::{Doc, Layers};
 pub(crate) use self::types::{
     redact_url, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
-    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RunAs,
-    StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
+    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RouteTemplate,
+    RunAs, StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
 };
 
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
@@ -316,6 +316,14 @@ impl Config {
         let mut upstream = transport(l, argv)?;
         if http.is_some() {
             bare_origin(l, &mut upstream)?;
+            // Each surface keeps a share of the upstream connections (`upstream_connections`).
+            if limits.upstream_max_connections < 2 {
+                return Err(ConfigError::Invalid {
+                    name: limits::UPSTREAM_MAX_CONNECTIONS.doc.name(),
+                    value: limits.upstream_max_connections.to_string(),
+                    accepts: "at least 2 with the HTTP surface on: the MCP path and the surface each keep a share of the upstream connections (EPODE_SIDECAR_HTTP_UPSTREAM_SHARE)".into(),
+                });
+            }
         }
         let listen: SocketAddr = l.get(&core::LISTEN)?;
         let loopback = listen.ip().is_loopback();

@@ -88,8 +88,18 @@ impl Accepts {
     fn admits(&self, v: &str) -> bool {
         match *self {
             Accepts::Prose(_) => true,
-            Accepts::Whole { word, min, max, .. } => {
-                word == Some(v) || v.parse::<u64>().is_ok_and(|n| (min..=max).contains(&n))
+            Accepts::Whole {
+                word,
+                unit,
+                min,
+                max,
+            } => {
+                // A percentage may be written with its sign (`50%`) or without.
+                let n = match unit {
+                    "%" => v.trim().strip_suffix('%').unwrap_or(v).trim(),
+                    _ => v,
+                };
+                word == Some(v) || n.parse::<u64>().is_ok_and(|n| (min..=max).contains(&n))
             }
             Accepts::Duration { min, max, .. } => {
                 humantime::parse_duration(v).is_ok_and(|d| (min..=max).contains(&d))
@@ -119,6 +129,7 @@ impl Accepts {
             } => {
                 let number = match unit {
                     "" => "a whole number".to_owned(),
+                    "%" => return format!("a whole percentage from {min}% to {max}%").into(),
                     unit => format!("a whole number of {unit}"),
                 };
                 let range = match (min, max) {

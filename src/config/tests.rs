@@ -574,6 +574,12 @@ fn the_http_surface_is_off_by_default_and_reads_its_settings_when_on() {
     assert_eq!(h.cache_mode, HttpCacheMode::Private);
     assert_eq!(h.exclude, ["/internal/**", "/a/*/b"]);
     assert_eq!(h.operations_prefix, "/_epode-sidecar");
+    assert!(h.routes.is_empty());
+    assert_eq!(h.upstream_share, 50);
+    assert_eq!(
+        h.upstream_connections(c.limits.upstream_max_connections),
+        128
+    );
     let Transport::Http(t) = &c.upstream else {
         panic!("an HTTP upstream")
     };
@@ -611,6 +617,9 @@ fn http_surface_values_are_checked_and_named() {
         ("EPODE_SIDECAR_HTTP_CACHE_MODE", "request"),
         ("EPODE_SIDECAR_HTTP_EXCLUDE", "/ok,nope"),
         ("EPODE_SIDECAR_OPERATIONS_PREFIX", "/ops/"),
+        ("EPODE_SIDECAR_HTTP_ROUTES", "/users/{id},/orders/{id"),
+        ("EPODE_SIDECAR_HTTP_UPSTREAM_SHARE", "100%"),
+        ("EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS", "1"),
     ] {
         let err = Config::from_layers(
             env(&[UP, OFF, ("EPODE_SIDECAR_HTTP_SURFACE", "on"), (var, value)]),

@@ -137,6 +137,82 @@ pub(crate) struct HttpSurface {
     pub(crate) exclude: Vec<String>,
     /// Where the sidecar's own routes move on the main port.
     pub(crate) operations_prefix: String,
+    /// The operator's route templates, tried in order before the default operation names.
+    pub(crate) routes: Vec<RouteTemplate>,
+    /// The percentage of `upstream_max_connections` the surface may hold at once.
+    pub(crate) upstream_share: u8,
+}
+
+impl HttpSurface {
+    /// The upstream connections the surface may hold of `max` (at least 2, checked where the
+    /// settings meet): its share rounded down, at least 1, and at least 1 left for MCP.
+    pub(crate) fn upstream_connections(&self, max: usize) -> usize {
+        let share = max.saturating_mul(usize::from(self.upstream_share)) / 100;
+        share.clamp(1, max.saturating_sub(1).max(1))
+    }
+}
+
+/// One of the HTTP surface's route templates (`EPODE_SIDECAR_HTTP_ROUTES`), such as
+/// `/users/{id}/orders/{id}`: its segments after the leading `/`, `None` for a placeholder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RouteTemplate {
+    /// As the operator wrote it.
+    pub(crate) written: String,
+    pub(crate) segments: Vec<Option<String>>,
+}
+
+/// The longest operation Epode accepts: a template's must fit.
+const OPERATION_MAX: usize = 160;
+
+impl RouteTemplate {
+    /// `/` then segments separated by `/` (one trailing `/` ignored), each a literal of
+    /// `A-Z a-z 0-9 _ . -` or a placeholder `{name}` (`name` of `A-Z a-z 0-9 _`, maybe
+    /// empty), its operation within Epode's 160 characters.
+    pub(crate) fn parse(raw: &str) -> Option<RouteTemplate> {
+        let rest = raw.strip_prefix('/')?;
+        let rest = match rest.strip_suffix('/') {
+            Some(r) if !r.is_empty() => r,
+            _ => rest,
+        };
+        let segments = if rest.is_empty() {
+            Vec::new()
+        } else {
+            rest.split('/')
+                .map(template_segment)
+                .collect::<Option<Vec<_>>>()?
+        };
+        let template = RouteTemplate {
+            written: raw.to_owned(),
+            segments,
+        };
+        (template.operation().len() <= OPERATION_MAX).then_some(template)
+    }
+
+    /// The operation a matching path is reported as: each placeholder as `:id`, as the
+    /// default names every id.
+    pub(crate) fn operation(&self) -> String {
+        if self.segments.is_empty() {
+            return "/".to_owned();
+        }
+        let mut out = String::new();
+        for segment in &self.segments {
+            out.push('/');
+            out.push_str(segment.as_deref().unwrap_or(":id"));
+        }
+        out
+    }
+}
+
+/// A literal (`Some`) or a placeholder (`None`); `None` outside when it is neither.
+fn template_segment(s: &str) -> Option<Option<String>> {
+    if let Some(name) = s.strip_prefix('{').and_then(|n| n.strip_suffix('}')) {
+        let ok = name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        return ok.then_some(None);
+    }
+    let ok = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+    ok.then(|| Some(s.to_owned()))
 }
 
 /// Values given on the command line; absent ones leave the lower layers in force.

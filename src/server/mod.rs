@@ -484,7 +484,7 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
             .await
         }
         Owner::Other => match &routes.surface {
-            Some(surface) => surface.serve(&routes.operations.upstream, req).await,
+            Some(surface) => surface.serve(&routes.operations.upstream, req, peer).await,
             None => operations(&routes.operations, req.method(), routed.key(), metrics_here).await,
         },
     }

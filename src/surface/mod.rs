@@ -2,13 +2,17 @@
 //! `EPODE_SIDECAR_HTTP_SURFACE=on`), proxied to the upstream's origin with its own method, path,
 //! query, headers and body, through the same connection pool, limits and TLS as the MCP hop;
 //! and its response instrumented as Epode's HTTP protocol says. The order, top to bottom: the
-//! `Host` check; the request body, read whole within `EPODE_SIDECAR_MAX_BODY_BYTES` and the
+//! `Host` check; the per-client rate limit (counted apart from the MCP path's) and the
+//! surface's own requests in flight (429 or 503 with `Retry-After`, as on the MCP path); the
+//! request body, read whole within `EPODE_SIDECAR_MAX_BODY_BYTES` and the
 //! memory budget (413 past it); the upstream's answer, its `Epode-Identity` header always
 //! taken off; the decision on its head (`rules::on_head`); a candidate body held up to
 //! `EPODE_SIDECAR_HTTP_MAX_BODY` (past it, or past the upstream timeout, what was read and the
 //! rest stream through untouched); the decision on the body; the envelope (the binding's:
 //! mode, consent, capability) placed where the body's kind says (`place`); the telemetry event
-//! (`operation`). Every response not instrumented is the upstream's, untouched but for its
+//! (`operation`: the operator's route templates, else every segment that is no route word
+//! as `:id`). The upstream connections it uses are its own share of the cap (the pool's
+//! `Share::Surface`), so it cannot starve the MCP path. Every response not instrumented is the upstream's, untouched but for its
 //! hop-by-hop headers and `Epode-Identity`; every reason is counted.
 
 mod operation;
@@ -16,6 +20,7 @@ mod place;
 mod rules;
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -30,6 +35,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 
+use self::operation::Operations;
 use self::place::JsonBody;
 use self::rules::{CacheMode, Kind as Candidate, Paths, Skip};
 use crate::binding::{FeedbackBinding, HttpEnvelope};
@@ -39,8 +45,10 @@ use crate::config::{Config, HttpCacheMode, HttpSurface};
 use crate::epode::telemetry::{HttpCompletion, Surface as Placed};
 use crate::error::{Error, Kind};
 use crate::feedback::identity::{sanitize_ref, IdentityRefs, RefKind};
+use crate::gate::{Gate, Permit};
+use crate::limits::{retry_after_secs, RateLimits};
 use crate::log_summary::LogSummary;
-use crate::metrics::{Metrics, SkipLabels, SurfaceLabels};
+use crate::metrics::{LimitKind, Metrics, SkipLabels, SurfaceLabels};
 use crate::observe::{HttpServed, Observer};
 use crate::upstream::http::{strip_hop_by_hop, HttpUpstream};
 use crate::upstream::Upstream;
@@ -69,8 +77,14 @@ const VALIDATORS: [&str; 6] = [
 pub(crate) struct HttpSurfaceRoute {
     config: Arc<Config>,
     paths: Paths,
+    operations: Operations,
     cache: CacheMode,
     max_body: u64,
+    /// The per-client rate limits (the surface's is counted apart from the MCP path's).
+    rates: Arc<RateLimits>,
+    /// The surface's requests being served (every worker's), apart from the MCP path's and
+    /// bounded the same (`EPODE_SIDECAR_MAX_IN_FLIGHT`), so neither can fill the other's.
+    in_flight: Gate,
     binding: Arc<FeedbackBinding>,
     metrics: Arc<Metrics>,
     budget: Arc<MemoryBudget>,
@@ -98,6 +112,7 @@ impl HttpSurfaceRoute {
         binding: Arc<FeedbackBinding>,
         metrics: Arc<Metrics>,
         budget: Arc<MemoryBudget>,
+        rates: Arc<RateLimits>,
         observer: Option<Arc<dyn Observer>>,
     ) -> Result<Option<Arc<Self>>, String> {
         let Some(settings) = config.http.clone() else {
@@ -107,6 +122,7 @@ impl HttpSurfaceRoute {
             max_body,
             cache_mode,
             exclude,
+            routes,
             ..
         } = settings;
         let paths = Paths::new(&exclude).map_err(|e| format!("EPODE_SIDECAR_HTTP_EXCLUDE: {e}"))?;
@@ -114,8 +130,11 @@ impl HttpSurfaceRoute {
         let reasons = Skip::ALL.map(Skip::label);
         metrics.preregister_http(&surfaces, &reasons);
         Ok(Some(Arc::new(HttpSurfaceRoute {
+            in_flight: Gate::new(config.limits.max_in_flight),
             config,
             paths,
+            operations: Operations::new(&routes),
+            rates,
             cache: match cache_mode {
                 HttpCacheMode::Safe => CacheMode::Safe,
                 HttpCacheMode::Private => CacheMode::Private,
@@ -132,17 +151,18 @@ impl HttpSurfaceRoute {
         })))
     }
 
-    /// One request to the HTTP surface, proxied through `upstream` (the worker's own view) and
-    /// instrumented.
+    /// One request to the HTTP surface from `peer`, proxied through `upstream` (the worker's
+    /// own view) and instrumented.
     pub(crate) async fn serve(
         &self,
         upstream: &Upstream,
         req: Request<Incoming>,
+        peer: SocketAddr,
     ) -> Response<Body> {
         let started = Instant::now();
         let started_at = SystemTime::now();
         let (parts, body) = req.into_parts();
-        let (resp, served) = self.proxy(upstream, &parts, body, started).await;
+        let (resp, served) = self.proxy(upstream, &parts, body, peer, started).await;
         self.count(&served);
         if let Some(observer) = &self.observer {
             let (surface, state, skipped, interaction_id) = match &served {
@@ -209,6 +229,7 @@ impl HttpSurfaceRoute {
         upstream: &Upstream,
         parts: &Parts,
         body: Incoming,
+        peer: SocketAddr,
         started: Instant,
     ) -> (Response<Body>, Served) {
         if let Err(e) = crate::frontdoor::check_host(&self.config.allowed_hosts, parts) {
@@ -217,6 +238,10 @@ impl HttpSurfaceRoute {
                 Served::Refused,
             );
         }
+        let _in_flight = match self.admit(parts, peer) {
+            Ok(permit) => permit,
+            Err(e) => return (refusal(&e), Served::Refused),
+        };
         let Some(hop) = upstream.http() else {
             // The configuration refuses the surface with a stdio upstream.
             return (
@@ -288,6 +313,30 @@ impl HttpSurfaceRoute {
         self.instrument(parts, head, (bytes, held), kind, identity, started)
     }
 
+    /// The limits checked before the body is read, as on the MCP path: the client's rate
+    /// (counted on the surface apart from the MCP path) and the surface's requests in flight.
+    /// `Ok` holds the request's place in flight; `Err` is the refusal (with its `Retry-After`).
+    fn admit(&self, parts: &Parts, peer: SocketAddr) -> Result<Permit, Error> {
+        let client = self.rates.client_address(peer, &parts.headers);
+        if let Err(wait) = self.rates.check_surface_client(client) {
+            self.metrics.limit(LimitKind::ClientRate);
+            let e = Error::new(
+                Kind::RateLimited {
+                    retry_after: retry_after_secs(wait),
+                },
+                "this client sent more requests than its rate limit allows (EPODE_SIDECAR_RATE_LIMIT, counted on the HTTP surface apart from the MCP path)",
+            );
+            return Err(e);
+        }
+        self.in_flight.try_enter().ok_or_else(|| {
+            self.metrics.limit(LimitKind::InFlight);
+            Error::new(
+                Kind::Overloaded { retry_after: 1 },
+                "the HTTP surface is serving as many requests as it may at once (EPODE_SIDECAR_MAX_IN_FLIGHT)",
+            )
+        })
+    }
+
     /// A held candidate body, instrumented unless its content says otherwise.
     fn instrument(
         &self,
@@ -298,7 +347,7 @@ impl HttpSurfaceRoute {
         identity: AppIdentity,
         started: Instant,
     ) -> (Response<Body>, Served) {
-        let Some(operation) = operation::normalise(parts.uri.path()) else {
+        let Some(operation) = self.operations.of(parts.uri.path()) else {
             return untouched(head, bytes, held, Skip::InvalidOperation);
         };
         let surface = match surface_of(kind, &bytes) {
@@ -428,7 +477,7 @@ impl HttpSurfaceRoute {
         // Identity comes from the app's response only, never from the client.
         headers.remove(IDENTITY_HEADER);
         headers.insert(header::HOST, hop.host().clone());
-        hop.send(req).await.map_err(|e| refusal(&e))
+        hop.send_surface(req).await.map_err(|e| refusal(&e))
     }
 }
 

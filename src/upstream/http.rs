@@ -16,7 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 
 use super::dns::Resolver;
 pub(crate) use super::pool::PooledBody;
-use super::pool::{ConnectionBound, Connector, IdleBound, Pool, PoolError};
+use super::pool::{ConnectionBound, Connector, IdleBound, Pool, PoolError, Share};
 use super::ready::NotReady;
 use crate::config::UpstreamTarget;
 use crate::error::{Error, Kind};
@@ -95,6 +95,8 @@ pub(crate) struct HttpBounds {
     pub(crate) timeout: Duration,
     pub(crate) idle: IdleBound,
     pub(crate) max_connections: usize,
+    /// With the HTTP surface on: how many of them the surface may hold at once.
+    pub(crate) surface_connections: Option<usize>,
     pub(crate) wait: Duration,
     pub(crate) on_limit: OnLimit,
     /// Counts the connections open.
@@ -137,12 +139,18 @@ impl HttpUpstream {
             timeout,
             idle,
             max_connections,
+            surface_connections,
             wait,
             on_limit,
             gauge,
         } = bounds;
         // The wait is part of the time the answer's head has.
-        let gate = ConnectionBound::new(max_connections, wait.min(timeout), gauge);
+        let gate = ConnectionBound::new(
+            max_connections,
+            surface_connections,
+            wait.min(timeout),
+            gauge,
+        );
         HttpUpstream {
             pool: pool(&target, timeout, idle, &gate, &tls, &resolver),
             idle,
@@ -232,19 +240,33 @@ impl HttpUpstream {
         Ok(self.send(req).await?.status())
     }
 
-    pub(crate) async fn send(
+    /// Sends a request of the MCP path (or the sidecar's own).
+    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<PooledBody>, Error> {
+        self.send_for(req, Share::Mcp).await
+    }
+
+    /// Sends a request of the HTTP surface, within the surface's share of the connections.
+    pub(crate) async fn send_surface(
         &self,
         req: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, Error> {
-        match tokio::time::timeout(self.timeout, self.pool.send(req)).await {
+        self.send_for(req, Share::Surface).await
+    }
+
+    async fn send_for(
+        &self,
+        req: Request<Full<Bytes>>,
+        share: Share,
+    ) -> Result<Response<PooledBody>, Error> {
+        match tokio::time::timeout(self.timeout, self.pool.send_for(req, share)).await {
             Err(_) => Err(Error::new(Kind::UpstreamTimeout(self.timeout), "")),
             Ok(Err(PoolError::Connect(e))) => Err(Error::new(Kind::UpstreamUnreachable, e)),
             Ok(Err(PoolError::Request(e))) => {
                 Err(Error::new(Kind::UpstreamFailed, super::pool::chain(&e)))
             }
-            Ok(Err(PoolError::Busy(waited))) => {
+            Ok(Err(PoolError::Busy(waited, share))) => {
                 (self.on_limit)(LimitKind::UpstreamConnections);
-                Err(busy(waited))
+                Err(busy(waited, share))
             }
             Ok(Ok(mut resp)) => {
                 // A 404 (a wrong path, until the probe reads it) or a 5xx is no sign of health.
@@ -310,10 +332,10 @@ impl HttpUpstream {
                     format!("the upstream {url} failed: {}", super::pool::chain(&e)),
                 ))
             }
-            Ok(Err(PoolError::Busy(waited))) => {
+            Ok(Err(PoolError::Busy(waited, share))) => {
                 return Err(NotReady::passing(
                     "every connection to the upstream MCP server is busy",
-                    busy(waited).to_string(),
+                    busy(waited, share).to_string(),
                 ))
             }
             Ok(Ok(resp)) => resp,
@@ -341,12 +363,18 @@ impl HttpUpstream {
 /// Why readiness cannot be told (no request could be made): no address to hide.
 const PROBE_NOT_BUILT: &str = "the readiness probe could not be built";
 
-/// Every connection to the upstream the process may open was busy for `waited`.
-fn busy(waited: Duration) -> Error {
+/// Every connection to the upstream the process may open (or the path's share of them) was
+/// busy for `waited`.
+fn busy(waited: Duration, share: Option<Share>) -> Error {
+    let which = match share {
+        None => "it may open (EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS)",
+        Some(Share::Mcp) => "the MCP path may hold (EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS less the HTTP surface's share, EPODE_SIDECAR_HTTP_UPSTREAM_SHARE)",
+        Some(Share::Surface) => "the HTTP surface may hold (its share, EPODE_SIDECAR_HTTP_UPSTREAM_SHARE of EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS)",
+    };
     Error::new(
         Kind::Overloaded { retry_after: 1 },
         format!(
-            "every connection to the upstream it may open (EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS) stayed busy for {}, so the request was not sent",
+            "every connection to the upstream {which} stayed busy for {}, so the request was not sent",
             humantime::format_duration(waited)
         ),
     )

@@ -105,6 +105,10 @@ impl Upstream {
                         timeout: config.limits.upstream_idle_timeout,
                     },
                     max_connections: config.limits.upstream_max_connections,
+                    surface_connections: config
+                        .http
+                        .as_ref()
+                        .map(|h| h.upstream_connections(config.limits.upstream_max_connections)),
                     wait: config.limits.upstream_wait,
                     on_limit: on_limit.clone(),
                     gauge: metrics.upstream_connections.clone(),

@@ -19,6 +19,11 @@
 //!   (503) and nothing is sent. While requests wait at the cap in one worker, an idle
 //!   connection of another is closed to make room, and a connection another worker gets back
 //!   is closed rather than kept idle.
+//! - With the HTTP surface on, the cap is shared out (`EPODE_SIDECAR_HTTP_UPSTREAM_SHARE`):
+//!   a request holds a place in its path's share ([`Share`]) from before it takes a connection
+//!   until it gives the connection back, so the surface's hanging requests never hold more
+//!   than its share, and the MCP path always has the rest (and the other way round). The wait
+//!   for a place and for a connection is one wait.
 //! - The connection goes back when the answer's body has been read to its end (to the first
 //!   request waiting for one, else to the idle stack); an answer dropped before its end
 //!   closes its connection (HTTP/1 cannot skip the rest).
@@ -79,9 +84,20 @@ pub(crate) enum PoolError {
     Connect(String),
     /// The request failed on its connection.
     Request(hyper::Error),
-    /// Every connection the process may open is busy, and none came free within the wait;
-    /// nothing was sent.
-    Busy(Duration),
+    /// Every connection the process may open (or, with `Some`, every one its path's share
+    /// allows) is busy, and none came free within the wait; nothing was sent.
+    Busy(Duration, Option<Share>),
+}
+
+/// Which path a request to the upstream is for. With the HTTP surface on, each holds at most
+/// its own share of the connections, so hanging requests of one never take every connection
+/// the other needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Share {
+    /// The MCP path (and the sidecar's own requests: readiness, sessions).
+    Mcp,
+    /// The HTTP surface.
+    Surface,
 }
 
 /// The process's bound on connections to the upstream, shared by every worker's pool.
@@ -97,12 +113,25 @@ pub(crate) struct ConnectionBound {
     pools: Mutex<Vec<Weak<PoolInner>>>,
     /// Connections open now (the metrics' gauge).
     gauge: Gauge,
+    /// With the HTTP surface on, the connections each path may hold at once (the MCP path's,
+    /// the surface's), adding up to the cap; `None`: every connection is the MCP path's.
+    shares: Option<[Gate; 2]>,
 }
 
 impl ConnectionBound {
-    /// At most `max` connections; a request waits up to `wait` for one; `gauge` counts those
-    /// open.
-    pub(crate) fn new(max: usize, wait: Duration, gauge: Gauge) -> Arc<Self> {
+    /// At most `max` connections, of which the HTTP surface may hold `surface` at once (when
+    /// given: at most `max - 1`) and the MCP path the rest; a request waits up to `wait` for
+    /// one; `gauge` counts those open.
+    pub(crate) fn new(
+        max: usize,
+        surface: Option<usize>,
+        wait: Duration,
+        gauge: Gauge,
+    ) -> Arc<Self> {
+        let shares = surface.map(|s| {
+            let s = s.min(max.saturating_sub(1));
+            [Gate::new(max - s), Gate::new(s)]
+        });
         Arc::new(ConnectionBound {
             open: Gate::new(max),
             opening: Gate::new(OPENING),
@@ -110,7 +139,28 @@ impl ConnectionBound {
             waiting: AtomicUsize::new(0),
             pools: Mutex::new(Vec::new()),
             gauge,
+            shares,
         })
+    }
+
+    /// The place in its path's share a request holds while it uses a connection (`Ok(None)`
+    /// when there are no shares), waiting until `deadline` at most.
+    async fn share(
+        &self,
+        share: Share,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<Permit>, PoolError> {
+        let Some(shares) = &self.shares else {
+            return Ok(None);
+        };
+        let gate = &shares[share as usize];
+        if let Some(permit) = gate.try_enter() {
+            return Ok(Some(permit));
+        }
+        tokio::select! {
+            permit = gate.enter() => Ok(permit),
+            () = tokio::time::sleep_until(deadline) => Err(PoolError::Busy(self.wait, Some(share))),
+        }
     }
 
     /// The right to open a connection now, if the bounds allow it.
@@ -301,22 +351,35 @@ impl Pool {
         self.shared.reap()
     }
 
-    /// Sends `req` (origin-form URI, `Host` set) and returns the answer's head; its body
-    /// streams from the connection, which returns to the pool at the body's end.
+    /// Sends `req` (origin-form URI, `Host` set) for the MCP path and returns the answer's
+    /// head; its body streams from the connection, which returns to the pool at the body's end.
     pub(crate) async fn send(
         &self,
-        mut req: Request<Full<Bytes>>,
+        req: Request<Full<Bytes>>,
     ) -> Result<Response<PooledBody>, PoolError> {
+        self.send_for(req, Share::Mcp).await
+    }
+
+    /// [`Pool::send`] for `share`'s path: the request holds a place in that path's share
+    /// until its connection is given back.
+    pub(crate) async fn send_for(
+        &self,
+        mut req: Request<Full<Bytes>>,
+        share: Share,
+    ) -> Result<Response<PooledBody>, PoolError> {
+        // One wait for both the share and a connection.
+        let deadline = tokio::time::Instant::now() + self.shared.gate.wait;
+        let place = self.shared.gate.share(share, deadline).await?;
         // A connection used before may turn out closed, and then the request comes back
         // unsent. A fresh connection's failure is final.
         loop {
-            match self.checkout().await? {
+            match self.checkout(deadline).await? {
                 Conn::Warm(mut sender) => {
                     if sender.ready().await.is_err() {
                         continue;
                     }
                     match sender.try_send_request(req).await {
-                        Ok(resp) => return Ok(self.pooled(resp, sender)),
+                        Ok(resp) => return Ok(self.pooled(resp, sender, place)),
                         Err(mut e) => match e.take_message() {
                             Some(back) => req = back,
                             None => return Err(PoolError::Request(e.into_error())),
@@ -325,7 +388,7 @@ impl Pool {
                 }
                 Conn::New(mut sender) => {
                     return match sender.send_request(req).await {
-                        Ok(resp) => Ok(self.pooled(resp, sender)),
+                        Ok(resp) => Ok(self.pooled(resp, sender, place)),
                         Err(e) => Err(PoolError::Request(e)),
                     }
                 }
@@ -334,8 +397,8 @@ impl Pool {
     }
 
     /// An idle connection, else a new one if the bounds allow it now, else the first of a
-    /// connection given back and a new one to come, within the gate's wait.
-    async fn checkout(&self) -> Result<Conn, PoolError> {
+    /// connection given back and a new one to come, until `deadline`.
+    async fn checkout(&self, deadline: tokio::time::Instant) -> Result<Conn, PoolError> {
         if let Some(sender) = self.shared.take() {
             return Ok(Conn::Warm(sender));
         }
@@ -353,7 +416,7 @@ impl Pool {
             biased;
             Ok(sender) = &mut back => return Ok(Conn::Warm(sender)),
             slot = gate.slot() => slot,
-            () = tokio::time::sleep(gate.wait) => None,
+            () = tokio::time::sleep_until(deadline) => None,
         };
         // A connection given back meanwhile is taken rather than a new one opened.
         back.close();
@@ -362,12 +425,17 @@ impl Pool {
         }
         match slot {
             Some(slot) => self.connect(slot).await.map(Conn::New),
-            None => Err(PoolError::Busy(gate.wait)),
+            None => Err(PoolError::Busy(gate.wait, None)),
         }
     }
 
-    fn pooled(&self, resp: Response<Incoming>, sender: Sender) -> Response<PooledBody> {
-        resp.map(|body| PooledBody::new(body, sender, &self.shared))
+    fn pooled(
+        &self,
+        resp: Response<Incoming>,
+        sender: Sender,
+        place: Option<Permit>,
+    ) -> Response<PooledBody> {
+        resp.map(|body| PooledBody::new(body, sender, &self.shared, place))
     }
 
     async fn connect(&self, slot: Slot) -> Result<Sender, PoolError> {
@@ -439,13 +507,17 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 pub(crate) struct PooledBody {
     body: Incoming,
     back: Option<(Sender, Weak<PoolInner>)>,
+    /// The request's place in its path's share: given back with the connection (or when the
+    /// body is dropped, which closes it).
+    place: Option<Permit>,
 }
 
 impl PooledBody {
-    fn new(body: Incoming, sender: Sender, shared: &Arc<PoolInner>) -> Self {
+    fn new(body: Incoming, sender: Sender, shared: &Arc<PoolInner>, place: Option<Permit>) -> Self {
         let mut b = PooledBody {
             body,
             back: Some((sender, Arc::downgrade(shared))),
+            place,
         };
         // An empty body (a 202, say) may never be read.
         if b.body.is_end_stream() {
@@ -455,6 +527,8 @@ impl PooledBody {
     }
 
     fn give_back(&mut self) {
+        // The place in the share goes with the connection.
+        self.place = None;
         if let Some((sender, shared)) = self.back.take() {
             if let Some(shared) = shared.upgrade() {
                 shared.put(sender);
@@ -477,7 +551,10 @@ impl http_body::Body for PooledBody {
             Poll::Ready(None) => this.give_back(),
             Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.give_back(),
             // An error ends the connection; its sender is dropped with this body.
-            Poll::Ready(Some(Err(_))) => this.back = None,
+            Poll::Ready(Some(Err(_))) => {
+                this.back = None;
+                this.place = None;
+            }
             _ => {}
         }
         polled

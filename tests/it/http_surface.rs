@@ -5,7 +5,9 @@
 //! the discovery link, the identity header never reaching the client, one telemetry event per
 //! instrumented response; every skip reason counted under its label; a 10 MB body and endless
 //! streams passed through within the limits; methods, headers, bodies and statuses untouched;
-//! and, with the surface off, nothing changed.
+//! and, with the surface off, nothing changed. Against a scripted product (issue 30): no token,
+//! name or address reaches Epode in an operation (the route templates too), and the surface and
+//! the MCP path cannot starve each other (connection shares, rate and in-flight limits).
 
 use crate::support::fake_epode::{
     http_envelope_errors, FakeConfig, FakeEpode, HandleClaims, DEMO_PRODUCT_KEY,
@@ -903,8 +905,11 @@ async fn every_skip_reason_is_counted_under_its_label() {
         "a skipped shared-cacheable response keeps its Cache-Control"
     );
 
-    let weird = get(&r.sc, "/weird/a%20b", user).await;
-    untouched(&weird, br#"{"weird": "a b"}"#, "/weird/a%20b");
+    // Forty route words: an operation past Epode's 160 characters (an escaped or id-like
+    // segment is collapsed, never refused: `every_segment_that_is_no_route_word_…`).
+    let deep = format!("/deep/{}", "abcd/".repeat(40));
+    let deep_got = get(&r.sc, &deep, user).await;
+    untouched(&deep_got, br#"{"deep": true}"#, "/deep/abcd/…");
 
     let big = get(&r.sc, "/big", user).await;
     assert_eq!(big.body.len(), BIG_SIZE, "/big: every byte delivered");
@@ -1328,4 +1333,391 @@ async fn a_request_body_past_the_limit_gets_413_naming_the_setting() {
     .await;
     assert_eq!(small.status, 200, "{}", small.text());
     assert_eq!(small.json()["body"], "small");
+}
+
+// ---------------------------------------------------------------------------------------
+// Operations without personal data; the surface beside MCP under load (issue 30, rows 13, 14)
+// ---------------------------------------------------------------------------------------
+
+/// A product (scripted) that answers every GET with a JSON object, `GET /hang…` never, every
+/// `tools/call` at once but one of the tool `hang`, which it never answers.
+fn product() -> Scripted {
+    ScriptedUpstream::new()
+        .when(
+            |r| r.http_method() == "GET" && r.head.starts_with("GET /hang"),
+            Reply::silent(),
+        )
+        .when(|r| r.http_method() == "GET", Reply::json(r#"{"ok": true}"#))
+        .when(|r| r.tool() == Some("hang"), Reply::silent())
+        .on(
+            "tools/call",
+            Reply::result(json!({"content": [{"type": "text", "text": "done"}], "isError": false})),
+        )
+        .start()
+}
+
+/// A sidecar with the surface on in front of `up` (feedback off, a 2026 upstream).
+fn surface_sidecar(up: &Scripted, extra: &[(&str, &str)]) -> Sidecar {
+    let mut env = vec![
+        ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+        ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+    ];
+    env.extend_from_slice(extra);
+    Sidecar::start(&up.url(), &env)
+}
+
+/// One MCP `tools/call` of `tool`: its status and body.
+async fn call(sc: &Sidecar, tool: &str, id: u64) -> (u16, Value) {
+    let body = modern_body(
+        json!(id),
+        "tools/call",
+        json!({"name": tool, "arguments": {}}),
+    );
+    let resp = post_modern(&sc.url(), "tools/call", Some(tool), &body).await;
+    let status = resp.status().as_u16();
+    let text = resp.text().await.unwrap();
+    let v = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{status}: not JSON: {text}"));
+    (status, v)
+}
+
+/// How many requests the product received for which `f` holds.
+fn received(up: &Scripted, f: impl Fn(&Request) -> bool) -> usize {
+    up.requests().iter().filter(|r| f(r)).count()
+}
+
+/// Starts `n` requests that never get an answer from the product, in the background.
+fn hanging(
+    sc: &Sidecar,
+    n: usize,
+    f: impl Fn(&Sidecar, usize) -> reqwest::RequestBuilder,
+) -> Vec<tokio::task::JoinHandle<Got>> {
+    (0..n)
+        .map(|i| {
+            let req = f(sc, i);
+            tokio::spawn(send(req))
+        })
+        .collect()
+}
+
+/// Issue 30 row 13: Epode's contract forbids deriving anything from names, e-mails or caller
+/// input, so no token, name or address reaches Epode as (part of) an operation: each segment
+/// that is not a route word is `:id`, and the operator's templates name what the default gets
+/// wrong (`/users/jane/orders/7` would keep `jane`).
+#[tokio::test]
+async fn every_segment_that_is_no_route_word_reaches_epode_as_id() {
+    let up = product();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[
+            ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+            ("EPODE_SIDECAR_TELEMETRY_FLUSH", "20ms"),
+            (
+                "EPODE_SIDECAR_HTTP_ROUTES",
+                "/users/{id}/orders/{id}, /Reports/{year}",
+            ),
+        ],
+    );
+    let jwt = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJqYW5lQGV4YW1wbGUuY29tIn0.c2lnbmF0dXJlLXNpZ25hdHVyZQ";
+    let cases = [
+        (format!("/reset/{jwt}"), "/reset/:id"),
+        ("/invite/Xk9fQ2mZ7pLw".to_owned(), "/invite/:id"),
+        ("/search/jane-doe-1985".to_owned(), "/search/:id"),
+        (
+            "/accounts/john.smith/orders/42".to_owned(),
+            "/accounts/:id/orders/:id",
+        ),
+        (
+            "/profiles/jane%40example.com?tab=orders".to_owned(),
+            "/profiles/:id",
+        ),
+        ("/profiles/jane@example.com".to_owned(), "/profiles/:id"),
+        ("/weird/a%20b".to_owned(), "/weird/:id"),
+        ("/api/v2/orders/A-1001".to_owned(), "/api/v2/orders/:id"),
+        // The template: the default alone would have kept the name.
+        ("/users/jane/orders/7".to_owned(), "/users/:id/orders/:id"),
+        ("/users/jane/orders/7/".to_owned(), "/users/:id/orders/:id"),
+        // A template's literals are the operator's, kept as written.
+        ("/Reports/2024".to_owned(), "/Reports/:id"),
+        ("/api/v2/orders".to_owned(), "/api/v2/orders"),
+    ];
+    let mut claims = Vec::new();
+    for (path, _) in &cases {
+        let got = get(&sc, path, None).await;
+        claims.push(instrumented(&got, &epode, path).1);
+    }
+    let all = events(&epode, cases.len()).await;
+    for ((path, want), claims) in cases.iter().zip(&claims) {
+        let e = event_for(&all, claims);
+        assert_eq!(e["operation"], *want, "the operation of {path}: {e}");
+        check_event(e, "http_json", want, 200);
+    }
+    let sent = serde_json::to_string(&all).unwrap();
+    for secret in [
+        "eyJ", "Xk9f", "jane", "john", "smith", "1985", "example", "A-1001", "2024", "%",
+    ] {
+        assert!(
+            !sent.contains(secret),
+            "`{secret}` of a path reached Epode: {all:#?}"
+        );
+    }
+}
+
+/// A bad template is refused at start with a message naming the setting and the template.
+#[test]
+fn a_bad_route_template_is_refused_at_start_by_name() {
+    let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+        .arg("--check-config")
+        .env_clear()
+        .env("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:9/mcp")
+        .env("AGENT_FEEDBACK_MODE", "off")
+        .env("EPODE_SIDECAR_HTTP_SURFACE", "on")
+        .env("EPODE_SIDECAR_HTTP_ROUTES", "/users/{id}, /orders/{id")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("EPODE_SIDECAR_HTTP_ROUTES")
+            && err.contains("`/orders/{id`")
+            && err.contains("{name}"),
+        "{err}"
+    );
+}
+
+/// Issue 30 row 14: with 4 upstream connections, four surface requests the product never
+/// answers hold only the surface's share (2): the two past it get 503 with `Retry-After`
+/// after the wait, nothing sent, and every MCP call meanwhile is served.
+#[tokio::test]
+async fn hanging_surface_requests_leave_the_mcp_path_its_connections() {
+    let up = product();
+    let sc = surface_sidecar(
+        &up,
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS", "4"),
+            ("EPODE_SIDECAR_UPSTREAM_WAIT", "300ms"),
+            ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "2m"),
+        ],
+    );
+    let stuck = hanging(&sc, 4, |sc, i| {
+        client().get(format!("{}/hang/{i}", sc.base()))
+    });
+    let held = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(received(&up, |r| r.head.starts_with("GET /hang")) == 2)
+    })
+    .await;
+    assert!(
+        held,
+        "two hanging surface requests should reach the product: {:?}",
+        up.requests()
+    );
+    // The two past the surface's share: refused after the wait, not sent.
+    let refused = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(stuck.iter().filter(|h| h.is_finished()).count() == 2)
+    })
+    .await;
+    assert!(
+        refused,
+        "two surface requests past the share should be refused"
+    );
+    let mut still = Vec::new();
+    for h in stuck {
+        if h.is_finished() {
+            let got = h.await.unwrap();
+            assert_eq!(got.status, 503, "{}", got.text());
+            assert_eq!(got.header("retry-after").as_deref(), Some("1"));
+            assert!(
+                got.text().contains("EPODE_SIDECAR_HTTP_UPSTREAM_SHARE"),
+                "{}",
+                got.text()
+            );
+        } else {
+            still.push(h);
+        }
+    }
+    assert_eq!(still.len(), 2);
+    // The MCP path has its own two connections: every call is served, at once.
+    for id in 0..10 {
+        let started = Instant::now();
+        let (status, v) = call(&sc, "work", id).await;
+        assert_eq!(status, 200, "MCP call {id} while the surface hangs: {v}");
+        assert_eq!(v["result"]["content"][0]["text"], "done", "{v}");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+    assert_eq!(
+        received(&up, |r| r.head.starts_with("GET /hang")),
+        2,
+        "nothing refused was sent"
+    );
+    for h in still {
+        h.abort();
+    }
+}
+
+/// And the other way round: MCP calls the product never answers hold only the MCP path's
+/// share, and the surface is served beside them.
+#[tokio::test]
+async fn hanging_mcp_calls_leave_the_surface_its_connections() {
+    let up = product();
+    let sc = surface_sidecar(
+        &up,
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS", "4"),
+            ("EPODE_SIDECAR_UPSTREAM_WAIT", "300ms"),
+            ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "2m"),
+        ],
+    );
+    let calls: Vec<_> = (0..4)
+        .map(|id| {
+            let url = sc.url();
+            tokio::spawn(async move {
+                let body = modern_body(
+                    json!(id),
+                    "tools/call",
+                    json!({"name": "hang", "arguments": {}}),
+                );
+                post_modern(&url, "tools/call", Some("hang"), &body)
+                    .await
+                    .status()
+                    .as_u16()
+            })
+        })
+        .collect();
+    let held = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(received(&up, |r| r.tool() == Some("hang")) == 2)
+    })
+    .await;
+    assert!(
+        held,
+        "two hanging calls should reach the product: {:?}",
+        up.methods()
+    );
+    let refused = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(calls.iter().filter(|h| h.is_finished()).count() == 2)
+    })
+    .await;
+    assert!(
+        refused,
+        "two calls past the MCP path's share should be refused"
+    );
+    for id in 0..10 {
+        let got = get(&sc, &format!("/ok/{id}"), None).await;
+        assert_eq!(
+            got.status,
+            200,
+            "surface request {id} while MCP hangs: {}",
+            got.text()
+        );
+        assert_eq!(got.json(), json!({"ok": true}));
+    }
+    let mut statuses = Vec::new();
+    for h in calls {
+        if h.is_finished() {
+            statuses.push(h.await.unwrap());
+        } else {
+            h.abort();
+        }
+    }
+    assert_eq!(statuses, [503, 503]);
+    assert_eq!(received(&up, |r| r.tool() == Some("hang")), 2);
+}
+
+/// The per-client rate limit holds on the surface (429 with `Retry-After`, nothing sent), counted
+/// apart from the MCP path: the same client's MCP calls keep their own allowance.
+#[tokio::test]
+async fn the_client_rate_limit_counts_surface_requests() {
+    let up = product();
+    let sc = surface_sidecar(&up, &[("EPODE_SIDECAR_RATE_LIMIT", "2/s")]);
+    let started = Instant::now();
+    let (mut passed, mut limited) = (0_u64, 0_u64);
+    for i in 0..60 {
+        let got = get(&sc, &format!("/ok/{i}"), None).await;
+        match got.status {
+            200 => passed += 1,
+            429 => {
+                limited += 1;
+                let after: u64 = got
+                    .header("retry-after")
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                assert!((1..=2).contains(&after), "Retry-After {after}");
+                assert!(
+                    got.text().contains("EPODE_SIDECAR_RATE_LIMIT"),
+                    "{}",
+                    got.text()
+                );
+            }
+            other => panic!("surface GET {i}: {other} {}", got.text()),
+        }
+    }
+    // A burst of 2, then 2 a second.
+    let allowed = 2 + 2 * started.elapsed().as_secs() + 2;
+    assert!(
+        limited > 0 && passed <= allowed,
+        "{passed} passed, {limited} limited, at most {allowed} allowed"
+    );
+    assert_eq!(
+        received(&up, |r| r.head.starts_with("GET /ok/")) as u64,
+        passed,
+        "a limited request is not sent"
+    );
+    let (status, v) = call(&sc, "work", 1).await;
+    assert_eq!(status, 200, "the MCP path counts its own allowance: {v}");
+    let text = metrics(&sc).await;
+    let hits = metric_value(
+        &text,
+        "epode_sidecar_limits_hit_total{kind=\"client_rate\"}",
+    );
+    assert_eq!(hits, limited, "{text}");
+}
+
+/// The surface's requests in flight are bounded as the MCP path's (`EPODE_SIDECAR_MAX_IN_FLIGHT`)
+/// and counted apart: past it 503 with `Retry-After` at once, and the MCP path still serves.
+#[tokio::test]
+async fn the_surface_has_its_own_in_flight_bound() {
+    let up = product();
+    let sc = surface_sidecar(
+        &up,
+        &[
+            ("EPODE_SIDECAR_MAX_IN_FLIGHT", "2"),
+            ("EPODE_SIDECAR_UPSTREAM_TIMEOUT", "2m"),
+        ],
+    );
+    let stuck = hanging(&sc, 2, |sc, i| {
+        client().get(format!("{}/hang/{i}", sc.base()))
+    });
+    let held = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(received(&up, |r| r.head.starts_with("GET /hang")) == 2)
+    })
+    .await;
+    assert!(held, "{:?}", up.requests());
+    let started = Instant::now();
+    let third = get(&sc, "/ok/1", None).await;
+    assert_eq!(third.status, 503, "{}", third.text());
+    assert_eq!(third.header("retry-after").as_deref(), Some("1"));
+    assert!(
+        third.text().contains("EPODE_SIDECAR_MAX_IN_FLIGHT"),
+        "{}",
+        third.text()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(received(&up, |r| r.head.starts_with("GET /ok/")), 0);
+    let (status, v) = call(&sc, "work", 1).await;
+    assert_eq!(
+        status, 200,
+        "the MCP path has its own requests in flight: {v}"
+    );
+    for h in stuck {
+        h.abort();
+    }
 }

@@ -254,6 +254,11 @@ def build(with_mcp: bool) -> FastAPI:
     async def weird(name: str, request: Request):
         return raw(request, json.dumps({"weird": name}).encode(), J)
 
+    # Any depth: a path whose operation is longer than Epode accepts.
+    @get("/deep/{rest:path}")
+    async def deep(rest: str, request: Request):
+        return raw(request, b'{"deep": true}', J)
+
     @get("/internal/{name}")
     async def internal(name: str, request: Request):
         return raw(request, json.dumps({"internal": name}).encode(), J)

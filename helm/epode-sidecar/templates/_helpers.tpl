@@ -211,6 +211,8 @@ README.
   (list "EPODE_SIDECAR_HTTP_CACHE_MODE" "epode.httpSurface.cacheMode" $e.httpSurface.cacheMode)
   (list "EPODE_SIDECAR_HTTP_EXCLUDE" "epode.httpSurface.exclude" (join "," $e.httpSurface.exclude))
   (list "EPODE_SIDECAR_OPERATIONS_PREFIX" "epode.httpSurface.operationsPrefix" $e.httpSurface.operationsPrefix)
+  (list "EPODE_SIDECAR_HTTP_ROUTES" "epode.httpSurface.routes" (join "," $e.httpSurface.routes))
+  (list "EPODE_SIDECAR_HTTP_UPSTREAM_SHARE" "epode.httpSurface.upstreamShare" $e.httpSurface.upstreamShare)
   (list "EPODE_SIDECAR_TELEMETRY_QUEUE" "epode.telemetry.queue" $t.queue)
   (list "EPODE_SIDECAR_TELEMETRY_BATCH" "epode.telemetry.batch" $t.batch)
   (list "EPODE_SIDECAR_TELEMETRY_CONCURRENCY" "epode.telemetry.concurrency" $t.concurrency)

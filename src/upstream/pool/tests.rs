@@ -115,7 +115,7 @@ fn bounded(origin: Uri, max: usize, timeout: Duration) -> Pool {
         origin,
         max,
         timeout,
-        &ConnectionBound::new(10_000, Duration::from_secs(30), Gauge::default()),
+        &ConnectionBound::new(10_000, None, Duration::from_secs(30), Gauge::default()),
     )
 }
 
@@ -260,7 +260,7 @@ async fn no_idle_connections_kept_means_one_connection_per_request() {
 #[tokio::test]
 async fn at_the_cap_requests_wait_for_a_connection_given_back() {
     let (origin, counts) = server("x", 200, After::KeepAlive, None).await;
-    let gate = ConnectionBound::new(2, Duration::from_secs(30), Gauge::default());
+    let gate = ConnectionBound::new(2, None, Duration::from_secs(30), Gauge::default());
     // Two workers' pools under one cap.
     let pools = [
         capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate),
@@ -284,7 +284,7 @@ async fn past_the_wait_a_request_is_busy_and_not_sent() {
     // The first answer waits until a second request arrives, which never does.
     let gate_open = Arc::new(Barrier::new(2));
     let (origin, counts) = server("x", 200, After::KeepAlive, Some(gate_open)).await;
-    let gate = ConnectionBound::new(1, Duration::from_millis(50), Gauge::default());
+    let gate = ConnectionBound::new(1, None, Duration::from_millis(50), Gauge::default());
     let pool = capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate);
     let first = {
         let (pool, origin) = (pool.clone(), origin.clone());
@@ -299,10 +299,53 @@ async fn past_the_wait_a_request_is_busy_and_not_sent() {
         .await
         .expect("the first request reached the server");
     match pool.send(request(&origin)).await {
-        Err(PoolError::Busy(waited)) => assert_eq!(waited, Duration::from_millis(50)),
+        Err(PoolError::Busy(waited, None)) => assert_eq!(waited, Duration::from_millis(50)),
         other => panic!("expected busy, got {:?}", other.map(|r| r.status())),
     }
     assert_eq!(counts.requests.load(Ordering::SeqCst), 1);
     assert_eq!(counts.connections.load(Ordering::SeqCst), 1);
     first.abort();
+}
+
+#[tokio::test]
+async fn each_path_holds_at_most_its_share_and_leaves_the_other_its_own() {
+    let (origin, counts) = server("x", 200, After::KeepAlive, None).await;
+    // Three connections: one for the surface, two for MCP.
+    let gate = ConnectionBound::new(3, Some(1), Duration::from_millis(50), Gauge::default());
+    let pool = capped(origin.clone(), MAX_IDLE, Duration::from_secs(3), &gate);
+    let send = |share| pool.send_for(request(&origin), share);
+    // An answer not yet read holds its connection, and its place in the share.
+    let surface = send(Share::Surface).await.unwrap();
+    match send(Share::Surface).await {
+        Err(PoolError::Busy(_, Some(Share::Surface))) => {}
+        other => panic!(
+            "expected the surface's share busy, got {:?}",
+            other.map(|r| r.status())
+        ),
+    }
+    let mcp = [
+        send(Share::Mcp).await.unwrap(),
+        send(Share::Mcp).await.unwrap(),
+    ];
+    match send(Share::Mcp).await {
+        Err(PoolError::Busy(_, Some(Share::Mcp))) => {}
+        other => panic!(
+            "expected the MCP share busy, got {:?}",
+            other.map(|r| r.status())
+        ),
+    }
+    assert_eq!(
+        counts.requests.load(Ordering::SeqCst),
+        3,
+        "nothing busy was sent"
+    );
+    // A connection given back gives back its place: the next request of that path is served
+    // on it.
+    assert_eq!(&read(surface).await[..], b"x");
+    assert_eq!(&read(send(Share::Surface).await.unwrap()).await[..], b"x");
+    let [first, second] = mcp;
+    assert_eq!(&read(first).await[..], b"x");
+    assert_eq!(&read(send(Share::Mcp).await.unwrap()).await[..], b"x");
+    drop(second);
+    assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
 }
