@@ -168,7 +168,7 @@ impl Dispatcher {
     fn note(&self, seen: &mut Seen, request: &frontdoor::Request<'_>) {
         seen.method = method_label(request.method());
         if self.observer.is_some() && request.method() == "tools/call" {
-            seen.tool = request.env.name().map(|n| n.into_owned());
+            seen.tool = request.rpc.name().map(|n| n.into_owned());
         }
         seen.era = request.era.label();
     }

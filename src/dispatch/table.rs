@@ -71,12 +71,12 @@ impl Table {
         let client = &client;
         let feedback_tool = method == "tools/call"
             && req
-                .env
+                .rpc
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
         let ctx = self.context(req, abandoned);
         if method == "tools/call" {
-            let name = req.env.name().unwrap_or_default();
+            let name = req.rpc.name().unwrap_or_default();
             if let Err(wait) = self.rates.check_tool(&name) {
                 self.metrics.limit(LimitKind::ToolRate);
                 return Ok(ctx.local_result(tool_rate_limited(&name, wait)));
@@ -152,7 +152,7 @@ impl Table {
     ) -> Result<Response<Body>, Error> {
         let (_, discovery) = self.upstream.discover(client, None).await?;
         let discover = self.binding.with_instructions(discovery.result);
-        let requested = req.env.params.protocol_version.and_then(raw::as_str);
+        let requested = req.rpc.params.protocol_version.and_then(raw::as_str);
         let protocol = requested
             .as_deref()
             .filter(|v| version::is_legacy(v))
@@ -185,9 +185,9 @@ impl Table {
         ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
-        let name = req.env.name().unwrap_or_default();
+        let name = req.rpc.name().unwrap_or_default();
         let args = req
-            .env
+            .rpc
             .params
             .arguments
             .and_then(|a| serde_json::from_str(a.get()).ok())
@@ -205,7 +205,7 @@ impl Table {
         mut ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
-        let name = req.env.name().unwrap_or_default();
+        let name = req.rpc.name().unwrap_or_default();
         if self.binding.needs_listing(&name) {
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);

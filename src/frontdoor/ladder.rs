@@ -9,7 +9,7 @@ use http::HeaderMap;
 use crate::error::{Error, Kind};
 use crate::mcp::era::Era;
 use crate::mcp::headers::{self, HeaderRead};
-use crate::mcp::message::Envelope;
+use crate::mcp::message::RpcMessage;
 use crate::mcp::raw;
 use crate::mcp::version::{self, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
 
@@ -23,10 +23,10 @@ fn routed_name_key(method: &str) -> Option<&'static str> {
 }
 
 /// Classifies a request or notification and, for a modern one, runs the validation ladder.
-pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<Era, Error> {
-    let method = env.method.as_deref().unwrap_or_default();
+pub(crate) fn classify(headers: &HeaderMap, rpc: &RpcMessage<'_>) -> Result<Era, Error> {
+    let method = rpc.method.as_deref().unwrap_or_default();
     let header_version = headers::read(headers, headers::PROTOCOL_VERSION);
-    let claims_modern = env.has_meta_object() && env.meta.protocol_version.is_some();
+    let claims_modern = rpc.has_meta_object() && rpc.meta.protocol_version.is_some();
     let header_modern = match &header_version {
         HeaderRead::One(v) => !version::is_legacy(v),
         HeaderRead::Invalid(_) => true,
@@ -42,17 +42,17 @@ pub(crate) fn classify(headers: &HeaderMap, env: &Envelope<'_>) -> Result<Era, E
     if !claims_modern && !header_modern {
         return Ok(Era::Legacy);
     }
-    let is_notification = env.id.is_none();
+    let is_notification = rpc.id.is_none();
     // 1. The envelope; 2. the routing headers against the body; 3. the version.
-    let envelope_version = check_envelope(env, is_notification)?;
+    let envelope_version = check_envelope(rpc, is_notification)?;
     let version = check_version_header(header_version, envelope_version)?;
     if !is_notification {
         check_header(headers, headers::METHOD, "Mcp-Method", method)?;
         if let Some(key) = routed_name_key(method) {
             let raw = if key == "name" {
-                env.params.name
+                rpc.params.name
             } else {
-                env.params.uri
+                rpc.params.uri
             };
             let body_value = raw
                 .and_then(raw::as_str)
@@ -86,8 +86,8 @@ fn mismatch(detail: String) -> Error {
 
 /// The `_meta` envelope of a 2026 request (-32602 when it is incomplete; a notification is
 /// not held to it). Returns the version it names.
-fn check_envelope(env: &Envelope<'_>, is_notification: bool) -> Result<Option<String>, Error> {
-    if !env.has_params_object() {
+fn check_envelope(rpc: &RpcMessage<'_>, is_notification: bool) -> Result<Option<String>, Error> {
+    if !rpc.has_params_object() {
         if is_notification {
             return Ok(None);
         }
@@ -95,11 +95,11 @@ fn check_envelope(env: &Envelope<'_>, is_notification: bool) -> Result<Option<St
             "a 2026-07-28 request must carry params._meta with {ENVELOPE_KEYS}"
         )));
     }
-    if !env.has_meta_object() {
+    if !rpc.has_meta_object() {
         if is_notification {
             return Ok(None);
         }
-        let what = if env.params.meta.is_some() {
+        let what = if rpc.params.meta.is_some() {
             "must be an object"
         } else {
             "is missing"
@@ -108,7 +108,7 @@ fn check_envelope(env: &Envelope<'_>, is_notification: bool) -> Result<Option<St
             "params._meta {what}; a 2026-07-28 request must carry {ENVELOPE_KEYS} in it"
         )));
     }
-    let m = &env.meta;
+    let m = &rpc.meta;
     let version = m.protocol_version.and_then(raw::as_str);
     let mut missing = Vec::new();
     if version.is_none() {
@@ -175,10 +175,10 @@ mod tests {
                 HeaderValue::from_str(v).unwrap(),
             );
         }
-        let Inbound::Single(env) = parse(body.as_bytes()).unwrap() else {
+        let Inbound::Single(rpc) = parse(body.as_bytes()).unwrap() else {
             panic!()
         };
-        classify(&h, &env)
+        classify(&h, &rpc)
     }
 
     const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn ladder_errors() {
-        // Envelope missing under a modern header.
+        // The `_meta` envelope missing under a modern header.
         let bare = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
         assert_eq!(
             code(run(
@@ -244,7 +244,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(e.code(), -32602);
         assert!(e.to_string().contains("clientCapabilities"), "{e}");
-        // Envelope without the version header.
+        // A `_meta` envelope without the version header.
         assert_eq!(
             code(run(
                 &[("mcp-method", "tools/call"), ("mcp-name", "add")],

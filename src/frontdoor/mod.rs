@@ -20,7 +20,7 @@ pub(crate) use self::checks::{check_authority, check_host, read_body};
 use crate::config::Config;
 use crate::error::{Error, Kind};
 use crate::mcp::era::Era;
-use crate::mcp::message::{self, Envelope, Inbound};
+use crate::mcp::message::{self, Inbound, RpcMessage};
 
 /// A validated request: its era is known and its routing headers agree with its body.
 pub(crate) struct Request<'a> {
@@ -28,13 +28,13 @@ pub(crate) struct Request<'a> {
     /// The body exactly as the client sent it.
     pub(crate) bytes: &'a Bytes,
     pub(crate) id: &'a RawValue,
-    pub(crate) env: Envelope<'a>,
+    pub(crate) rpc: RpcMessage<'a>,
     pub(crate) era: Era,
 }
 
 impl Request<'_> {
     pub(crate) fn method(&self) -> &str {
-        self.env.method.as_deref().unwrap_or_default()
+        self.rpc.method.as_deref().unwrap_or_default()
     }
 }
 
@@ -68,8 +68,8 @@ pub(crate) fn admit<'a>(
     parts: &'a Parts,
     bytes: &'a Bytes,
 ) -> Result<Option<Request<'a>>, (Error, Option<&'a RawValue>)> {
-    let env = match message::parse(bytes)? {
-        Inbound::Single(env) => env,
+    let rpc = match message::parse(bytes)? {
+        Inbound::Single(rpc) => rpc,
         Inbound::Batch => {
             return Err((
                 Error::new(
@@ -80,13 +80,13 @@ pub(crate) fn admit<'a>(
             ))
         }
     };
-    if env.method.is_none() {
+    if rpc.method.is_none() {
         // A 2025-era client may post a response to a server request; with no sessions there
         // is nothing it can answer, so it is accepted and dropped.
         return Ok(None);
     }
-    let era = ladder::classify(&parts.headers, &env).map_err(|e| (e, env.id))?;
-    let Some(id) = env.id else {
+    let era = ladder::classify(&parts.headers, &rpc).map_err(|e| (e, rpc.id))?;
+    let Some(id) = rpc.id else {
         // 2026 defines no client notifications over HTTP; 2025's (initialized, cancelled)
         // mean nothing to a stateless front.
         return Ok(None);
@@ -95,7 +95,7 @@ pub(crate) fn admit<'a>(
         parts,
         bytes,
         id,
-        env,
+        rpc,
         era,
     }))
 }

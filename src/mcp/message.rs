@@ -14,7 +14,7 @@ use crate::error::{Error, Kind};
 
 /// The parts of one JSON-RPC message the front door reads.
 #[derive(Debug, Deserialize)]
-pub(crate) struct Envelope<'a> {
+pub(crate) struct RpcMessage<'a> {
     /// Present (even as `null`, which is refused) or absent (a notification).
     #[serde(borrow, default, deserialize_with = "present")]
     pub(crate) id: Option<&'a RawValue>,
@@ -65,7 +65,7 @@ pub(crate) struct Meta<'a> {
     pub(crate) client_capabilities: Option<&'a RawValue>,
 }
 
-impl Envelope<'_> {
+impl RpcMessage<'_> {
     /// `params.name` as a string (the tool or prompt name), when it is one.
     pub(crate) fn name(&self) -> Option<Cow<'_, str>> {
         self.params.name.and_then(as_str)
@@ -84,7 +84,7 @@ impl Envelope<'_> {
 
 #[derive(Debug)]
 pub(crate) enum Inbound<'a> {
-    Single(Envelope<'a>),
+    Single(RpcMessage<'a>),
     /// A JSON array (a 2025-03-26 batch); well-formed JSON, not inspected further.
     Batch,
 }
@@ -99,7 +99,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
     let first = body.iter().find(|b| !b.is_ascii_whitespace()).copied();
     match first {
         Some(b'{') => {
-            let mut env = serde_json::from_slice::<Envelope<'_>>(body).map_err(|e| {
+            let mut rpc = serde_json::from_slice::<RpcMessage<'_>>(body).map_err(|e| {
                 if e.is_data() {
                     (
                         Error::new(Kind::InvalidRequest, e.to_string()),
@@ -109,7 +109,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
                     (Error::new(Kind::Parse, e.to_string()), None)
                 }
             })?;
-            if env.id.is_some_and(|id| !valid_id(id)) {
+            if rpc.id.is_some_and(|id| !valid_id(id)) {
                 return Err((
                     Error::new(
                         Kind::InvalidRequest,
@@ -118,13 +118,13 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
                     None,
                 ));
             }
-            if let Some(p) = env.params_raw.filter(|p| is_object(p)) {
-                env.params = open(p, "params").map_err(|e| (e, env.id))?;
+            if let Some(p) = rpc.params_raw.filter(|p| is_object(p)) {
+                rpc.params = open(p, "params").map_err(|e| (e, rpc.id))?;
             }
-            if let Some(m) = env.params.meta.filter(|m| is_object(m)) {
-                env.meta = open(m, "params._meta").map_err(|e| (e, env.id))?;
+            if let Some(m) = rpc.params.meta.filter(|m| is_object(m)) {
+                rpc.meta = open(m, "params._meta").map_err(|e| (e, rpc.id))?;
             }
-            Ok(Inbound::Single(env))
+            Ok(Inbound::Single(rpc))
         }
         Some(b'[') => serde_json::from_slice::<Vec<&RawValue>>(body)
             .map(|_| Inbound::Batch)
