@@ -1,6 +1,6 @@
 //! The one error type of the request path, and the one place it becomes an HTTP response: a
 //! status plus a JSON-RPC error body that echoes the request id when it is known. As in
-//! pingora, an error records what went wrong ([`Kind`]), which side caused it ([`Side`]) and
+//! pingora, an error records what went wrong ([`ErrorKind`]), which side caused it ([`Side`]) and
 //! whether the same request may succeed if sent again; the status and code follow from the
 //! kind alone, so every refusal of one kind looks the same on the wire.
 
@@ -50,7 +50,7 @@ impl Side {
 
 /// What went wrong. Each kind has one HTTP status and one JSON-RPC code.
 #[derive(Debug)]
-pub(crate) enum Kind {
+pub(crate) enum ErrorKind {
     BadHost,
     BadOrigin,
     BodyTooLarge {
@@ -108,7 +108,7 @@ pub(crate) fn transient(status: u16) -> bool {
 
 #[derive(Debug)]
 pub(crate) struct Error {
-    kind: Kind,
+    kind: ErrorKind,
     /// What a person needs to act on it (never a secret, a handle or a body).
     cause: String,
     /// Refused before any of the request reached the upstream.
@@ -116,7 +116,7 @@ pub(crate) struct Error {
 }
 
 impl Error {
-    pub(crate) fn new(kind: Kind, cause: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: ErrorKind, cause: impl Into<String>) -> Self {
         Error {
             kind,
             cause: cause.into(),
@@ -139,18 +139,18 @@ impl Error {
     /// The upstream's answer, to pass on unchanged.
     pub(crate) fn upstream_refused(answer: Buffered) -> Self {
         let cause = format!("the upstream answered {}", answer.status);
-        Error::new(Kind::UpstreamRefused(Box::new(answer)), cause)
+        Error::new(ErrorKind::UpstreamRefused(Box::new(answer)), cause)
     }
 
     /// The upstream's answer this error passes on, when it is one.
     pub(crate) fn upstream_answer(&self) -> Option<&Buffered> {
         match &self.kind {
-            Kind::UpstreamRefused(answer) => Some(answer),
+            ErrorKind::UpstreamRefused(answer) => Some(answer),
             _ => None,
         }
     }
 
-    pub(crate) fn kind(&self) -> &Kind {
+    pub(crate) fn kind(&self) -> &ErrorKind {
         &self.kind
     }
 
@@ -161,13 +161,15 @@ impl Error {
 
     pub(crate) fn side(&self) -> Side {
         match self.kind {
-            Kind::UpstreamUnreachable
-            | Kind::UpstreamTimeout(_)
-            | Kind::UpstreamFailed
-            | Kind::SessionGone
-            | Kind::UpstreamTooLarge { .. }
-            | Kind::UpstreamRefused(_) => Side::Upstream,
-            Kind::Internal | Kind::Overloaded { .. } | Kind::ShuttingDown => Side::Sidecar,
+            ErrorKind::UpstreamUnreachable
+            | ErrorKind::UpstreamTimeout(_)
+            | ErrorKind::UpstreamFailed
+            | ErrorKind::SessionGone
+            | ErrorKind::UpstreamTooLarge { .. }
+            | ErrorKind::UpstreamRefused(_) => Side::Upstream,
+            ErrorKind::Internal | ErrorKind::Overloaded { .. } | ErrorKind::ShuttingDown => {
+                Side::Sidecar
+            }
             _ => Side::Client,
         }
     }
@@ -175,78 +177,80 @@ impl Error {
     /// Whether the same request, sent again unchanged, may succeed.
     pub(crate) fn retryable(&self) -> bool {
         match &self.kind {
-            Kind::UpstreamUnreachable
-            | Kind::UpstreamTimeout(_)
-            | Kind::UpstreamFailed
-            | Kind::RateLimited { .. }
-            | Kind::Overloaded { .. }
-            | Kind::ShuttingDown
-            | Kind::RequestTimeout => true,
-            Kind::UpstreamRefused(answer) => transient(answer.status.as_u16()),
+            ErrorKind::UpstreamUnreachable
+            | ErrorKind::UpstreamTimeout(_)
+            | ErrorKind::UpstreamFailed
+            | ErrorKind::RateLimited { .. }
+            | ErrorKind::Overloaded { .. }
+            | ErrorKind::ShuttingDown
+            | ErrorKind::RequestTimeout => true,
+            ErrorKind::UpstreamRefused(answer) => transient(answer.status.as_u16()),
             _ => false,
         }
     }
 
     pub(crate) fn status(&self) -> StatusCode {
         match &self.kind {
-            Kind::BadHost | Kind::BadOrigin => StatusCode::FORBIDDEN,
-            Kind::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Kind::BodyRead
-            | Kind::Parse
-            | Kind::InvalidRequest
-            | Kind::InvalidParams
-            | Kind::HeaderMismatch
-            | Kind::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
-            Kind::MethodNotFound { .. } | Kind::SessionGone => StatusCode::NOT_FOUND,
-            Kind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            Kind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Kind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Kind::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Kind::Overloaded { .. } | Kind::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            Kind::UpstreamUnreachable | Kind::UpstreamFailed | Kind::UpstreamTooLarge { .. } => {
-                StatusCode::BAD_GATEWAY
+            ErrorKind::BadHost | ErrorKind::BadOrigin => StatusCode::FORBIDDEN,
+            ErrorKind::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::BodyRead
+            | ErrorKind::Parse
+            | ErrorKind::InvalidRequest
+            | ErrorKind::InvalidParams
+            | ErrorKind::HeaderMismatch
+            | ErrorKind::UnsupportedVersion { .. } => StatusCode::BAD_REQUEST,
+            ErrorKind::MethodNotFound { .. } | ErrorKind::SessionGone => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorKind::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Overloaded { .. } | ErrorKind::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
             }
-            Kind::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            Kind::UpstreamRefused(answer) => answer.status,
-            Kind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::UpstreamUnreachable
+            | ErrorKind::UpstreamFailed
+            | ErrorKind::UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
+            ErrorKind::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::UpstreamRefused(answer) => answer.status,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     pub(crate) fn code(&self) -> i64 {
         match &self.kind {
-            Kind::Parse => code::PARSE_ERROR,
-            Kind::InvalidRequest => code::INVALID_REQUEST,
-            Kind::InvalidParams => code::INVALID_PARAMS,
-            Kind::HeaderMismatch => code::HEADER_MISMATCH,
-            Kind::UnsupportedVersion { .. } => code::UNSUPPORTED_VERSION,
-            Kind::MethodNotFound { .. } => code::METHOD_NOT_FOUND,
-            Kind::UpstreamUnreachable
-            | Kind::UpstreamTimeout(_)
-            | Kind::UpstreamFailed
-            | Kind::SessionGone
-            | Kind::UpstreamTooLarge { .. }
-            | Kind::Internal => code::INTERNAL_ERROR,
-            Kind::BadHost
-            | Kind::BadOrigin
-            | Kind::BodyTooLarge { .. }
-            | Kind::BodyRead
-            | Kind::MethodNotAllowed
-            | Kind::UnsupportedMediaType
-            | Kind::RequestTimeout
-            | Kind::RateLimited { .. }
-            | Kind::Overloaded { .. }
-            | Kind::ShuttingDown
-            | Kind::UpstreamRefused(_) => code::SERVER_ERROR,
+            ErrorKind::Parse => code::PARSE_ERROR,
+            ErrorKind::InvalidRequest => code::INVALID_REQUEST,
+            ErrorKind::InvalidParams => code::INVALID_PARAMS,
+            ErrorKind::HeaderMismatch => code::HEADER_MISMATCH,
+            ErrorKind::UnsupportedVersion { .. } => code::UNSUPPORTED_VERSION,
+            ErrorKind::MethodNotFound { .. } => code::METHOD_NOT_FOUND,
+            ErrorKind::UpstreamUnreachable
+            | ErrorKind::UpstreamTimeout(_)
+            | ErrorKind::UpstreamFailed
+            | ErrorKind::SessionGone
+            | ErrorKind::UpstreamTooLarge { .. }
+            | ErrorKind::Internal => code::INTERNAL_ERROR,
+            ErrorKind::BadHost
+            | ErrorKind::BadOrigin
+            | ErrorKind::BodyTooLarge { .. }
+            | ErrorKind::BodyRead
+            | ErrorKind::MethodNotAllowed
+            | ErrorKind::UnsupportedMediaType
+            | ErrorKind::RequestTimeout
+            | ErrorKind::RateLimited { .. }
+            | ErrorKind::Overloaded { .. }
+            | ErrorKind::ShuttingDown
+            | ErrorKind::UpstreamRefused(_) => code::SERVER_ERROR,
         }
     }
 
     fn data(&self) -> Option<serde_json::Value> {
         match &self.kind {
-            Kind::UnsupportedVersion {
+            ErrorKind::UnsupportedVersion {
                 requested,
                 supported,
             } => Some(serde_json::json!({"supported": supported, "requested": requested})),
-            Kind::MethodNotFound { method } => Some(serde_json::Value::String(method.clone())),
+            ErrorKind::MethodNotFound { method } => Some(serde_json::Value::String(method.clone())),
             _ => None,
         }
     }
@@ -259,10 +263,10 @@ impl Error {
     /// Seconds after which the same request may succeed, for `Retry-After`.
     pub(crate) fn retry_after(&self) -> Option<u64> {
         match self.kind {
-            Kind::RateLimited { retry_after } | Kind::Overloaded { retry_after } => {
+            ErrorKind::RateLimited { retry_after } | ErrorKind::Overloaded { retry_after } => {
                 Some(retry_after)
             }
-            Kind::ShuttingDown => Some(1),
+            ErrorKind::ShuttingDown => Some(1),
             _ => None,
         }
     }
@@ -272,7 +276,7 @@ impl Error {
         let status = self.status();
         let body = self.body(id);
         let retry_after = self.retry_after();
-        if let Kind::UpstreamRefused(answer) = self.kind {
+        if let ErrorKind::UpstreamRefused(answer) = self.kind {
             return answer.into_response();
         }
         let mut resp = body::json(status, body);
@@ -284,7 +288,7 @@ impl Error {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
-        if status == StatusCode::REQUEST_TIMEOUT || matches!(self.kind, Kind::ShuttingDown) {
+        if status == StatusCode::REQUEST_TIMEOUT || matches!(self.kind, ErrorKind::ShuttingDown) {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
@@ -296,47 +300,49 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.cause;
         match &self.kind {
-            Kind::BadHost => write!(f, "Invalid Host header: {c}"),
-            Kind::BadOrigin => write!(f, "Invalid Origin header: {c}"),
-            Kind::BodyTooLarge { limit } => {
+            ErrorKind::BadHost => write!(f, "Invalid Host header: {c}"),
+            ErrorKind::BadOrigin => write!(f, "Invalid Origin header: {c}"),
+            ErrorKind::BodyTooLarge { limit } => {
                 write!(f, "Request body is larger than the limit of {limit} bytes")
             }
-            Kind::BodyRead => write!(f, "Could not read the request body: {c}"),
-            Kind::Parse => write!(f, "Parse error: the request body is not valid JSON ({c})"),
-            Kind::InvalidRequest => write!(f, "Invalid Request: {c}"),
-            Kind::MethodNotAllowed => write!(f, "Method not allowed: {c}"),
-            Kind::UnsupportedMediaType => write!(f, "Unsupported Media Type: {c}"),
-            Kind::InvalidParams | Kind::HeaderMismatch | Kind::Internal => f.write_str(c),
-            Kind::UnsupportedVersion { requested, .. } => {
+            ErrorKind::BodyRead => write!(f, "Could not read the request body: {c}"),
+            ErrorKind::Parse => write!(f, "Parse error: the request body is not valid JSON ({c})"),
+            ErrorKind::InvalidRequest => write!(f, "Invalid Request: {c}"),
+            ErrorKind::MethodNotAllowed => write!(f, "Method not allowed: {c}"),
+            ErrorKind::UnsupportedMediaType => write!(f, "Unsupported Media Type: {c}"),
+            ErrorKind::InvalidParams | ErrorKind::HeaderMismatch | ErrorKind::Internal => {
+                f.write_str(c)
+            }
+            ErrorKind::UnsupportedVersion { requested, .. } => {
                 write!(f, "Unsupported protocol version: {requested}")
             }
-            Kind::MethodNotFound { method } => write!(f, "Method not found: {method}"),
-            Kind::RequestTimeout => write!(f, "Request timeout: {c}"),
-            Kind::RateLimited { retry_after } => {
+            ErrorKind::MethodNotFound { method } => write!(f, "Method not found: {method}"),
+            ErrorKind::RequestTimeout => write!(f, "Request timeout: {c}"),
+            ErrorKind::RateLimited { retry_after } => {
                 write!(f, "Too many requests: {c}; retry after {retry_after} s")
             }
-            Kind::Overloaded { retry_after } => {
+            ErrorKind::Overloaded { retry_after } => {
                 write!(
                     f,
                     "The sidecar is at a limit: {c}; retry after {retry_after} s"
                 )
             }
-            Kind::ShuttingDown => write!(
+            ErrorKind::ShuttingDown => write!(
                 f,
                 "The sidecar is shutting down and cut this request short; send it again"
             ),
-            Kind::UpstreamTooLarge { limit } => write!(
+            ErrorKind::UpstreamTooLarge { limit } => write!(
                 f,
                 "Upstream MCP server's answer is larger than the {limit} bytes the sidecar reads"
             ),
-            Kind::UpstreamUnreachable => write!(f, "Upstream MCP server is unreachable: {c}"),
-            Kind::UpstreamTimeout(d) => {
+            ErrorKind::UpstreamUnreachable => write!(f, "Upstream MCP server is unreachable: {c}"),
+            ErrorKind::UpstreamTimeout(d) => {
                 write!(f, "Upstream MCP server did not answer within {d:?}")
             }
-            Kind::UpstreamFailed | Kind::SessionGone => {
+            ErrorKind::UpstreamFailed | ErrorKind::SessionGone => {
                 write!(f, "Upstream MCP server failed: {c}")
             }
-            Kind::UpstreamRefused(_) => write!(f, "Upstream MCP server refused: {c}"),
+            ErrorKind::UpstreamRefused(_) => write!(f, "Upstream MCP server refused: {c}"),
         }
     }
 }
@@ -378,19 +384,19 @@ mod tests {
 
     #[test]
     fn kinds_map_to_one_status_and_code() {
-        let e = Error::new(Kind::BodyTooLarge { limit: 1 }, "");
+        let e = Error::new(ErrorKind::BodyTooLarge { limit: 1 }, "");
         assert_eq!(
             (e.status(), e.side()),
             (StatusCode::PAYLOAD_TOO_LARGE, Side::Client)
         );
-        let e = Error::new(Kind::UpstreamUnreachable, "refused");
+        let e = Error::new(ErrorKind::UpstreamUnreachable, "refused");
         assert_eq!((e.status().as_u16(), e.code()), (502, -32603));
         assert!(e.retryable() && e.side() == Side::Upstream);
-        let e = Error::new(Kind::UpstreamTimeout(Duration::from_secs(1)), "");
+        let e = Error::new(ErrorKind::UpstreamTimeout(Duration::from_secs(1)), "");
         assert_eq!(e.status(), 504);
-        assert!(!Error::new(Kind::BadOrigin, "x").retryable());
+        assert!(!Error::new(ErrorKind::BadOrigin, "x").retryable());
         let e = Error::new(
-            Kind::UnsupportedVersion {
+            ErrorKind::UnsupportedVersion {
                 requested: "1".into(),
                 supported: &["2026-07-28"],
             },

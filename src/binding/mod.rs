@@ -22,7 +22,7 @@ use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
 use crate::epode::consent::{ConsentCache, Decided};
 use crate::epode::telemetry::{Counters, QueueSettings, Telemetry};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::feedback::capability::{self, Claims, ProductKey};
 use crate::feedback::envelope;
 use crate::feedback::identity::IdentityRefs;
@@ -110,7 +110,7 @@ impl FeedbackBinding {
             (Some(key), true) => {
                 let client = Arc::new(
                     EpodeClient::new(config.api_url.clone(), key.clone())
-                        .map_err(|e| Error::new(Kind::Internal, e))?,
+                        .map_err(|e| Error::new(ErrorKind::Internal, e))?,
                 );
                 let settings = QueueSettings {
                     capacity: config.telemetry_queue,
@@ -120,8 +120,8 @@ impl FeedbackBinding {
                     backoff_base: config.telemetry_retry_base,
                     ..QueueSettings::default()
                 };
-                let tools =
-                    FeedbackTools::new().map_err(|e| Error::new(Kind::Internal, e.to_string()))?;
+                let tools = FeedbackTools::new()
+                    .map_err(|e| Error::new(ErrorKind::Internal, e.to_string()))?;
                 Some(Active {
                     definitions: tools.definitions().iter().map(raw).collect(),
                     key: key.clone(),

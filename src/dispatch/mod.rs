@@ -17,7 +17,7 @@ use crate::binding::FeedbackBinding;
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
-use crate::error::{Error, Kind, Side};
+use crate::error::{Error, ErrorKind, Side};
 use crate::frontdoor;
 use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
@@ -205,7 +205,7 @@ impl Dispatcher {
             self.table.metrics.limit(LimitKind::ClientRate);
             let retry_after = retry_after_secs(wait);
             return Error::new(
-                Kind::RateLimited { retry_after },
+                ErrorKind::RateLimited { retry_after },
                 "this client sent more requests than its rate limit allows",
             )
             .into_response(None);
@@ -213,7 +213,7 @@ impl Dispatcher {
         let Some(_in_flight) = self.in_flight.try_enter() else {
             self.table.metrics.limit(LimitKind::InFlight);
             return Error::new(
-                Kind::Overloaded { retry_after: 1 },
+                ErrorKind::Overloaded { retry_after: 1 },
                 "it is serving as many requests as it may at once",
             )
             .into_response(None);
@@ -231,9 +231,9 @@ impl Dispatcher {
             Ok(b) => b,
             Err(e) => {
                 self.table.metrics.limit(match e.kind() {
-                    Kind::BodyTooLarge { .. } => LimitKind::BodySize,
-                    Kind::RequestTimeout => LimitKind::BodyTimeout,
-                    Kind::Overloaded { .. } => LimitKind::MemoryBudget,
+                    ErrorKind::BodyTooLarge { .. } => LimitKind::BodySize,
+                    ErrorKind::RequestTimeout => LimitKind::BodyTimeout,
+                    ErrorKind::Overloaded { .. } => LimitKind::MemoryBudget,
                     _ => LimitKind::BodyRead,
                 });
                 return e.into_response(None);
@@ -257,7 +257,7 @@ impl Dispatcher {
         let mut cut = self.table.cut.clone();
         let answered = tokio::select! {
             answered = self.table.dispatch(&request, Client::new(&parts.headers, peer), abandoned, seen.note.as_ref()) => answered,
-            _ = cut.wait_for(|c| *c) => Err(Error::new(Kind::ShuttingDown, "")),
+            _ = cut.wait_for(|c| *c) => Err(Error::new(ErrorKind::ShuttingDown, "")),
         };
         answered.unwrap_or_else(|e| {
             let side = e.side().as_str();
@@ -273,11 +273,11 @@ impl Dispatcher {
 /// Why the front door refused a head (see [`frontdoor::check_head`]).
 fn head_refusal(e: &Error, method: &http::Method) -> HeadRefusal {
     match e.kind() {
-        Kind::BadHost => HeadRefusal::Host,
-        Kind::BadOrigin => HeadRefusal::Origin,
-        Kind::MethodNotAllowed if method == http::Method::GET => HeadRefusal::GetStream,
-        Kind::MethodNotAllowed if method == http::Method::DELETE => HeadRefusal::SessionDelete,
-        Kind::MethodNotAllowed => HeadRefusal::Method,
+        ErrorKind::BadHost => HeadRefusal::Host,
+        ErrorKind::BadOrigin => HeadRefusal::Origin,
+        ErrorKind::MethodNotAllowed if method == http::Method::GET => HeadRefusal::GetStream,
+        ErrorKind::MethodNotAllowed if method == http::Method::DELETE => HeadRefusal::SessionDelete,
+        ErrorKind::MethodNotAllowed => HeadRefusal::Method,
         // The last of the head checks, and the only other refusal it makes.
         _ => HeadRefusal::ContentType,
     }

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::binding::FeedbackBinding;
 use crate::body::{self, Body, BoxError};
 use crate::config::Config;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::frontdoor::Request;
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::era::Era;
@@ -84,7 +84,7 @@ impl Table {
         }
         match route(method, req.era, feedback_tool) {
             Route::Removed => Err(Error::new(
-                Kind::MethodNotFound {
+                ErrorKind::MethodNotFound {
                     method: method.to_owned(),
                 },
                 "",

@@ -13,7 +13,7 @@ use url::Url;
 use crate::budget::{self, Collect, MemoryBudget, Reservation};
 
 use crate::config::{HostPolicy, OriginPolicy};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "[::1]"];
 
@@ -45,7 +45,7 @@ pub(crate) fn check_authority(
 ) -> Result<(), Error> {
     let bad = |what: &str| {
         Error::new(
-            Kind::InvalidRequest,
+            ErrorKind::InvalidRequest,
             format!("{what}; send exactly one Host header naming the server as host[:port]"),
         )
     };
@@ -166,7 +166,7 @@ pub(crate) fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), Error
         None => parts.uri.authority().map(|a| a.as_str().to_owned()),
     };
     let Some(host) = host else {
-        return Err(Error::new(Kind::BadHost, "(missing)".to_owned()));
+        return Err(Error::new(ErrorKind::BadHost, "(missing)".to_owned()));
     };
     let lower = host.trim().to_ascii_lowercase();
     let (name, _) = split_host_port(&lower);
@@ -184,7 +184,7 @@ pub(crate) fn check_host(policy: &HostPolicy, parts: &Parts) -> Result<(), Error
     if ok {
         Ok(())
     } else {
-        Err(Error::new(Kind::BadHost, truncate(&host)))
+        Err(Error::new(ErrorKind::BadHost, truncate(&host)))
     }
 }
 
@@ -196,13 +196,13 @@ pub(crate) fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result
     };
     if values.next().is_some() {
         return Err(Error::new(
-            Kind::BadOrigin,
+            ErrorKind::BadOrigin,
             "more than one Origin header".to_owned(),
         ));
     }
     let origin = value
         .to_str()
-        .map_err(|_| Error::new(Kind::BadOrigin, "(not ASCII)".to_owned()))?;
+        .map_err(|_| Error::new(ErrorKind::BadOrigin, "(not ASCII)".to_owned()))?;
     let ok = match policy {
         OriginPolicy::Any => true,
         OriginPolicy::RefuseAll => false,
@@ -216,7 +216,7 @@ pub(crate) fn check_origin(policy: &OriginPolicy, headers: &HeaderMap) -> Result
     if ok {
         Ok(())
     } else {
-        Err(Error::new(Kind::BadOrigin, truncate(origin)))
+        Err(Error::new(ErrorKind::BadOrigin, truncate(origin)))
     }
 }
 
@@ -226,7 +226,7 @@ pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
     let mut values = headers.get_all(header::CONTENT_TYPE).iter();
     let refused = |what: String| {
         Error::new(
-            Kind::UnsupportedMediaType,
+            ErrorKind::UnsupportedMediaType,
             format!("Content-Type must be application/json; {what}"),
         )
     };
@@ -273,24 +273,24 @@ pub(crate) async fn read_body(
         .and_then(|v| v.parse::<u64>().ok())
     {
         if len > limit as u64 {
-            return Err(Error::new(Kind::BodyTooLarge { limit }, ""));
+            return Err(Error::new(ErrorKind::BodyTooLarge { limit }, ""));
         }
     }
     match budget::collect(body, limit, budget, within).await {
         Ok(read) => Ok(read),
-        Err(Collect::TooLarge) => Err(Error::new(Kind::BodyTooLarge { limit }, "")),
+        Err(Collect::TooLarge) => Err(Error::new(ErrorKind::BodyTooLarge { limit }, "")),
         Err(Collect::OverBudget) => Err(Error::new(
-            Kind::Overloaded { retry_after: 1 },
+            ErrorKind::Overloaded { retry_after: 1 },
             "its memory budget for request bodies and answers is spent",
         )),
         Err(Collect::TimedOut) => Err(Error::new(
-            Kind::RequestTimeout,
+            ErrorKind::RequestTimeout,
             format!(
                 "the request body did not arrive within {}",
                 humantime::format_duration(within)
             ),
         )),
-        Err(Collect::Failed(e)) => Err(Error::new(Kind::BodyRead, e)),
+        Err(Collect::Failed(e)) => Err(Error::new(ErrorKind::BodyRead, e)),
     }
 }
 

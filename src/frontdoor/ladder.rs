@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use http::HeaderMap;
 
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::headers::{self, HeaderRead};
 use crate::mcp::message::RpcMessage;
@@ -63,7 +63,7 @@ pub(crate) fn classify(headers: &HeaderMap, rpc: &RpcMessage<'_>) -> Result<Era,
     }
     if !version::is_modern_supported(&version) {
         return Err(Error::new(
-            Kind::UnsupportedVersion {
+            ErrorKind::UnsupportedVersion {
                 requested: version,
                 supported: &version::MODERN_VERSIONS,
             },
@@ -77,11 +77,17 @@ const ENVELOPE_KEYS: &str =
     "io.modelcontextprotocol/protocolVersion and io.modelcontextprotocol/clientCapabilities";
 
 fn invalid_params(detail: String) -> Error {
-    Error::new(Kind::InvalidParams, format!("Invalid params: {detail}"))
+    Error::new(
+        ErrorKind::InvalidParams,
+        format!("Invalid params: {detail}"),
+    )
 }
 
 fn mismatch(detail: String) -> Error {
-    Error::new(Kind::HeaderMismatch, format!("Header mismatch: {detail}"))
+    Error::new(
+        ErrorKind::HeaderMismatch,
+        format!("Header mismatch: {detail}"),
+    )
 }
 
 /// The `_meta` envelope of a 2026 request (-32602 when it is incomplete; a notification is

@@ -18,7 +18,7 @@ use serde_json::value::RawValue;
 
 pub(crate) use self::checks::{check_authority, check_host, read_body};
 use crate::config::Config;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::message::{self, Inbound, RpcMessage};
 
@@ -50,7 +50,7 @@ pub(crate) fn check_head(config: &Config, parts: &Parts) -> Result<(), Error> {
     check_host_and_origin(config, parts)?;
     if parts.method != Method::POST {
         return Err(Error::new(
-            Kind::MethodNotAllowed,
+            ErrorKind::MethodNotAllowed,
             format!(
                 "{} is not served: this MCP endpoint is stateless; POST one JSON-RPC message per request",
                 parts.method
@@ -73,7 +73,7 @@ pub(crate) fn admit<'a>(
         Inbound::Batch => {
             return Err((
                 Error::new(
-                    Kind::InvalidRequest,
+                    ErrorKind::InvalidRequest,
                     "JSON-RPC batches are not supported; send one message per POST",
                 ),
                 None,

@@ -25,7 +25,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::body::{Body, BoxError};
 use crate::budget::{self, MemoryBudget};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::gate::Permit;
 use crate::metrics::{LimitKind, Metrics};
 
@@ -211,7 +211,7 @@ pub(crate) struct Deadlines {
 fn request_timeout() -> &'static [u8] {
     static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     BYTES.get_or_init(|| {
-        let e = Error::new(Kind::RequestTimeout, "the request head did not arrive in time");
+        let e = Error::new(ErrorKind::RequestTimeout, "the request head did not arrive in time");
         let body = e.body(None);
         let status = e.status();
         let mut bytes = format!(

@@ -10,7 +10,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::raw::{as_str, is_object};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 
 /// The parts of one JSON-RPC message the front door reads.
 #[derive(Debug, Deserialize)]
@@ -102,17 +102,17 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
             let mut rpc = serde_json::from_slice::<RpcMessage<'_>>(body).map_err(|e| {
                 if e.is_data() {
                     (
-                        Error::new(Kind::InvalidRequest, e.to_string()),
+                        Error::new(ErrorKind::InvalidRequest, e.to_string()),
                         salvage_id(body),
                     )
                 } else {
-                    (Error::new(Kind::Parse, e.to_string()), None)
+                    (Error::new(ErrorKind::Parse, e.to_string()), None)
                 }
             })?;
             if rpc.id.is_some_and(|id| !valid_id(id)) {
                 return Err((
                     Error::new(
-                        Kind::InvalidRequest,
+                        ErrorKind::InvalidRequest,
                         "`id` must be a string or a number (not null, an object, an array or a boolean)",
                     ),
                     None,
@@ -128,16 +128,16 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
         }
         Some(b'[') => serde_json::from_slice::<Vec<&RawValue>>(body)
             .map(|_| Inbound::Batch)
-            .map_err(|e| (Error::new(Kind::Parse, e.to_string()), None)),
+            .map_err(|e| (Error::new(ErrorKind::Parse, e.to_string()), None)),
         _ => match serde_json::from_slice::<&RawValue>(body) {
             Ok(_) => Err((
                 Error::new(
-                    Kind::InvalidRequest,
+                    ErrorKind::InvalidRequest,
                     "a JSON-RPC message must be a JSON object".to_owned(),
                 ),
                 None,
             )),
-            Err(e) => Err((Error::new(Kind::Parse, e.to_string()), None)),
+            Err(e) => Err((Error::new(ErrorKind::Parse, e.to_string()), None)),
         },
     }
 }
@@ -161,7 +161,7 @@ fn open<'a, T: Deserialize<'a>>(raw: &'a RawValue, what: &str) -> Result<T, Erro
         let detail = e.split(" at line").next().unwrap_or(&e);
         let detail = detail.replace("duplicate field", "duplicate key");
         Error::new(
-            Kind::InvalidRequest,
+            ErrorKind::InvalidRequest,
             format!("{detail} in {what}; each key may appear only once"),
         )
     })

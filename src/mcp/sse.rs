@@ -17,7 +17,7 @@ use super::raw::{self, RawMap};
 use super::rewrite::ResultPlan;
 use crate::body::{BoxError, Coalesced};
 use crate::budget::Reservation;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::metrics::LimitKind;
 
 /// Splits a byte stream into SSE event blocks (each with its terminating blank line).
@@ -300,7 +300,7 @@ where
                 None => Some(st.body.frame().await),
             };
             let Some(frame) = frame else {
-                return st.end(Error::new(Kind::ShuttingDown, ""), None);
+                return st.end(Error::new(ErrorKind::ShuttingDown, ""), None);
             };
             match frame {
                 Some(Ok(frame)) => match frame.into_data() {
@@ -381,7 +381,7 @@ impl<B> State<B> {
 /// The upstream's stream failed the request, for `why`.
 fn upstream_broke(why: &str) -> Error {
     Error::new(
-        Kind::UpstreamFailed,
+        ErrorKind::UpstreamFailed,
         format!("{why}, before the response; the request may be sent again"),
     )
 }

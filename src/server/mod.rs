@@ -39,7 +39,7 @@ use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::gate::Gate;
 use crate::limits::RateLimits;
 use crate::listener::{self, Admitted, Bounds, Role, Shares};
@@ -513,7 +513,7 @@ fn refused_target(path: &str, why: Refusal) -> Response<Body> {
     }
     let more = if end < path.len() { "…" } else { "" };
     Error::new(
-        Kind::InvalidRequest,
+        ErrorKind::InvalidRequest,
         format!("the request path {}{more} {}", &path[..end], why.reason()),
     )
     .into_response(None)

@@ -43,7 +43,7 @@ use crate::body::{self, Body, BoxError};
 use crate::budget::{self, MemoryBudget, Reservation};
 use crate::config::{Config, HttpCacheMode, HttpSurface};
 use crate::epode::telemetry::{HttpCompletion, Surface as Placed};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind as Kind};
 use crate::feedback::identity::{sanitize_ref, IdentityRefs, RefKind};
 use crate::gate::{Gate, Permit};
 use crate::limits::{retry_after_secs, RateLimits};

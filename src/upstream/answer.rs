@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::context::RequestContext;
 use crate::body::{self, Body, Buffered};
 use crate::budget::{self, Collect, MemoryBudget, Reservation};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw;
@@ -104,7 +104,7 @@ async fn read_body(
         Err(Collect::TooLarge) => Err({
             (bounds.on_limit)(LimitKind::UpstreamAnswerSize);
             Error::new(
-                Kind::UpstreamTooLarge {
+                ErrorKind::UpstreamTooLarge {
                     limit: bounds.max_answer,
                 },
                 "",
@@ -113,13 +113,13 @@ async fn read_body(
         Err(Collect::OverBudget) => Err({
             (bounds.on_limit)(LimitKind::MemoryBudget);
             Error::new(
-                Kind::Overloaded { retry_after: 1 },
+                ErrorKind::Overloaded { retry_after: 1 },
                 "its memory budget is spent",
             )
         }),
-        Err(Collect::TimedOut) => Err(Error::new(Kind::UpstreamTimeout(bounds.timeout), "")),
+        Err(Collect::TimedOut) => Err(Error::new(ErrorKind::UpstreamTimeout(bounds.timeout), "")),
         Err(Collect::Failed(e)) => Err(Error::new(
-            Kind::UpstreamFailed,
+            ErrorKind::UpstreamFailed,
             format!("reading the answer: {e}"),
         )),
     }
@@ -221,7 +221,7 @@ pub(crate) async fn finish(
         (bounds.on_limit)(LimitKind::MemoryBudget);
         plan.fail();
         return Err(Error::new(
-            Kind::Overloaded { retry_after: 1 },
+            ErrorKind::Overloaded { retry_after: 1 },
             "its memory budget is spent",
         ));
     }
@@ -232,7 +232,7 @@ pub(crate) async fn finish(
         // meanwhile.
         tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, upstream))
             .await
-            .map_err(|e| Error::new(Kind::Internal, format!("rewriting the answer: {e}")))?
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("rewriting the answer: {e}")))?
     } else {
         rewrite_whole(bytes, plan, upstream)
     };
@@ -272,7 +272,7 @@ async fn finish_stream(
             Err(e) => {
                 plan.fail();
                 return Err(Error::new(
-                    Kind::UpstreamFailed,
+                    ErrorKind::UpstreamFailed,
                     format!("reading the answer: {e}"),
                 ));
             }

@@ -17,7 +17,7 @@ use super::link::Link;
 use super::session::Sessions;
 use super::translate::{discover_from_init, set_modern_headers, sidecar_info};
 use crate::config::UpstreamProtocol;
-use crate::error::{code, Error, Kind};
+use crate::error::{code, Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::version::{self, MODERN};
 
@@ -143,7 +143,7 @@ impl EraResolver {
             Err(e)
                 if cached == Some(Era::Legacy)
                     && self.is_auto()
-                    && matches!(e.kind(), Kind::UpstreamRefused(a) if !is_final_refusal(a.status)) =>
+                    && matches!(e.kind(), ErrorKind::UpstreamRefused(a) if !is_final_refusal(a.status)) =>
             {
                 self.forget_all(link, sessions);
                 match self.probe_modern(link, client, client_body).await? {
@@ -248,7 +248,7 @@ impl EraResolver {
 /// with a generic 400 (-32000 "not initialized", "unsupported protocol version", or no
 /// JSON-RPC body at all).
 pub(crate) fn signals_change(error: &Error, sent: Era) -> bool {
-    let Kind::UpstreamRefused(answer) = error.kind() else {
+    let ErrorKind::UpstreamRefused(answer) = error.kind() else {
         return false;
     };
     if answer.status != StatusCode::BAD_REQUEST {
@@ -301,7 +301,7 @@ mod tests {
         let mismatch = r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32020,"message":"x"}}"#;
         assert!(!signals_change(&refusal(400, mismatch), Era::Modern));
         assert!(!signals_change(
-            &Error::new(Kind::UpstreamFailed, "x"),
+            &Error::new(ErrorKind::UpstreamFailed, "x"),
             Era::Modern
         ));
     }

@@ -19,7 +19,7 @@ pub(crate) use super::pool::PooledBody;
 use super::pool::{ConnectionBound, Connector, IdleBound, Pool, PoolError, Share};
 use super::ready::NotReady;
 use crate::config::UpstreamTarget;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::metrics::LimitKind;
 
 /// Headers that describe one connection, not the message (RFC 9110 §7.6.1), never forwarded,
@@ -259,11 +259,12 @@ impl HttpUpstream {
         share: Share,
     ) -> Result<Response<PooledBody>, Error> {
         match tokio::time::timeout(self.timeout, self.pool.send_for(req, share)).await {
-            Err(_) => Err(Error::new(Kind::UpstreamTimeout(self.timeout), "")),
-            Ok(Err(PoolError::Connect(e))) => Err(Error::new(Kind::UpstreamUnreachable, e)),
-            Ok(Err(PoolError::Request(e))) => {
-                Err(Error::new(Kind::UpstreamFailed, super::pool::chain(&e)))
-            }
+            Err(_) => Err(Error::new(ErrorKind::UpstreamTimeout(self.timeout), "")),
+            Ok(Err(PoolError::Connect(e))) => Err(Error::new(ErrorKind::UpstreamUnreachable, e)),
+            Ok(Err(PoolError::Request(e))) => Err(Error::new(
+                ErrorKind::UpstreamFailed,
+                super::pool::chain(&e),
+            )),
             Ok(Err(PoolError::Busy(waited, share))) => {
                 (self.on_limit)(LimitKind::UpstreamConnections);
                 Err(busy(waited, share))
@@ -372,7 +373,7 @@ fn busy(waited: Duration, share: Option<Share>) -> Error {
         Some(Share::Surface) => "the HTTP surface may hold (its share, EPODE_SIDECAR_HTTP_UPSTREAM_SHARE of EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS)",
     };
     Error::new(
-        Kind::Overloaded { retry_after: 1 },
+        ErrorKind::Overloaded { retry_after: 1 },
         format!(
             "every connection to the upstream {which} stayed busy for {}, so the request was not sent",
             humantime::format_duration(waited)

@@ -46,7 +46,7 @@ use self::translate::set_modern_headers;
 use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::{Config, Transport};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
 
@@ -86,7 +86,7 @@ impl Upstream {
     ) -> Result<Self, Error> {
         let tls = crate::tls::client_config(&config.upstream_tls).map_err(|e| {
             Error::new(
-                Kind::Internal,
+                ErrorKind::Internal,
                 format!("the upstream TLS configuration: {e}"),
             )
         })?;
@@ -182,7 +182,7 @@ impl Upstream {
     /// An unreachable upstream is forgotten (it may come back as another build).
     fn noted<T>(&self, r: Result<T, Error>) -> Result<T, Error> {
         if let Err(e) = &r {
-            if matches!(e.kind(), Kind::UpstreamUnreachable) {
+            if matches!(e.kind(), ErrorKind::UpstreamUnreachable) {
                 self.forget();
             }
         }

@@ -19,7 +19,7 @@ use super::caller::{Client, CREDENTIAL_HEADERS};
 use super::hop::{Hop, ServerRequests, UpstreamBody};
 use super::link::Link;
 use super::translate::sidecar_info;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::mcp::headers;
 use crate::mcp::version::{self, LEGACY_LATEST};
 
@@ -323,7 +323,7 @@ impl Sessions {
                 .unwrap_or("no JSON-RPC result")
                 .to_owned();
             return Err(Error::new(
-                Kind::UpstreamFailed,
+                ErrorKind::UpstreamFailed,
                 format!("the upstream refused the initialize handshake: {why}"),
             ));
         };

@@ -26,7 +26,7 @@ use super::exec;
 use super::scan::IdScan;
 use super::{Generation, Pipe, Queued};
 use crate::config::{StdioChildren, StdioCommand};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 
 /// A child that ends sooner than this after its start is said to exit at start.
 const EXITS_AT_START: Duration = Duration::from_secs(5);
@@ -274,7 +274,7 @@ async fn run_once(
     let _ = child.wait().await;
     exec::untrack(pid);
     pipe.lock()
-        .fail_generation(n, || Error::new(Kind::UpstreamFailed, why.clone()));
+        .fail_generation(n, || Error::new(ErrorKind::UpstreamFailed, why.clone()));
     // Its last stderr lines, for the message about its end.
     if let Some(task) = stderr {
         let _ = tokio::time::timeout(Duration::from_millis(500), task).await;

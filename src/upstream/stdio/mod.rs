@@ -44,7 +44,7 @@ use super::ready::NotReady;
 use crate::body::{answer, JSON};
 use crate::budget::{MemoryBudget, Reservation};
 use crate::config::{StdioChildren, StdioCommand};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::log_summary::LogSummary;
 use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
@@ -216,7 +216,7 @@ impl Pipe {
             self.lock().fail_one(
                 key,
                 Error::new(
-                    Kind::UpstreamTooLarge {
+                    ErrorKind::UpstreamTooLarge {
                         limit: self.max_line,
                     },
                     "",
@@ -339,7 +339,7 @@ fn line(bytes: &[u8]) -> Bytes {
 fn start_pipe(command: &StdioCommand, bounds: &StdioBounds) -> Result<Arc<Pipe>, Error> {
     let first = child::spawn(command).map_err(|e| {
         Error::new(
-            Kind::UpstreamUnreachable,
+            ErrorKind::UpstreamUnreachable,
             format!("cannot start the MCP server `{}`: {e}", command.program),
         )
     })?;
@@ -482,14 +482,17 @@ impl StdioUpstream {
         relay: ServerRequests,
     ) -> Result<Response<StdioBody>, Error> {
         let Some(mut msg) = raw::parse_message(body) else {
-            return Err(Error::new(Kind::Parse, "the request is not a JSON object"));
+            return Err(Error::new(
+                ErrorKind::Parse,
+                "the request is not a JSON object",
+            ));
         };
         let pipe = self.pipe(caller).await?;
         let _using = Using::new(&pipe);
         let g = generation(&pipe).await?;
         if session_of(headers).is_some_and(|s| s != g.n) {
             let gone = Error::new(
-                Kind::SessionGone,
+                ErrorKind::SessionGone,
                 "the MCP server process restarted; its session is gone",
             );
             return Ok(json_response(
@@ -548,7 +551,7 @@ async fn generation(pipe: &Pipe) -> Result<Arc<Generation>, Error> {
     }
     let not_running = || {
         Error::new(
-            Kind::UpstreamUnreachable,
+            ErrorKind::UpstreamUnreachable,
             "the MCP server process is not running (it is being restarted)",
         )
     };
@@ -573,7 +576,7 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
     let Some(queued) = pipe.queued(bytes) else {
         (pipe.on_limit)(LimitKind::MemoryBudget);
         return Err(Error::new(
-            Kind::Overloaded { retry_after: 1 },
+            ErrorKind::Overloaded { retry_after: 1 },
             "its memory budget is spent (the MCP server process is not keeping up with its stdin)",
         )
         .unsent());
@@ -583,7 +586,7 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
         Err(mpsc::error::SendTimeoutError::Timeout(_)) => {
             (pipe.on_limit)(LimitKind::UpstreamStdin);
             Err(Error::new(
-                Kind::Overloaded { retry_after: 1 },
+                ErrorKind::Overloaded { retry_after: 1 },
                 format!(
                     "the MCP server process is not reading its stdin: its queue (EPODE_SIDECAR_UPSTREAM_STDIN_QUEUE) stayed full for {}, so the request was not sent",
                     humantime::format_duration(pipe.wait)
@@ -592,7 +595,7 @@ async fn write(pipe: &Pipe, g: &Generation, bytes: &[u8]) -> Result<(), Error> {
             .unsent())
         }
         Err(mpsc::error::SendTimeoutError::Closed(_)) => Err(Error::new(
-            Kind::UpstreamFailed,
+            ErrorKind::UpstreamFailed,
             "the MCP server process stopped taking requests (it exited, or stopped reading its stdin) before reading this one; it is being restarted",
         )),
     }
@@ -628,7 +631,7 @@ fn cancelled_to_child(pipe: &Pipe, msg: &mut RawMap, caller: &Caller) -> FromCli
     pipe.lock().fail_one(
         key,
         Error::new(
-            Kind::UpstreamFailed,
+            ErrorKind::UpstreamFailed,
             "the request was cancelled by its client",
         ),
     );
@@ -687,10 +690,10 @@ async fn request_whole(
     match tokio::time::timeout(pipe.timeout, done).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => Err(Error::new(
-            Kind::UpstreamFailed,
+            ErrorKind::UpstreamFailed,
             "the MCP server process went away before answering",
         )),
-        Err(_) => Err(Error::new(Kind::UpstreamTimeout(pipe.timeout), "")),
+        Err(_) => Err(Error::new(ErrorKind::UpstreamTimeout(pipe.timeout), "")),
     }
 }
 
@@ -762,13 +765,13 @@ async fn request(
         }
     })
     .await
-    .map_err(|_| Error::new(Kind::UpstreamTimeout(pipe.timeout), ""))?;
+    .map_err(|_| Error::new(ErrorKind::UpstreamTimeout(pipe.timeout), ""))?;
     let first = match first {
         Err(note) => Some(note),
         Ok(answer) => {
             let held = answer.map_err(|_| {
                 Error::new(
-                    Kind::UpstreamFailed,
+                    ErrorKind::UpstreamFailed,
                     "the MCP server process went away before answering",
                 )
             })??;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::{start_pipe, stop_pipe, Pipe, StdioBounds};
 use crate::config::StdioCommand;
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 
 /// How long a child that has not answered anything yet counts as starting, not idle.
 const START_PATIENCE: Duration = Duration::from_secs(30);
@@ -75,7 +75,7 @@ impl Inner {
             .map(|(k, _)| *k);
         let Some(entry) = victim.and_then(|k| children.remove(&k)) else {
             return Err(Error::new(
-                Kind::Overloaded { retry_after: 1 },
+                ErrorKind::Overloaded { retry_after: 1 },
                 "every MCP server process it may run (EPODE_SIDECAR_STDIO_MAX_CHILDREN) is busy with another client's requests",
             )
             .unsent());
@@ -134,7 +134,7 @@ impl Pool {
             .runtime
             .spawn(async move { start_pipe(&inner.command, &inner.bounds) })
             .await
-            .map_err(|e| Error::new(Kind::Internal, format!("starting a child: {e}")))??;
+            .map_err(|e| Error::new(ErrorKind::Internal, format!("starting a child: {e}")))??;
         self.inner.lock().insert(
             key,
             Entry {

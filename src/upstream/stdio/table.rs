@@ -20,7 +20,7 @@ use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::budget::{MemoryBudget, Reservation};
-use crate::error::{Error, Kind};
+use crate::error::{Error, ErrorKind};
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::version::META_SUBSCRIPTION_ID;
 use crate::upstream::caller::{Caller, Group};
@@ -253,7 +253,7 @@ impl Table {
         let bytes = raw::to_bytes(&msg);
         let answer = hold(bytes, budget).ok_or_else(|| {
             Error::new(
-                Kind::Overloaded { retry_after: 1 },
+                ErrorKind::Overloaded { retry_after: 1 },
                 "its memory budget is spent",
             )
         });

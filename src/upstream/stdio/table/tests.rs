@@ -145,7 +145,7 @@ fn responses_and_progress_reach_their_own_request_with_the_clients_ids() {
 fn a_childs_exit_fails_what_it_was_sent() {
     let mut t = Table::default();
     let mut a = wait(&mut t, 1, "1", None, ServerRequests::Withheld);
-    t.fail_generation(1, || Error::new(Kind::UpstreamFailed, "gone"));
+    t.fail_generation(1, || Error::new(ErrorKind::UpstreamFailed, "gone"));
     assert!(a.done.try_recv().unwrap().is_err());
     assert_eq!(t.len(), 0);
 }
