@@ -11,7 +11,8 @@ use super::setting::{
     Bad, AT_LEAST_1MS,
 };
 use super::types::{
-    redact_url, HostPolicy, LogFormat, OriginPolicy, Transport, UpstreamProtocol, UpstreamTarget,
+    redact_url, HostPolicy, LogFormat, OriginPolicy, UpstreamProtocol, UpstreamTarget,
+    UpstreamTransport,
 };
 
 settings! {
@@ -25,8 +26,8 @@ settings! {
             "The upstream MCP server's Streamable HTTP endpoint. Required, unless the upstream is a stdio MCP server the sidecar runs (`EPODE_SIDECAR_UPSTREAM_COMMAND`, or a command after `--`).",
             |v| parse_upstream(v).ok_or(Bad::Whole),
             |c| match &c.upstream {
-                Transport::Http(t) => redact_url(t.url.as_str()).into_owned(),
-                Transport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
+                UpstreamTransport::Http(t) => redact_url(t.url.as_str()).into_owned(),
+                UpstreamTransport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
             },
         ),
         LISTEN: SocketAddr = setting(

@@ -37,7 +37,8 @@ use self::setting::{Doc, Layers};
 pub(crate) use self::types::{
     redact_url, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
     HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RouteTemplate,
-    RunAs, StdioChildren, StdioCommand, Transport, UpstreamProtocol, UpstreamTarget, UpstreamTls,
+    RunAs, StdioChildren, StdioCommand, UpstreamProtocol, UpstreamTarget, UpstreamTls,
+    UpstreamTransport,
 };
 
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
@@ -302,7 +303,7 @@ impl Config {
         let warnings = unknown_variables(&env).map_err(scrub)?;
         let mut config = Config::read(&layers, &flags.command).map_err(scrub)?;
         config.warnings = warnings;
-        if let Transport::Stdio(command) = &mut config.upstream {
+        if let UpstreamTransport::Stdio(command) = &mut config.upstream {
             command.select_env(&env);
         }
         Ok(config)
@@ -342,7 +343,7 @@ impl Config {
         };
         let workers = core::resolve_workers(
             l.get(&core::WORKERS)?,
-            matches!(upstream, Transport::Stdio(_)),
+            matches!(upstream, UpstreamTransport::Stdio(_)),
         );
         Ok(Config {
             warnings: Vec::new(),
@@ -430,7 +431,7 @@ impl fmt::Display for Config {
 
 /// The upstream: an HTTP endpoint (`upstream`), or a command (from the command line after
 /// `--`, which wins, or `upstream_command`); exactly one of them.
-fn transport(l: &Layers, argv: &[String]) -> Result<Transport, ConfigError> {
+fn transport(l: &Layers, argv: &[String]) -> Result<UpstreamTransport, ConfigError> {
     let url = l.text(&core::UPSTREAM);
     let argv = if argv.is_empty() {
         l.optional(&stdio::UPSTREAM_COMMAND)?.unwrap_or_default()
@@ -438,7 +439,7 @@ fn transport(l: &Layers, argv: &[String]) -> Result<Transport, ConfigError> {
         argv.to_vec()
     };
     match (url, argv.split_first()) {
-        (Some(_), None) => l.get(&core::UPSTREAM).map(Transport::Http),
+        (Some(_), None) => l.get(&core::UPSTREAM).map(UpstreamTransport::Http),
         (Some(url), Some(_)) => Err(core::UPSTREAM.doc.invalid(&format!(
             "{url}, while a command to run is also given; give one of them"
         ))),
@@ -446,15 +447,15 @@ fn transport(l: &Layers, argv: &[String]) -> Result<Transport, ConfigError> {
             name: "the upstream: EPODE_SIDECAR_UPSTREAM (an http:// or https:// URL), or a command to run after `--` (or EPODE_SIDECAR_UPSTREAM_COMMAND)".to_owned(),
             accepts: "for instance `epode-sidecar -- python server.py` for a stdio MCP server, or EPODE_SIDECAR_UPSTREAM=http://127.0.0.1:8000/mcp".into(),
         }),
-        (None, Some((program, args))) => stdio::read(l, program, args).map(Transport::Stdio),
+        (None, Some((program, args))) => stdio::read(l, program, args).map(UpstreamTransport::Stdio),
     }
 }
 
 /// With the HTTP surface on: the upstream must be reached over HTTP (its routes are proxied to
 /// its origin), and a bare origin (`http://127.0.0.1:8000`, no path at all) has its MCP
 /// endpoint at `EPODE_SIDECAR_PATH`.
-fn bare_origin(l: &Layers, upstream: &mut Transport) -> Result<(), ConfigError> {
-    let Transport::Http(target) = upstream else {
+fn bare_origin(l: &Layers, upstream: &mut UpstreamTransport) -> Result<(), ConfigError> {
+    let UpstreamTransport::Http(target) = upstream else {
         return Err(http::HTTP_SURFACE.doc.invalid(
             "on, while the upstream is a stdio command; the HTTP surface proxies to an HTTP upstream (EPODE_SIDECAR_UPSTREAM)",
         ));

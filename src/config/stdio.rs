@@ -10,7 +10,7 @@ use super::setting::{
     a_duration, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
     ConfigError, Layers,
 };
-use super::types::{Config, Rate, RunAs, StdioChildren, StdioCommand, Transport};
+use super::types::{Config, Rate, RunAs, StdioChildren, StdioCommand, UpstreamTransport};
 
 /// The command to run: `program` and `args` (from the command line after `--`, or
 /// `upstream_command`) with the other stdio settings.
@@ -110,8 +110,8 @@ where
     T: ToString,
 {
     match &c.upstream {
-        Transport::Stdio(s) => f(s).to_string(),
-        Transport::Http(_) => http.to_owned(),
+        UpstreamTransport::Stdio(s) => f(s).to_string(),
+        UpstreamTransport::Http(_) => http.to_owned(),
     }
 }
 

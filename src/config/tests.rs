@@ -26,7 +26,7 @@ fn defaults_apply() {
     assert_eq!(c.shutdown_grace, Duration::from_secs(10));
     assert_eq!(c.allowed_origins, OriginPolicy::Loopback);
     assert_eq!(c.allowed_hosts, HostPolicy::Loopback);
-    let Transport::Http(target) = &c.upstream else {
+    let UpstreamTransport::Http(target) = &c.upstream else {
         panic!("an HTTP upstream")
     };
     assert_eq!(target.authority, "127.0.0.1:8000");
@@ -103,7 +103,7 @@ fn layers_override_in_order() {
         &flags,
     )
     .unwrap();
-    let Transport::Http(target) = &c.upstream else {
+    let UpstreamTransport::Http(target) = &c.upstream else {
         panic!("an HTTP upstream")
     };
     assert_eq!(target.url.as_str(), "http://127.0.0.1:1/mcp");
@@ -242,7 +242,7 @@ fn stdio_config(pairs: &[(&str, &str)], command: &[&str]) -> Result<Config, Conf
 #[test]
 fn a_command_after_the_separator_or_in_the_setting_is_a_stdio_upstream() {
     let c = stdio_config(&[OFF], &["python", "server.py", "--stdio"]).unwrap();
-    let Transport::Stdio(cmd) = &c.upstream else {
+    let UpstreamTransport::Stdio(cmd) = &c.upstream else {
         panic!("stdio")
     };
     assert_eq!(cmd.program, "python");
@@ -258,7 +258,7 @@ fn a_command_after_the_separator_or_in_the_setting_is_a_stdio_upstream() {
         &[],
     )
     .unwrap();
-    let Transport::Stdio(cmd) = &c.upstream else {
+    let UpstreamTransport::Stdio(cmd) = &c.upstream else {
         panic!("stdio")
     };
     assert_eq!(cmd.program, "uv");
@@ -269,7 +269,7 @@ fn a_command_after_the_separator_or_in_the_setting_is_a_stdio_upstream() {
         &["mine"],
     )
     .unwrap();
-    let Transport::Stdio(cmd) = &c.upstream else {
+    let UpstreamTransport::Stdio(cmd) = &c.upstream else {
         panic!("stdio")
     };
     assert_eq!(cmd.program, "mine");
@@ -314,7 +314,7 @@ fn the_child_sees_only_the_allowed_environment_and_never_the_key() {
         &["server"],
     )
     .unwrap();
-    let Transport::Stdio(cmd) = &c.upstream else {
+    let UpstreamTransport::Stdio(cmd) = &c.upstream else {
         panic!("stdio")
     };
     let names: Vec<&str> = cmd.env.iter().map(|(k, _)| k.as_str()).collect();
@@ -331,7 +331,7 @@ fn the_child_sees_only_the_allowed_environment_and_never_the_key() {
         &["server"],
     )
     .unwrap();
-    let Transport::Stdio(cmd) = &c.upstream else {
+    let UpstreamTransport::Stdio(cmd) = &c.upstream else {
         panic!("stdio")
     };
     let names: Vec<&str> = cmd.env.iter().map(|(k, _)| k.as_str()).collect();
@@ -580,7 +580,7 @@ fn the_http_surface_is_off_by_default_and_reads_its_settings_when_on() {
         h.upstream_connections(c.limits.upstream_max_connections),
         128
     );
-    let Transport::Http(t) = &c.upstream else {
+    let UpstreamTransport::Http(t) = &c.upstream else {
         panic!("an HTTP upstream")
     };
     assert_eq!(t.url.path(), "/mcp", "a path given is kept");
@@ -599,7 +599,7 @@ fn with_the_http_surface_a_bare_origin_upstream_has_its_mcp_endpoint_at_the_path
             &FlagValues::default(),
         )
         .unwrap();
-        let Transport::Http(t) = c.upstream else {
+        let UpstreamTransport::Http(t) = c.upstream else {
             panic!("an HTTP upstream")
         };
         t.url.to_string()

@@ -55,20 +55,20 @@ pub(crate) enum LogFormat {
 
 /// How the sidecar reaches the upstream MCP server.
 #[derive(Debug, Clone)]
-pub(crate) enum Transport {
+pub(crate) enum UpstreamTransport {
     /// A Streamable HTTP endpoint.
     Http(UpstreamTarget),
     /// A child process spoken to over stdin/stdout.
     Stdio(StdioCommand),
 }
 
-impl Transport {
+impl UpstreamTransport {
     /// How logs show the upstream (a URL without its credentials and query, or the program
     /// the sidecar runs).
     pub(crate) fn shown(&self) -> String {
         match self {
-            Transport::Http(t) => redact_url(t.url.as_str()).into_owned(),
-            Transport::Stdio(c) => format!("stdio: {}", c.shown()),
+            UpstreamTransport::Http(t) => redact_url(t.url.as_str()).into_owned(),
+            UpstreamTransport::Stdio(c) => format!("stdio: {}", c.shown()),
         }
     }
 }
@@ -86,7 +86,7 @@ pub(crate) struct Config {
     /// What the operator should hear about the configuration once logging runs.
     pub(crate) warnings: Vec<String>,
     pub(crate) listen: SocketAddr,
-    pub(crate) upstream: Transport,
+    pub(crate) upstream: UpstreamTransport,
     pub(crate) path: String,
     pub(crate) allowed_origins: OriginPolicy,
     pub(crate) allowed_hosts: HostPolicy,

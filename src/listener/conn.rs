@@ -239,7 +239,7 @@ enum Due {
 }
 
 /// What a connection runs on: plain TCP, or TLS over it.
-pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin {
+pub(crate) trait ClientStream: AsyncRead + AsyncWrite + Unpin {
     /// Whether a client's end of stream before its answer is probed as a possible half-close
     /// (plain TCP: a reset tells a client gone for good; TLS hides it).
     const PROBES: bool = false;
@@ -250,7 +250,7 @@ pub(crate) trait Transport: AsyncRead + AsyncWrite + Unpin {
     }
 }
 
-impl Transport for tokio::net::TcpStream {
+impl ClientStream for tokio::net::TcpStream {
     const PROBES: bool = true;
 
     fn reset_by_peer(&self) -> bool {
@@ -259,7 +259,7 @@ impl Transport for tokio::net::TcpStream {
     }
 }
 
-impl Transport for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {}
+impl ClientStream for tokio_rustls::server::TlsStream<tokio::net::TcpStream> {}
 
 /// The first bytes of an HTTP/2 connection (its preface).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
@@ -474,7 +474,7 @@ impl<IO: AsyncWrite + Unpin> Watched<IO> {
     }
 }
 
-impl<IO: Transport> Watched<IO> {
+impl<IO: ClientStream> Watched<IO> {
     /// The client's end of stream arrived: whether it is kept from hyper as a half-close (an
     /// HTTP/1.1 request on plain TCP whose answer has not begun, with nothing of hyper's
     /// waiting to be written). Then the probe goes out.
@@ -558,7 +558,7 @@ impl<IO: Transport> Watched<IO> {
     }
 }
 
-impl<IO: Transport> AsyncRead for Watched<IO> {
+impl<IO: ClientStream> AsyncRead for Watched<IO> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -598,7 +598,7 @@ impl<IO: Transport> AsyncRead for Watched<IO> {
     }
 }
 
-impl<IO: Transport> AsyncWrite for Watched<IO> {
+impl<IO: ClientStream> AsyncWrite for Watched<IO> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -24,7 +24,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use self::conn::{Deadlines, Transport, Watched, CHUNK};
+use self::conn::{ClientStream, Deadlines, Watched, CHUNK};
 use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::Limits;
@@ -224,7 +224,7 @@ impl Bounds {
         handler: H,
         drain: Option<watch::Receiver<bool>>,
     ) where
-        IO: Transport + Send + 'static,
+        IO: ClientStream + Send + 'static,
         H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
         F: Future<Output = Response<Body>> + Send + 'static,
     {

@@ -45,7 +45,7 @@ use self::stdio::{StdioBounds, StdioUpstream};
 use self::translate::set_modern_headers;
 use crate::body::Body;
 use crate::budget::MemoryBudget;
-use crate::config::{Config, Transport};
+use crate::config::{Config, UpstreamTransport};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
@@ -95,7 +95,7 @@ impl Upstream {
             Arc::new(move |kind| metrics.limit(kind))
         };
         let hop = match &config.upstream {
-            Transport::Http(target) => Hop::Http(HttpUpstream::new(
+            UpstreamTransport::Http(target) => Hop::Http(HttpUpstream::new(
                 target.clone(),
                 Arc::new(tls),
                 HttpBounds {
@@ -114,7 +114,7 @@ impl Upstream {
                     gauge: metrics.upstream_connections.clone(),
                 },
             )),
-            Transport::Stdio(command) => Hop::Stdio(StdioUpstream::start(
+            UpstreamTransport::Stdio(command) => Hop::Stdio(StdioUpstream::start(
                 command,
                 StdioBounds {
                     timeout: config.upstream_timeout,
