@@ -542,7 +542,8 @@ impl Telemetry {
             limiter: parking_lot::Mutex::new(limiter),
             stop: stop_rx.clone(),
         });
-        let dispatcher = Dispatcher::new(shared, batch_ready.clone(), wanted.clone(), rx, stop_rx);
+        let dispatcher =
+            BatchDispatcher::new(shared, batch_ready.clone(), wanted.clone(), rx, stop_rx);
         Arc::new(Telemetry {
             tx,
             sequence: parking_lot::Mutex::new(0),
@@ -699,7 +700,7 @@ impl Drop for Slot {
 }
 
 /// Forms batches and starts their deliveries.
-struct Dispatcher {
+struct BatchDispatcher {
     shared: Arc<TelemetryCore>,
     batch_ready: Arc<Notify>,
     wanted: Arc<AtomicUsize>,
@@ -716,15 +717,15 @@ struct Dispatcher {
     deferred: VecDeque<(Queued, Vec<u64>)>,
 }
 
-impl Dispatcher {
+impl BatchDispatcher {
     fn new(
         shared: Arc<TelemetryCore>,
         batch_ready: Arc<Notify>,
         wanted: Arc<AtomicUsize>,
         rx: mpsc::Receiver<Queued>,
         stop: watch::Receiver<Option<Instant>>,
-    ) -> Dispatcher {
-        Dispatcher {
+    ) -> BatchDispatcher {
+        BatchDispatcher {
             shared,
             batch_ready,
             wanted,
