@@ -26,12 +26,12 @@ use crate::metrics::{method_label, HeadRefusal, LimitKind, MethodLabels, Metrics
 use crate::observe::{Millis, Note, Observer, Served, ACCESS_TARGET};
 use crate::upstream::{Client, Upstream};
 
-use self::table::Table;
+use self::table::MethodTable;
 
 /// One worker's request path: the method table (with the configuration, its view of the
 /// upstream, the binding), and the limits and metrics every worker shares.
 pub(crate) struct Dispatcher {
-    table: Table,
+    table: MethodTable,
     budget: Arc<MemoryBudget>,
     /// The MCP requests being served (every worker's).
     in_flight: Gate,
@@ -83,7 +83,7 @@ impl Dispatcher {
             observer,
         } = parts;
         Dispatcher {
-            table: Table {
+            table: MethodTable {
                 config,
                 upstream,
                 binding,

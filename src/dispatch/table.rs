@@ -1,9 +1,9 @@
-//! The method table (`Table`, one per worker): for each validated request, what is answered here, what is translated,
-//! and what is forwarded. Local: `server/discover` (the upstream's, merged with the feedback
-//! rule), `initialize` for 2025 clients, `ping` and `subscriptions/listen` where the upstream's
-//! era has none, a 2025 client's `logging/setLevel` for a 2026 upstream, and the two feedback
-//! tools. Rewritten: `tools/list` and product `tools/call`.
-//! Everything else goes to the upstream in its era and comes back in the client's.
+//! The method table (`MethodTable`, one per worker): for each validated request, what is
+//! answered here, what is translated, and what is forwarded. Local: `server/discover` (the
+//! upstream's, merged with the feedback rule), `initialize` for 2025 clients, `ping` and
+//! `subscriptions/listen` where the upstream's era has none, a 2025 client's `logging/setLevel`
+//! for a 2026 upstream, and the two feedback tools. Rewritten: `tools/list` and product
+//! `tools/call`. Everything else goes to the upstream in its era and comes back in the client's.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,7 +36,7 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// The method table and what it answers with: the configuration, one worker's view of the
 /// upstream, the binding, the tools' rate limits.
-pub(super) struct Table {
+pub(super) struct MethodTable {
     pub(super) config: Arc<Config>,
     pub(super) upstream: Arc<Upstream>,
     pub(super) binding: Arc<FeedbackBinding>,
@@ -46,10 +46,10 @@ pub(super) struct Table {
     pub(super) cut: watch::Receiver<bool>,
 }
 
-impl Table {
+impl MethodTable {
     /// The same table for another worker, through that worker's view of the upstream.
     pub(super) fn for_worker(&self, upstream: Arc<Upstream>) -> Self {
-        Table {
+        MethodTable {
             config: self.config.clone(),
             upstream,
             binding: self.binding.clone(),

@@ -81,16 +81,16 @@ impl Closed {
 /// The open sessions, by a hash of the client's credentials; bounded, least recently used
 /// first out (O(1) per request, whatever the table's size). Times are passed in, so the
 /// eviction and idle rules are tested without waiting.
-struct Table {
+struct SessionTable {
     lru: Mutex<LruCache<u64, Entry>>,
     hasher: RandomState,
     cap: usize,
     idle: Duration,
 }
 
-impl Table {
+impl SessionTable {
     fn new(cap: usize, idle: Duration) -> Self {
-        Table {
+        SessionTable {
             lru: Mutex::new(LruCache::unbounded()),
             hasher: RandomState::new(),
             cap: cap.max(1),
@@ -245,13 +245,13 @@ fn close_in_background(hop: &Hop, closed: Vec<Closed>) {
 /// A 2025-era upstream's sessions: the table, the handshake that fills it, the one
 /// re-initialisation, and the `DELETE` of every session let go. Shared by every worker.
 pub(crate) struct Sessions {
-    table: Table,
+    table: SessionTable,
 }
 
 impl Sessions {
     pub(crate) fn new(cap: usize, idle: Duration) -> Self {
         Sessions {
-            table: Table::new(cap, idle),
+            table: SessionTable::new(cap, idle),
         }
     }
 
@@ -423,7 +423,7 @@ mod tests {
 
     #[test]
     fn the_table_is_bounded_least_recently_used_first() {
-        let t = Table::new(2, Duration::from_secs(600));
+        let t = SessionTable::new(2, Duration::from_secs(600));
         let t0 = Instant::now();
         assert!(t.insert(&creds("a"), session("s1"), t0).is_empty());
         assert!(t.insert(&creds("b"), session("s2"), t0).is_empty());
@@ -444,7 +444,7 @@ mod tests {
     #[test]
     fn a_full_table_makes_room_in_constant_time() {
         let n = 50_000;
-        let t = Table::new(n, Duration::from_secs(600));
+        let t = SessionTable::new(n, Duration::from_secs(600));
         let now = Instant::now();
         let fill = |from: usize, to: usize| {
             let started = Instant::now();
@@ -466,7 +466,7 @@ mod tests {
 
     #[test]
     fn idle_sessions_go() {
-        let t = Table::new(10, Duration::from_millis(1));
+        let t = SessionTable::new(10, Duration::from_millis(1));
         let t0 = Instant::now();
         t.insert(&creds("a"), session("s1"), t0);
         let later = t0 + Duration::from_millis(5);
@@ -477,7 +477,7 @@ mod tests {
 
     #[test]
     fn a_session_in_use_is_not_idle() {
-        let t = Table::new(10, Duration::from_secs(60));
+        let t = SessionTable::new(10, Duration::from_secs(60));
         let t0 = Instant::now();
         t.insert(&creds("a"), session("s1"), t0);
         assert!(t.get(&creds("a"), t0 + Duration::from_secs(50)).is_some());
@@ -488,12 +488,12 @@ mod tests {
 
     #[test]
     fn every_session_let_go_gets_its_delete() {
-        let t = Table::new(1, Duration::from_secs(600));
+        let t = SessionTable::new(1, Duration::from_secs(600));
         let now = Instant::now();
         t.insert(&creds("a"), session("s1"), now);
         let evicted = t.insert(&creds("b"), session("s2"), now);
         assert_eq!(evicted.len(), 1);
-        let base = Table::credentials(&evicted[0].credentials);
+        let base = SessionTable::credentials(&evicted[0].credentials);
         let delete = evicted[0].delete_headers(base).unwrap();
         assert_eq!(delete[headers::SESSION_ID], "s1");
         assert_eq!(delete[headers::PROTOCOL_VERSION], "2025-11-25");

@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub(crate) use self::body::StdioBody;
 use self::body::{Streamed, Waiter};
 use self::pool::Pool;
-use self::table::{FromClient, Held, Key, Routed, Table, Waiting, NOTES};
+use self::table::{FromClient, Held, Key, RequestTable, Routed, Waiting, NOTES};
 use super::caller::Caller;
 use super::hop::ServerRequests;
 use super::ready::NotReady;
@@ -96,7 +96,7 @@ pub(crate) struct StdioBounds {
 
 /// One child process (through its restarts), and who waits for what on its pipe.
 pub(super) struct Pipe {
-    table: Mutex<Table>,
+    table: Mutex<RequestTable>,
     live: watch::Sender<Option<Arc<Generation>>>,
     stop: watch::Sender<bool>,
     seq: AtomicU64,
@@ -133,7 +133,7 @@ impl Drop for Using<'_> {
 }
 
 impl Pipe {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, RequestTable> {
         self.table.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -346,7 +346,7 @@ fn start_pipe(command: &StdioCommand, bounds: &StdioBounds) -> Result<Arc<Pipe>,
     let (live, _) = watch::channel(None);
     let (stop, _) = watch::channel(false);
     let pipe = Arc::new(Pipe {
-        table: Mutex::new(Table::default()),
+        table: Mutex::new(RequestTable::default()),
         live,
         stop,
         seq: AtomicU64::new(1),

@@ -120,8 +120,10 @@ pub(super) enum FromClient {
     Ignored(&'static str),
 }
 
+/// The requests open on the pipe, both ways, by key: the clients' the child has not answered
+/// and the child's sent on to a client.
 #[derive(Default)]
-pub(super) struct Table {
+pub(super) struct RequestTable {
     pending: HashMap<Key, Waiting>,
     asked: HashMap<Key, Asked>,
 }
@@ -137,7 +139,7 @@ fn hold(bytes: Bytes, budget: &Arc<MemoryBudget>) -> Option<Held> {
     r.grow(bytes.len()).then_some((bytes, r))
 }
 
-impl Table {
+impl RequestTable {
     pub(super) fn insert(&mut self, key: Key, waiting: Waiting) {
         self.pending.insert(key, waiting);
     }

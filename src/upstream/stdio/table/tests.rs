@@ -25,7 +25,7 @@ struct Request {
 }
 
 fn wait_as(
-    t: &mut Table,
+    t: &mut RequestTable,
     key: Key,
     owner: Caller,
     client_id: &str,
@@ -52,7 +52,7 @@ fn wait_as(
 }
 
 fn wait(
-    t: &mut Table,
+    t: &mut RequestTable,
     key: Key,
     client_id: &str,
     token: Option<&str>,
@@ -96,7 +96,7 @@ fn keys_are_random_and_read_back_only_in_their_own_form() {
 #[test]
 fn responses_and_progress_reach_their_own_request_with_the_clients_ids() {
     let b = budget();
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let mut a = wait(
         &mut t,
         1,
@@ -143,7 +143,7 @@ fn responses_and_progress_reach_their_own_request_with_the_clients_ids() {
 
 #[test]
 fn a_childs_exit_fails_what_it_was_sent() {
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let mut a = wait(&mut t, 1, "1", None, ServerRequests::Withheld);
     t.fail_generation(1, || Error::new(ErrorKind::UpstreamFailed, "gone"));
     assert!(a.done.try_recv().unwrap().is_err());
@@ -153,7 +153,7 @@ fn a_childs_exit_fails_what_it_was_sent() {
 #[test]
 fn server_requests_go_to_the_one_client_that_can_answer_and_come_back_only_from_it() {
     let b = budget();
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let mut modern = wait(&mut t, 1, "1", None, ServerRequests::Withheld);
     // Only a 2026 client waits: the child is told at once.
     let ask = r#"{"jsonrpc":"2.0","id":5,"method":"sampling/createMessage","params":{}}"#;
@@ -210,7 +210,7 @@ fn server_requests_go_to_the_one_client_that_can_answer_and_come_back_only_from_
 #[test]
 fn a_server_request_is_asked_of_nobody_when_two_clients_could_have_caused_it() {
     let b = budget();
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let mut a1 = wait_as(
         &mut t,
         1,
@@ -257,7 +257,7 @@ fn a_server_request_is_asked_of_nobody_when_two_clients_could_have_caused_it() {
 #[test]
 fn listen_notifications_find_their_stream_by_subscription_id() {
     let b = budget();
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let mut listen = wait(&mut t, 3, r#""sub-1""#, None, ServerRequests::Withheld);
     let note = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/tools/list_changed","params":{{"_meta":{{"io.modelcontextprotocol/subscriptionId":{}}}}}}}"#,
@@ -272,7 +272,7 @@ fn listen_notifications_find_their_stream_by_subscription_id() {
 
 #[test]
 fn a_clients_cancel_reaches_only_its_own_request() {
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let alice = client(Some("alice"), 1);
     let anon = client(None, 2);
     let _a = wait_as(&mut t, 1, alice, "9", None, ServerRequests::Withheld);
@@ -300,7 +300,7 @@ fn a_clients_cancel_reaches_only_its_own_request() {
 #[test]
 fn a_full_client_stream_drops_notifications_never_the_response() {
     let b = budget();
-    let mut t = Table::default();
+    let mut t = RequestTable::default();
     let mut r = wait(&mut t, 1, "1", Some("1"), ServerRequests::Withheld);
     let progress = format!(
         r#"{{"jsonrpc":"2.0","method":"notifications/progress","params":{{"progressToken":{},"progress":1}}}}"#,
