@@ -10,11 +10,12 @@ use std::time::{Duration, Instant};
 pub(crate) struct LogSummary {
     what: &'static str,
     interval: Duration,
-    inner: Mutex<Inner>,
+    tally: Mutex<SummaryCounts>,
 }
 
+/// The occurrences counted by reason since the current window began.
 #[derive(Default)]
-struct Inner {
+struct SummaryCounts {
     counts: BTreeMap<&'static str, u64>,
     /// Start of the current window; `None` after a quiet interval (the next one is logged at
     /// once).
@@ -26,12 +27,12 @@ impl LogSummary {
         LogSummary {
             what,
             interval,
-            inner: Mutex::new(Inner::default()),
+            tally: Mutex::new(SummaryCounts::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, SummaryCounts> {
+        self.tally.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts `n` occurrences of `reason`, logging now or folding them into the next summary.
@@ -51,13 +52,13 @@ impl LogSummary {
     /// Logs the summary when its interval has passed (call from a timer).
     pub(crate) fn flush_if_due(&self) {
         let now = Instant::now();
-        let mut inner = self.lock();
-        match inner.window {
+        let mut tally = self.lock();
+        match tally.window {
             Some(start) if now.duration_since(start) >= self.interval => {
-                if inner.counts.is_empty() {
-                    inner.window = None;
-                } else if let Some(line) = self.summary(&mut inner, now) {
-                    drop(inner);
+                if tally.counts.is_empty() {
+                    tally.window = None;
+                } else if let Some(line) = self.summary(&mut tally, now) {
+                    drop(tally);
                     tracing::warn!("{line}");
                 }
             }
@@ -66,10 +67,10 @@ impl LogSummary {
     }
 
     fn add_at(&self, reason: &'static str, n: u64, now: Instant) -> Option<String> {
-        let mut inner = self.lock();
-        match inner.window {
+        let mut tally = self.lock();
+        match tally.window {
             None => {
-                inner.window = Some(now);
+                tally.window = Some(now);
                 Some(format!(
                     "{}: {n} ({reason}); repeats are summarised every {}",
                     self.what,
@@ -77,9 +78,9 @@ impl LogSummary {
                 ))
             }
             Some(start) => {
-                *inner.counts.entry(reason).or_default() += n;
+                *tally.counts.entry(reason).or_default() += n;
                 if now.duration_since(start) >= self.interval {
-                    self.summary(&mut inner, now)
+                    self.summary(&mut tally, now)
                 } else {
                     None
                 }
@@ -87,21 +88,21 @@ impl LogSummary {
         }
     }
 
-    fn summary(&self, inner: &mut Inner, now: Instant) -> Option<String> {
-        if inner.counts.is_empty() {
+    fn summary(&self, tally: &mut SummaryCounts, now: Instant) -> Option<String> {
+        if tally.counts.is_empty() {
             return None;
         }
-        let since = inner
+        let since = tally
             .window
             .map_or(Duration::ZERO, |s| now.duration_since(s));
-        let total: u64 = inner.counts.values().sum();
-        let parts: Vec<String> = inner
+        let total: u64 = tally.counts.values().sum();
+        let parts: Vec<String> = tally
             .counts
             .iter()
             .map(|(reason, n)| format!("{reason}={n}"))
             .collect();
-        inner.counts.clear();
-        inner.window = Some(now);
+        tally.counts.clear();
+        tally.window = Some(now);
         Some(format!(
             "{}: {total} more in the last {}s ({})",
             self.what,

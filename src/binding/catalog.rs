@@ -30,13 +30,14 @@ const REFETCH_AFTER: Duration = Duration::from_secs(30);
 const SLICE: usize = 256;
 
 pub(crate) struct ToolCatalog {
-    inner: Mutex<Inner>,
+    listed: Mutex<ListedTools>,
     max: NonZeroUsize,
     /// Whether the operator was told that the upstream lists more tools than `max`.
     warned_full: AtomicBool,
 }
 
-struct Inner {
+/// What the upstream's tool lists showed, and when the sidecar last listed them itself.
+struct ListedTools {
     /// Name → (declares an outputSchema, when a list last showed it), the least recently
     /// listed first.
     tools: LruCache<String, (bool, Instant)>,
@@ -50,7 +51,7 @@ impl ToolCatalog {
     pub(crate) fn new(max: usize) -> Self {
         let max = NonZeroUsize::new(max).unwrap_or(NonZeroUsize::MIN);
         ToolCatalog {
-            inner: Mutex::new(Inner {
+            listed: Mutex::new(ListedTools {
                 tools: LruCache::sparse(max),
                 fetched_at: None,
             }),
@@ -59,8 +60,8 @@ impl ToolCatalog {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock()
+    fn lock(&self) -> MutexGuard<'_, ListedTools> {
+        self.listed.lock()
     }
 
     /// `Some(declares outputSchema)` when the upstream listed `name` within the TTL.
@@ -82,16 +83,16 @@ impl ToolCatalog {
             .peekable();
         let mut evicted = false;
         while tools.peek().is_some() {
-            let mut inner = self.lock();
-            inner.expire();
+            let mut listed = self.lock();
+            listed.expire();
             for (name, has_schema) in tools.by_ref().take(SLICE) {
-                if let Some(entry) = inner.tools.get_mut(&name) {
+                if let Some(entry) = listed.tools.get_mut(&name) {
                     *entry = (has_schema, now);
                 } else {
-                    evicted |= inner.tools.push(name, (has_schema, now)).is_some();
+                    evicted |= listed.tools.push(name, (has_schema, now)).is_some();
                 }
             }
-            MutexGuard::unlock_fair(inner);
+            MutexGuard::unlock_fair(listed);
         }
         if evicted && !self.warned_full.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -103,14 +104,14 @@ impl ToolCatalog {
 
     /// Whether the sidecar should list the tools itself now (and, if so, notes that it does).
     pub(crate) fn claim_fetch(&self) -> bool {
-        let mut inner = self.lock();
-        if inner
+        let mut listed = self.lock();
+        if listed
             .fetched_at
             .is_some_and(|at| at.elapsed() < REFETCH_AFTER)
         {
             return false;
         }
-        inner.fetched_at = Some(Instant::now());
+        listed.fetched_at = Some(Instant::now());
         true
     }
 
@@ -118,9 +119,9 @@ impl ToolCatalog {
     /// freed after the lock is released.
     pub(crate) fn invalidate(&self) {
         let old = {
-            let mut inner = self.lock();
-            inner.fetched_at = None;
-            std::mem::replace(&mut inner.tools, LruCache::sparse(self.max))
+            let mut listed = self.lock();
+            listed.fetched_at = None;
+            std::mem::replace(&mut listed.tools, LruCache::sparse(self.max))
         };
         drop(old);
     }
@@ -131,7 +132,7 @@ impl ToolCatalog {
     }
 }
 
-impl Inner {
+impl ListedTools {
     /// Forgets names past the TTL from the stale end: O(1) per name forgotten.
     fn expire(&mut self) {
         while self

@@ -108,9 +108,9 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 
 /// A listener's bounds, shared by its connections (on the MCP port, by every worker's).
 #[derive(Clone)]
-pub(crate) struct Bounds(Arc<Inner>);
+pub(crate) struct Bounds(Arc<ListenerShared>);
 
-struct Inner {
+struct ListenerShared {
     /// The connections open, under the listener's share of the cap.
     connections: Gate,
     /// The limit kind counted when a connection is refused.
@@ -147,7 +147,7 @@ impl Bounds {
         metrics: Arc<Metrics>,
         budget: Option<Arc<MemoryBudget>>,
     ) -> Self {
-        Bounds(Arc::new(Inner {
+        Bounds(Arc::new(ListenerShared {
             connections: Gate::with_gauge(cap, metrics.open_connections.clone()),
             refused: role.refused(),
             deadlines: Deadlines {
@@ -228,18 +228,18 @@ impl Bounds {
         H: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
         F: Future<Output = Response<Body>> + Send + 'static,
     {
-        let inner = &self.0;
+        let shared = &self.0;
         let peer = admitted.peer;
         let watched = Watched::new(
             io,
-            inner.deadlines,
+            shared.deadlines,
             admitted.place,
-            inner.metrics.clone(),
+            shared.metrics.clone(),
             admitted.accepted,
         );
         let state = watched.state();
         let in_service = state.clone();
-        let budget = inner.budget.clone();
+        let budget = shared.budget.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let guard = in_service.request_started(req.version() == Version::HTTP_11);
             let h2 = req.version() == Version::HTTP_2;
@@ -258,7 +258,7 @@ impl Bounds {
                 Ok::<_, Infallible>(resp.map(|b| conn::track(b, guard, counted)))
             }
         });
-        let conn = inner
+        let conn = shared
             .http
             .serve_connection_with_upgrades(TokioIo::new(watched), service)
             .into_owned();

@@ -24,7 +24,8 @@ struct Entry {
     used: Instant,
 }
 
-struct Inner {
+/// The pool's children by client key, and what it needs to start and stop them.
+struct ChildSlots {
     command: StdioCommand,
     bounds: StdioBounds,
     max: usize,
@@ -39,11 +40,11 @@ struct Inner {
 }
 
 pub(super) struct Pool {
-    inner: Arc<Inner>,
+    slots: Arc<ChildSlots>,
     sweeper: tokio::task::JoinHandle<()>,
 }
 
-impl Inner {
+impl ChildSlots {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
         self.children.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -104,7 +105,7 @@ impl Pool {
                 used: Instant::now(),
             },
         );
-        let inner = Arc::new(Inner {
+        let slots = Arc::new(ChildSlots {
             command,
             bounds,
             max: max.max(1),
@@ -114,28 +115,28 @@ impl Pool {
             runtime: tokio::runtime::Handle::current(),
             answered_before: AtomicBool::new(false),
         });
-        let sweeper = tokio::spawn(sweep(Arc::downgrade(&inner)));
-        Pool { inner, sweeper }
+        let sweeper = tokio::spawn(sweep(Arc::downgrade(&slots)));
+        Pool { slots, sweeper }
     }
 
     /// The child of client `key`, started when it has none.
     pub(super) async fn get(&self, key: u64) -> Result<Arc<Pipe>, Error> {
-        if let Some(pipe) = self.inner.find(key) {
+        if let Some(pipe) = self.slots.find(key) {
             return Ok(pipe);
         }
-        let _one = self.inner.starting.lock().await;
-        if let Some(pipe) = self.inner.find(key) {
+        let _one = self.slots.starting.lock().await;
+        if let Some(pipe) = self.slots.find(key) {
             return Ok(pipe);
         }
-        self.inner.make_room()?;
-        let inner = self.inner.clone();
+        self.slots.make_room()?;
+        let slots = self.slots.clone();
         let started = self
-            .inner
+            .slots
             .runtime
-            .spawn(async move { start_pipe(&inner.command, &inner.bounds) })
+            .spawn(async move { start_pipe(&slots.command, &slots.bounds) })
             .await
             .map_err(|e| Error::new(ErrorKind::Internal, format!("starting a child: {e}")))??;
-        self.inner.lock().insert(
+        self.slots.lock().insert(
             key,
             Entry {
                 pipe: started.clone(),
@@ -150,7 +151,7 @@ impl Pool {
     /// place in the pool), else the one of clients without credentials, started now.
     pub(super) async fn any(&self) -> Result<Option<Arc<Pipe>>, Error> {
         let newest = {
-            let children = self.inner.lock();
+            let children = self.slots.lock();
             children
                 .values()
                 .max_by_key(|e| e.used)
@@ -158,7 +159,7 @@ impl Pool {
         };
         match newest {
             Some(pipe) => Ok(Some(pipe)),
-            None if self.inner.answered_before.load(Ordering::Relaxed) => Ok(None),
+            None if self.slots.answered_before.load(Ordering::Relaxed) => Ok(None),
             None => self.get(0).await.map(Some),
         }
     }
@@ -166,13 +167,13 @@ impl Pool {
     /// Stops every child and waits until they are gone.
     pub(super) async fn shutdown(&self) {
         self.sweeper.abort();
-        let pipes: Vec<Arc<Pipe>> = self.inner.lock().drain().map(|(_, e)| e.pipe).collect();
+        let pipes: Vec<Arc<Pipe>> = self.slots.lock().drain().map(|(_, e)| e.pipe).collect();
         futures_util::future::join_all(pipes.iter().map(|p| stop_pipe(p))).await;
     }
 }
 
 /// Stops the children unused for the idle time, now and then, while the pool lives.
-async fn sweep(pool: std::sync::Weak<Inner>) {
+async fn sweep(pool: std::sync::Weak<ChildSlots>) {
     let every = {
         let Some(p) = pool.upgrade() else { return };
         (p.idle / 2).clamp(Duration::from_millis(100), Duration::from_secs(30))
