@@ -484,7 +484,12 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
             .await
         }
         Owner::Other => match &routes.surface {
-            Some(surface) => surface.serve(&routes.operations.upstream, req, peer).await,
+            Some(surface) => {
+                let respelled = routed.respelled();
+                surface
+                    .serve(&routes.operations.upstream, req, peer, respelled)
+                    .await
+            }
             None => operations(&routes.operations, req.method(), routed.key(), metrics_here).await,
         },
     }

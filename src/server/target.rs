@@ -42,6 +42,14 @@ impl Routed<'_> {
         &self.key
     }
 
+    /// The canonical path when it is not the path as sent (which is then the canonical one).
+    pub(crate) fn respelled(self) -> Option<String> {
+        match self.key {
+            Cow::Owned(key) => Some(key),
+            Cow::Borrowed(_) => None,
+        }
+    }
+
     /// What follows the owner's prefix (`""` or `/…`); the whole key for the others.
     pub(crate) fn rest(&self) -> &str {
         match self.owner {

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName};
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -152,17 +152,23 @@ impl HttpSurfaceRoute {
     }
 
     /// One request to the HTTP surface from `peer`, proxied through `upstream` (the worker's
-    /// own view) and instrumented.
+    /// own view) and instrumented. The skip rules and the operation read the path's canonical
+    /// form (`respelled`, when it is not the path as sent), so `/%69nternal/x` is excluded as
+    /// `/internal/x` is; the app gets the path as sent.
     pub(crate) async fn serve(
         &self,
         upstream: &Upstream,
         req: Request<Incoming>,
         peer: SocketAddr,
+        respelled: Option<String>,
     ) -> Response<Body> {
         let started = Instant::now();
         let started_at = SystemTime::now();
         let (parts, body) = req.into_parts();
-        let (resp, served) = self.proxy(upstream, &parts, body, peer, started).await;
+        let path = respelled.as_deref().unwrap_or(parts.uri.path());
+        let (resp, served) = self
+            .proxy(upstream, (&parts, path), body, peer, started)
+            .await;
         self.count(&served);
         if let Some(observer) = &self.observer {
             let (surface, state, skipped, interaction_id) = match &served {
@@ -227,7 +233,7 @@ impl HttpSurfaceRoute {
     async fn proxy(
         &self,
         upstream: &Upstream,
-        parts: &Parts,
+        (parts, path): (&Parts, &str),
         body: Incoming,
         peer: SocketAddr,
         started: Instant,
@@ -261,17 +267,7 @@ impl HttpSurfaceRoute {
         if !self.binding.enabled() {
             return (passed(head, upstream_body), Served::Skipped(Skip::ModeOff));
         }
-        let path = parts.uri.path();
-        let candidate = rules::on_head(
-            &parts.method,
-            path,
-            &self.paths,
-            head.status,
-            &head.headers,
-            self.cache,
-            self.max_body,
-        );
-        let kind = match candidate {
+        let kind = match self.candidate(path, &parts.method, &mut head) {
             Ok(kind) => kind,
             Err(skip) => return (passed(head, upstream_body), Served::Skipped(skip)),
         };
@@ -310,7 +306,53 @@ impl HttpSurfaceRoute {
                 );
             }
         };
-        self.instrument(parts, head, (bytes, held), kind, identity, started)
+        self.instrument((parts, path), head, (bytes, held), kind, identity, started)
+    }
+
+    /// Whether the answer's head makes it a candidate, and its kind; a HEAD answer's fields are
+    /// made as GET's would be.
+    fn candidate(
+        &self,
+        path: &str,
+        method: &Method,
+        head: &mut http::response::Parts,
+    ) -> Result<Candidate, Skip> {
+        let candidate = rules::on_head(
+            method,
+            path,
+            &self.paths,
+            head.status,
+            &head.headers,
+            self.cache,
+            self.max_body,
+        );
+        if candidate == Err(Skip::Head) {
+            self.as_get_would_be(path, head);
+        }
+        candidate
+    }
+
+    /// A HEAD answer gets the header fields a GET of the same route would (RFC 9110 §9.3.2):
+    /// where GET's answer is instrumented, private and without the validators, and without
+    /// the app's `Content-Length`, which the envelope would change (a HEAD may leave out a
+    /// field known only once the content is made). No handle is minted: HEAD is no interaction.
+    fn as_get_would_be(&self, path: &str, head: &mut http::response::Parts) {
+        let get = rules::on_head(
+            &Method::GET,
+            path,
+            &self.paths,
+            head.status,
+            &head.headers,
+            self.cache,
+            self.max_body,
+        );
+        if get.is_ok() {
+            made_private(&mut head.headers);
+            for name in VALIDATORS {
+                head.headers.remove(name);
+            }
+            head.headers.remove(header::CONTENT_LENGTH);
+        }
     }
 
     /// The limits checked before the body is read, as on the MCP path: the client's rate
@@ -340,14 +382,14 @@ impl HttpSurfaceRoute {
     /// A held candidate body, instrumented unless its content says otherwise.
     fn instrument(
         &self,
-        parts: &Parts,
+        (parts, path): (&Parts, &str),
         mut head: http::response::Parts,
         (bytes, held): (Bytes, Reservation),
         kind: Candidate,
         identity: AppIdentity,
         started: Instant,
     ) -> (Response<Body>, Served) {
-        let Some(operation) = self.operations.of(parts.uri.path()) else {
+        let Some(operation) = self.operations.of(path) else {
             return untouched(head, bytes, held, Skip::InvalidOperation);
         };
         let surface = match surface_of(kind, &bytes) {

@@ -13,6 +13,8 @@ pub(crate) enum Skip {
     NotSuccess,
     Redirect,
     Head,
+    /// Not a product request (OPTIONS, TRACE, or an extension method): no interaction.
+    Method,
     ExcludedPath,
     StaticAsset,
     ContentType,
@@ -26,11 +28,12 @@ pub(crate) enum Skip {
 
 impl Skip {
     /// Every reason, so each label can be registered at 0.
-    pub(crate) const ALL: [Skip; 13] = [
+    pub(crate) const ALL: [Skip; 14] = [
         Skip::ModeOff,
         Skip::NotSuccess,
         Skip::Redirect,
         Skip::Head,
+        Skip::Method,
         Skip::ExcludedPath,
         Skip::StaticAsset,
         Skip::ContentType,
@@ -49,6 +52,7 @@ impl Skip {
             Skip::NotSuccess => "not_success",
             Skip::Redirect => "redirect",
             Skip::Head => "head",
+            Skip::Method => "method",
             Skip::ExcludedPath => "excluded_path",
             Skip::StaticAsset => "static_asset",
             Skip::ContentType => "content_type",
@@ -294,8 +298,22 @@ fn shared_cacheable(headers: &HeaderMap) -> bool {
     })
 }
 
+/// Whether an answer to `method` can be a product interaction: the methods that ask the product
+/// for something (GET, POST, PUT, PATCH, DELETE). OPTIONS (a CORS preflight), TRACE, CONNECT and
+/// extension methods are the HTTP machinery's, never an interaction.
+pub(crate) fn is_product_method(method: &Method) -> bool {
+    [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::PATCH,
+        Method::DELETE,
+    ]
+    .contains(method)
+}
+
 /// The decision on the response head (before any body byte is read): the kind to instrument, or
-/// why not. Order: Head, ExcludedPath, StaticAsset, Redirect (3xx), NotSuccess (not 2xx, or
+/// why not. Order: Head, Method (not a product method), ExcludedPath, StaticAsset, Redirect (3xx), NotSuccess (not 2xx, or
 /// 204/205/206, or Content-Range), Stream (text/event-stream), ContentType (not JSON nor HTML),
 /// Compressed, TooLarge (Content-Length over `max_body`), SharedCacheable (`Safe` mode only).
 pub(crate) fn on_head(
@@ -309,6 +327,9 @@ pub(crate) fn on_head(
 ) -> Result<Kind, Skip> {
     if method == Method::HEAD {
         return Err(Skip::Head);
+    }
+    if !is_product_method(method) {
+        return Err(Skip::Method);
     }
     if paths.excluded(path) {
         return Err(Skip::ExcludedPath);
@@ -354,7 +375,7 @@ mod tests {
         let labels: Vec<&str> = Skip::ALL.iter().map(|skip| skip.label()).collect();
         assert_eq!(
             labels.join(" "),
-            "mode_off not_success redirect head excluded_path static_asset content_type stream \
+            "mode_off not_success redirect head method excluded_path static_asset content_type stream \
              too_large compressed already_instrumented shared_cacheable invalid_operation"
         );
     }
@@ -497,6 +518,8 @@ mod tests {
         (Method::GET, "/search", 200, &[JSON], Ok(Kind::Json)),
         (Method::POST, "/search", 201, &[JSON], Ok(Kind::Json)),
         (Method::HEAD, "/health", 500, &[], Err(Skip::Head)),
+        (Method::OPTIONS, "/search", 200, &[JSON], Err(Skip::Method)),
+        (Method::TRACE, "/search", 200, &[JSON], Err(Skip::Method)),
         (Method::GET, "/health", 500, &[], Err(Skip::ExcludedPath)),
         (Method::GET, "/app.js", 302, &[JSON], Err(Skip::StaticAsset)),
         (

@@ -269,6 +269,14 @@ impl HttpUpstream {
                 (self.on_limit)(LimitKind::UpstreamConnections);
                 Err(busy(waited, share))
             }
+            // The sidecar never asks for an upgrade (it strips `Upgrade`), so a 101 is one
+            // nobody asked for: relaying it would leave the client's connection unusable.
+            Ok(Ok(resp)) if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS => {
+                Err(Error::new(
+                    ErrorKind::UpstreamFailed,
+                    "the upstream answered 101 Switching Protocols to a request that asked for no upgrade",
+                ))
+            }
             Ok(Ok(mut resp)) => {
                 // A 404 (a wrong path, until the probe reads it) or a 5xx is no sign of health.
                 let status = resp.status();

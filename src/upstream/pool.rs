@@ -435,6 +435,15 @@ impl Pool {
         sender: Sender,
         place: Option<Permit>,
     ) -> Response<PooledBody> {
+        // After a 101 the connection speaks another protocol: it is never used again.
+        if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            drop(sender);
+            return resp.map(|body| PooledBody {
+                body,
+                back: None,
+                place,
+            });
+        }
         resp.map(|body| PooledBody::new(body, sender, &self.shared, place))
     }
 

@@ -44,11 +44,12 @@ const MARKED: &[u8] = br#"<html><head><script type="application/json" id="agent-
 const BIG_SIZE: usize = 10 * 1024 * 1024;
 
 /// Every skip label of the agreed design (`surface::rules::Skip::label`).
-const SKIP_LABELS: [&str; 13] = [
+const SKIP_LABELS: [&str; 14] = [
     "mode_off",
     "not_success",
     "redirect",
     "head",
+    "method",
     "excluded_path",
     "static_asset",
     "content_type",
@@ -1720,4 +1721,181 @@ async fn the_surface_has_its_own_in_flight_bound() {
     for h in stuck {
         h.abort();
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 30 rows 5, 8, 16: HEAD as GET, no unasked 101, only product methods are interactions
+// ---------------------------------------------------------------------------------------
+
+/// A HEAD answer carries the header fields GET's does (RFC 9110 §9.3.2): on an instrumented
+/// route private and without the app's `Content-Length`, which the envelope changes (it once
+/// kept the app's `Content-Length: 8` and no `Cache-Control` while GET had 2361 and
+/// `private, no-store`); on a skipped route the app's own fields, as GET's. HEAD mints nothing.
+#[tokio::test]
+async fn head_gets_the_header_fields_get_gets() {
+    let r = rig("never_ask", &[]);
+    let user = "Bearer user-acme";
+    for path in ["/docs/test", "/search", "/cached"] {
+        let get = send(
+            client()
+                .get(format!("{}{path}", r.sc.base()))
+                .header("authorization", user),
+        )
+        .await;
+        let head = send(
+            client()
+                .head(format!("{}{path}", r.sc.base()))
+                .header("authorization", user),
+        )
+        .await;
+        assert_eq!((get.status, head.status), (200, 200), "{path}");
+        assert!(head.body.is_empty(), "{path}: HEAD has no body");
+        for name in ["cache-control", "content-type", "etag", "last-modified"] {
+            assert_eq!(
+                head.header(name),
+                get.header(name),
+                "{path}: HEAD's {name} differs from GET's"
+            );
+        }
+        let get_length = get.header("content-length");
+        let head_length = head.header("content-length");
+        assert!(
+            head_length.is_none() || head_length == get_length,
+            "{path}: HEAD says Content-Length {head_length:?}, GET {get_length:?}"
+        );
+        assert!(head.header("agent-feedback").is_none(), "{path}");
+    }
+    // Two instrumented GETs (the page and the JSON object); /cached is shared-cacheable.
+    let all = events(&r.epode, 2).await;
+    let operations: Vec<&str> = all.iter().filter_map(|e| e["operation"].as_str()).collect();
+    assert_eq!(operations.len(), 2, "{all:?}");
+    assert!(!operations.contains(&"/cached"), "{all:?}");
+    let text = metrics(&r.sc).await;
+    assert_eq!(skipped(&text, "head"), 3, "{text}");
+}
+
+/// OPTIONS (a CORS preflight) and TRACE are the HTTP machinery's, not the product's: their
+/// answers pass untouched and are no interaction (no handle, no telemetry event). They once
+/// each got a signed handle and an event.
+#[tokio::test]
+async fn options_and_trace_are_no_interactions() {
+    let r = rig("never_ask", &[]);
+    for method in ["OPTIONS", "TRACE"] {
+        let got = send(
+            client()
+                .request(
+                    reqwest::Method::from_bytes(method.as_bytes()).unwrap(),
+                    format!("{}/echo", r.sc.base()),
+                )
+                .header("authorization", "Bearer user-acme")
+                .header("origin", r.sc.base())
+                .header("access-control-request-method", "POST"),
+        )
+        .await;
+        assert_eq!(got.status, 200, "{method}: {}", got.text());
+        let echo = got.json();
+        assert_eq!(echo["method"], method, "{echo}");
+        assert!(echo.get("_agentFeedback").is_none(), "{method}: {echo}");
+        assert!(got.header("agent-feedback").is_none(), "{method}");
+        assert!(got.header("epode-identity").is_none(), "{method}");
+    }
+    // A product GET afterwards: its event is the only one.
+    let product = get(&r.sc, "/echo", Some("user-acme")).await;
+    instrumented(&product, &r.epode, "GET /echo");
+    let all = events(&r.epode, 1).await;
+    assert_eq!(all[0]["operation"], "/echo", "{all:?}");
+    let text = metrics(&r.sc).await;
+    assert_eq!(skipped(&text, "method"), 2, "{text}");
+}
+
+/// The statuses of the answers in `raw`, in order (a body may end without a line break).
+fn statuses_in(raw: &[u8]) -> Vec<u16> {
+    let text = String::from_utf8_lossy(raw);
+    text.split("HTTP/1.1 ")
+        .skip(1)
+        .filter_map(|rest| rest.get(..3)?.parse().ok())
+        .collect()
+}
+
+/// Reads answers from a raw connection until `n` status lines have come, the connection
+/// ends, or 20 s pass.
+async fn status_lines(stream: &mut tokio::net::TcpStream, n: usize) -> Vec<u16> {
+    use tokio::io::AsyncReadExt as _;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    while statuses_in(&seen).len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, stream.read(&mut buf)).await {
+            Ok(Ok(k)) if k > 0 => seen.extend_from_slice(&buf[..k]),
+            _ => break,
+        }
+    }
+    statuses_in(&seen)
+}
+
+/// A 101 the client did not ask for is the app's mistake: 502, and the client's connection
+/// stays HTTP (its next pipelined request is answered). It was relayed, and the next request
+/// never answered. The MCP path's hop says the same.
+#[tokio::test]
+async fn an_unasked_101_is_a_502_and_the_connection_goes_on() {
+    use tokio::io::AsyncWriteExt as _;
+    let switching = || {
+        Reply::empty(101)
+            .header("upgrade", "websocket")
+            .header("connection", "upgrade")
+    };
+    let up = ScriptedUpstream::new()
+        .when(|r| r.head.starts_with("GET /switch"), switching())
+        .when(|r| r.http_method() == "GET", Reply::json(r#"{"ok": true}"#))
+        .when(|r| r.tool() == Some("switch"), switching())
+        .on(
+            "tools/call",
+            Reply::result(json!({"content": [{"type": "text", "text": "done"}], "isError": false})),
+        )
+        .start();
+    let sc = surface_sidecar(&up, &[]);
+    let host = sc.base().trim_start_matches("http://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let pipelined = format!(
+        "GET /switch HTTP/1.1\r\nHost: {host}\r\n\r\nGET /after HTTP/1.1\r\nHost: {host}\r\n\r\n"
+    );
+    stream.write_all(pipelined.as_bytes()).await.unwrap();
+    let statuses = status_lines(&mut stream, 2).await;
+    assert_eq!(statuses, [502, 200], "the answers on one connection");
+
+    let (status, body) = call(&sc, "switch", 7).await;
+    assert_eq!(status, 502, "{body}");
+    assert_eq!(body["id"], 7, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("101"),
+        "{body}"
+    );
+    let (status, body) = call(&sc, "other", 8).await;
+    assert_eq!(status, 200, "the MCP path goes on: {body}");
+}
+
+/// The skip rules read the path as the app does (decoded): an encoded spelling of an excluded
+/// path is excluded too. `/%69nternal/x` was instrumented while `/internal/x` was not.
+#[tokio::test]
+async fn an_encoded_spelling_of_an_excluded_path_is_excluded() {
+    let r = rig(
+        "never_ask",
+        &[("EPODE_SIDECAR_HTTP_EXCLUDE", "/internal/*")],
+    );
+    for path in [
+        "/internal/x",
+        "/%69nternal/x",
+        "/%69%6Eternal/x",
+        "/%69nternal/%78",
+    ] {
+        let got = get(&r.sc, path, Some("user-acme")).await;
+        assert_eq!(got.status, 200, "{path}: {}", got.text());
+        untouched(&got, br#"{"internal": "x"}"#, path);
+    }
+    let text = metrics(&r.sc).await;
+    assert_eq!(skipped(&text, "excluded_path"), 4, "{text}");
 }

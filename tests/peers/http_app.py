@@ -263,7 +263,7 @@ def build(with_mcp: bool) -> FastAPI:
     async def internal(name: str, request: Request):
         return raw(request, json.dumps({"internal": name}).encode(), J)
 
-    @app.api_route("/echo", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    @app.api_route("/echo", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"])
     async def echo(request: Request):
         body = await request.body()
         wanted = ["content-type", "x-custom", "authorization", "epode-identity", "x-customer-ref", "accept"]
