@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 /// implementation returns at once (it must not wait for a reader).
 pub(crate) trait Observer: Send + Sync {
     /// A request was answered (a tool call answered as a stream: its stream is over).
-    fn request(&self, served: Served);
+    fn request(&self, served: McpServed);
     /// A product tool's result was decorated with `_agentFeedback`.
     fn decorated(&self, decorated: Decorated<'_>);
     /// The sidecar refused a feedback tool's call itself: it never reached Epode.
@@ -41,7 +41,7 @@ pub(crate) struct HttpServed<'a> {
 }
 
 /// One request, as it was served.
-pub(crate) struct Served {
+pub(crate) struct McpServed {
     /// When it arrived.
     pub(crate) started: SystemTime,
     /// What was noted of it on the way, in the order it was learned.

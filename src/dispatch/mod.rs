@@ -23,7 +23,7 @@ use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{method_label, HeadRefusal, LimitKind, MethodLabels, Metrics, RequestLabels};
-use crate::observe::{Millis, Note, Observer, Served, ACCESS_TARGET};
+use crate::observe::{McpServed, Millis, Note, Observer, ACCESS_TARGET};
 use crate::upstream::{Client, Upstream};
 
 use self::table::MethodTable;
@@ -299,7 +299,7 @@ impl Shown {
         let Some(seen) = self.seen.take() else {
             return;
         };
-        self.observer.request(Served {
+        self.observer.request(McpServed {
             started: self.note.started(),
             noted: self.note.noted(),
             method: seen.method,

@@ -35,15 +35,15 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::Value;
 
-use self::operation::Operations;
+use self::operation::OperationNames;
 use self::place::JsonBody;
-use self::rules::{CacheMode, Kind as Candidate, Paths, Skip};
+use self::rules::{CacheMode, Candidate, Paths, Skip};
 use crate::binding::{FeedbackBinding, HttpEnvelope};
 use crate::body::{self, Body, BoxError};
 use crate::budget::{self, MemoryBudget, Reservation};
 use crate::config::{Config, HttpCacheMode, HttpSurface};
 use crate::epode::telemetry::{HttpCompletion, Surface as Placed};
-use crate::error::{Error, ErrorKind as Kind};
+use crate::error::{Error, ErrorKind};
 use crate::feedback::identity::{sanitize_ref, IdentityRefs, RefKind};
 use crate::gate::{Gate, Permit};
 use crate::limits::{retry_after_secs, RateLimits};
@@ -77,7 +77,7 @@ const VALIDATORS: [&str; 6] = [
 pub(crate) struct HttpSurfaceRoute {
     config: Arc<Config>,
     paths: Paths,
-    operations: Operations,
+    operations: OperationNames,
     cache: CacheMode,
     max_body: u64,
     /// The per-client rate limits (the surface's is counted apart from the MCP path's).
@@ -94,7 +94,7 @@ pub(crate) struct HttpSurfaceRoute {
 }
 
 /// What an answered request is, for the metrics and the console.
-enum Served {
+enum SurfaceOutcome {
     Instrumented {
         surface: Placed,
         state: &'static str,
@@ -133,7 +133,7 @@ impl HttpSurfaceRoute {
             in_flight: Gate::new(config.limits.max_in_flight),
             config,
             paths,
-            operations: Operations::new(&routes),
+            operations: OperationNames::new(&routes),
             rates,
             cache: match cache_mode {
                 HttpCacheMode::Safe => CacheMode::Safe,
@@ -172,7 +172,7 @@ impl HttpSurfaceRoute {
         self.count(&served);
         if let Some(observer) = &self.observer {
             let (surface, state, skipped, interaction_id) = match &served {
-                Served::Instrumented {
+                SurfaceOutcome::Instrumented {
                     surface,
                     state,
                     interaction_id,
@@ -182,8 +182,8 @@ impl HttpSurfaceRoute {
                     None,
                     Some(interaction_id.as_str()),
                 ),
-                Served::Skipped(skip) => (None, None, Some(skip.label()), None),
-                Served::Refused => (None, None, None, None),
+                SurfaceOutcome::Skipped(skip) => (None, None, Some(skip.label()), None),
+                SurfaceOutcome::Refused => (None, None, None, None),
             };
             observer.http(HttpServed {
                 started: started_at,
@@ -210,23 +210,23 @@ impl HttpSurfaceRoute {
         resp
     }
 
-    fn count(&self, served: &Served) {
+    fn count(&self, served: &SurfaceOutcome) {
         match served {
-            Served::Instrumented { surface, .. } => {
+            SurfaceOutcome::Instrumented { surface, .. } => {
                 let surface = surface.as_str();
                 self.metrics
                     .http_instrumented
                     .get_or_create(&SurfaceLabels { surface })
                     .inc();
             }
-            Served::Skipped(skip) => {
+            SurfaceOutcome::Skipped(skip) => {
                 let reason = skip.label();
                 self.metrics
                     .http_skipped
                     .get_or_create(&SkipLabels { reason })
                     .inc();
             }
-            Served::Refused => {}
+            SurfaceOutcome::Refused => {}
         }
     }
 
@@ -237,16 +237,16 @@ impl HttpSurfaceRoute {
         body: Incoming,
         peer: SocketAddr,
         started: Instant,
-    ) -> (Response<Body>, Served) {
+    ) -> (Response<Body>, SurfaceOutcome) {
         if let Err(e) = crate::frontdoor::check_host(&self.config.allowed_hosts, parts) {
             return (
                 plain(StatusCode::FORBIDDEN, &e.to_string()),
-                Served::Refused,
+                SurfaceOutcome::Refused,
             );
         }
         let _in_flight = match self.admit(parts, peer) {
             Ok(permit) => permit,
-            Err(e) => return (refusal(&e), Served::Refused),
+            Err(e) => return (refusal(&e), SurfaceOutcome::Refused),
         };
         let Some(hop) = upstream.http() else {
             // The configuration refuses the surface with a stdio upstream.
@@ -255,21 +255,24 @@ impl HttpSurfaceRoute {
                     StatusCode::BAD_GATEWAY,
                     "the HTTP surface needs an HTTP upstream",
                 ),
-                Served::Refused,
+                SurfaceOutcome::Refused,
             );
         };
         let sent = match self.send(hop, parts, body).await {
             Ok(resp) => resp,
-            Err(resp) => return (resp, Served::Refused),
+            Err(resp) => return (resp, SurfaceOutcome::Refused),
         };
         let (mut head, upstream_body) = sent.into_parts();
         let identity = take_identity(&mut head.headers);
         if !self.binding.enabled() {
-            return (passed(head, upstream_body), Served::Skipped(Skip::ModeOff));
+            return (
+                passed(head, upstream_body),
+                SurfaceOutcome::Skipped(Skip::ModeOff),
+            );
         }
         let kind = match self.candidate(path, &parts.method, &mut head) {
             Ok(kind) => kind,
-            Err(skip) => return (passed(head, upstream_body), Served::Skipped(skip)),
+            Err(skip) => return (passed(head, upstream_body), SurfaceOutcome::Skipped(skip)),
         };
         let max = usize::try_from(self.max_body).unwrap_or(usize::MAX);
         let (bytes, held) = match hold(
@@ -293,7 +296,10 @@ impl HttpSurfaceRoute {
                     held: Some(held),
                 }
                 .boxed_unsync();
-                return (Response::from_parts(head, body), Served::Skipped(why));
+                return (
+                    Response::from_parts(head, body),
+                    SurfaceOutcome::Skipped(why),
+                );
             }
             Held::Failed(e) => {
                 tracing::warn!(error = %e, "the upstream's response body broke off");
@@ -302,7 +308,7 @@ impl HttpSurfaceRoute {
                         StatusCode::BAD_GATEWAY,
                         "the upstream's response broke off before its end",
                     ),
-                    Served::Refused,
+                    SurfaceOutcome::Refused,
                 );
             }
         };
@@ -363,7 +369,7 @@ impl HttpSurfaceRoute {
         if let Err(wait) = self.rates.check_surface_client(client) {
             self.metrics.limit(LimitKind::ClientRate);
             let e = Error::new(
-                Kind::RateLimited {
+                ErrorKind::RateLimited {
                     retry_after: retry_after_secs(wait),
                 },
                 "this client sent more requests than its rate limit allows (EPODE_SIDECAR_RATE_LIMIT, counted on the HTTP surface apart from the MCP path)",
@@ -373,7 +379,7 @@ impl HttpSurfaceRoute {
         self.in_flight.try_enter().ok_or_else(|| {
             self.metrics.limit(LimitKind::InFlight);
             Error::new(
-                Kind::Overloaded { retry_after: 1 },
+                ErrorKind::Overloaded { retry_after: 1 },
                 "the HTTP surface is serving as many requests as it may at once (EPODE_SIDECAR_MAX_IN_FLIGHT)",
             )
         })
@@ -388,7 +394,7 @@ impl HttpSurfaceRoute {
         kind: Candidate,
         identity: AppIdentity,
         started: Instant,
-    ) -> (Response<Body>, Served) {
+    ) -> (Response<Body>, SurfaceOutcome) {
         let Some(operation) = self.operations.of(path) else {
             return untouched(head, bytes, held, Skip::InvalidOperation);
         };
@@ -412,7 +418,7 @@ impl HttpSurfaceRoute {
             runtime_hint: hint,
         };
         self.binding.http_answered(&envelope, &completion);
-        let served = Served::Instrumented {
+        let served = SurfaceOutcome::Instrumented {
             surface,
             state: envelope.state,
             interaction_id: envelope.interaction_id,
@@ -527,19 +533,19 @@ impl HttpSurfaceRoute {
 /// JSON-RPC error.
 fn refusal(e: &Error) -> Response<Body> {
     let message = match e.kind() {
-        Kind::BodyTooLarge { limit } => format!(
+        ErrorKind::BodyTooLarge { limit } => format!(
             "the request body is larger than the sidecar's limit of {limit} bytes (EPODE_SIDECAR_MAX_BODY_BYTES)"
         ),
-        Kind::UpstreamUnreachable => format!("the upstream is unreachable: {}", e.cause()),
-        Kind::UpstreamTimeout(d) => format!(
+        ErrorKind::UpstreamUnreachable => format!("the upstream is unreachable: {}", e.cause()),
+        ErrorKind::UpstreamTimeout(d) => format!(
             "the upstream did not answer within {}",
             humantime::format_duration(*d)
         ),
-        Kind::UpstreamFailed => format!("the upstream failed: {}", e.cause()),
+        ErrorKind::UpstreamFailed => format!("the upstream failed: {}", e.cause()),
         _ => e.to_string(),
     };
     let status = match e.kind() {
-        Kind::UpstreamUnreachable | Kind::UpstreamFailed => StatusCode::BAD_GATEWAY,
+        ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamFailed => StatusCode::BAD_GATEWAY,
         _ => e.status(),
     };
     let mut resp = plain(status, &message);
@@ -587,9 +593,9 @@ fn untouched(
     bytes: Bytes,
     held: Reservation,
     why: Skip,
-) -> (Response<Body>, Served) {
+) -> (Response<Body>, SurfaceOutcome) {
     let resp = Response::from_parts(head, body::held(bytes, held));
-    (resp, Served::Skipped(why))
+    (resp, SurfaceOutcome::Skipped(why))
 }
 
 /// Every instrumented response is private: a shared cache must not hand one caller's envelope

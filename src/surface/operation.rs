@@ -30,24 +30,24 @@ const ID: &str = ":id";
 
 /// How the HTTP surface names a request's operation: the operator's templates, then the
 /// default collapse.
-pub(crate) struct Operations {
-    templates: Vec<Template>,
+pub(crate) struct OperationNames {
+    templates: Vec<RouteMatcher>,
 }
 
 /// One route template, ready to match: its segments (`None` a placeholder) and the operation
 /// it reports.
-struct Template {
+struct RouteMatcher {
     segments: Vec<Option<String>>,
     operation: String,
 }
 
-impl Operations {
+impl OperationNames {
     /// The templates are checked where they are read (`config`): each yields a valid operation.
     pub(crate) fn new(templates: &[RouteTemplate]) -> Self {
-        Operations {
+        OperationNames {
             templates: templates
                 .iter()
-                .map(|t| Template {
+                .map(|t| RouteMatcher {
                     segments: t.segments.clone(),
                     operation: t.operation(),
                 })
@@ -91,7 +91,7 @@ impl Operations {
     }
 }
 
-impl Template {
+impl RouteMatcher {
     /// Whether a path's segments (as many as the template's) are the template's: each
     /// literal the same bytes, each placeholder any non-empty segment.
     fn matches(&self, segments: &[&str]) -> bool {
@@ -176,12 +176,12 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn operations(templates: &[&str]) -> Operations {
+    fn operations(templates: &[&str]) -> OperationNames {
         let parsed: Vec<RouteTemplate> = templates
             .iter()
             .map(|t| RouteTemplate::parse(t).unwrap())
             .collect();
-        Operations::new(&parsed)
+        OperationNames::new(&parsed)
     }
 
     #[test]

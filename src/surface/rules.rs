@@ -76,7 +76,7 @@ pub(crate) enum CacheMode {
 
 /// What an instrumented body is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum Candidate {
     Json,
     Html,
 }
@@ -221,14 +221,14 @@ fn media_type(headers: &HeaderMap) -> Option<String> {
     Some(essence.to_ascii_lowercase())
 }
 
-fn kind_of(media: &str) -> Option<Kind> {
+fn kind_of(media: &str) -> Option<Candidate> {
     let json = media == "application/json"
         || media
             .split_once('/')
             .is_some_and(|(_, subtype)| subtype.ends_with("+json"));
     match media {
-        _ if json => Some(Kind::Json),
-        "text/html" => Some(Kind::Html),
+        _ if json => Some(Candidate::Json),
+        "text/html" => Some(Candidate::Html),
         _ => None,
     }
 }
@@ -324,7 +324,7 @@ pub(crate) fn on_head(
     headers: &HeaderMap,
     cache: CacheMode,
     max_body: u64,
-) -> Result<Kind, Skip> {
+) -> Result<Candidate, Skip> {
     if method == Method::HEAD {
         return Err(Skip::Head);
     }
@@ -463,7 +463,7 @@ mod tests {
         path: &str,
         status: u16,
         pairs: &[(&str, &str)],
-    ) -> Result<Kind, Skip> {
+    ) -> Result<Candidate, Skip> {
         let status = StatusCode::from_u16(status).unwrap();
         on_head(
             &method,
@@ -480,13 +480,13 @@ mod tests {
 
     #[test]
     fn supported_kinds() {
-        let cases: &[(&str, Result<Kind, Skip>)] = &[
-            ("application/json", Ok(Kind::Json)),
-            ("Application/JSON; charset=utf-8", Ok(Kind::Json)),
-            ("application/problem+json", Ok(Kind::Json)),
-            ("application/vnd.api+json ; x=y", Ok(Kind::Json)),
-            ("text/html", Ok(Kind::Html)),
-            ("TEXT/HTML;charset=ISO-8859-1", Ok(Kind::Html)),
+        let cases: &[(&str, Result<Candidate, Skip>)] = &[
+            ("application/json", Ok(Candidate::Json)),
+            ("Application/JSON; charset=utf-8", Ok(Candidate::Json)),
+            ("application/problem+json", Ok(Candidate::Json)),
+            ("application/vnd.api+json ; x=y", Ok(Candidate::Json)),
+            ("text/html", Ok(Candidate::Html)),
+            ("TEXT/HTML;charset=ISO-8859-1", Ok(Candidate::Html)),
             ("text/event-stream", Err(Skip::Stream)),
             ("text/plain", Err(Skip::ContentType)),
             ("application/octet-stream", Err(Skip::ContentType)),
@@ -511,12 +511,12 @@ mod tests {
         &'static str,
         u16,
         &'static [(&'static str, &'static str)],
-        Result<Kind, Skip>,
+        Result<Candidate, Skip>,
     );
 
     const HEAD_CASES: &[Case] = &[
-        (Method::GET, "/search", 200, &[JSON], Ok(Kind::Json)),
-        (Method::POST, "/search", 201, &[JSON], Ok(Kind::Json)),
+        (Method::GET, "/search", 200, &[JSON], Ok(Candidate::Json)),
+        (Method::POST, "/search", 201, &[JSON], Ok(Candidate::Json)),
         (Method::HEAD, "/health", 500, &[], Err(Skip::Head)),
         (Method::OPTIONS, "/search", 200, &[JSON], Err(Skip::Method)),
         (Method::TRACE, "/search", 200, &[JSON], Err(Skip::Method)),
@@ -536,8 +536,8 @@ mod tests {
             &[JSON],
             Err(Skip::StaticAsset),
         ),
-        (Method::GET, "/data.json", 200, &[JSON], Ok(Kind::Json)),
-        (Method::GET, "/js/page", 200, &[JSON], Ok(Kind::Json)),
+        (Method::GET, "/data.json", 200, &[JSON], Ok(Candidate::Json)),
+        (Method::GET, "/js/page", 200, &[JSON], Ok(Candidate::Json)),
         (Method::GET, "/x", 301, &[JSON], Err(Skip::Redirect)),
         (Method::GET, "/x", 304, &[JSON], Err(Skip::Redirect)),
         (Method::GET, "/x", 404, &[JSON], Err(Skip::NotSuccess)),
@@ -594,7 +594,7 @@ mod tests {
             "/x",
             200,
             &[JSON, ("content-encoding", "IDENTITY")],
-            Ok(Kind::Json),
+            Ok(Candidate::Json),
         ),
         (
             Method::GET,
@@ -612,7 +612,7 @@ mod tests {
             "/x",
             200,
             &[JSON, ("content-length", "1000")],
-            Ok(Kind::Json),
+            Ok(Candidate::Json),
         ),
         (
             Method::GET,
@@ -688,7 +688,7 @@ mod tests {
                 Err(Skip::SharedCacheable),
                 "{name}"
             );
-            assert_eq!(decide(CacheMode::Private), Ok(Kind::Json), "{name}");
+            assert_eq!(decide(CacheMode::Private), Ok(Candidate::Json), "{name}");
         }
         assert!(shared_cacheable_value(b"\xff, public"));
     }

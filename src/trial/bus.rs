@@ -13,7 +13,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::{broadcast, watch};
 
 use crate::observe::{
-    millis, Decorated, FeedbackTool, HttpServed, Noted, Observer, Refused, Served,
+    millis, Decorated, FeedbackTool, HttpServed, McpServed, Noted, Observer, Refused,
 };
 
 /// Events kept for a console page opened after they happened.
@@ -90,7 +90,7 @@ fn time_text(at: SystemTime) -> String {
 
 /// The console shows what the request path and the binding publish.
 impl Observer for Bus {
-    fn request(&self, served: Served) {
+    fn request(&self, served: McpServed) {
         let mut event = Map::new();
         event.insert("startedAt".into(), Value::from(time_text(served.started)));
         for fact in served.noted {
@@ -188,7 +188,7 @@ mod tests {
     #[test]
     fn a_request_shows_what_was_noted_of_it_then_how_it_was_served() {
         let bus = Bus::new("/mcp");
-        bus.request(Served {
+        bus.request(McpServed {
             started: SystemTime::UNIX_EPOCH,
             noted: vec![Noted::IsError(false), Noted::InteractionId("i".into())],
             method: "tools/call",
