@@ -291,6 +291,8 @@ fn scan_tag(html: &[u8], start: usize) -> Option<Tag<'_>> {
         Some(b'!' | b'?') if !closing => return past_gt(html, name_start).map(Tag::nameless),
         Some(b'>') if closing => return Some(Tag::nameless(name_start + 1)),
         Some(_) if closing => return past_gt(html, name_start).map(Tag::nameless),
+        // A page that ends in `</` would make the tag appended after it a bogus comment.
+        None if closing => return None,
         _ => return Some(Tag::nameless(start + 1)),
     }
     let mut at = name_start;
@@ -657,7 +659,8 @@ mod tests {
         "<?xml a=\"</head>\"?>\">^</head>",
         "</ </head>^</head>",
         "</>^</head>",
-        "<p>x</p></^",
+        "<p>x</p>^</",
+        "<p>x</p><^",
         // Quotes open a value only after `=`.
         "<p don't>^</head>",
         "<a b=c='x>'^</head>",
