@@ -197,8 +197,41 @@ fn find_ignore_case(haystack: &[u8], needle: &[u8]) -> Option<usize> {
         .find(|&at| haystack[at..at + needle.len()].eq_ignore_ascii_case(needle))
 }
 
-/// One tag found by the boundary scan: where it ends (past its `>`), its name as written (empty
-/// for a comment, `<!…>` or a stray `<`), and whether it is a closing tag.
+/// HTML's whitespace as its tokenizer sees it (a CR is a newline once the input is preprocessed).
+fn html_space(byte: u8) -> bool {
+    matches!(byte, b'\t' | b'\n' | 0x0c | b'\r' | b' ')
+}
+
+/// Where `needle` (exact bytes) first starts in `html` at or after `from`.
+fn find_from(html: &[u8], from: usize, needle: &[u8]) -> Option<usize> {
+    html.get(from..)?
+        .windows(needle.len())
+        .position(|window| window == needle)
+        .map(|offset| from + offset)
+}
+
+/// Past the first `>` at or after `from` (a bogus comment, `<!doctype …>` or `<?…>` ends there
+/// whatever quotes it holds).
+fn past_gt(html: &[u8], from: usize) -> Option<usize> {
+    find_from(html, from, b">").map(|at| at + 1)
+}
+
+/// Past the first `-->` or `--!>` at or after `from`: how a comment ends.
+fn comment_end(html: &[u8], from: usize) -> Option<usize> {
+    let mut at = from;
+    while let Some(dash) = find_from(html, at, b"--") {
+        match html.get(dash + 2) {
+            Some(b'>') => return Some(dash + 3),
+            Some(b'!') if html.get(dash + 3) == Some(&b'>') => return Some(dash + 4),
+            _ => at = dash + 1,
+        }
+    }
+    None
+}
+
+/// One piece of markup found by the boundary scan: where it ends, its tag name as written (empty
+/// for a comment, doctype, CDATA section, bogus comment or a `<` that is text), and whether it
+/// is an end tag.
 struct Tag<'a> {
     end: usize,
     name: &'a [u8],
@@ -209,111 +242,176 @@ impl Tag<'_> {
     fn is(&self, name: &[u8]) -> bool {
         self.name.eq_ignore_ascii_case(name)
     }
-}
 
-/// The tag (or comment) starting at `html[start] == b'<'`, as the SDK's `scanHtmlTag` reads
-/// it; None when it is unterminated. A `<` that starts no tag is a one-byte nameless "tag".
-fn scan_tag(html: &[u8], start: usize) -> Option<Tag<'_>> {
-    if html[start..].starts_with(b"<!--") {
-        let end = find_ignore_case(&html[start + 4..], b"-->")?;
-        let end = start + 4 + end + 3;
-        return Some(Tag {
+    fn nameless(end: usize) -> Self {
+        Tag {
             end,
             name: b"",
             closing: false,
-        });
-    }
-    let mut at = start + 1;
-    let closing = html.get(at) == Some(&b'/');
-    if closing {
-        at += 1;
-    }
-    match html.get(at) {
-        Some(byte) if byte.is_ascii_alphabetic() || *byte == b'!' || *byte == b'?' => {}
-        _ => {
-            return Some(Tag {
-                end: start + 1,
-                name: b"",
-                closing: false,
-            })
         }
     }
-    let name_start = at;
+}
+
+/// Where a start or end tag's attributes are, as the tokenizer's attribute states see it: a
+/// quote opens a value only right after `=`, and only a `>` outside a quoted value ends the tag.
+#[derive(Clone, Copy)]
+enum Attr {
+    BeforeName,
+    /// In a name or after one (both go on to a value at `=`).
+    InName,
+    BeforeValue,
+    Quoted(u8),
+    Unquoted,
+}
+
+/// The markup starting at `html[start] == b'<'`, read as the HTML tokenizer reads it from the
+/// data state; None when it is unterminated. A `<` that starts no markup is text, one byte long.
+fn scan_tag(html: &[u8], start: usize) -> Option<Tag<'_>> {
+    let rest = &html[start..];
+    if rest.starts_with(b"<!--") {
+        // `<!-->` and `<!--->` are whole (empty) comments.
+        if rest.starts_with(b"<!-->") {
+            return Some(Tag::nameless(start + 5));
+        }
+        if rest.starts_with(b"<!--->") {
+            return Some(Tag::nameless(start + 6));
+        }
+        return comment_end(html, start + 4).map(Tag::nameless);
+    }
+    if rest.starts_with(b"<![CDATA[") {
+        // A CDATA section in SVG or MathML ends at `]]>`; elsewhere it is a bogus comment that
+        // ends at the first `>`. Taking `]]>` everywhere never puts the tag inside the section,
+        // at worst later than needed (this scan does not track foreign content).
+        return find_from(html, start + 9, b"]]>").map(|at| Tag::nameless(at + 3));
+    }
+    let closing = rest.get(1) == Some(&b'/');
+    let name_start = start + 1 + usize::from(closing);
+    match html.get(name_start) {
+        Some(byte) if byte.is_ascii_alphabetic() => {}
+        Some(b'!' | b'?') if !closing => return past_gt(html, name_start).map(Tag::nameless),
+        Some(b'>') if closing => return Some(Tag::nameless(name_start + 1)),
+        Some(_) if closing => return past_gt(html, name_start).map(Tag::nameless),
+        // A page that ends in `</` would make the tag appended after it a bogus comment.
+        None if closing => return None,
+        _ => return Some(Tag::nameless(start + 1)),
+    }
+    let mut at = name_start;
     while html
         .get(at)
-        .is_some_and(|byte| byte.is_ascii_alphanumeric() || matches!(byte, b':' | b'-'))
+        .is_some_and(|&byte| !html_space(byte) && byte != b'/' && byte != b'>')
     {
         at += 1;
     }
     let name = &html[name_start..at];
-    let mut quote = None;
+    let mut state = Attr::BeforeName;
     while let Some(&byte) = html.get(at) {
-        match quote {
-            Some(open) if byte == open => quote = None,
-            Some(_) => {}
-            None if byte == b'"' || byte == b'\'' => quote = Some(byte),
-            None if byte == b'>' => {
+        state = match state {
+            Attr::Quoted(quote) if byte == quote => Attr::BeforeName,
+            Attr::Quoted(_) => state,
+            _ if byte == b'>' => {
                 return Some(Tag {
                     end: at + 1,
                     name,
                     closing,
                 })
             }
-            None => {}
-        }
+            Attr::BeforeName if byte == b'/' || html_space(byte) => Attr::BeforeName,
+            Attr::BeforeName => Attr::InName,
+            Attr::InName if byte == b'/' => Attr::BeforeName,
+            Attr::InName if byte == b'=' => Attr::BeforeValue,
+            Attr::InName => Attr::InName,
+            Attr::BeforeValue if byte == b'"' || byte == b'\'' => Attr::Quoted(byte),
+            Attr::BeforeValue if html_space(byte) => Attr::BeforeValue,
+            Attr::BeforeValue => Attr::Unquoted,
+            Attr::Unquoted if html_space(byte) => Attr::BeforeName,
+            Attr::Unquoted => Attr::Unquoted,
+        };
         at += 1;
     }
     None
 }
 
-/// Past the `</script` (or `</style`) tag that closes raw text starting at `from`: the first
-/// `</name` followed by whitespace, `/`, `>` or the end. None when there is none or it is
-/// unterminated.
+/// The elements whose content the tokenizer reads as text up to their own end tag: the raw text
+/// elements (`noscript` is one while scripting is on, as in every browser that runs the page's
+/// script, and a `</head>` inside it is no boundary either way) and the escapable raw text
+/// elements `textarea` and `title`.
+const RAW_TEXT: [&[u8]; 9] = [
+    b"script",
+    b"style",
+    b"xmp",
+    b"iframe",
+    b"noembed",
+    b"noframes",
+    b"noscript",
+    b"textarea",
+    b"title",
+];
+
+/// Past the end tag that closes `name`'s raw text starting at `from`: the first `</name`
+/// (any case) followed by whitespace, `/` or `>`. None when there is none or it is unterminated.
+/// (`<script>`'s escaped states, `<!--<script>` inside a script, are not followed.)
 fn raw_text_end(html: &[u8], from: usize, name: &[u8]) -> Option<usize> {
-    let mut close = b"</".to_vec();
-    close.extend_from_slice(name);
     let mut at = from;
     loop {
-        let candidate = at + find_ignore_case(&html[at..], &close)?;
-        let after = candidate + close.len();
-        match html.get(after) {
-            None | Some(b'\t' | b'\n' | 0x0c | b'\r' | b' ' | b'/' | b'>') => {
-                return scan_tag(html, candidate).map(|tag| tag.end);
-            }
-            Some(_) => at = after,
+        let candidate = find_from(html, at, b"</")?;
+        let after = candidate + 2 + name.len();
+        if starts_with_ignore_case(html, candidate + 2, name)
+            && html
+                .get(after)
+                .is_some_and(|&byte| html_space(byte) || byte == b'/' || byte == b'>')
+        {
+            return scan_tag(html, candidate).map(|tag| tag.end);
         }
+        at = candidate + 2;
     }
 }
 
 /// Where the tag goes (the SDK's `htmlInjectionBoundary`): before the first real `</head>`,
-/// else before the first real `</body>`, else at the end. An unterminated tag, comment or
-/// raw-text element ends the scan: before a `</body>` seen so far, else at its start.
+/// else before the first real `</body>`, else at the end, in one forward scan. Not real: one
+/// in a comment, a CDATA section, an attribute value, the text of a raw text element
+/// (`RAW_TEXT`) or inside a `<template>` (inert content; templates nest). Nothing after
+/// `<plaintext>` is markup, so it ends the scan as an unterminated construct does: the tag goes
+/// before a `</body>` seen so far, else before the construct (before the outermost open
+/// `<template>`, when inside one).
 fn boundary(html: &[u8]) -> usize {
     let mut at = 0;
     let mut body = None;
+    let mut templates = 0_usize;
+    let mut outer_template = 0;
     while let Some(offset) = html[at..].iter().position(|&byte| byte == b'<') {
         let start = at + offset;
+        let stop = body.unwrap_or(if templates > 0 { outer_template } else { start });
         let Some(tag) = scan_tag(html, start) else {
-            return body.unwrap_or(start);
+            return stop;
         };
-        if tag.closing && tag.is(b"head") {
-            return start;
+        at = tag.end;
+        if tag.closing {
+            if tag.is(b"template") {
+                templates = templates.saturating_sub(1);
+            } else if templates == 0 && tag.is(b"head") {
+                return start;
+            } else if templates == 0 && tag.is(b"body") && body.is_none() {
+                body = Some(start);
+            }
+        } else if tag.is(b"plaintext") {
+            return stop;
+        } else if tag.is(b"template") {
+            if templates == 0 {
+                outer_template = start;
+            }
+            templates += 1;
+        } else if let Some(raw) = RAW_TEXT.into_iter().find(|raw| tag.is(raw)) {
+            match raw_text_end(html, tag.end, raw) {
+                Some(end) => at = end,
+                None => return stop,
+            }
         }
-        if tag.closing && tag.is(b"body") && body.is_none() {
-            body = Some(start);
-        }
-        let raw = [&b"script"[..], b"style"]
-            .into_iter()
-            .find(|raw| tag.is(raw));
-        at = match raw {
-            Some(raw) if !tag.closing => match raw_text_end(html, tag.end, raw) {
-                Some(end) => end,
-                None => return body.unwrap_or(start),
-            },
-            _ => tag.end,
-        };
     }
-    body.unwrap_or(html.len())
+    body.unwrap_or(if templates > 0 {
+        outer_template
+    } else {
+        html.len()
+    })
 }
 
 /// The envelope made safe anywhere in HTML: no `<`, `>` or `&` (so never `</script` nor
@@ -336,7 +434,7 @@ fn escape_for_script(envelope: &str) -> String {
 
 /// The page with `<script id="agent-feedback" type="application/json">ESCAPED</script>` inserted
 /// at the boundary of spec §2.2 (before the first real </head>, else </body>, else at the end;
-/// comments, quoted attributes, <script>/<style> raw text skipped). ESCAPED = `envelope` with every
+/// see `boundary` for what is not real). ESCAPED = `envelope` with every
 /// `<` as `\u003c` (also `>` as `\u003e`, `&` as `\u0026`, U+2028/2029 escaped: safe anywhere).
 pub(crate) fn inject_html(html: &[u8], envelope: &str) -> Vec<u8> {
     let at = boundary(html);
@@ -518,6 +616,61 @@ mod tests {
         "<p>x</p>^<style>",
         "<body>^</body>",
         "<p>x</p>^<p",
+        // Escapable raw text: a </head> or </body> in a title or a textarea is text.
+        "<head><title>a </head> b</title>^</head>",
+        "<HEAD><TITLE>a </HEAD> b</TITLE >^</HEAD>",
+        "<head><Title lang=\"x>y\">a</head></title/>^</head>",
+        "<head><title>a</titlex></head></title>^</head>",
+        "<head><title-x>^</head></title-x>",
+        "<body><textarea name=t>Dear </body> x</textarea>^</body>",
+        "<body><TEXTAREA>a</body></TextArea\n>^</body>",
+        // Raw text.
+        "<head><noscript><p>enable JS</head></p></noscript>^</head>",
+        "<body><xmp>code </body> sample</xmp>^</body>",
+        "<body><iframe>fallback </body></iframe>^</body>",
+        "<body><noembed>a </body></noembed>^</body>",
+        "<body><noframes>a </body></noframes>^</body>",
+        "<head><style>a</head></style>^</head>",
+        "<body><xmp>a</xmp >b^</body></xmp></body>",
+        // Template content is inert, and templates nest.
+        "<head><template><p>a</head></template>^</head>",
+        "<head><template><template></template></head></template>^</head>",
+        "<head><TEMPLATE><title></template></title></head></Template>^</head>",
+        "<body>^</body><template>",
+        "<p>x</p>^<template><template></template></head>",
+        "<p>x</p>^<template><script>never closed",
+        "<p>x</p></template>^</head>",
+        // Nothing after <plaintext> is markup: the tag goes before it.
+        "<body><p>a</p>^<plaintext>b </body> c",
+        "<body>^</body><plaintext></head>",
+        "<head><title>t</title>^<PLAINTEXT></head>",
+        "<p>x</p>^<template><plaintext></template></head>",
+        // Comments as the tokenizer ends them.
+        "<!--> ^</head> -->",
+        "<!--->^</head>-->",
+        "<!-- a --!>^</head>",
+        "<!--!></head>-->^</head>",
+        "<!-- a -- > </head> -->^</head>",
+        "<p>x</p>^<!-- -- >",
+        // CDATA (real in SVG and MathML) ends at ]]>; doctypes and bogus comments at the first >.
+        "<svg><text><![CDATA[ 1 > 0 </body> ]]></text></svg>^</body>",
+        "<p>x</p>^<![CDATA[ </head>",
+        "<!doctype html \"a>^</head>",
+        "<?xml a=\"</head>\"?>\">^</head>",
+        "</ </head>^</head>",
+        "</>^</head>",
+        "<p>x</p>^</",
+        "<p>x</p><^",
+        // Quotes open a value only after `=`.
+        "<p don't>^</head>",
+        "<a b=c='x>'^</head>",
+        "<a =\"x>\"^</head>",
+        "<a b = 'x > </head>'>^</head>",
+        "<a b / = \"</head>\">^</head>",
+        // End tags are tokenized with attributes too; a name ends only at space, / or >.
+        "<head></title a=\"</head>\">^</head>",
+        "<headx></headx>^</head/>",
+        "<head.></head.>^</head\t>",
     ];
 
     #[test]
@@ -585,6 +738,16 @@ mod tests {
             format!("<script>{}", "</scriptx".repeat(n)),
             format!("<script>{}", "</script\"".repeat(n)),
             "< id id id".repeat(n),
+            "<title>".repeat(n),
+            format!("<title>{}", "</titlex".repeat(n)),
+            format!("<textarea>{}", "</".repeat(n)),
+            "<template>".repeat(n),
+            "<template></template>".repeat(n),
+            "<!--".repeat(n),
+            "<!-- --".repeat(n),
+            "<![CDATA[".repeat(n),
+            "<a b='".repeat(n),
+            "<a b=".repeat(n),
         ] {
             let out = inject_html(page.as_bytes(), "{}");
             assert_eq!(out.len(), page.len() + TAG_OPEN.len() + 11);
@@ -683,6 +846,15 @@ mod tests {
             Just(b"</style".to_vec()),
             Just(b"<!--".to_vec()),
             Just(b"-->".to_vec()),
+            Just(b"<title>".to_vec()),
+            Just(b"</TITLE ".to_vec()),
+            Just(b"<textarea>".to_vec()),
+            Just(b"<template>".to_vec()),
+            Just(b"</template>".to_vec()),
+            Just(b"<plaintext>".to_vec()),
+            Just(b"<!-->".to_vec()),
+            Just(b"<![CDATA[".to_vec()),
+            Just(b"]]>".to_vec()),
             Just(b"<a title=\"".to_vec()),
             Just(b"'".to_vec()),
             Just(b">".to_vec()),

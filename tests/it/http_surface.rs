@@ -7,7 +7,9 @@
 //! streams passed through within the limits; methods, headers, bodies and statuses untouched;
 //! and, with the surface off, nothing changed. Against a scripted product (issue 30): no token,
 //! name or address reaches Epode in an operation (the route templates too), and the surface and
-//! the MCP path cannot starve each other (connection shares, rate and in-flight limits).
+//! the MCP path cannot starve each other (connection shares, rate and in-flight limits), and
+//! Chromium finds the HTML envelope on pages whose first `</head>`/`</body>` is no real one
+//! (`tests/peers/html_check.mjs`).
 
 use crate::support::fake_epode::{
     http_envelope_errors, FakeConfig, FakeEpode, HandleClaims, DEMO_PRODUCT_KEY,
@@ -1898,4 +1900,166 @@ async fn an_encoded_spelling_of_an_excluded_path_is_excluded() {
     }
     let text = metrics(&r.sc).await;
     assert_eq!(skipped(&text, "excluded_path"), 4, "{text}");
+
+
+/// Pages whose first `</head>` or `</body>` (as bytes) is no boundary a browser sees: it sits in
+/// a title, a textarea, a raw text element, a template, after `<plaintext>`, in a comment or in
+/// an SVG CDATA section. Each page's real boundary comes later (or, for `plaintext`, never).
+const TRAPS: &[(&str, &str)] = &[
+    (
+        "title",
+        "<!doctype html><html><head><title>Docs </head> and more</title><meta charset=\"utf-8\"></head><body><p>title trap</p></body></html>",
+    ),
+    (
+        "title-upper",
+        "<!DOCTYPE html><HTML><HEAD><TITLE lang=\"en\">Up </HEAD> case</TITLE ></HEAD><BODY><P>upper trap</P></BODY></HTML>",
+    ),
+    (
+        "textarea",
+        "<!doctype html><title>t</title><body><form><textarea name=\"note\">Dear team, </body> ends a page.</textarea></form><p>after</p></body></html>",
+    ),
+    (
+        "textarea-upper",
+        "<!doctype html><title>t</title><BODY><TEXTAREA cols=40>a </BODY> b</TextArea\n><p>after</p></BODY>",
+    ),
+    (
+        "noscript-head",
+        "<!doctype html><html><head><title>n</title><noscript><p>enable JS </head> please</p></noscript></head><body><p>noscript trap</p></body></html>",
+    ),
+    (
+        "noscript-body",
+        "<!doctype html><title>n</title><body><noscript>JS is off </body> here</noscript><p>after</p></body></html>",
+    ),
+    (
+        "template",
+        "<!doctype html><html><head><title>tp</title><template id=\"row\"><template><b>inner</b></template><p>a </head> b</p></template></head><body><p>template trap</p></body></html>",
+    ),
+    (
+        "xmp",
+        "<!doctype html><title>x</title><body><xmp>Example: <p>hi</p></body></xmp><p>after</p></body></html>",
+    ),
+    (
+        "plaintext",
+        "<!doctype html><title>p</title><body><p>before</p><plaintext>raw </body> text <b>not bold</b>",
+    ),
+    (
+        "iframe",
+        "<!doctype html><title>i</title><body><iframe>fallback </body> text</iframe><p>after</p></body></html>",
+    ),
+    (
+        "noembed",
+        "<!doctype html><title>e</title><body><noembed>no plugins </body> here</noembed><p>after</p></body></html>",
+    ),
+    (
+        "noframes",
+        "<!doctype html><title>f</title><body><noframes>no frames </body> here</noframes><p>after</p></body></html>",
+    ),
+    (
+        "comment",
+        "<!doctype html><html><head><title>c</title><!-- the old layout closed </head> here --></head><body><p>comment trap</p></body></html>",
+    ),
+    (
+        "svg-cdata",
+        "<!doctype html><title>s</title><body><svg width=\"200\" height=\"20\"><text x=\"0\" y=\"15\"><![CDATA[1 > 0 </body> ok]]></text></svg><p>after</p></body></html>",
+    ),
+];
+
+/// Issue 30 row 4: for every trap, Chromium finds the envelope with
+/// `getElementById('agent-feedback')` (a JSON script, the schema's envelope) and the page reads
+/// as the product's own: the same title, visible body text and textarea values as the page
+/// fetched straight from the product.
+#[tokio::test]
+async fn chromium_finds_the_html_envelope_and_reads_the_page_unchanged() {
+    let up = ScriptedUpstream::new()
+        .when_fn(
+            |r| r.http_method() == "GET" && r.head.starts_with("GET /trap/"),
+            |r| {
+                let path = r.head.split(' ').nth(1).unwrap_or_default();
+                match TRAPS
+                    .iter()
+                    .find(|(name, _)| path == format!("/trap/{name}"))
+                {
+                    Some((_, page)) => Reply::body("text/html; charset=utf-8").text(page),
+                    None => Reply::empty(404),
+                }
+            },
+        )
+        .otherwise(Reply::empty(404))
+        .start();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[
+            ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+        ],
+    );
+    let origin = up.url().trim_end_matches("/mcp").to_owned();
+    for (name, page) in TRAPS {
+        let got = get(&sc, &format!("/trap/{name}"), None).await;
+        let (rest, _) = without_tag(&got.body);
+        assert_eq!(rest, page.as_bytes(), "{name}: the page's own bytes change");
+    }
+    let mut urls = Vec::new();
+    for (name, _) in TRAPS {
+        urls.push(format!("{origin}/trap/{name}"));
+        urls.push(format!("{}/trap/{name}", sc.base()));
+    }
+    let out = Command::new("node")
+        .arg(repo_root().join("tests/peers/html_check.mjs"))
+        .args(&urls)
+        .env("EPODE_PEERS_TS", peers_dir().join("ts"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let seen: Vec<Value> = serde_json::from_str(stdout.trim()).unwrap_or_else(|_| {
+        panic!(
+            "html_check printed no JSON:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert_eq!(seen.len(), urls.len(), "{stdout}");
+    let mut wrong = Vec::new();
+    for ((name, _), pair) in TRAPS.iter().zip(seen.chunks(2)) {
+        let (direct, proxied) = (&pair[0], &pair[1]);
+        assert!(direct["error"].is_null(), "{name}: {direct}");
+        assert!(proxied["error"].is_null(), "{name}: {proxied}");
+        assert!(
+            direct["feedback"].is_null(),
+            "{name}: the product's page has no envelope: {direct}"
+        );
+        let feedback = &proxied["feedback"];
+        match feedback["json"].as_str().map(serde_json::from_str::<Value>) {
+            Some(Ok(env)) if feedback["tag"] == "SCRIPT" => {
+                schema_ok(&env, name);
+                assert_eq!(feedback["type"], "application/json", "{name}: {feedback}");
+            }
+            _ => wrong.push(format!(
+                "{name}: no agent-feedback script element (title {}, text {})",
+                short(&proxied["title"]),
+                short(&proxied["text"])
+            )),
+        }
+        for what in ["title", "text", "textareas"] {
+            if direct[what] != proxied[what] {
+                wrong.push(format!(
+                    "{name}: {what} differs: direct {} vs through the sidecar {}",
+                    short(&direct[what]),
+                    short(&proxied[what])
+                ));
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// `v` as JSON, cut to its first 160 characters (an envelope in the wrong place is long).
+fn short(v: &Value) -> String {
+    let text = v.to_string();
+    match text.char_indices().nth(160) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    }
 }
