@@ -1900,7 +1900,7 @@ async fn an_encoded_spelling_of_an_excluded_path_is_excluded() {
     }
     let text = metrics(&r.sc).await;
     assert_eq!(skipped(&text, "excluded_path"), 4, "{text}");
-
+}
 
 /// Pages whose first `</head>` or `</body>` (as bytes) is no boundary a browser sees: it sits in
 /// a title, a textarea, a raw text element, a template, after `<plaintext>`, in a comment or in
