@@ -2,7 +2,8 @@
 //! shared stdio pipe: the client's credentials (`Authorization`, `Cookie`, `X-API-Key`, kept
 //! only as a keyed hash) and the connection it came on. A client with credentials owns its
 //! requests across connections (as a 2025 session would); a client without any owns them only
-//! on its own connection, since anyone can send no credentials.
+//! on its own connection, since anyone can send no credentials. And whether the client may be
+//! sent the server's own requests (`ServerRequests`), which the hop and the stdio child both read.
 
 use std::hash::BuildHasher;
 use std::net::SocketAddr;
@@ -167,4 +168,13 @@ mod tests {
         assert_ne!(credential_hash(&cookie), credential_hash(&alice));
         assert_eq!(credential_hash(&HeaderMap::new()), None);
     }
+}
+
+/// Whether the server's own requests (elicitation, sampling, roots) made while answering a
+/// message may go to the client that sent it: only a 2025 client (or a client's own answer or
+/// cancellation) can take them; the sidecar's own requests and a 2026 client's cannot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ServerRequests {
+    Relayed,
+    Withheld,
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Frame;
 
-use super::caller::Caller;
+use super::caller::{Caller, ServerRequests};
 use super::http::HttpUpstream;
 use super::pool::PooledBody;
 use super::ready::NotReady;
@@ -29,15 +29,6 @@ const READY_WINDOW: Duration = Duration::from_secs(10);
 pub(crate) enum Hop {
     Http(HttpUpstream),
     Stdio(StdioUpstream),
-}
-
-/// Whether the server's own requests (elicitation, sampling, roots) made while answering a
-/// message may go to the client that sent it: only a 2025 client (or a client's own answer or
-/// cancellation) can take them; the sidecar's own requests and a 2026 client's cannot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ServerRequests {
-    Relayed,
-    Withheld,
 }
 
 /// An upstream answer's body.

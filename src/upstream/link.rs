@@ -12,7 +12,8 @@ use bytes::Bytes;
 
 use super::answer::{read_answer, AnswerBounds, ReadAnswer};
 use super::caller::Caller;
-use super::hop::{Hop, ServerRequests, UpstreamBody};
+use super::caller::ServerRequests;
+use super::hop::{Hop, UpstreamBody};
 use super::identity::ServerIdentity;
 use crate::error::Error;
 use crate::mcp::headers as mcp_headers;

@@ -30,11 +30,12 @@ use serde_json::{json, Value};
 
 use self::answer::{read_answer, AnswerBounds};
 pub(crate) use self::caller::Client;
+use self::caller::ServerRequests;
 pub(crate) use self::context::RequestContext;
 pub(crate) use self::era::Discovery;
 use self::era::EraResolver;
+use self::hop::Hop;
 pub(crate) use self::hop::UpstreamBody;
-use self::hop::{Hop, ServerRequests};
 use self::http::{HttpBounds, HttpUpstream};
 use self::identity::{ServerIdentity, Shown};
 use self::link::Link;

@@ -15,8 +15,8 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::answer::read_answer;
-use super::caller::{Client, CREDENTIAL_HEADERS};
-use super::hop::{Hop, ServerRequests, UpstreamBody};
+use super::caller::{Client, ServerRequests, CREDENTIAL_HEADERS};
+use super::hop::{Hop, UpstreamBody};
 use super::link::Link;
 use super::translate::sidecar_info;
 use crate::error::{Error, ErrorKind};

@@ -23,8 +23,8 @@ use crate::budget::{MemoryBudget, Reservation};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::version::META_SUBSCRIPTION_ID;
+use crate::upstream::caller::ServerRequests;
 use crate::upstream::caller::{Caller, Group};
-use crate::upstream::hop::ServerRequests;
 
 /// A message for a client, counted in the memory budget until it is sent.
 pub(super) type Held = (Bytes, Reservation);
