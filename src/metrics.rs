@@ -170,16 +170,48 @@ impl HeadRefusal {
     }
 }
 
-/// How a feedback tool call can end.
-const FEEDBACK_OUTCOMES: [&str; 7] = [
-    "accepted",
-    "approved",
-    "declined",
-    "refused",
-    "unavailable",
-    "invalid_arguments",
-    "invalid_handle",
-];
+/// How a call of one of the two feedback tools ended: what the binding branches on, the
+/// `outcome` label of `feedback_calls_total`, and what the console is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FeedbackOutcome {
+    /// Epode took the report.
+    Accepted,
+    /// Epode recorded the consent decision.
+    Approved,
+    Declined,
+    /// Epode answered with a status that is not a success.
+    Refused,
+    /// Epode could not be reached, or answered something that is not its answer.
+    Unavailable,
+    /// Refused by the sidecar before Epode: the arguments are not the tool's.
+    InvalidArguments,
+    /// Refused by the sidecar before Epode: the handle is not this product's, or has expired.
+    InvalidHandle,
+}
+
+impl FeedbackOutcome {
+    pub(crate) const ALL: [FeedbackOutcome; 7] = [
+        FeedbackOutcome::Accepted,
+        FeedbackOutcome::Approved,
+        FeedbackOutcome::Declined,
+        FeedbackOutcome::Refused,
+        FeedbackOutcome::Unavailable,
+        FeedbackOutcome::InvalidArguments,
+        FeedbackOutcome::InvalidHandle,
+    ];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            FeedbackOutcome::Accepted => "accepted",
+            FeedbackOutcome::Approved => "approved",
+            FeedbackOutcome::Declined => "declined",
+            FeedbackOutcome::Refused => "refused",
+            FeedbackOutcome::Unavailable => "unavailable",
+            FeedbackOutcome::InvalidArguments => "invalid_arguments",
+            FeedbackOutcome::InvalidHandle => "invalid_handle",
+        }
+    }
+}
 
 fn latency() -> Histogram {
     // 100 µs to about 26 s.
@@ -277,11 +309,11 @@ impl Metrics {
         }
         telemetry(m.registry.sub_registry_with_prefix("telemetry"));
         for tool in ["record_product_feedback_consent", "report_product_feedback"] {
-            for outcome in FEEDBACK_OUTCOMES {
-                drop(
-                    m.feedback_calls
-                        .get_or_create(&FeedbackCallLabels { tool, outcome }),
-                );
+            for outcome in FeedbackOutcome::ALL {
+                drop(m.feedback_calls.get_or_create(&FeedbackCallLabels {
+                    tool,
+                    outcome: outcome.label(),
+                }));
             }
         }
         for kind in LimitKind::ALL {

@@ -26,12 +26,12 @@ use crate::error::{Error, ErrorKind};
 use crate::feedback::capability::{self, Claims, ProductKey};
 use crate::feedback::envelope;
 use crate::feedback::identity::IdentityRefs;
-use crate::feedback::tools::{self, EpodeFailure, FeedbackTools};
+use crate::feedback::tools::{self, Decision, EpodeFailure, FeedbackTools};
 use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
 use crate::log_summary::LogSummary;
 use crate::mcp::raw::raw;
 use crate::mcp::rewrite::ResultHook;
-use crate::metrics::{FeedbackCallLabels, Metrics};
+use crate::metrics::{FeedbackCallLabels, FeedbackOutcome, Metrics};
 use crate::observe::{FeedbackTool, Note, Noted, Observer, Refused};
 
 /// The parts that exist only when feedback is on.
@@ -263,7 +263,10 @@ impl FeedbackBinding {
         };
         self.metrics
             .feedback_calls
-            .get_or_create(&FeedbackCallLabels { tool, outcome })
+            .get_or_create(&FeedbackCallLabels {
+                tool,
+                outcome: outcome.label(),
+            })
             .inc();
         if let Some(note) = note {
             self.show_local(active, note, tool, arguments, &result, outcome);
@@ -280,14 +283,14 @@ impl FeedbackBinding {
         tool: &'static str,
         arguments: &Value,
         result: &Value,
-        outcome: &'static str,
+        outcome: FeedbackOutcome,
     ) {
         let handle = arguments.get("feedbackHandle").and_then(Value::as_str);
         let interaction = handle
             .filter(|h| h.len() <= tools::MAX_HANDLE_LEN)
             .and_then(|h| capability::verify(&active.key, h, SystemTime::now()).ok())
             .map(|claims| claims.i);
-        note.set(Noted::Outcome(outcome));
+        note.set(Noted::Outcome(outcome.label()));
         note.set(Noted::IsError(
             result.get("isError") == Some(&Value::Bool(true)),
         ));
@@ -295,15 +298,20 @@ impl FeedbackBinding {
             note.set(Noted::InteractionId(i.clone()));
         }
         let refused = match outcome {
-            "invalid_arguments" => result["content"][0]["text"]
+            FeedbackOutcome::InvalidArguments => result["content"][0]["text"]
                 .as_str()
                 .unwrap_or("invalid arguments")
                 .to_owned(),
-            "invalid_handle" => {
+            FeedbackOutcome::InvalidHandle => {
                 let why = handle.map_or(Err("there is none"), |h| verify_handle(active, h));
                 format!("bad feedback handle: {}", why.err().unwrap_or("invalid"))
             }
-            _ => return,
+            // Epode's own answers: no refusal of the sidecar's to show.
+            FeedbackOutcome::Accepted
+            | FeedbackOutcome::Approved
+            | FeedbackOutcome::Declined
+            | FeedbackOutcome::Refused
+            | FeedbackOutcome::Unavailable => return,
         };
         if let Some(observer) = &self.observer {
             observer.refused(Refused {
@@ -318,10 +326,10 @@ impl FeedbackBinding {
         }
     }
 
-    async fn record_consent(&self, active: &Active, arguments: &Value) -> (Value, &'static str) {
+    async fn record_consent(&self, active: &Active, arguments: &Value) -> (Value, FeedbackOutcome) {
         let call = match active.tools.validate_consent_args(arguments) {
             Ok(c) => c,
-            Err(invalid) => return (invalid.to_result(), "invalid_arguments"),
+            Err(invalid) => return (invalid.to_result(), FeedbackOutcome::InvalidArguments),
         };
         // Verified once: the decision is remembered from these claims however long Epode takes
         // to answer (a handle may expire meanwhile; the decision it carried still stands).
@@ -334,7 +342,7 @@ impl FeedbackBinding {
                 );
                 return (
                     tools::consent_failure(EpodeFailure::InvalidHandle),
-                    "invalid_handle",
+                    FeedbackOutcome::InvalidHandle,
                 );
             }
         };
@@ -351,7 +359,7 @@ impl FeedbackBinding {
                     );
                     return (
                         tools::consent_failure(EpodeFailure::Unavailable),
-                        "unavailable",
+                        FeedbackOutcome::Unavailable,
                     );
                 };
                 remember_decision(active, claims, &body);
@@ -361,21 +369,24 @@ impl FeedbackBinding {
                 );
                 (
                     tools::consent_success(call.decision, body),
-                    call.decision.as_str(),
+                    match call.decision {
+                        Decision::Approved => FeedbackOutcome::Approved,
+                        Decision::Declined => FeedbackOutcome::Declined,
+                    },
                 )
             }
             Ok(a) => {
                 tracing::warn!(status = a.status, "Epode refused the consent decision");
                 (
                     tools::consent_failure(EpodeFailure::Status(a.status)),
-                    "refused",
+                    FeedbackOutcome::Refused,
                 )
             }
             Err(e) => {
                 log_unavailable(&e, "consent decision not delivered");
                 (
                     tools::consent_failure(EpodeFailure::Unavailable),
-                    "unavailable",
+                    FeedbackOutcome::Unavailable,
                 )
             }
         }
@@ -405,10 +416,10 @@ fn remember_decision(active: &Active, claims: Claims, body: &Value) {
     active.consent.warm(&subject, true);
 }
 
-async fn report(active: &Active, arguments: &Value) -> (Value, &'static str) {
+async fn report(active: &Active, arguments: &Value) -> (Value, FeedbackOutcome) {
     let call = match active.tools.validate_report_args(arguments) {
         Ok(c) => c,
-        Err(invalid) => return (invalid.to_result(), "invalid_arguments"),
+        Err(invalid) => return (invalid.to_result(), FeedbackOutcome::InvalidArguments),
     };
     if let Err(why) = verify_handle(active, call.handle.as_str()) {
         tracing::info!(
@@ -417,7 +428,7 @@ async fn report(active: &Active, arguments: &Value) -> (Value, &'static str) {
         );
         return (
             tools::report_failure(EpodeFailure::InvalidHandle),
-            "invalid_handle",
+            FeedbackOutcome::InvalidHandle,
         );
     }
     let sent = active
@@ -430,24 +441,24 @@ async fn report(active: &Active, arguments: &Value) -> (Value, &'static str) {
                 tracing::warn!(status = a.status, "Epode's report answer is not a receipt");
                 return (
                     tools::report_failure(EpodeFailure::Unavailable),
-                    "unavailable",
+                    FeedbackOutcome::Unavailable,
                 );
             };
             tracing::info!("feedback report accepted");
-            (tools::report_success(body), "accepted")
+            (tools::report_success(body), FeedbackOutcome::Accepted)
         }
         Ok(a) => {
             tracing::warn!(status = a.status, "Epode refused the feedback report");
             (
                 tools::report_failure(EpodeFailure::Status(a.status)),
-                "refused",
+                FeedbackOutcome::Refused,
             )
         }
         Err(e) => {
             log_unavailable(&e, "feedback report not delivered");
             (
                 tools::report_failure(EpodeFailure::Unavailable),
-                "unavailable",
+                FeedbackOutcome::Unavailable,
             )
         }
     }
