@@ -1,38 +1,31 @@
-//! Telemetry: one event per completed product tool call (confirmed MCP) or instrumented HTTP
-//! response (unclassified, `http_json`/`http_html`/`http_headers`), numbered (`sequence`)
-//! and enqueued without waiting (a product response never waits for Epode) on a bounded
-//! channel. One dispatcher task forms batches of up to `batch_max` (sent as soon as one is
-//! full, or `flush_every` after its first event) and starts a delivery task for each, as many
-//! in flight as the adaptive limit of [`limit`] allows (at most `concurrency`). A delivery is
-//! judged by its receipt; only network failures, timeouts, 408, 429 and 5xx are retried, with
-//! exponential backoff (`backon`) or the `Retry-After` Epode gives, which also holds back every
-//! other delivery. Epode orders interactions by `(occurredAt, sequence)` and upserts each event
-//! by its id, so batches may arrive in any order and a duplicate is harmless.
+//! The queue and its dispatcher: the handle the request path holds ([`Telemetry`]: number and
+//! enqueue an event without waiting, flush at shutdown), the counters operators see
+//! ([`Counters`]), what the dispatcher and its deliveries share ([`TelemetryCore`]), and the
+//! [`BatchDispatcher`] task that forms batches (keeping the customers they name out of lock
+//! cycles, see [`super::customers`]) and starts a delivery for each as the limit allows.
 
-mod customers;
-mod limit;
-
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
-use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde_json::{Map, Value};
-use std::collections::VecDeque;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
-use super::client::{Answer, EpodeClient, EpodeError};
-use crate::feedback::identity::{IdentityRefs, RefKind};
+use super::customers::{customer_keys, Forming, InFlight};
+use super::delivery::{deliver, Slot};
+use super::event::{
+    build_event, build_http_event, HttpCompletion, InvalidCompletion, McpCompletion,
+};
+use super::limit::{Limiter, Wait};
+use crate::epode::client::EpodeClient;
 use crate::log_summary::LogSummary;
-use customers::{customer_keys, Forming, InFlight};
-use limit::{Limiter, Wait};
 
 /// How the queue behaves; the defaults are the Epode SDKs' documented ones, but for the batch
 /// (the protocol's most, 100) and the deliveries in flight (the SDKs send one at a time).
@@ -65,221 +58,11 @@ impl Default for QueueSettings {
     }
 }
 
-/// Epode reads at most this much of a request body (the real service's 64 KiB body limit): a
-/// batch whose body would be larger is sent in parts.
-const MAX_BATCH_BYTES: usize = 64 * 1024;
-
 /// How often dropped telemetry is summarised in the log.
 const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
-/// The outcome of a product tool call, as telemetry sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
-    Success,
-    /// An `isError` result, an upstream failure, or a JSON-RPC error.
-    Error,
-}
-
-/// What the caller knows of one completed product tool call.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct McpCompletion {
-    pub(crate) interaction_id: String,
-    pub(crate) operation: String,
-    pub(crate) outcome: Option<Outcome>,
-    pub(crate) duration: Option<Duration>,
-    /// The identity references, the mode's customerRef rule already applied.
-    pub(crate) refs: IdentityRefs,
-    pub(crate) runtime_hint: Option<String>,
-}
-
-/// Where an HTTP response carried its envelope: the telemetry `surface`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Surface {
-    /// `_agentFeedback` in a JSON object (`http_json`).
-    Json,
-    /// The script tag in an HTML page (`http_html`).
-    Html,
-    /// The `Agent-Feedback` header (`http_headers`).
-    Headers,
-}
-
-impl Surface {
-    pub(crate) const ALL: [Surface; 3] = [Surface::Json, Surface::Html, Surface::Headers];
-
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Surface::Json => "http_json",
-            Surface::Html => "http_html",
-            Surface::Headers => "http_headers",
-        }
-    }
-}
-
-/// What the HTTP surface knows of one instrumented response.
-#[derive(Debug, Clone)]
-pub(crate) struct HttpCompletion {
-    /// The capability's `i`, the envelope's interaction.
-    pub(crate) interaction_id: String,
-    pub(crate) surface: Surface,
-    /// The normalised route.
-    pub(crate) operation: String,
-    /// The status the client got.
-    pub(crate) status: u16,
-    /// From the request's arrival to the body being ready.
-    pub(crate) duration: Duration,
-    /// The identity references, the mode's customerRef rule already applied.
-    pub(crate) refs: IdentityRefs,
-    pub(crate) runtime_hint: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum InvalidCompletion {
-    #[error("invalid_operation: the tool name is not a valid telemetry operation")]
-    Operation,
-    #[error("invalid_outcome")]
-    Outcome,
-}
-
-impl InvalidCompletion {
-    fn reason(self) -> &'static str {
-        match self {
-            InvalidCompletion::Operation => "invalid_operation",
-            InvalidCompletion::Outcome => "invalid_outcome",
-        }
-    }
-}
-
-/// `^[A-Za-z0-9/_:.*{}-]{1,160}$` and no `://` (a raw URL is never an operation).
-pub(crate) fn valid_operation(op: &str) -> bool {
-    (1..=160).contains(&op.len())
-        && op
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"/_:.*{}-".contains(&b))
-        && !op.contains("://")
-}
-
-fn runtime_hint(raw: &str) -> Option<String> {
-    let t = raw.trim();
-    let n = t.chars().count();
-    ((1..=200).contains(&n) && !t.chars().any(char::is_control)).then(|| t.to_owned())
-}
-
-/// The event for a completion, without its `sequence` (given when it is enqueued, added when
-/// it is batched): absent fields are omitted, never null or empty.
-pub(crate) fn build_event(
-    c: &McpCompletion,
-    occurred_at: SystemTime,
-) -> Result<Map<String, Value>, InvalidCompletion> {
-    let status = match c.outcome {
-        Some(Outcome::Success) => 200,
-        Some(Outcome::Error) => 500,
-        None => return Err(InvalidCompletion::Outcome),
-    };
-    event(Event {
-        interaction_id: &c.interaction_id,
-        surface: "mcp",
-        operation: &c.operation,
-        classification: "confirmed",
-        confirmation: Some("mcp"),
-        occurred_at,
-        status,
-        duration: c.duration,
-        refs: &c.refs,
-        runtime_hint: c.runtime_hint.as_deref(),
-        session_source: "mcp",
-        hint_source: "mcp",
-    })
-}
-
-/// The event for an instrumented HTTP response, without its `sequence`: `unclassified` (Epode
-/// confirms it when a report names its interaction), no `confirmationMethod` (Epode refuses
-/// one on an HTTP event), the real status; a session and a runtime hint are the customer's
-/// and come over HTTP.
-pub(crate) fn build_http_event(
-    c: &HttpCompletion,
-    occurred_at: SystemTime,
-) -> Result<Map<String, Value>, InvalidCompletion> {
-    if !(100..=599).contains(&c.status) {
-        return Err(InvalidCompletion::Outcome);
-    }
-    event(Event {
-        interaction_id: &c.interaction_id,
-        surface: c.surface.as_str(),
-        operation: &c.operation,
-        classification: "unclassified",
-        confirmation: None,
-        occurred_at,
-        status: c.status,
-        duration: Some(c.duration),
-        refs: &c.refs,
-        runtime_hint: c.runtime_hint.as_deref(),
-        session_source: "customer",
-        hint_source: "http",
-    })
-}
-
-/// What an event of either surface says; [`event`] writes it in the order Epode documents.
-struct Event<'a> {
-    interaction_id: &'a str,
-    surface: &'static str,
-    operation: &'a str,
-    classification: &'static str,
-    confirmation: Option<&'static str>,
-    occurred_at: SystemTime,
-    status: u16,
-    duration: Option<Duration>,
-    refs: &'a IdentityRefs,
-    runtime_hint: Option<&'a str>,
-    /// Where a session and a runtime hint came from (`mcp`, or `customer` and `http`).
-    session_source: &'static str,
-    hint_source: &'static str,
-}
-
-fn event(f: Event<'_>) -> Result<Map<String, Value>, InvalidCompletion> {
-    if !valid_operation(f.operation) {
-        return Err(InvalidCompletion::Operation);
-    }
-    // References reach here valid (IdentityRefs only keeps valid ones); the conflict rule
-    // holds for every event.
-    let mut refs = f.refs.clone();
-    refs.drop_conflicting_customer();
-    let mut e = Map::new();
-    e.insert("interactionId".into(), Value::from(f.interaction_id));
-    e.insert("surface".into(), f.surface.into());
-    e.insert("operation".into(), Value::from(f.operation));
-    e.insert("classification".into(), f.classification.into());
-    if let Some(method) = f.confirmation {
-        e.insert("confirmationMethod".into(), method.into());
-    }
-    e.insert(
-        "occurredAt".into(),
-        Value::from(humantime::format_rfc3339_millis(f.occurred_at).to_string()),
-    );
-    e.insert("statusCode".into(), Value::from(f.status));
-    if let Some(d) = f.duration {
-        e.insert(
-            "durationMs".into(),
-            Value::from(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        );
-    }
-    for (kind, value) in refs.iter() {
-        if kind != RefKind::Session {
-            e.insert(kind.key().into(), Value::from(value));
-        }
-    }
-    if let Some(s) = refs.session_ref {
-        e.insert("sessionRef".into(), Value::from(s));
-        e.insert("sessionSource".into(), f.session_source.into());
-    }
-    if let Some(h) = f.runtime_hint.and_then(runtime_hint) {
-        e.insert("runtimeHint".into(), Value::from(h));
-        e.insert("runtimeHintSource".into(), f.hint_source.into());
-    }
-    Ok(e)
-}
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct DropReason {
+struct DropReason {
     reason: &'static str,
 }
 
@@ -287,14 +70,14 @@ pub(crate) struct DropReason {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Counters {
     enqueued: Counter,
-    delivered: Counter,
-    retried: Counter,
+    pub(super) delivered: Counter,
+    pub(super) retried: Counter,
     dropped: Family<DropReason, Counter>,
     /// The sums of Epode's receipts, as it reports them.
-    epode_accepted: Counter,
-    epode_dropped: Counter,
+    pub(super) epode_accepted: Counter,
+    pub(super) epode_dropped: Counter,
     /// Events accepted and not yet delivered or given up.
-    depth: Gauge,
+    pub(super) depth: Gauge,
     deliveries_in_flight: Gauge,
     concurrency_limit: Gauge,
 }
@@ -386,7 +169,7 @@ impl Counters {
             .inc_by(n as u64);
     }
 
-    pub(crate) fn dropped(&self, reason: &'static str) -> u64 {
+    fn dropped(&self, reason: &'static str) -> u64 {
         self.dropped.get_or_create(&DropReason { reason }).get()
     }
 
@@ -422,59 +205,6 @@ impl Counters {
             .set(i64::try_from(limiter.in_flight()).unwrap_or(i64::MAX));
         self.concurrency_limit
             .set(i64::try_from(limiter.limit()).unwrap_or(i64::MAX));
-    }
-}
-
-/// A delivery's verdict, judged from the answer.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Delivery {
-    /// A 202 whose receipt accounts for the batch: Epode stored `accepted` events and dropped
-    /// `dropped` (not retried: a dropped event is one Epode will not take).
-    Receipt { accepted: u64, dropped: u64 },
-    /// The status or the receipt says the batch is bad; not retried. `reported` is the
-    /// receipt's counts when it has them but they do not account for the batch.
-    Rejected {
-        reason: String,
-        reported: Option<(u64, u64)>,
-    },
-    Retryable {
-        reason: String,
-        retry_after: Option<Duration>,
-    },
-}
-
-/// A receipt is a 202 with integer `accepted` + `dropped` that account for the batch.
-pub(crate) fn judge(answer: &Answer, batch_len: usize) -> Delivery {
-    let rejected = |reason: String, reported| Delivery::Rejected { reason, reported };
-    match answer.status {
-        202 => {
-            let receipt = answer.json().unwrap_or(Value::Null);
-            let (Some(accepted), Some(dropped)) = (
-                receipt.get("accepted").and_then(Value::as_u64),
-                receipt.get("dropped").and_then(Value::as_u64),
-            ) else {
-                return rejected("malformed receipt".to_owned(), None);
-            };
-            let n = batch_len as u64;
-            if accepted.checked_add(dropped) != Some(n) {
-                // Counts each within the batch are shown as reported; others are garbage.
-                let reported = (accepted <= n && dropped <= n).then_some((accepted, dropped));
-                return rejected(format!(
-                    "the receipt ({accepted} accepted, {dropped} dropped) does not account for the {batch_len} events sent"
-                ), reported);
-            }
-            Delivery::Receipt { accepted, dropped }
-        }
-        s if crate::error::transient(s) => Delivery::Retryable {
-            reason: format!("HTTP {}", answer.status),
-            retry_after: answer
-                .headers
-                .get(reqwest::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs),
-        },
-        s => rejected(format!("HTTP {s}"), None),
     }
 }
 
@@ -610,7 +340,7 @@ impl Telemetry {
 
     /// Events accepted and not yet delivered or given up (queued, or in a batch being
     /// delivered).
-    pub(crate) fn depth(&self) -> u64 {
+    fn depth(&self) -> u64 {
         u64::try_from(self.counters.depth.get()).unwrap_or(0)
     }
 
@@ -656,10 +386,10 @@ impl Telemetry {
 }
 
 /// What the dispatcher and its deliveries share.
-struct TelemetryCore {
-    client: Arc<EpodeClient>,
-    settings: QueueSettings,
-    counters: Counters,
+pub(super) struct TelemetryCore {
+    pub(super) client: Arc<EpodeClient>,
+    pub(super) settings: QueueSettings,
+    pub(super) counters: Counters,
     drops: Arc<LogSummary>,
     limiter: parking_lot::Mutex<Limiter>,
     stop: watch::Receiver<Option<Instant>>,
@@ -667,7 +397,7 @@ struct TelemetryCore {
 
 impl TelemetryCore {
     /// The shutdown deadline, once shutdown has begun.
-    fn deadline(&self) -> Option<Instant> {
+    pub(super) fn deadline(&self) -> Option<Instant> {
         *self.stop.borrow()
     }
 
@@ -675,27 +405,16 @@ impl TelemetryCore {
         self.deadline().is_some_and(|d| Instant::now() >= d)
     }
 
-    fn given_up(&self, reason: &'static str, n: usize) {
+    pub(super) fn given_up(&self, reason: &'static str, n: usize) {
         self.counters.drop_n(reason, n);
         self.drops.add(reason, n as u64);
     }
 
-    fn with_limiter<T>(&self, f: impl FnOnce(&mut Limiter) -> T) -> T {
+    pub(super) fn with_limiter<T>(&self, f: impl FnOnce(&mut Limiter) -> T) -> T {
         let mut limiter = self.limiter.lock();
         let out = f(&mut limiter);
         self.counters.show(&limiter);
         out
-    }
-}
-
-/// A delivery's place in the limit, given back when the delivery ends (or is aborted).
-struct Slot {
-    shared: Arc<TelemetryCore>,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.shared.with_limiter(Limiter::finish);
     }
 }
 
@@ -956,148 +675,3 @@ impl BatchDispatcher {
 fn far_future() -> tokio::time::Instant {
     tokio::time::Instant::now() + Duration::from_secs(86_400)
 }
-
-/// The request body of a batch, serialised once for all its attempts.
-#[derive(serde::Serialize)]
-struct BatchBody<'a> {
-    events: &'a [Map<String, Value>],
-}
-
-/// The batch as request bodies Epode will read whole: halved until each part is at most
-/// [`MAX_BATCH_BYTES`] (or a single event). In order, with each part's event count.
-fn bodies(batch: Vec<Map<String, Value>>) -> Vec<(usize, Bytes)> {
-    let mut out = Vec::new();
-    let mut todo = vec![batch];
-    while let Some(mut part) = todo.pop() {
-        let n = part.len();
-        let body = serde_json::to_vec(&BatchBody { events: &part }).unwrap_or_default();
-        if body.len() > MAX_BATCH_BYTES && n > 1 {
-            let second = part.split_off(n / 2);
-            todo.push(second);
-            todo.push(part);
-        } else {
-            out.push((n, Bytes::from(body)));
-        }
-    }
-    out
-}
-
-/// Delivers one batch (in parts when its body would be too large), holding its slot.
-async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
-    for (n, body) in bodies(batch) {
-        deliver_part(&slot.shared, n, body).await;
-    }
-    drop(slot);
-}
-
-/// Delivers one request body of `n` events, retrying what may be retried, and counts the
-/// outcome.
-async fn deliver_part(shared: &TelemetryCore, n: usize, body: Bytes) {
-    let mut delays = ExponentialBuilder::new()
-        .with_min_delay(shared.settings.backoff_base)
-        .with_factor(2.0)
-        .with_max_times(shared.settings.max_attempts.saturating_sub(1))
-        .without_max_delay()
-        .build();
-    let mut attempt = 1;
-    loop {
-        let round = shared.with_limiter(|l| l.round());
-        match attempt_once(shared, body.clone(), n).await {
-            Delivery::Receipt { accepted, dropped } => {
-                shared.with_limiter(Limiter::delivered);
-                counted(shared, n, accepted, dropped, attempt);
-                break;
-            }
-            Delivery::Rejected { reason, reported } => {
-                if let Some((accepted, dropped)) = reported {
-                    shared.counters.epode_accepted.inc_by(accepted);
-                    shared.counters.epode_dropped.inc_by(dropped);
-                }
-                tracing::debug!(%reason, events = n, "telemetry batch not accepted; not retried");
-                shared.given_up("rejected", n);
-                break;
-            }
-            Delivery::Retryable {
-                reason,
-                retry_after,
-            } => {
-                let now = Instant::now();
-                let retry_after = retry_after.map(|r| r.min(shared.settings.max_retry_after));
-                let paused = shared.with_limiter(|l| {
-                    l.failed(round, now, retry_after);
-                    l.paused_until(now)
-                });
-                let Some(backoff) = delays.next() else {
-                    tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up");
-                    shared.given_up("retries_exhausted", n);
-                    break;
-                };
-                // A pause another delivery was asked for holds this retry too.
-                let pause = paused.map_or(Duration::ZERO, |t| t - now);
-                let wait = retry_after.unwrap_or(backoff).max(pause);
-                if shared.deadline().is_some_and(|d| now + wait >= d) {
-                    tracing::debug!(%reason, attempts = attempt, events = n, "telemetry batch given up at shutdown");
-                    shared.given_up("shutdown", n);
-                    break;
-                }
-                shared.counters.retried.inc();
-                tracing::debug!(%reason, attempt, ?wait, "telemetry batch will be retried");
-                tokio::time::sleep(wait).await;
-                attempt += 1;
-            }
-        }
-    }
-    shared.counters.depth.dec_by(n as i64);
-}
-
-/// Counts a batch's receipt: its accepted events are delivered, its dropped ones lost.
-fn counted(shared: &TelemetryCore, n: usize, accepted: u64, dropped: u64, attempt: usize) {
-    let c = &shared.counters;
-    c.epode_accepted.inc_by(accepted);
-    c.epode_dropped.inc_by(dropped);
-    c.delivered.inc_by(accepted);
-    if dropped > 0 {
-        tracing::debug!(
-            events = n,
-            accepted,
-            dropped,
-            "Epode dropped events of a telemetry batch; not retried"
-        );
-        shared.given_up("epode_dropped", usize::try_from(dropped).unwrap_or(n));
-    } else {
-        tracing::debug!(events = n, attempt, "telemetry batch delivered");
-    }
-}
-
-/// The next attempt's timeout, shortened by the shutdown deadline.
-fn attempt_timeout(shared: &TelemetryCore) -> Duration {
-    let t = shared.settings.attempt_timeout;
-    match shared.deadline() {
-        Some(d) => t.min(d.saturating_duration_since(Instant::now())),
-        None => t,
-    }
-}
-
-async fn attempt_once(shared: &TelemetryCore, body: Bytes, n: usize) -> Delivery {
-    let timeout = attempt_timeout(shared);
-    if timeout.is_zero() {
-        return Delivery::Retryable {
-            reason: "shutdown deadline".into(),
-            retry_after: None,
-        };
-    }
-    match shared.client.post_batch(body, timeout).await {
-        Ok(answer) => judge(&answer, n),
-        Err(EpodeError::TooLarge) => Delivery::Rejected {
-            reason: "the receipt is not a receipt".to_owned(),
-            reported: None,
-        },
-        Err(e @ (EpodeError::Timeout(_) | EpodeError::Network(_))) => Delivery::Retryable {
-            reason: e.to_string(),
-            retry_after: None,
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests;
