@@ -12,8 +12,8 @@ use bytes::Bytes;
 use serde_json::{Map, Value};
 
 use super::limit::Limiter;
-use super::queue::TelemetryCore;
 use super::receipt::{judge, Delivery};
+use super::shared::TelemetryCore;
 use crate::epode::client::EpodeError;
 
 /// Epode reads at most this much of a request body (the real service's 64 KiB body limit): a

@@ -9,17 +9,23 @@
 //! other delivery. Epode orders interactions by `(occurredAt, sequence)` and upserts each event
 //! by its id, so batches may arrive in any order and a duplicate is harmless.
 //!
-//! The parts: [`event`] (a completion made an event), [`queue`] (the handle, the counters and
-//! the dispatcher that forms batches), [`customers`] (which batches may be in flight together),
-//! [`limit`] (how many), [`delivery`] (sending a batch, retrying), [`receipt`] (judging Epode's
-//! answer). Only what the rest of the crate uses is re-exported here.
+//! The parts, each importing only those before it: [`event`] (a completion made an event),
+//! [`receipt`] (judging Epode's answer), [`limit`] (how many deliveries may be in flight),
+//! [`customers`] (which batches may be in flight together), [`counters`] (what operators see),
+//! [`shared`] (the settings and what the dispatcher and deliveries share), [`delivery`]
+//! (sending a batch, retrying), [`queue`] (the handle and the dispatcher that forms batches).
+//! Only what the rest of the crate uses is re-exported here.
 
+mod counters;
 mod customers;
 mod delivery;
 mod event;
 mod limit;
 mod queue;
 mod receipt;
+mod shared;
 
+pub(crate) use counters::Counters;
 pub(crate) use event::{valid_operation, HttpCompletion, McpCompletion, Outcome, Surface};
-pub(crate) use queue::{Counters, QueueSettings, Telemetry};
+pub(crate) use queue::Telemetry;
+pub(crate) use shared::QueueSettings;

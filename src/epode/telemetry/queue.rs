@@ -1,212 +1,30 @@
 //! The queue and its dispatcher: the handle the request path holds ([`Telemetry`]: number and
-//! enqueue an event without waiting, flush at shutdown), the counters operators see
-//! ([`Counters`]), what the dispatcher and its deliveries share ([`TelemetryCore`]), and the
-//! [`BatchDispatcher`] task that forms batches (keeping the customers they name out of lock
-//! cycles, see [`super::customers`]) and starts a delivery for each as the limit allows.
+//! enqueue an event without waiting, flush at shutdown) and the [`BatchDispatcher`] task that
+//! forms batches (keeping the customers they name out of lock cycles, see
+//! [`super::customers`]) and starts a delivery for each as the limit allows.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
+use super::counters::Counters;
 use super::customers::{customer_keys, Forming, InFlight};
 use super::delivery::{deliver, Slot};
 use super::event::{
     build_event, build_http_event, HttpCompletion, InvalidCompletion, McpCompletion,
 };
 use super::limit::{Limiter, Wait};
+use super::shared::{QueueSettings, TelemetryCore};
 use crate::epode::client::EpodeClient;
 use crate::log_summary::LogSummary;
 
-/// How the queue behaves; the defaults are the Epode SDKs' documented ones, but for the batch
-/// (the protocol's most, 100) and the deliveries in flight (the SDKs send one at a time).
-#[derive(Debug, Clone)]
-pub(crate) struct QueueSettings {
-    /// Events waiting in the queue (up to `concurrency` batches more may be in delivery).
-    pub(crate) capacity: usize,
-    pub(crate) batch_max: usize,
-    /// The most deliveries in flight at once (the adaptive limit's cap).
-    pub(crate) concurrency: usize,
-    pub(crate) flush_every: Duration,
-    pub(crate) max_attempts: usize,
-    pub(crate) backoff_base: Duration,
-    pub(crate) attempt_timeout: Duration,
-    pub(crate) max_retry_after: Duration,
-}
-
-impl Default for QueueSettings {
-    fn default() -> Self {
-        QueueSettings {
-            capacity: 1000,
-            batch_max: 100,
-            concurrency: 16,
-            flush_every: Duration::from_millis(500),
-            max_attempts: 6,
-            backoff_base: Duration::from_millis(500),
-            attempt_timeout: Duration::from_secs(30),
-            max_retry_after: Duration::from_secs(60),
-        }
-    }
-}
-
 /// How often dropped telemetry is summarised in the log.
 const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct DropReason {
-    reason: &'static str,
-}
-
-/// What the queue counts for operators (registered on `/metrics`).
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Counters {
-    enqueued: Counter,
-    pub(super) delivered: Counter,
-    pub(super) retried: Counter,
-    dropped: Family<DropReason, Counter>,
-    /// The sums of Epode's receipts, as it reports them.
-    pub(super) epode_accepted: Counter,
-    pub(super) epode_dropped: Counter,
-    /// Events accepted and not yet delivered or given up.
-    pub(super) depth: Gauge,
-    deliveries_in_flight: Gauge,
-    concurrency_limit: Gauge,
-}
-
-/// Every reason an event may be dropped for.
-const DROP_REASONS: [&str; 6] = [
-    "queue_full",
-    "invalid",
-    "epode_dropped",
-    "rejected",
-    "retries_exhausted",
-    "shutdown",
-];
-
-/// The drop reasons of an event that never entered the queue (the others were accepted first).
-const REFUSED_REASONS: [&str; 2] = ["queue_full", "invalid"];
-
-/// What the shutdown line says: `accepted = delivered + undelivered` once the queue is empty.
-#[derive(Default)]
-struct Tally {
-    accepted: u64,
-    delivered: u64,
-    undelivered: u64,
-    refused: u64,
-    by_reason: String,
-}
-
-impl Counters {
-    /// The counters, every drop reason shown from the start (at 0).
-    pub(crate) fn new() -> Self {
-        let c = Counters::default();
-        for reason in DROP_REASONS {
-            drop(c.dropped.get_or_create(&DropReason { reason }));
-        }
-        c
-    }
-
-    pub(crate) fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "enqueued",
-            "Telemetry events accepted into the queue",
-            self.enqueued.clone(),
-        );
-        registry.register(
-            "delivered",
-            "Telemetry events Epode confirmed",
-            self.delivered.clone(),
-        );
-        registry.register(
-            "retries",
-            "Telemetry batch deliveries retried",
-            self.retried.clone(),
-        );
-        registry.register(
-            "dropped",
-            "Telemetry events not delivered, by reason",
-            self.dropped.clone(),
-        );
-        registry.register(
-            "epode_accepted",
-            "Telemetry events Epode's receipts say it stored",
-            self.epode_accepted.clone(),
-        );
-        registry.register(
-            "epode_dropped",
-            "Telemetry events Epode's receipts say it dropped",
-            self.epode_dropped.clone(),
-        );
-        registry.register(
-            "queue_depth",
-            "Telemetry events queued or in delivery",
-            self.depth.clone(),
-        );
-        registry.register(
-            "deliveries_in_flight",
-            "Telemetry batch deliveries in flight (at most the concurrency limit)",
-            self.deliveries_in_flight.clone(),
-        );
-        registry.register(
-            "concurrency_limit",
-            "Telemetry deliveries allowed in flight now (adapts to Epode's answers, up to EPODE_SIDECAR_TELEMETRY_CONCURRENCY)",
-            self.concurrency_limit.clone(),
-        );
-    }
-
-    fn drop_n(&self, reason: &'static str, n: usize) {
-        self.dropped
-            .get_or_create(&DropReason { reason })
-            .inc_by(n as u64);
-    }
-
-    fn dropped(&self, reason: &'static str) -> u64 {
-        self.dropped.get_or_create(&DropReason { reason }).get()
-    }
-
-    /// Every event's fate so far, for the shutdown line.
-    fn tally(&self) -> Tally {
-        let mut tally = Tally {
-            accepted: self.enqueued.get(),
-            delivered: self.delivered.get(),
-            ..Tally::default()
-        };
-        for reason in DROP_REASONS {
-            let n = self.dropped(reason);
-            if REFUSED_REASONS.contains(&reason) {
-                tally.refused += n;
-            } else {
-                tally.undelivered += n;
-            }
-            if n > 0 {
-                if !tally.by_reason.is_empty() {
-                    tally.by_reason.push(' ');
-                }
-                tally.by_reason.push_str(&format!("{reason}={n}"));
-            }
-        }
-        if tally.by_reason.is_empty() {
-            tally.by_reason.push_str("none");
-        }
-        tally
-    }
-
-    fn show(&self, limiter: &Limiter) {
-        self.deliveries_in_flight
-            .set(i64::try_from(limiter.in_flight()).unwrap_or(i64::MAX));
-        self.concurrency_limit
-            .set(i64::try_from(limiter.limit()).unwrap_or(i64::MAX));
-    }
-}
 
 /// An event on its way to the dispatcher, with the sequence number it was given.
 type Queued = (u64, Map<String, Value>);
@@ -382,39 +200,6 @@ impl Telemetry {
              epode_sidecar_telemetry_*_total"
         );
         lost
-    }
-}
-
-/// What the dispatcher and its deliveries share.
-pub(super) struct TelemetryCore {
-    pub(super) client: Arc<EpodeClient>,
-    pub(super) settings: QueueSettings,
-    pub(super) counters: Counters,
-    drops: Arc<LogSummary>,
-    limiter: parking_lot::Mutex<Limiter>,
-    stop: watch::Receiver<Option<Instant>>,
-}
-
-impl TelemetryCore {
-    /// The shutdown deadline, once shutdown has begun.
-    pub(super) fn deadline(&self) -> Option<Instant> {
-        *self.stop.borrow()
-    }
-
-    fn past_deadline(&self) -> bool {
-        self.deadline().is_some_and(|d| Instant::now() >= d)
-    }
-
-    pub(super) fn given_up(&self, reason: &'static str, n: usize) {
-        self.counters.drop_n(reason, n);
-        self.drops.add(reason, n as u64);
-    }
-
-    pub(super) fn with_limiter<T>(&self, f: impl FnOnce(&mut Limiter) -> T) -> T {
-        let mut limiter = self.limiter.lock();
-        let out = f(&mut limiter);
-        self.counters.show(&limiter);
-        out
     }
 }
 
