@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
-pub(crate) struct Limiter {
+pub(super) struct Limiter {
     cap: usize,
     limit: usize,
     /// Below it, each success adds one (slow start); at or above it, one per `limit` successes.
@@ -31,7 +31,7 @@ pub(crate) struct Limiter {
 
 /// Why a delivery may not start now.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Wait {
+pub(super) enum Wait {
     /// Until a delivery in flight ends.
     Slot,
     /// Until this instant (Epode asked for it with `Retry-After`).
@@ -40,7 +40,7 @@ pub(crate) enum Wait {
 
 impl Limiter {
     /// A limiter allowing at most `cap` deliveries, starting at a quarter of that.
-    pub(crate) fn new(cap: usize) -> Self {
+    pub(super) fn new(cap: usize) -> Self {
         let cap = cap.max(1);
         Limiter {
             cap,
@@ -54,21 +54,21 @@ impl Limiter {
     }
 
     /// The deliveries allowed in flight now.
-    pub(crate) fn limit(&self) -> usize {
+    pub(super) fn limit(&self) -> usize {
         self.limit
     }
 
-    pub(crate) fn in_flight(&self) -> usize {
+    pub(super) fn in_flight(&self) -> usize {
         self.in_flight
     }
 
     /// Until when Epode asked for a pause, if it has not passed by `now`.
-    pub(crate) fn paused_until(&self, now: Instant) -> Option<Instant> {
+    pub(super) fn paused_until(&self, now: Instant) -> Option<Instant> {
         self.not_before.filter(|t| *t > now)
     }
 
     /// Whether a delivery may start at `now`, without starting it.
-    pub(crate) fn check(&self, now: Instant) -> Result<(), Wait> {
+    pub(super) fn check(&self, now: Instant) -> Result<(), Wait> {
         if let Some(t) = self.paused_until(now) {
             return Err(Wait::Until(t));
         }
@@ -79,24 +79,24 @@ impl Limiter {
     }
 
     /// Starts a delivery when one may start: its round, to give to [`Limiter::failed`].
-    pub(crate) fn start(&mut self, now: Instant) -> Result<u64, Wait> {
+    pub(super) fn start(&mut self, now: Instant) -> Result<u64, Wait> {
         self.check(now)?;
         self.in_flight += 1;
         Ok(self.round)
     }
 
     /// The round an attempt starting now belongs to (a retry is a new attempt).
-    pub(crate) fn round(&self) -> u64 {
+    pub(super) fn round(&self) -> u64 {
         self.round
     }
 
     /// A delivery ended (whatever its outcome).
-    pub(crate) fn finish(&mut self) {
+    pub(super) fn finish(&mut self) {
         self.in_flight = self.in_flight.saturating_sub(1);
     }
 
     /// Epode answered a batch with a receipt.
-    pub(crate) fn delivered(&mut self) {
+    pub(super) fn delivered(&mut self) {
         if self.limit < self.threshold {
             self.limit += 1;
         } else {
@@ -111,7 +111,7 @@ impl Limiter {
 
     /// An attempt of round `round` failed in a way that says Epode is overloaded or
     /// unreachable; `retry_after` is how long Epode asked the sender to wait.
-    pub(crate) fn failed(&mut self, round: u64, now: Instant, retry_after: Option<Duration>) {
+    pub(super) fn failed(&mut self, round: u64, now: Instant, retry_after: Option<Duration>) {
         if let Some(wait) = retry_after {
             let until = now + wait;
             self.not_before = Some(self.not_before.map_or(until, |t| t.max(until)));

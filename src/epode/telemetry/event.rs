@@ -1,0 +1,364 @@
+//! The telemetry event: what the request path knows of a completed product tool call
+//! ([`McpCompletion`]) or instrumented HTTP response ([`HttpCompletion`]), checked and written
+//! as the event Epode documents (field order, absent fields omitted), without its `sequence`.
+
+use std::time::{Duration, SystemTime};
+
+use serde_json::{Map, Value};
+
+use crate::feedback::identity::{IdentityRefs, RefKind};
+
+/// The outcome of a product tool call, as telemetry sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Success,
+    /// An `isError` result, an upstream failure, or a JSON-RPC error.
+    Error,
+}
+
+/// What the caller knows of one completed product tool call.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct McpCompletion {
+    pub(crate) interaction_id: String,
+    pub(crate) operation: String,
+    pub(crate) outcome: Option<Outcome>,
+    pub(crate) duration: Option<Duration>,
+    /// The identity references, the mode's customerRef rule already applied.
+    pub(crate) refs: IdentityRefs,
+    pub(crate) runtime_hint: Option<String>,
+}
+
+/// Where an HTTP response carried its envelope: the telemetry `surface`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Surface {
+    /// `_agentFeedback` in a JSON object (`http_json`).
+    Json,
+    /// The script tag in an HTML page (`http_html`).
+    Html,
+    /// The `Agent-Feedback` header (`http_headers`).
+    Headers,
+}
+
+impl Surface {
+    pub(crate) const ALL: [Surface; 3] = [Surface::Json, Surface::Html, Surface::Headers];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Surface::Json => "http_json",
+            Surface::Html => "http_html",
+            Surface::Headers => "http_headers",
+        }
+    }
+}
+
+/// What the HTTP surface knows of one instrumented response.
+#[derive(Debug, Clone)]
+pub(crate) struct HttpCompletion {
+    /// The capability's `i`, the envelope's interaction.
+    pub(crate) interaction_id: String,
+    pub(crate) surface: Surface,
+    /// The normalised route.
+    pub(crate) operation: String,
+    /// The status the client got.
+    pub(crate) status: u16,
+    /// From the request's arrival to the body being ready.
+    pub(crate) duration: Duration,
+    /// The identity references, the mode's customerRef rule already applied.
+    pub(crate) refs: IdentityRefs,
+    pub(crate) runtime_hint: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(super) enum InvalidCompletion {
+    #[error("invalid_operation: the tool name is not a valid telemetry operation")]
+    Operation,
+    #[error("invalid_outcome")]
+    Outcome,
+}
+
+impl InvalidCompletion {
+    pub(super) fn reason(self) -> &'static str {
+        match self {
+            InvalidCompletion::Operation => "invalid_operation",
+            InvalidCompletion::Outcome => "invalid_outcome",
+        }
+    }
+}
+
+/// `^[A-Za-z0-9/_:.*{}-]{1,160}$` and no `://` (a raw URL is never an operation).
+pub(crate) fn valid_operation(op: &str) -> bool {
+    (1..=160).contains(&op.len())
+        && op
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/_:.*{}-".contains(&b))
+        && !op.contains("://")
+}
+
+fn runtime_hint(raw: &str) -> Option<String> {
+    let t = raw.trim();
+    let n = t.chars().count();
+    ((1..=200).contains(&n) && !t.chars().any(char::is_control)).then(|| t.to_owned())
+}
+
+/// The event for a completion, without its `sequence` (given when it is enqueued, added when
+/// it is batched): absent fields are omitted, never null or empty.
+pub(super) fn build_event(
+    c: &McpCompletion,
+    occurred_at: SystemTime,
+) -> Result<Map<String, Value>, InvalidCompletion> {
+    let status = match c.outcome {
+        Some(Outcome::Success) => 200,
+        Some(Outcome::Error) => 500,
+        None => return Err(InvalidCompletion::Outcome),
+    };
+    event(Event {
+        interaction_id: &c.interaction_id,
+        surface: "mcp",
+        operation: &c.operation,
+        classification: "confirmed",
+        confirmation: Some("mcp"),
+        occurred_at,
+        status,
+        duration: c.duration,
+        refs: &c.refs,
+        runtime_hint: c.runtime_hint.as_deref(),
+        session_source: "mcp",
+        hint_source: "mcp",
+    })
+}
+
+/// The event for an instrumented HTTP response, without its `sequence`: `unclassified` (Epode
+/// confirms it when a report names its interaction), no `confirmationMethod` (Epode refuses
+/// one on an HTTP event), the real status; a session and a runtime hint are the customer's
+/// and come over HTTP.
+pub(super) fn build_http_event(
+    c: &HttpCompletion,
+    occurred_at: SystemTime,
+) -> Result<Map<String, Value>, InvalidCompletion> {
+    if !(100..=599).contains(&c.status) {
+        return Err(InvalidCompletion::Outcome);
+    }
+    event(Event {
+        interaction_id: &c.interaction_id,
+        surface: c.surface.as_str(),
+        operation: &c.operation,
+        classification: "unclassified",
+        confirmation: None,
+        occurred_at,
+        status: c.status,
+        duration: Some(c.duration),
+        refs: &c.refs,
+        runtime_hint: c.runtime_hint.as_deref(),
+        session_source: "customer",
+        hint_source: "http",
+    })
+}
+
+/// What an event of either surface says; [`event`] writes it in the order Epode documents.
+struct Event<'a> {
+    interaction_id: &'a str,
+    surface: &'static str,
+    operation: &'a str,
+    classification: &'static str,
+    confirmation: Option<&'static str>,
+    occurred_at: SystemTime,
+    status: u16,
+    duration: Option<Duration>,
+    refs: &'a IdentityRefs,
+    runtime_hint: Option<&'a str>,
+    /// Where a session and a runtime hint came from (`mcp`, or `customer` and `http`).
+    session_source: &'static str,
+    hint_source: &'static str,
+}
+
+fn event(f: Event<'_>) -> Result<Map<String, Value>, InvalidCompletion> {
+    if !valid_operation(f.operation) {
+        return Err(InvalidCompletion::Operation);
+    }
+    // References reach here valid (IdentityRefs only keeps valid ones); the conflict rule
+    // holds for every event.
+    let mut refs = f.refs.clone();
+    refs.drop_conflicting_customer();
+    let mut e = Map::new();
+    e.insert("interactionId".into(), Value::from(f.interaction_id));
+    e.insert("surface".into(), f.surface.into());
+    e.insert("operation".into(), Value::from(f.operation));
+    e.insert("classification".into(), f.classification.into());
+    if let Some(method) = f.confirmation {
+        e.insert("confirmationMethod".into(), method.into());
+    }
+    e.insert(
+        "occurredAt".into(),
+        Value::from(humantime::format_rfc3339_millis(f.occurred_at).to_string()),
+    );
+    e.insert("statusCode".into(), Value::from(f.status));
+    if let Some(d) = f.duration {
+        e.insert(
+            "durationMs".into(),
+            Value::from(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        );
+    }
+    for (kind, value) in refs.iter() {
+        if kind != RefKind::Session {
+            e.insert(kind.key().into(), Value::from(value));
+        }
+    }
+    if let Some(s) = refs.session_ref {
+        e.insert("sessionRef".into(), Value::from(s));
+        e.insert("sessionSource".into(), f.session_source.into());
+    }
+    if let Some(h) = f.runtime_hint.and_then(runtime_hint) {
+        e.insert("runtimeHint".into(), Value::from(h));
+        e.insert("runtimeHintSource".into(), f.hint_source.into());
+    }
+    Ok(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vectors() -> Value {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/protocol/epode-v1/conformance.json"
+        );
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn completion(input: &Value) -> McpCompletion {
+        let s = |k: &str| input.get(k).and_then(Value::as_str).map(str::to_owned);
+        McpCompletion {
+            interaction_id: "018f1f2e-7b4a-4c12-9c8d-123456789abc".into(),
+            operation: s("operation").unwrap_or_default(),
+            outcome: match input["outcome"].as_str() {
+                Some("success") => Some(Outcome::Success),
+                Some("error") => Some(Outcome::Error),
+                _ => None,
+            },
+            duration: None,
+            refs: IdentityRefs::from_meta(input),
+            runtime_hint: s("runtimeHint"),
+        }
+    }
+
+    /// Every `mcpCompletion` vector: the event, less the generated fields, equals the expected
+    /// event exactly; invalid inputs produce no event and the expected error kind.
+    #[test]
+    fn conformance_mcp_completion_vectors() {
+        let v = vectors();
+        let cases = v["mcpCompletion"]["vectors"].as_array().unwrap();
+        assert!(cases.len() >= 11);
+        for case in cases {
+            let name = case["name"].as_str().unwrap();
+            let got = build_event(&completion(&case["input"]), SystemTime::now());
+            match case.get("expectedErrorKind").and_then(Value::as_str) {
+                Some(kind) => {
+                    let err = got.expect_err(name);
+                    assert!(err.to_string().starts_with(kind), "{name}: {err}");
+                }
+                None => {
+                    let mut obj = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+                    for generated in ["interactionId", "occurredAt"] {
+                        assert!(obj.remove(generated).is_some(), "{name}: {generated}");
+                    }
+                    assert_eq!(&Value::Object(obj), &case["expectedEvent"], "{name}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn events_validate_against_the_batch_schema() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/protocol/epode-v1/telemetry-batch.schema.json"
+        );
+        let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        let mut c = completion(
+            &json!({"operation":"get_summary","outcome":"error","accountRef":"a_1","sessionRef":"s:1","runtimeHint":"x 1"}),
+        );
+        c.duration = Some(Duration::from_millis(12));
+        let mut event = build_event(&c, SystemTime::now()).unwrap();
+        event.insert("sequence".into(), Value::from(1));
+        let batch = json!({"events": [event]});
+        assert!(validator.is_valid(&batch), "{batch}");
+        assert_eq!(batch["events"][0]["durationMs"], 12);
+    }
+
+    #[test]
+    fn operations() {
+        assert!(valid_operation("tools/get_summary"));
+        assert!(!valid_operation("get_summary?customer=42"));
+        assert!(!valid_operation("https://customer.example/tool"));
+        assert!(!valid_operation(""));
+        assert!(!valid_operation(&"x".repeat(161)));
+    }
+
+    fn http_completion() -> HttpCompletion {
+        HttpCompletion {
+            interaction_id: "018f1f2e-7b4a-4c12-9c8d-123456789abc".into(),
+            surface: Surface::Json,
+            operation: "/search/:id".into(),
+            status: 201,
+            duration: Duration::from_millis(7),
+            refs: IdentityRefs::from_meta(
+                &json!({"accountRef":"acct_1","userRef":"user.acct_1","customerRef":"acct_1","sessionRef":"s1"}),
+            ),
+            runtime_hint: Some("claude-code".into()),
+        }
+    }
+
+    #[test]
+    fn an_http_event_is_unclassified_with_its_surface_and_real_status() {
+        let mut event = build_http_event(&http_completion(), SystemTime::now()).unwrap();
+        assert!(event.remove("occurredAt").is_some());
+        assert_eq!(
+            Value::Object(event.clone()),
+            json!({
+                "interactionId": "018f1f2e-7b4a-4c12-9c8d-123456789abc",
+                "surface": "http_json",
+                "operation": "/search/:id",
+                "classification": "unclassified",
+                "statusCode": 201,
+                "durationMs": 7,
+                "accountRef": "acct_1",
+                "userRef": "user.acct_1",
+                "customerRef": "acct_1",
+                "sessionRef": "s1",
+                "sessionSource": "customer",
+                "runtimeHint": "claude-code",
+                "runtimeHintSource": "http"
+            })
+        );
+        assert!(!event.contains_key("confirmationMethod"));
+        let keys: Vec<&str> = event.keys().map(String::as_str).collect();
+        assert_eq!(&keys[..3], ["interactionId", "surface", "operation"]);
+    }
+
+    #[test]
+    fn http_events_validate_against_the_batch_schema() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/protocol/epode-v1/telemetry-batch.schema.json"
+        );
+        let schema: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        for surface in Surface::ALL {
+            let mut c = http_completion();
+            c.surface = surface;
+            let mut event = build_http_event(&c, SystemTime::now()).unwrap();
+            event.insert("sequence".into(), Value::from(1));
+            let batch = json!({"events": [event]});
+            assert!(validator.is_valid(&batch), "{batch}");
+        }
+        let mut bad = http_completion();
+        bad.operation = "/a b".into();
+        assert_eq!(
+            build_http_event(&bad, SystemTime::now()).unwrap_err(),
+            InvalidCompletion::Operation
+        );
+    }
+}
