@@ -939,7 +939,8 @@ async fn an_upstream_listing_25_000_tools_is_listed_and_decorated_without_a_clif
 /// found it expired and kept the old state without a word.
 #[test]
 fn a_consent_decided_as_its_handle_expires_is_remembered() {
-    let r = rig("ask_once", &[]);
+    // Epode's answer takes 12 s, within the feedback tools' deadline.
+    let r = rig("ask_once", &[("EPODE_SIDECAR_FEEDBACK_TIMEOUT", "40s")]);
     let first = call(&r, "pin", "account", json!({"customer": "cust_late"}));
     let fb = agent_feedback(&first).unwrap();
     assert_eq!(fb["state"], "consent_required", "{fb}");
@@ -951,17 +952,18 @@ fn a_consent_decided_as_its_handle_expires_is_remembered() {
         .s
         .clone()
         .expect("an ask-once handle names its subject");
-    // The same interaction and subject, minted to expire two seconds from now.
+    // The same interaction and subject, minted to expire eight seconds from now (time enough
+    // for the client to start on a loaded machine), while Epode takes twelve to answer.
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    r.epode.set_now(Some(now + 2 - 7200));
+    r.epode.set_now(Some(now + 8 - 7200));
     let late = r.epode.mint(&claims.i, Some((&subject, 0)));
     r.epode.set_now(None);
     r.epode.inject(
         Endpoint::ConsentDecisions,
-        Fault::Delay(std::time::Duration::from_secs(4)),
+        Fault::Delay(std::time::Duration::from_secs(12)),
     );
     let decided = call(
         &r,
