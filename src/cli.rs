@@ -189,11 +189,15 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let config = match config::text_environment(std::env::vars_os())
+        .map_err(config::ConfigErrors::from)
         .and_then(|env| Config::from_layers(env, &cli.flag_values()))
     {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("epode-sidecar: configuration error: {e}");
+        Err(errors) => {
+            // Every mistake, one a line, so all are fixed before the next start.
+            for e in errors.iter() {
+                eprintln!("epode-sidecar: configuration error: {e}");
+            }
             return ExitCode::from(2);
         }
     };

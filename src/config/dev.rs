@@ -5,15 +5,15 @@
 use std::path::{Path, PathBuf};
 
 use super::setting::{
-    boolean, bounded, number, setting, settings, Accepts, Bad, ConfigError, Layers,
+    boolean, bounded, number, read_all, setting, settings, Accepts, Bad, Layers, Refused,
 };
 use super::types::DevConfig;
 
 /// The trial's settings, read when `--dev` is on.
-pub(super) fn read(l: &Layers) -> Result<DevConfig, ConfigError> {
-    Ok(DevConfig {
-        log: l.get_or_default(&DEV_LOG)?,
-        log_max_bytes: l.get(&DEV_LOG_MAX_BYTES)?,
+pub(super) fn read(l: &Layers) -> Result<DevConfig, Refused> {
+    read_all!(DevConfig {
+        log: l.get_or_default(&DEV_LOG),
+        log_max_bytes: l.get(&DEV_LOG_MAX_BYTES),
     })
 }
 
