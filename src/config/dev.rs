@@ -35,6 +35,10 @@ settings! {
             "The local trial, for a product without an Epode account yet: the sidecar makes an ephemeral product key and serves the Epode endpoints it uses itself, strictly as the real service does, records what arrives in `EPODE_SIDECAR_DEV_LOG`, and shows it live on a console at `/_dev/` on the listener. Refuses a non-loopback listener and an `EPODE_API_KEY`; says so at start and on every report.",
             boolean,
             |c| c.dev.is_some().to_string(),
+        )
+        .switch(
+            "dev",
+            "The local trial: an embedded Epode with an ephemeral key, and a live console at /_dev/",
         ),
         DEV_LOG: PathBuf = setting(
             "dev_log",

@@ -46,17 +46,16 @@ pub(crate) use self::types::{
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
 pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
 
-/// The keys of the settings the command line sets (`--listen`, …), for [`FlagValues`].
-pub(crate) mod flag {
-    use super::{core, dev};
-
-    pub(crate) const LISTEN: &str = core::LISTEN.doc.key;
-    pub(crate) const UPSTREAM: &str = core::UPSTREAM.doc.key;
-    pub(crate) const PATH: &str = core::PATH.doc.key;
-    pub(crate) const LOG: &str = core::LOG.doc.key;
-    pub(crate) const LOG_FORMAT: &str = core::LOG_FORMAT.doc.key;
-    pub(crate) const DEV: &str = dev::DEV.doc.key;
-}
+/// The settings that are also command-line flags, in the order `--help` lists them; each
+/// declares its flag (`.flag(…)` or `.switch(…)`), and [`FlagValues`] holds them by key.
+pub(crate) const FLAGS: [&Doc; 6] = [
+    &core::LISTEN.doc,
+    &core::UPSTREAM.doc,
+    &core::PATH.doc,
+    &core::LOG.doc,
+    &core::LOG_FORMAT.doc,
+    &dev::DEV.doc,
+];
 
 /// Every setting the sidecar reads, in groups, in the order the README lists them.
 const GROUPS: &[(&str, &[&Doc])] = &[

@@ -208,6 +208,18 @@ pub(crate) struct Doc {
     pub(crate) secret: bool,
     /// The effective value as `--check-config` prints it; `<…>` marks a description.
     pub(super) show: fn(&Config) -> String,
+    /// How the command line sets it, for the few settings that are also a flag.
+    pub(crate) flag: Option<Flag>,
+}
+
+/// A setting that is also a command-line flag, as `--help` shows it: `--listen <ADDR>  Listen
+/// address (EPODE_SIDECAR_LISTEN)`; the variable's name comes from the declaration.
+pub(crate) struct Flag {
+    /// `--` and the key with dashes (a test holds the two together).
+    pub(crate) long: &'static str,
+    /// The value's name; `None` for a switch, which sets the setting to `true`.
+    pub(crate) value_name: Option<&'static str>,
+    pub(crate) help: &'static str,
 }
 
 /// One setting, declared once: its [`Doc`] and the parser that makes its typed value (and
@@ -259,6 +271,7 @@ pub(super) const fn bounded<T>(
             help,
             secret: false,
             show,
+            flag: None,
         },
         parse,
     }
@@ -271,6 +284,40 @@ impl<T> Setting<T> {
         Setting {
             doc: Doc {
                 secret: true,
+                ..doc
+            },
+            parse,
+        }
+    }
+
+    /// The same declaration, also the flag `--long VALUE_NAME`.
+    pub(super) const fn flag(
+        self,
+        long: &'static str,
+        value_name: &'static str,
+        help: &'static str,
+    ) -> Self {
+        self.with_flag(Flag {
+            long,
+            value_name: Some(value_name),
+            help,
+        })
+    }
+
+    /// The same declaration, also the switch `--long` (which sets it to `true`).
+    pub(super) const fn switch(self, long: &'static str, help: &'static str) -> Self {
+        self.with_flag(Flag {
+            long,
+            value_name: None,
+            help,
+        })
+    }
+
+    const fn with_flag(self, flag: Flag) -> Self {
+        let Setting { doc, parse } = self;
+        Setting {
+            doc: Doc {
+                flag: Some(flag),
                 ..doc
             },
             parse,

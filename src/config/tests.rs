@@ -959,3 +959,16 @@ fn the_file_and_the_environment_mistakes_are_listed_together() {
     assert_eq!(broken.len(), 1, "{broken:#?}");
     assert!(broken[0].starts_with("configuration file"), "{}", broken[0]);
 }
+
+#[test]
+fn the_flags_are_the_declarations_that_say_so() {
+    let declared: Vec<&str> = all().filter(|s| s.flag.is_some()).map(|s| s.key).collect();
+    let mut listed: Vec<&str> = FLAGS.iter().map(|s| s.key).collect();
+    listed.sort_by_key(|k| all().position(|s| s.key == *k));
+    assert_eq!(declared, listed, "FLAGS lists every declared flag, once");
+    for s in FLAGS {
+        let flag = s.flag.as_ref().unwrap();
+        assert_eq!(flag.long, s.key.replace('_', "-"), "{}", s.key);
+        assert!(!flag.help.ends_with('.'), "{}: clap adds no period", s.key);
+    }
+}

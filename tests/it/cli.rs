@@ -432,3 +432,23 @@ fn every_configuration_mistake_is_named_in_one_run() {
         );
     }
 }
+
+/// The six settings that are also flags show in `--help` as they always have, each naming its
+/// variable (the flags are built from the settings' declarations).
+#[test]
+fn the_setting_flags_keep_their_help() {
+    let (code, out, err) = sidecar(&[], &["--help"]);
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "--listen <ADDR>        Listen address (EPODE_SIDECAR_LISTEN)",
+        "--upstream <URL>       Upstream MCP endpoint URL (EPODE_SIDECAR_UPSTREAM)",
+        "--path <PATH>          Path clients post to (EPODE_SIDECAR_PATH)",
+        "--log <FILTER>         Log filter (EPODE_SIDECAR_LOG)",
+        "--log-format <FORMAT>  Log format, text or json (EPODE_SIDECAR_LOG_FORMAT)",
+        "--dev                  The local trial: an embedded Epode with an ephemeral key, and a live console at /_dev/ (EPODE_SIDECAR_DEV)",
+    ] {
+        assert!(out.contains(line), "{line:?} not in: {out}");
+    }
+    let at = |flag: &str| out.find(flag).unwrap();
+    assert!(at("--config <FILE>") < at("--listen") && at("--dev ") < at("--check-config"));
+}
