@@ -496,7 +496,7 @@ pub(crate) struct Refused(());
 
 /// Where a mistake is listed: the configuration file's first, then each setting's in
 /// declaration order, then the misspelt variables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Place {
     File,
     Setting(&'static str),
