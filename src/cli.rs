@@ -35,25 +35,9 @@ struct Cli {
     /// TOML configuration file (also EPODE_SIDECAR_CONFIG).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Listen address (EPODE_SIDECAR_LISTEN).
-    #[arg(long, value_name = "ADDR")]
-    listen: Option<String>,
-    /// Upstream MCP endpoint URL (EPODE_SIDECAR_UPSTREAM).
-    #[arg(long, value_name = "URL")]
-    upstream: Option<String>,
-    /// Path clients post to (EPODE_SIDECAR_PATH).
-    #[arg(long, value_name = "PATH")]
-    path: Option<String>,
-    /// Log filter (EPODE_SIDECAR_LOG).
-    #[arg(long, value_name = "FILTER")]
-    log: Option<String>,
-    /// Log format, text or json (EPODE_SIDECAR_LOG_FORMAT).
-    #[arg(long, value_name = "FORMAT")]
-    log_format: Option<String>,
-    /// The local trial: an embedded Epode with an ephemeral key, and a live console at
-    /// /_dev/ (EPODE_SIDECAR_DEV).
-    #[arg(long)]
-    dev: bool,
+    /// `--listen`, `--upstream`, … `--dev`: the settings that are also flags.
+    #[command(flatten)]
+    settings: SettingFlags,
     /// Print the effective configuration (secrets redacted) and exit.
     #[arg(long)]
     check_config: bool,
@@ -68,26 +52,59 @@ struct Cli {
 
 impl Cli {
     fn flag_values(&self) -> FlagValues {
-        let mut values = std::collections::BTreeMap::new();
-        for (key, v) in [
-            (config::flag::LISTEN, &self.listen),
-            (config::flag::UPSTREAM, &self.upstream),
-            (config::flag::PATH, &self.path),
-            (config::flag::LOG, &self.log),
-            (config::flag::LOG_FORMAT, &self.log_format),
-        ] {
-            if let Some(v) = v {
-                values.insert(key, v.clone());
-            }
-        }
-        if self.dev {
-            values.insert(config::flag::DEV, "true".to_owned());
-        }
         FlagValues {
             config_file: self.config.clone(),
-            values,
+            values: self.settings.0.clone(),
             command: self.command.clone(),
         }
+    }
+}
+
+/// The settings given as flags, by key: each flag's name, value name and help are its
+/// setting's declaration (`config::FLAGS`), its variable named in the help.
+#[derive(Debug, Default)]
+struct SettingFlags(std::collections::BTreeMap<&'static str, String>);
+
+impl clap::FromArgMatches for SettingFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut flags = SettingFlags::default();
+        flags.update_from_arg_matches(matches)?;
+        Ok(flags)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for doc in config::FLAGS {
+            let Some(flag) = &doc.flag else { continue };
+            let value = match flag.value_name {
+                Some(_) => matches.get_one::<String>(doc.key).cloned(),
+                // A switch sets its setting only when given: unset, the lower layers decide.
+                None => matches.get_flag(doc.key).then(|| "true".to_owned()),
+            };
+            if let Some(v) = value {
+                self.0.insert(doc.key, v);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for SettingFlags {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for doc in config::FLAGS {
+            let Some(flag) = &doc.flag else { continue };
+            let arg = clap::Arg::new(doc.key)
+                .long(flag.long)
+                .help(format!("{} ({})", flag.help, doc.env[0]));
+            cmd = cmd.arg(match flag.value_name {
+                Some(name) => arg.value_name(name).action(clap::ArgAction::Set),
+                None => arg.action(clap::ArgAction::SetTrue),
+            });
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -189,11 +206,15 @@ pub fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let config = match config::text_environment(std::env::vars_os())
+        .map_err(config::ConfigErrors::from)
         .and_then(|env| Config::from_layers(env, &cli.flag_values()))
     {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("epode-sidecar: configuration error: {e}");
+        Err(errors) => {
+            // Every mistake, one a line, so all are fixed before the next start.
+            for e in errors.iter() {
+                eprintln!("epode-sidecar: configuration error: {e}");
+            }
             return ExitCode::from(2);
         }
     };

@@ -29,7 +29,8 @@ settings! {
                 UpstreamTransport::Http(t) => redact_url(t.url.as_str()).into_owned(),
                 UpstreamTransport::Stdio(_) => "<unset: the upstream is a stdio command>".to_owned(),
             },
-        ),
+        )
+        .flag("upstream", "URL", "Upstream MCP endpoint URL"),
         LISTEN: SocketAddr = setting(
             "listen",
             &["EPODE_SIDECAR_LISTEN"],
@@ -38,7 +39,8 @@ settings! {
             "Address to listen on.",
             |v| v.parse().map_err(|_| Bad::Whole),
             |c| c.listen.to_string(),
-        ),
+        )
+        .flag("listen", "ADDR", "Listen address"),
         PATH: String = setting(
             "path",
             &["EPODE_SIDECAR_PATH"],
@@ -47,7 +49,8 @@ settings! {
             "The path clients post MCP messages to.",
             url_path,
             |c| c.path.clone(),
-        ),
+        )
+        .flag("path", "PATH", "Path clients post to"),
         ALLOWED_ORIGINS: OriginPolicy = setting(
             "allowed_origins",
             &["EPODE_SIDECAR_ALLOWED_ORIGINS"],
@@ -171,7 +174,8 @@ settings! {
             "Log filter (`debug`, `epode_sidecar=debug,warn`, …). Logs go to stderr.",
             log_filter,
             |c| c.log.clone(),
-        ),
+        )
+        .flag("log", "FILTER", "Log filter"),
         LOG_FORMAT: LogFormat = setting(
             "log_format",
             &["EPODE_SIDECAR_LOG_FORMAT"],
@@ -186,7 +190,8 @@ settings! {
                 }
                 .to_owned()
             },
-        ),
+        )
+        .flag("log-format", "FORMAT", "Log format, text or json"),
         ACCESS_LOG: bool = setting(
             "access_log",
             &["EPODE_SIDECAR_ACCESS_LOG"],

@@ -5,15 +5,15 @@
 use std::path::{Path, PathBuf};
 
 use super::setting::{
-    boolean, bounded, number, setting, settings, Accepts, Bad, ConfigError, Layers,
+    boolean, bounded, number, read_all, setting, settings, Accepts, Bad, Layers, Refused,
 };
 use super::types::DevConfig;
 
 /// The trial's settings, read when `--dev` is on.
-pub(super) fn read(l: &Layers) -> Result<DevConfig, ConfigError> {
-    Ok(DevConfig {
-        log: l.get_or_default(&DEV_LOG)?,
-        log_max_bytes: l.get(&DEV_LOG_MAX_BYTES)?,
+pub(super) fn read(l: &Layers) -> Result<DevConfig, Refused> {
+    read_all!(DevConfig {
+        log: l.get_or_default(&DEV_LOG),
+        log_max_bytes: l.get(&DEV_LOG_MAX_BYTES),
     })
 }
 
@@ -35,6 +35,10 @@ settings! {
             "The local trial, for a product without an Epode account yet: the sidecar makes an ephemeral product key and serves the Epode endpoints it uses itself, strictly as the real service does, records what arrives in `EPODE_SIDECAR_DEV_LOG`, and shows it live on a console at `/_dev/` on the listener. Refuses a non-loopback listener and an `EPODE_API_KEY`; says so at start and on every report.",
             boolean,
             |c| c.dev.is_some().to_string(),
+        )
+        .switch(
+            "dev",
+            "The local trial: an embedded Epode with an ephemeral key, and a live console at /_dev/",
         ),
         DEV_LOG: PathBuf = setting(
             "dev_log",

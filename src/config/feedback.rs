@@ -6,54 +6,53 @@ use std::time::Duration;
 use url::Url;
 
 use super::setting::{
-    a_duration, boolean, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
-    ConfigError, Layers, AT_LEAST_1MS,
+    a_duration, boolean, bounded, duration, number, read_all, setting, settings, split_list,
+    Accepts, Bad, ConfigError, Layers, Refused, AT_LEAST_1MS,
 };
 use super::types::{redact_url, Config, FeedbackConfig, ToolPatterns};
 use crate::feedback::capability::{ProductKey, ProductKeyError};
 use crate::feedback::identity::RefKind;
 use crate::feedback::FeedbackMode;
 
-/// `dev`: the local trial, which makes its own ephemeral key and refuses a real one.
-pub(super) fn read(l: &Layers, dev: bool) -> Result<FeedbackConfig, ConfigError> {
-    let mut mode = l.get(&FEEDBACK_MODE)?;
-    if !l.get(&FEEDBACK_ENABLED)? {
-        mode = FeedbackMode::Off;
-    }
-    let mut key = l.optional(&API_KEY)?;
-    if dev {
-        if key.is_some() {
-            return Err(ConfigError::Invalid {
-                name: API_KEY.doc.name(),
-                value: "<set, while --dev is on>".to_owned(),
-                accepts: "no key with --dev (EPODE_SIDECAR_DEV): the local trial makes an ephemeral key for its embedded Epode and never talks to the real service; unset EPODE_API_KEY, or drop --dev to use it".into(),
-            });
-        }
-        key = Some(ProductKey::ephemeral());
-    }
-    if key.is_none() && mode.is_enabled() {
-        return Err(ConfigError::Missing {
+/// `dev`: the local trial, which makes its own ephemeral key and refuses a real one (`None`
+/// when `dev` itself was refused: the checks that depend on it are then left out).
+pub(super) fn read(l: &Layers, dev: Option<bool>) -> Result<FeedbackConfig, Refused> {
+    let mode = match (l.get(&FEEDBACK_MODE), l.get(&FEEDBACK_ENABLED)) {
+        (_, Ok(false)) => Ok(FeedbackMode::Off),
+        (mode, enabled) => enabled.and(mode),
+    };
+    let key = match (l.optional(&API_KEY), dev) {
+        (Ok(Some(_)), Some(true)) => Err(l.refuse(&API_KEY.doc, ConfigError::Invalid {
             name: API_KEY.doc.name(),
-            accepts: "an Epode product key af_live_… from your Epode workspace. To try the sidecar without an Epode account, run it with --dev (or EPODE_SIDECAR_DEV=1): an embedded Epode on this machine, with a live console. To run without feedback, set AGENT_FEEDBACK_MODE=off".into(),
-        });
-    }
-    Ok(FeedbackConfig {
+            value: "<set, while --dev is on>".to_owned(),
+            accepts: "no key with --dev (EPODE_SIDECAR_DEV): the local trial makes an ephemeral key for its embedded Epode and never talks to the real service; unset EPODE_API_KEY, or drop --dev to use it".into(),
+        })),
+        (Ok(None), Some(true)) => Ok(Some(ProductKey::ephemeral())),
+        (Ok(None), Some(false)) if mode.as_ref().is_ok_and(|m| m.is_enabled()) => {
+            Err(l.refuse(&API_KEY.doc, ConfigError::Missing {
+                name: API_KEY.doc.name(),
+                accepts: "an Epode product key af_live_… from your Epode workspace. To try the sidecar without an Epode account, run it with --dev (or EPODE_SIDECAR_DEV=1): an embedded Epode on this machine, with a live console. To run without feedback, set AGENT_FEEDBACK_MODE=off".into(),
+            }))
+        }
+        (key, _) => key,
+    };
+    read_all!(FeedbackConfig {
         mode,
         key,
-        api_url: l.get(&API_URL)?,
-        consent_timeout: l.get(&CONSENT_TIMEOUT_MS)?,
-        tool_timeout: l.get(&FEEDBACK_TIMEOUT)?,
-        include: l.optional(&INCLUDE_TOOLS)?,
-        exclude: l.optional(&EXCLUDE_TOOLS)?,
-        feedback_tools: l.optional(&FEEDBACK_TOOLS)?,
-        identity_headers: l.optional(&IDENTITY_HEADERS)?.unwrap_or_default(),
-        max_tools: l.get(&MAX_TOOLS)?,
-        telemetry_queue: l.get(&TELEMETRY_QUEUE)?,
-        telemetry_batch: l.get(&TELEMETRY_BATCH)?,
-        telemetry_concurrency: l.get(&TELEMETRY_CONCURRENCY)?,
-        telemetry_flush: l.get(&TELEMETRY_FLUSH)?,
-        telemetry_retry_base: l.get(&TELEMETRY_RETRY_BASE)?,
-        telemetry_shutdown: l.get(&TELEMETRY_SHUTDOWN)?,
+        api_url: l.get(&API_URL),
+        consent_timeout: l.get(&CONSENT_TIMEOUT_MS),
+        tool_timeout: l.get(&FEEDBACK_TIMEOUT),
+        include: l.optional(&INCLUDE_TOOLS),
+        exclude: l.optional(&EXCLUDE_TOOLS),
+        feedback_tools: l.optional(&FEEDBACK_TOOLS),
+        identity_headers: l.optional(&IDENTITY_HEADERS).map(Option::unwrap_or_default),
+        max_tools: l.get(&MAX_TOOLS),
+        telemetry_queue: l.get(&TELEMETRY_QUEUE),
+        telemetry_batch: l.get(&TELEMETRY_BATCH),
+        telemetry_concurrency: l.get(&TELEMETRY_CONCURRENCY),
+        telemetry_flush: l.get(&TELEMETRY_FLUSH),
+        telemetry_retry_base: l.get(&TELEMETRY_RETRY_BASE),
+        telemetry_shutdown: l.get(&TELEMETRY_SHUTDOWN),
     })
 }
 

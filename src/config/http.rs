@@ -3,23 +3,24 @@
 //! from them. Off by default, so nothing changes for a sidecar in front of an MCP server only.
 
 use super::setting::{
-    a_size, bounded, setting, settings, split_list, Accepts, Bad, ConfigError, Layers,
+    a_size, bounded, read_all, setting, settings, split_list, Accepts, Bad, Layers, Refused,
 };
 use super::types::{HttpCacheMode, HttpSurface, RouteTemplate};
 
 /// The HTTP surface's settings; `None` when it is off.
-pub(super) fn read(l: &Layers) -> Result<Option<HttpSurface>, ConfigError> {
+pub(super) fn read(l: &Layers) -> Result<Option<HttpSurface>, Refused> {
     if !l.get(&HTTP_SURFACE)? {
         return Ok(None);
     }
-    Ok(Some(HttpSurface {
-        max_body: l.get(&HTTP_MAX_BODY)?,
-        cache_mode: l.get(&HTTP_CACHE_MODE)?,
-        exclude: l.optional(&HTTP_EXCLUDE)?.unwrap_or_default(),
-        operations_prefix: l.get(&OPERATIONS_PREFIX)?,
-        routes: l.optional(&HTTP_ROUTES)?.unwrap_or_default(),
-        upstream_share: l.get(&HTTP_UPSTREAM_SHARE)?,
-    }))
+    read_all!(HttpSurface {
+        max_body: l.get(&HTTP_MAX_BODY),
+        cache_mode: l.get(&HTTP_CACHE_MODE),
+        exclude: l.optional(&HTTP_EXCLUDE).map(Option::unwrap_or_default),
+        operations_prefix: l.get(&OPERATIONS_PREFIX),
+        routes: l.optional(&HTTP_ROUTES).map(Option::unwrap_or_default),
+        upstream_share: l.get(&HTTP_UPSTREAM_SHARE),
+    })
+    .map(Some)
 }
 
 fn on_off(v: &str) -> Result<bool, Bad> {

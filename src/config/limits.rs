@@ -9,8 +9,8 @@ use std::time::Duration;
 use ipnet::IpNet;
 
 use super::setting::{
-    a_duration, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
-    ConfigError, Layers, AT_LEAST_1MS,
+    a_duration, bounded, duration, number, read_all, setting, settings, split_list, Accepts, Bad,
+    Layers, Refused, AT_LEAST_1MS,
 };
 use super::types::{ConnectionCap, Limits, Rate, ToolRate};
 
@@ -19,29 +19,29 @@ const MIB: u64 = 1024 * 1024;
 const A_DAY: Duration = Duration::from_secs(24 * 3600);
 
 /// Reads the limits.
-pub(super) fn read(l: &Layers) -> Result<Limits, ConfigError> {
-    Ok(Limits {
-        max_header_bytes: l.get(&MAX_HEADER_BYTES)?,
-        max_headers: l.get(&MAX_HEADERS)?,
-        header_timeout: l.get(&HEADER_TIMEOUT)?,
-        body_timeout: l.get(&BODY_TIMEOUT)?,
-        idle_timeout: l.get(&IDLE_TIMEOUT)?,
-        max_connections: l.get(&MAX_CONNECTIONS)?,
-        max_in_flight: l.get(&MAX_IN_FLIGHT)?,
-        memory_budget: l.get(&MEMORY_BUDGET_BYTES)?,
-        max_upstream_answer: l.get(&MAX_UPSTREAM_ANSWER_BYTES)?,
-        max_sse_event: l.get(&MAX_SSE_EVENT_BYTES)?,
-        upstream_sessions: l.get(&UPSTREAM_SESSIONS)?,
-        upstream_session_idle: l.get(&UPSTREAM_SESSION_IDLE)?,
-        upstream_max_idle: l.get(&UPSTREAM_MAX_IDLE)?,
-        upstream_idle_timeout: l.get(&UPSTREAM_IDLE_TIMEOUT)?,
-        upstream_max_connections: l.get(&UPSTREAM_MAX_CONNECTIONS)?,
-        upstream_wait: l.get(&UPSTREAM_WAIT)?,
-        rate_limit: l.optional(&RATE_LIMIT)?,
-        rate_burst: l.optional(&RATE_BURST)?,
-        rate_limit_clients: l.get(&RATE_LIMIT_CLIENTS)?,
-        tool_rate_limits: l.optional(&TOOL_RATE_LIMITS)?.unwrap_or_default(),
-        trusted_proxies: l.optional(&TRUSTED_PROXIES)?.unwrap_or_default(),
+pub(super) fn read(l: &Layers) -> Result<Limits, Refused> {
+    read_all!(Limits {
+        max_header_bytes: l.get(&MAX_HEADER_BYTES),
+        max_headers: l.get(&MAX_HEADERS),
+        header_timeout: l.get(&HEADER_TIMEOUT),
+        body_timeout: l.get(&BODY_TIMEOUT),
+        idle_timeout: l.get(&IDLE_TIMEOUT),
+        max_connections: l.get(&MAX_CONNECTIONS),
+        max_in_flight: l.get(&MAX_IN_FLIGHT),
+        memory_budget: l.get(&MEMORY_BUDGET_BYTES),
+        max_upstream_answer: l.get(&MAX_UPSTREAM_ANSWER_BYTES),
+        max_sse_event: l.get(&MAX_SSE_EVENT_BYTES),
+        upstream_sessions: l.get(&UPSTREAM_SESSIONS),
+        upstream_session_idle: l.get(&UPSTREAM_SESSION_IDLE),
+        upstream_max_idle: l.get(&UPSTREAM_MAX_IDLE),
+        upstream_idle_timeout: l.get(&UPSTREAM_IDLE_TIMEOUT),
+        upstream_max_connections: l.get(&UPSTREAM_MAX_CONNECTIONS),
+        upstream_wait: l.get(&UPSTREAM_WAIT),
+        rate_limit: l.optional(&RATE_LIMIT),
+        rate_burst: l.optional(&RATE_BURST),
+        rate_limit_clients: l.get(&RATE_LIMIT_CLIENTS),
+        tool_rate_limits: l.optional(&TOOL_RATE_LIMITS).map(Option::unwrap_or_default),
+        trusted_proxies: l.optional(&TRUSTED_PROXIES).map(Option::unwrap_or_default),
     })
 }
 

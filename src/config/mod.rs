@@ -8,7 +8,9 @@
 //! command-line flags) are merged into one map of strings by key ([`Layers`]); each group then
 //! reads its typed struct from it through its declarations, so an error names the setting and
 //! what it accepts, and never shows a product key. Settings that depend on each other are
-//! checked here, where they meet, and so are the variables that are no setting.
+//! checked here, where they meet (only when each has parsed), and so are the variables that
+//! are no setting. Reading goes on past a mistake, so every one is reported at once
+//! ([`ConfigErrors`]), in the order the settings are declared.
 //!
 //! Imports inside `config/` go one way: `types` (the typed structs) ← `setting` ← the group
 //! files ← this file.
@@ -32,8 +34,8 @@ mod tests;
 mod tls;
 mod types;
 
-pub(crate) use self::setting::ConfigError;
-use self::setting::{Doc, Layers};
+use self::setting::{read_all, Doc, Layers, Place, Refused};
+pub(crate) use self::setting::{ConfigError, ConfigErrors};
 pub(crate) use self::types::{
     redact_url, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
     HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RouteTemplate,
@@ -44,17 +46,16 @@ pub(crate) use self::types::{
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
 pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";
 
-/// The keys of the settings the command line sets (`--listen`, …), for [`FlagValues`].
-pub(crate) mod flag {
-    use super::{core, dev};
-
-    pub(crate) const LISTEN: &str = core::LISTEN.doc.key;
-    pub(crate) const UPSTREAM: &str = core::UPSTREAM.doc.key;
-    pub(crate) const PATH: &str = core::PATH.doc.key;
-    pub(crate) const LOG: &str = core::LOG.doc.key;
-    pub(crate) const LOG_FORMAT: &str = core::LOG_FORMAT.doc.key;
-    pub(crate) const DEV: &str = dev::DEV.doc.key;
-}
+/// The settings that are also command-line flags, in the order `--help` lists them; each
+/// declares its flag (`.flag(…)` or `.switch(…)`), and [`FlagValues`] holds them by key.
+pub(crate) const FLAGS: [&Doc; 6] = [
+    &core::LISTEN.doc,
+    &core::UPSTREAM.doc,
+    &core::PATH.doc,
+    &core::LOG.doc,
+    &core::LOG_FORMAT.doc,
+    &dev::DEV.doc,
+];
 
 /// Every setting the sidecar reads, in groups, in the order the README lists them.
 const GROUPS: &[(&str, &[&Doc])] = &[
@@ -175,45 +176,58 @@ fn scalar(value: &toml::Value) -> Option<String> {
     })
 }
 
-/// The configuration file's settings; its keys must all be settings.
-fn file_layer(path: &PathBuf, layers: &mut Layers) -> Result<(), ConfigError> {
+/// The configuration file's settings; its keys must all be settings (each that is not is
+/// listed, and the others are read). A file that cannot be read or parsed, or with a value
+/// that is no scalar, is refused whole: the settings are then not judged without it.
+fn file_layer(path: &PathBuf, layers: &mut Layers) -> Result<(), Refused> {
     let error = |message: String| ConfigError::File {
         path: path.clone(),
         message,
     };
-    let text = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| error(without_source_lines(&e.to_string())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| layers.record(Place::File, error(e.to_string())))?;
+    let table: toml::Table = text.parse().map_err(|e: toml::de::Error| {
+        layers.record(Place::File, error(without_source_lines(&e.to_string())))
+    })?;
     for key in table.keys() {
         if !all().any(|s| s.key == key) {
-            return Err(error(
-                ConfigError::Unknown {
-                    what: "the configuration file's key",
-                    name: key.clone(),
-                    hint: did_you_mean(key, &all().map(|s| s.key).collect::<Vec<_>>()),
-                }
-                .to_string(),
-            ));
+            layers.record(
+                Place::File,
+                error(
+                    ConfigError::Unknown {
+                        what: "the configuration file's key",
+                        name: key.clone(),
+                        hint: did_you_mean(key, &all().map(|s| s.key).collect::<Vec<_>>()),
+                    }
+                    .to_string(),
+                ),
+            );
         }
     }
+    let mut whole = Ok(());
     for s in all() {
         if let Some(value) = table.get(s.key) {
-            let text = scalar(value).ok_or_else(|| {
-                error(format!(
-                    "`{}` is not a string, a number, a boolean or a list of those",
-                    s.key
-                ))
-            })?;
-            layers.set(s.key, text);
+            match scalar(value) {
+                Some(text) => layers.set(s.key, text),
+                None => {
+                    whole = Err(layers.record(
+                        Place::File,
+                        error(format!(
+                            "`{}` is not a string, a number, a boolean or a list of those",
+                            s.key
+                        )),
+                    ))
+                }
+            }
         }
     }
-    Ok(())
+    whole
 }
 
 /// The layers merged: built-in defaults, then the file (from the flags or the environment),
-/// then the environment (the documented name winning over an alias), then the flags.
-fn layers(env: &BTreeMap<String, String>, flags: &FlagValues) -> Result<Layers, ConfigError> {
+/// then the environment (the documented name winning over an alias), then the flags; and
+/// whether the file could be used (its mistakes are in the layers' list).
+fn layers(env: &BTreeMap<String, String>, flags: &FlagValues) -> (Layers, Result<(), Refused>) {
     let mut layers = Layers::default();
     for s in all() {
         if let Some(d) = s.default {
@@ -224,9 +238,10 @@ fn layers(env: &BTreeMap<String, String>, flags: &FlagValues) -> Result<Layers, 
         .config_file
         .clone()
         .or_else(|| env.get(CONFIG_FILE_ENV).map(PathBuf::from));
-    if let Some(path) = &file {
-        file_layer(path, &mut layers)?;
-    }
+    let read = match &file {
+        Some(path) => file_layer(path, &mut layers),
+        None => Ok(()),
+    };
     for s in all() {
         if let Some(v) = s.env.iter().find_map(|name| env.get(*name)) {
             layers.set(s.key, v.clone());
@@ -235,7 +250,30 @@ fn layers(env: &BTreeMap<String, String>, flags: &FlagValues) -> Result<Layers, 
     for (key, v) in &flags.values {
         layers.set(key, v.clone());
     }
-    Ok(layers)
+    (layers, read)
+}
+
+/// The value read, when no mistake was found; else every mistake, in their places' order
+/// (the file's, then each setting's as declared, then the misspelt variables), none showing
+/// the product key.
+fn finish<T>(l: &Layers, read: Result<T, Refused>) -> Result<T, ConfigErrors> {
+    let position = |place: &Place| match place {
+        Place::File => 0,
+        Place::Setting(key) => 1 + all().position(|s| s.key == *key).unwrap_or(usize::MAX - 2),
+        Place::Variable => usize::MAX,
+    };
+    let mut mistakes = l.take_mistakes();
+    // Stable: two mistakes in one place stay in the order found.
+    mistakes.sort_by_key(|(place, _)| position(place));
+    let key = l.text(&feedback::API_KEY);
+    match (
+        read,
+        ConfigErrors::new(mistakes.into_iter().map(|(_, e)| e).collect()),
+    ) {
+        (Ok(v), None) => Ok(v),
+        (_, Some(errors)) => Err(errors.without_key(key.as_deref())),
+        (Err(_), None) => unreachable!("a value is refused only as its mistake is recorded"),
+    }
 }
 
 fn env_map<I, K, V>(env: I) -> BTreeMap<String, String>
@@ -273,35 +311,33 @@ impl ProbeSettings {
             config_file,
             ..FlagValues::default()
         };
-        let l = layers(&env_map(env), &flags)?;
-        let key = l.text(&feedback::API_KEY);
-        let probe = || {
-            Ok(ProbeSettings {
-                listen: l.get(&core::LISTEN)?,
-                admin_listen: l.optional(&tls::ADMIN_LISTEN)?,
-                tls: l.text(&tls::TLS_CERT).is_some(),
+        let (l, file) = layers(&env_map(env), &flags);
+        let probe = file.and_then(|()| {
+            read_all!(ProbeSettings {
+                listen: l.get(&core::LISTEN),
+                admin_listen: l.optional(&tls::ADMIN_LISTEN),
+                tls: Ok(l.text(&tls::TLS_CERT).is_some()),
             })
-        };
-        probe().map_err(|e: ConfigError| e.without_key(key.as_deref()))
+        });
+        // The probe says what stops it finding the sidecar: the first mistake is enough.
+        finish(&l, probe).map_err(ConfigErrors::into_first)
     }
 }
 
 impl Config {
     /// Builds the configuration from an environment (any iterator of name/value pairs, so tests
     /// never touch the process environment) and the flags.
-    pub(crate) fn from_layers<I, K, V>(env: I, flags: &FlagValues) -> Result<Config, ConfigError>
+    pub(crate) fn from_layers<I, K, V>(env: I, flags: &FlagValues) -> Result<Config, ConfigErrors>
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,
         V: AsRef<str>,
     {
         let env = env_map(env);
-        let layers = layers(&env, flags)?;
-        // No error shows the product key, whichever setting it was put in.
-        let key = layers.text(&feedback::API_KEY);
-        let scrub = |e: ConfigError| e.without_key(key.as_deref());
-        let warnings = unknown_variables(&env).map_err(scrub)?;
-        let mut config = Config::read(&layers, &flags.command).map_err(scrub)?;
+        let (layers, file) = layers(&env, flags);
+        let warnings = unknown_variables(&env, &layers);
+        let config = file.and_then(|()| Config::read_groups(&layers, &flags.command));
+        let mut config = finish(&layers, config)?;
         config.warnings = warnings;
         if let UpstreamTransport::Stdio(command) = &mut config.upstream {
             command.select_env(&env);
@@ -309,77 +345,84 @@ impl Config {
         Ok(config)
     }
 
-    /// Every group read from the merged layers; `argv` is the command line after `--`.
-    fn read(l: &Layers, argv: &[String]) -> Result<Config, ConfigError> {
-        let (tls, upstream_tls, admin_listen) = tls::read(l)?;
-        let limits = limits::read(l)?;
-        let http = http::read(l)?;
-        let mut upstream = transport(l, argv)?;
-        if http.is_some() {
-            bare_origin(l, &mut upstream)?;
+    /// Every group read from the merged layers, with the checks between them; `argv` is the
+    /// command line after `--`. Every mistake is listed (see [`finish`]).
+    #[cfg(test)]
+    fn read(l: &Layers, argv: &[String]) -> Result<Config, ConfigErrors> {
+        finish(l, Config::read_groups(l, argv))
+    }
+
+    /// Every group read, each mistake recorded in the layers and reading going on; a check
+    /// between settings runs only on values that parsed.
+    fn read_groups(l: &Layers, argv: &[String]) -> Result<Config, Refused> {
+        let tls = tls::read(l);
+        let limits = limits::read(l);
+        let http = http::read(l);
+        let upstream = transport(l, argv);
+        let upstream = match (&http, upstream) {
+            (Ok(Some(_)), Ok(mut upstream)) => bare_origin(l, &mut upstream).map(|()| upstream),
+            (_, upstream) => upstream,
+        };
+        if let (Ok(Some(_)), Ok(limits)) = (&http, &limits) {
             // Each surface keeps a share of the upstream connections (`upstream_connections`).
             if limits.upstream_max_connections < 2 {
-                return Err(ConfigError::Invalid {
+                l.refuse(&limits::UPSTREAM_MAX_CONNECTIONS.doc, ConfigError::Invalid {
                     name: limits::UPSTREAM_MAX_CONNECTIONS.doc.name(),
                     value: limits.upstream_max_connections.to_string(),
                     accepts: "at least 2 with the HTTP surface on: the MCP path and the surface each keep a share of the upstream connections (EPODE_SIDECAR_HTTP_UPSTREAM_SHARE)".into(),
                 });
             }
         }
-        let listen: SocketAddr = l.get(&core::LISTEN)?;
-        let loopback = listen.ip().is_loopback();
-        // The local trial requires a listener that stays on this machine.
-        let dev = if l.get(&dev::DEV)? {
-            if !loopback {
-                return Err(ConfigError::Invalid {
-                    name: core::LISTEN.doc.name(),
-                    value: listen.to_string(),
-                    accepts: "a loopback address such as 127.0.0.1:8080 with --dev: the local trial's embedded Epode and console are for this machine only".into(),
-                });
-            }
-            Some(dev::read(l)?)
-        } else {
-            None
+        let listen: Result<SocketAddr, Refused> = l.get(&core::LISTEN);
+        let loopback = listen.as_ref().is_ok_and(|a| a.ip().is_loopback());
+        let (dev, dev_on) = trial(l, &listen);
+        let feedback = feedback::read(l, dev_on);
+        let stdio = matches!(upstream, Ok(UpstreamTransport::Stdio(_)));
+        let (tls, upstream_tls, admin_listen) = match tls {
+            Ok((tls, upstream_tls, admin_listen)) => (Ok(tls), Ok(upstream_tls), Ok(admin_listen)),
+            Err(refused) => (Err(refused), Err(refused), Err(refused)),
         };
-        let workers = core::resolve_workers(
-            l.get(&core::WORKERS)?,
-            matches!(upstream, UpstreamTransport::Stdio(_)),
-        );
-        Ok(Config {
-            warnings: Vec::new(),
+        read_all!(Config {
+            warnings: Ok(Vec::new()),
             listen,
             upstream,
             limits,
             tls,
             upstream_tls,
             admin_listen,
-            path: l.get(&core::PATH)?,
+            path: l.get(&core::PATH),
             // Unset, the Origin and Host policies follow the listener.
-            allowed_origins: l.optional(&core::ALLOWED_ORIGINS)?.unwrap_or(if loopback {
-                OriginPolicy::Loopback
-            } else {
-                OriginPolicy::RefuseAll
+            allowed_origins: l.optional(&core::ALLOWED_ORIGINS).map(|o| {
+                o.unwrap_or(if loopback {
+                    OriginPolicy::Loopback
+                } else {
+                    OriginPolicy::RefuseAll
+                })
             }),
-            allowed_hosts: l.optional(&core::ALLOWED_HOSTS)?.unwrap_or(if loopback {
-                HostPolicy::Loopback
-            } else {
-                HostPolicy::Any
+            allowed_hosts: l.optional(&core::ALLOWED_HOSTS).map(|h| {
+                h.unwrap_or(if loopback {
+                    HostPolicy::Loopback
+                } else {
+                    HostPolicy::Any
+                })
             }),
-            max_body_bytes: l.get(&core::MAX_BODY_BYTES)?,
-            upstream_timeout: l.get(&core::UPSTREAM_TIMEOUT)?,
-            shutdown_grace: l.get(&core::SHUTDOWN_GRACE)?,
-            workers,
-            upstream_protocol: l.get(&core::UPSTREAM_PROTOCOL)?,
-            server_name: l.optional(&core::SERVER_NAME)?,
-            server_version: l.optional(&core::SERVER_VERSION)?,
-            cache_ttl_ms: l.get(&core::CACHE_TTL_MS)?,
-            cache_scope: l.get(&core::CACHE_SCOPE)?,
-            feedback: feedback::read(l, dev.is_some())?,
+            max_body_bytes: l.get(&core::MAX_BODY_BYTES),
+            upstream_timeout: l.get(&core::UPSTREAM_TIMEOUT),
+            shutdown_grace: l.get(&core::SHUTDOWN_GRACE),
+            workers: l
+                .get(&core::WORKERS)
+                .map(|w| core::resolve_workers(w, stdio)),
+            upstream_protocol: l.get(&core::UPSTREAM_PROTOCOL),
+            server_name: l.optional(&core::SERVER_NAME),
+            server_version: l.optional(&core::SERVER_VERSION),
+            cache_ttl_ms: l.get(&core::CACHE_TTL_MS),
+            cache_scope: l.get(&core::CACHE_SCOPE),
+            feedback,
             dev,
             http,
-            log: l.get(&core::LOG)?,
-            log_format: l.get(&core::LOG_FORMAT)?,
-            access_log: l.get(&core::ACCESS_LOG)?,
+            log: l.get(&core::LOG),
+            log_format: l.get(&core::LOG_FORMAT),
+            access_log: l.get(&core::ACCESS_LOG),
         })
     }
 
@@ -429,9 +472,32 @@ impl fmt::Display for Config {
     }
 }
 
+/// The local trial's settings when `dev` is on, and whether it is (`None`: `dev` refused).
+/// The trial requires a listener that stays on this machine.
+fn trial(
+    l: &Layers,
+    listen: &Result<SocketAddr, Refused>,
+) -> (Result<Option<DevConfig>, Refused>, Option<bool>) {
+    let on = l.get(&dev::DEV);
+    if let (Ok(true), Ok(listen)) = (&on, listen) {
+        if !listen.ip().is_loopback() {
+            l.refuse(&core::LISTEN.doc, ConfigError::Invalid {
+                name: core::LISTEN.doc.name(),
+                value: listen.to_string(),
+                accepts: "a loopback address such as 127.0.0.1:8080 with --dev: the local trial's embedded Epode and console are for this machine only".into(),
+            });
+        }
+    }
+    match on {
+        Ok(true) => (dev::read(l).map(Some), Some(true)),
+        Ok(false) => (Ok(None), Some(false)),
+        Err(refused) => (Err(refused), None),
+    }
+}
+
 /// The upstream: an HTTP endpoint (`upstream`), or a command (from the command line after
 /// `--`, which wins, or `upstream_command`); exactly one of them.
-fn transport(l: &Layers, argv: &[String]) -> Result<UpstreamTransport, ConfigError> {
+fn transport(l: &Layers, argv: &[String]) -> Result<UpstreamTransport, Refused> {
     let url = l.text(&core::UPSTREAM);
     let argv = if argv.is_empty() {
         l.optional(&stdio::UPSTREAM_COMMAND)?.unwrap_or_default()
@@ -440,13 +506,16 @@ fn transport(l: &Layers, argv: &[String]) -> Result<UpstreamTransport, ConfigErr
     };
     match (url, argv.split_first()) {
         (Some(_), None) => l.get(&core::UPSTREAM).map(UpstreamTransport::Http),
-        (Some(url), Some(_)) => Err(core::UPSTREAM.doc.invalid(&format!(
-            "{url}, while a command to run is also given; give one of them"
-        ))),
-        (None, None) => Err(ConfigError::Missing {
+        (Some(url), Some(_)) => Err(l.refuse(
+            &core::UPSTREAM.doc,
+            core::UPSTREAM.doc.invalid(&format!(
+                "{url}, while a command to run is also given; give one of them"
+            )),
+        )),
+        (None, None) => Err(l.refuse(&core::UPSTREAM.doc, ConfigError::Missing {
             name: "the upstream: EPODE_SIDECAR_UPSTREAM (an http:// or https:// URL), or a command to run after `--` (or EPODE_SIDECAR_UPSTREAM_COMMAND)".to_owned(),
             accepts: "for instance `epode-sidecar -- python server.py` for a stdio MCP server, or EPODE_SIDECAR_UPSTREAM=http://127.0.0.1:8000/mcp".into(),
-        }),
+        })),
         (None, Some((program, args))) => stdio::read(l, program, args).map(UpstreamTransport::Stdio),
     }
 }
@@ -454,11 +523,11 @@ fn transport(l: &Layers, argv: &[String]) -> Result<UpstreamTransport, ConfigErr
 /// With the HTTP surface on: the upstream must be reached over HTTP (its routes are proxied to
 /// its origin), and a bare origin (`http://127.0.0.1:8000`, no path at all) has its MCP
 /// endpoint at `EPODE_SIDECAR_PATH`.
-fn bare_origin(l: &Layers, upstream: &mut UpstreamTransport) -> Result<(), ConfigError> {
+fn bare_origin(l: &Layers, upstream: &mut UpstreamTransport) -> Result<(), Refused> {
     let UpstreamTransport::Http(target) = upstream else {
-        return Err(http::HTTP_SURFACE.doc.invalid(
+        return Err(l.refuse(&http::HTTP_SURFACE.doc, http::HTTP_SURFACE.doc.invalid(
             "on, while the upstream is a stdio command; the HTTP surface proxies to an HTTP upstream (EPODE_SIDECAR_UPSTREAM)",
-        ));
+        )));
     };
     let raw = l.text(&core::UPSTREAM).unwrap_or_default();
     let after_scheme = raw.split_once("://").map_or("", |(_, rest)| rest);
@@ -515,9 +584,9 @@ fn service_link(rest: &str) -> bool {
 }
 
 /// Variables with one of the sidecar's prefixes that are no setting: one a typo away from a
-/// setting is refused (a misspelt limit or kill switch must not be silently ignored); any
-/// other is a warning, with the setting it may have meant.
-fn unknown_variables(env: &BTreeMap<String, String>) -> Result<Vec<String>, ConfigError> {
+/// setting is refused (a misspelt limit or kill switch must not be silently ignored), each
+/// listed in the layers' mistakes; any other is a warning, with the setting it may have meant.
+fn unknown_variables(env: &BTreeMap<String, String>, l: &Layers) -> Vec<String> {
     let known: Vec<&str> = all()
         .flat_map(|s| s.env.iter().copied())
         .chain(std::iter::once(CONFIG_FILE_ENV))
@@ -531,16 +600,20 @@ fn unknown_variables(env: &BTreeMap<String, String>) -> Result<Vec<String>, Conf
             continue;
         }
         if closest(name, known.iter().copied()).is_some_and(|(_, d)| d <= TYPO) {
-            return Err(ConfigError::Unknown {
-                what: "the environment variable",
-                name: name.clone(),
-                hint: did_you_mean(name, &known),
-            });
+            l.record(
+                Place::Variable,
+                ConfigError::Unknown {
+                    what: "the environment variable",
+                    name: name.clone(),
+                    hint: did_you_mean(name, &known),
+                },
+            );
+            continue;
         }
         warnings.push(format!(
             "the environment variable {name} is not a setting and is ignored{}",
             did_you_mean(name, &known)
         ));
     }
-    Ok(warnings)
+    warnings
 }

@@ -2,11 +2,14 @@
 //! default, what it accepts (for a number, a duration or a size, its bounds: [`Accepts`], the
 //! check and the text stating it in one value), its README text, its parser and how
 //! `--check-config` shows it; the layers' merged values ([`Layers`]), read only through a
-//! declaration, so a value comes out typed and a bad one names its setting; and the parsers
-//! several declarations share.
+//! declaration, so a value comes out typed and a bad one names its setting, every mistake
+//! kept and reading going on past it (the list is [`ConfigErrors`]); and the parsers several
+//! declarations share.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -205,6 +208,18 @@ pub(crate) struct Doc {
     pub(crate) secret: bool,
     /// The effective value as `--check-config` prints it; `<…>` marks a description.
     pub(super) show: fn(&Config) -> String,
+    /// How the command line sets it, for the few settings that are also a flag.
+    pub(crate) flag: Option<Flag>,
+}
+
+/// A setting that is also a command-line flag, as `--help` shows it: `--listen <ADDR>  Listen
+/// address (EPODE_SIDECAR_LISTEN)`; the variable's name comes from the declaration.
+pub(crate) struct Flag {
+    /// `--` and the key with dashes (a test holds the two together).
+    pub(crate) long: &'static str,
+    /// The value's name; `None` for a switch, which sets the setting to `true`.
+    pub(crate) value_name: Option<&'static str>,
+    pub(crate) help: &'static str,
 }
 
 /// One setting, declared once: its [`Doc`] and the parser that makes its typed value (and
@@ -256,6 +271,7 @@ pub(super) const fn bounded<T>(
             help,
             secret: false,
             show,
+            flag: None,
         },
         parse,
     }
@@ -268,6 +284,40 @@ impl<T> Setting<T> {
         Setting {
             doc: Doc {
                 secret: true,
+                ..doc
+            },
+            parse,
+        }
+    }
+
+    /// The same declaration, also the flag `--long VALUE_NAME`.
+    pub(super) const fn flag(
+        self,
+        long: &'static str,
+        value_name: &'static str,
+        help: &'static str,
+    ) -> Self {
+        self.with_flag(Flag {
+            long,
+            value_name: Some(value_name),
+            help,
+        })
+    }
+
+    /// The same declaration, also the switch `--long` (which sets it to `true`).
+    pub(super) const fn switch(self, long: &'static str, help: &'static str) -> Self {
+        self.with_flag(Flag {
+            long,
+            value_name: None,
+            help,
+        })
+    }
+
+    const fn with_flag(self, flag: Flag) -> Self {
+        let Setting { doc, parse } = self;
+        Setting {
+            doc: Doc {
+                flag: Some(flag),
                 ..doc
             },
             parse,
@@ -380,11 +430,100 @@ impl ConfigError {
 /// What an error shows instead of a value holding the configured product key.
 const HOLDS_THE_KEY: &str = "<redacted: it holds the value of EPODE_API_KEY>";
 
+/// Every mistake of a configuration, one a line in the order the settings are declared (a
+/// misspelt variable last), so an operator fixes them all in one go.
+/// Never empty: one mistake at least.
+#[derive(Debug)]
+pub(crate) struct ConfigErrors {
+    first: ConfigError,
+    more: Vec<ConfigError>,
+}
+
+impl ConfigErrors {
+    /// The list of `mistakes`, when there is one.
+    pub(super) fn new(mistakes: Vec<ConfigError>) -> Option<ConfigErrors> {
+        let mut mistakes = mistakes.into_iter();
+        let first = mistakes.next()?;
+        Some(ConfigErrors {
+            first,
+            more: mistakes.collect(),
+        })
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &ConfigError> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+
+    /// The first mistake, for a caller that needs only one (the probe).
+    pub(super) fn into_first(self) -> ConfigError {
+        self.first
+    }
+
+    /// The list with no value that holds `key` (see [`ConfigError::without_key`]).
+    pub(super) fn without_key(self, key: Option<&str>) -> ConfigErrors {
+        ConfigErrors {
+            first: self.first.without_key(key),
+            more: self.more.into_iter().map(|e| e.without_key(key)).collect(),
+        }
+    }
+}
+
+impl From<ConfigError> for ConfigErrors {
+    fn from(first: ConfigError) -> Self {
+        ConfigErrors {
+            first,
+            more: Vec::new(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.first)?;
+        for e in &self.more {
+            write!(f, "\n{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// A value that could not be read: its mistake is in the layers' list (only [`Layers`]
+/// makes one, as it records the mistake), so a reader goes on and the list tells them all.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Refused(());
+
+/// Where a mistake is listed: the configuration file's first, then each setting's in
+/// declaration order, then the misspelt variables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Place {
+    File,
+    Setting(&'static str),
+    Variable,
+}
+
+/// Builds a struct from fields each read as a `Result<_, Refused>`: every field is read (so
+/// every mistake is recorded) before the struct is made, when all of them were. A field
+/// without a value is the local of its name.
+macro_rules! read_all {
+    ($ty:ident { $($field:ident $(: $read:expr)?),* $(,)? }) => {{
+        $(let $field = $crate::config::setting::read_all!(@value $field $($read)?);)*
+        (|| -> Result<$ty, $crate::config::setting::Refused> {
+            Ok($ty { $($field: $field?),* })
+        })()
+    }};
+    (@value $field:ident) => { $field };
+    (@value $field:ident $read:expr) => { $read };
+}
+pub(super) use read_all;
+
 /// Every setting's value as the layers give it (the highest layer that has the key wins),
-/// before it is parsed. Read only through a declaration.
+/// before it is parsed, and the mistakes found reading them. Read only through a declaration.
 #[derive(Debug, Default)]
 pub(crate) struct Layers {
     values: BTreeMap<&'static str, String>,
+    mistakes: RefCell<Vec<(Place, ConfigError)>>,
 }
 
 impl Layers {
@@ -401,41 +540,69 @@ impl Layers {
             .filter(|v| !v.is_empty())
     }
 
+    /// Records a mistake; reading goes on. A setting read twice (where two checks need it)
+    /// is listed once.
+    pub(super) fn record(&self, place: Place, e: ConfigError) -> Refused {
+        let mut mistakes = self.mistakes.borrow_mut();
+        let text = e.to_string();
+        if !mistakes
+            .iter()
+            .any(|(p, m)| *p == place && m.to_string() == text)
+        {
+            mistakes.push((place, e));
+        }
+        Refused(())
+    }
+
+    /// Records a mistake in `doc`'s setting (a value refused, or a check between settings).
+    pub(super) fn refuse(&self, doc: &Doc, e: ConfigError) -> Refused {
+        self.record(Place::Setting(doc.key), e)
+    }
+
+    /// The mistakes recorded so far, each with its place, in the order found.
+    pub(super) fn take_mistakes(&self) -> Vec<(Place, ConfigError)> {
+        self.mistakes.take()
+    }
+
     /// The setting's typed value, when it is set. A value shaped like a product key is
     /// refused in any setting but the key's own: it would be shown where a setting's value is
     /// (`--check-config`, the start line, a client's `serverInfo`).
-    pub(super) fn optional<T>(&self, s: &Setting<T>) -> Result<Option<T>, ConfigError> {
+    pub(super) fn optional<T>(&self, s: &Setting<T>) -> Result<Option<T>, Refused> {
         let Some(text) = self.text(s) else {
             return Ok(None);
         };
         if !s.doc.secret && has_key_shape(&text) {
-            return Err(s.doc.invalid(&text));
+            return Err(self.refuse(&s.doc, s.doc.invalid(&text)));
         }
-        match s.value(&text) {
-            Ok(v) => Ok(Some(v)),
-            Err(Bad::Whole) => Err(s.doc.invalid(&text)),
-            Err(Bad::Entry(entry)) => Err(s.doc.invalid(&entry)),
-            Err(Bad::Described(value)) => Err(ConfigError::Invalid {
+        let e = match s.value(&text) {
+            Ok(v) => return Ok(Some(v)),
+            Err(Bad::Whole) => s.doc.invalid(&text),
+            Err(Bad::Entry(entry)) => s.doc.invalid(&entry),
+            Err(Bad::Described(value)) => ConfigError::Invalid {
                 name: s.doc.name(),
                 value: value.to_owned(),
                 accepts: s.doc.accepts.text(),
-            }),
-        }
+            },
+        };
+        Err(self.refuse(&s.doc, e))
     }
 
     /// The setting's typed value, its declared default when it is set blank in a layer (a
     /// setting whose blank value means its default rather than "required").
-    pub(super) fn get_or_default<T>(&self, s: &Setting<T>) -> Result<T, ConfigError> {
+    pub(super) fn get_or_default<T>(&self, s: &Setting<T>) -> Result<T, Refused> {
         match (self.optional(s)?, s.doc.default) {
             (Some(v), _) => Ok(v),
-            (None, Some(d)) => s.value(d).map_err(|_| s.doc.invalid(d)),
-            (None, None) => Err(s.doc.missing()),
+            (None, Some(d)) => s
+                .value(d)
+                .map_err(|_| self.refuse(&s.doc, s.doc.invalid(d))),
+            (None, None) => Err(self.refuse(&s.doc, s.doc.missing())),
         }
     }
 
     /// The setting's typed value; unset is an error (every setting with a default has one).
-    pub(super) fn get<T>(&self, s: &Setting<T>) -> Result<T, ConfigError> {
-        self.optional(s)?.ok_or_else(|| s.doc.missing())
+    pub(super) fn get<T>(&self, s: &Setting<T>) -> Result<T, Refused> {
+        self.optional(s)?
+            .ok_or_else(|| self.refuse(&s.doc, s.doc.missing()))
     }
 }
 

@@ -7,32 +7,26 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::setting::{
-    a_duration, bounded, duration, number, setting, settings, split_list, Accepts, Bad,
-    ConfigError, Layers,
+    a_duration, bounded, duration, number, read_all, setting, settings, split_list, Accepts, Bad,
+    Layers, Refused,
 };
 use super::types::{Config, Rate, RunAs, StdioChildren, StdioCommand, UpstreamTransport};
 
 /// The command to run: `program` and `args` (from the command line after `--`, or
 /// `upstream_command`) with the other stdio settings.
-pub(super) fn read(
-    l: &Layers,
-    program: &str,
-    args: &[String],
-) -> Result<StdioCommand, ConfigError> {
-    let cwd = l.optional(&UPSTREAM_CWD)?;
-    let env_allow = l.optional(&UPSTREAM_ENV)?.unwrap_or_default();
-    Ok(StdioCommand {
-        program: program.to_owned(),
-        args: args.to_vec(),
-        cwd,
-        env_allow,
-        env: Vec::new(),
-        stop_grace: l.get(&UPSTREAM_STOP_GRACE)?,
-        restart_max_delay: l.get(&UPSTREAM_RESTART_MAX_DELAY)?,
-        stdin_queue: l.get(&UPSTREAM_STDIN_QUEUE)?,
-        stderr_rate: l.get(&UPSTREAM_STDERR_RATE)?,
-        run_as: user(l)?,
-        children: children(l)?,
+pub(super) fn read(l: &Layers, program: &str, args: &[String]) -> Result<StdioCommand, Refused> {
+    read_all!(StdioCommand {
+        program: Ok(program.to_owned()),
+        args: Ok(args.to_vec()),
+        cwd: l.optional(&UPSTREAM_CWD),
+        env_allow: l.optional(&UPSTREAM_ENV).map(Option::unwrap_or_default),
+        env: Ok(Vec::new()),
+        stop_grace: l.get(&UPSTREAM_STOP_GRACE),
+        restart_max_delay: l.get(&UPSTREAM_RESTART_MAX_DELAY),
+        stdin_queue: l.get(&UPSTREAM_STDIN_QUEUE),
+        stderr_rate: l.get(&UPSTREAM_STDERR_RATE),
+        run_as: user(l),
+        children: children(l),
     })
 }
 
@@ -75,13 +69,13 @@ fn run_as(raw: &str) -> Option<RunAs> {
 
 /// Only root may start a process as another user: refused at start rather than at the
 /// child's first spawn.
-fn user(l: &Layers) -> Result<Option<RunAs>, ConfigError> {
+fn user(l: &Layers) -> Result<Option<RunAs>, Refused> {
     let Some(who) = l.optional(&UPSTREAM_USER)? else {
         return Ok(None);
     };
     if !nix::unistd::geteuid().is_root() {
         let text = l.text(&UPSTREAM_USER).unwrap_or_default();
-        return Err(UPSTREAM_USER.doc.invalid(&format!("{text}, while the sidecar does not run as root (only root may start a process as another user; run the sidecar as root, or leave this unset)")));
+        return Err(l.refuse(&UPSTREAM_USER.doc, UPSTREAM_USER.doc.invalid(&format!("{text}, while the sidecar does not run as root (only root may start a process as another user; run the sidecar as root, or leave this unset)"))));
     }
     Ok(Some(who))
 }
@@ -95,12 +89,16 @@ fn per_client(mode: &str) -> Result<bool, Bad> {
     }
 }
 
-fn children(l: &Layers) -> Result<StdioChildren, ConfigError> {
-    let max = l.get(&STDIO_MAX_CHILDREN)?;
-    let idle = l.get(&STDIO_CHILD_IDLE)?;
+fn children(l: &Layers) -> Result<StdioChildren, Refused> {
+    let max = l.get(&STDIO_MAX_CHILDREN);
+    let idle = l.get(&STDIO_CHILD_IDLE);
     if l.get_or_default(&STDIO_CHILDREN)? {
-        Ok(StdioChildren::PerClient { max, idle })
+        Ok(StdioChildren::PerClient {
+            max: max?,
+            idle: idle?,
+        })
     } else {
+        // A bad maximum or idle time is listed all the same.
         Ok(StdioChildren::Shared)
     }
 }

@@ -231,7 +231,7 @@ fn tool_selection() {
     assert_eq!(f.identity_headers.len(), 1);
 }
 
-fn stdio_config(pairs: &[(&str, &str)], command: &[&str]) -> Result<Config, ConfigError> {
+fn stdio_config(pairs: &[(&str, &str)], command: &[&str]) -> Result<Config, ConfigErrors> {
     let flags = FlagValues {
         command: command.iter().map(|s| (*s).to_owned()).collect(),
         ..FlagValues::default()
@@ -545,7 +545,7 @@ fn every_key_and_variable_is_declared_once() {
     limits::read(&defaults).unwrap();
     stdio::read(&defaults, "server", &[]).unwrap();
     dev::read(&defaults).unwrap();
-    feedback::read(&defaults, true).unwrap();
+    feedback::read(&defaults, Some(true)).unwrap();
     let err = Config::read(&defaults, &[]).unwrap_err().to_string();
     assert!(
         err.contains("EPODE_API_KEY"),
@@ -795,7 +795,7 @@ fn bounds_are_checked_and_stated_from_one_place() {
     let refused = |name: &str, value: &str| {
         let with_up: Vec<_> = [UP].into_iter().chain(http).collect();
         let results = [read(&with_up, name, value), read(&stdio, name, value)];
-        let named = |r: &Result<Config, ConfigError>| matches!(r, Err(e) if e.to_string().starts_with(name));
+        let named = |r: &Result<Config, ConfigErrors>| matches!(r, Err(e) if e.to_string().starts_with(name));
         results.iter().any(named) && results.iter().all(|r| r.is_ok() || named(r))
     };
     let ms = |d: Duration| format!("{}ms", d.as_millis());
@@ -844,4 +844,131 @@ fn bounds_are_checked_and_stated_from_one_place() {
         checked += 1;
     }
     assert!(checked > 30, "only {checked} bounded settings");
+}
+
+/// The error of a configuration of `UP`, the key and `pairs`, one line per mistake.
+fn mistakes(pairs: &[(&str, &str)], flags: &FlagValues) -> Vec<String> {
+    let mut all = vec![UP, ("EPODE_API_KEY", KEY)];
+    all.extend_from_slice(pairs);
+    match Config::from_layers(env(&all), flags) {
+        Ok(_) => Vec::new(),
+        Err(e) => e.to_string().lines().map(str::to_owned).collect(),
+    }
+}
+
+#[test]
+fn every_mistake_is_named_at_once_in_declaration_order() {
+    // One in each of three groups and a misspelt variable, given in no particular order.
+    let each = [
+        ("EPODE_SIDECAR_MAX_BODY_BYTS", "10"),
+        ("AGENT_FEEDBACK_MODE", "sometimes"),
+        ("EPODE_SIDECAR_HEADER_TIMEOUT", "soon"),
+        ("EPODE_SIDECAR_LISTEN", "nowhere"),
+    ];
+    let flags = FlagValues::default();
+    let all = mistakes(&each, &flags);
+    // Each alone reads as one line, exactly as the list shows it.
+    let alone: Vec<String> = each
+        .iter()
+        .map(|pair| {
+            let one = mistakes(&[*pair], &flags);
+            assert_eq!(one.len(), 1, "{pair:?} alone: {one:?}");
+            one[0].clone()
+        })
+        .collect();
+    assert_eq!(all, [3, 2, 1, 0].map(|i| alone[i].clone()), "{all:#?}");
+    assert!(
+        all[0].starts_with("EPODE_SIDECAR_LISTEN (config key `listen`): `nowhere` is not valid")
+    );
+    assert!(all[1].starts_with("EPODE_SIDECAR_HEADER_TIMEOUT"));
+    assert!(all[2].starts_with("AGENT_FEEDBACK_MODE"));
+    assert!(
+        all[3].contains("EPODE_SIDECAR_MAX_BODY_BYTS")
+            && all[3].contains("did you mean `EPODE_SIDECAR_MAX_BODY_BYTES`?"),
+        "{}",
+        all[3]
+    );
+    // Two bad values in one group are both named.
+    let two = mistakes(
+        &[
+            ("EPODE_SIDECAR_MAX_HEADERS", "many"),
+            ("EPODE_SIDECAR_BODY_TIMEOUT", "soon"),
+        ],
+        &flags,
+    );
+    assert_eq!(two.len(), 2, "{two:?}");
+}
+
+#[test]
+fn a_check_between_settings_runs_only_on_what_parsed() {
+    let flags = FlagValues::default();
+    // A bad `dev` decides neither the loopback check nor whether a key is needed.
+    let dev_bad = Config::from_layers(env(&[UP, ("EPODE_SIDECAR_DEV", "maybe")]), &flags)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(dev_bad.lines().count(), 1, "{dev_bad}");
+    assert!(dev_bad.starts_with("EPODE_SIDECAR_DEV"), "{dev_bad}");
+    // Parsed, both checks of `--dev` run, and both refusals are named.
+    let both = mistakes(
+        &[
+            ("EPODE_SIDECAR_DEV", "1"),
+            ("EPODE_SIDECAR_LISTEN", "0.0.0.0:8080"),
+        ],
+        &flags,
+    );
+    assert_eq!(both.len(), 2, "{both:?}");
+    assert!(both[0].starts_with("EPODE_SIDECAR_LISTEN") && both[0].contains("loopback"));
+    assert!(both[1].starts_with("EPODE_API_KEY") && both[1].contains("--dev"));
+    // A bad connection cap with the surface on is named once, not checked against 2 too.
+    let cap = mistakes(
+        &[
+            ("AGENT_FEEDBACK_MODE", "off"),
+            ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+            ("EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS", "0"),
+        ],
+        &flags,
+    );
+    assert_eq!(cap.len(), 1, "{cap:?}");
+}
+
+#[test]
+fn the_file_and_the_environment_mistakes_are_listed_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("c.toml");
+    std::fs::write(&file, "upstreem = \"x\"\nlisen = \"y\"\npath = \"/mcp\"\n").unwrap();
+    let flags = FlagValues {
+        config_file: Some(file),
+        ..Default::default()
+    };
+    let all = mistakes(&[("EPODE_SIDECAR_MAX_BODY_BYTES", "lots")], &flags);
+    assert_eq!(all.len(), 3, "{all:#?}");
+    assert!(
+        all[0].contains("`lisen` is not a setting; did you mean `listen`?"),
+        "{}",
+        all[0]
+    );
+    assert!(all[1].contains("`upstreem` is not a setting"), "{}", all[1]);
+    assert!(
+        all[2].starts_with("EPODE_SIDECAR_MAX_BODY_BYTES"),
+        "{}",
+        all[2]
+    );
+    // A file that is not TOML is its only mistake: the settings are not judged without it.
+    std::fs::write(flags.config_file.as_ref().unwrap(), "not toml [").unwrap();
+    let broken = mistakes(&[("EPODE_SIDECAR_MAX_BODY_BYTES", "lots")], &flags);
+    assert_eq!(broken.len(), 1, "{broken:#?}");
+    assert!(broken[0].starts_with("configuration file"), "{}", broken[0]);
+}
+
+#[test]
+fn the_flags_are_the_declarations_that_say_so() {
+    let declared: Vec<&str> = all().filter(|s| s.flag.is_some()).map(|s| s.key).collect();
+    let mut listed: Vec<&str> = FLAGS.iter().map(|s| s.key).collect();
+    listed.sort_by_key(|k| all().position(|s| s.key == *k));
+    assert_eq!(declared, listed, "FLAGS lists every declared flag, once");
+    for s in FLAGS {
+        let flag = s.flag.as_ref().unwrap();
+        assert_eq!(flag.long, s.key.replace('_', "-"), "{}", s.key);
+        assert!(!flag.help.ends_with('.'), "{}: clap adds no period", s.key);
+    }
 }

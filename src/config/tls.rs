@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use super::setting::{
-    a_duration, bounded, duration, setting, settings, Accepts, Bad, ConfigError, Layers, Setting,
+    a_duration, bounded, duration, setting, settings, Accepts, Bad, Layers, Refused, Setting,
 };
 use super::types::{ListenerTls, UpstreamTls};
 
@@ -26,36 +26,48 @@ fn pair(
     l: &Layers,
     cert: &Setting<PathBuf>,
     key: &Setting<PathBuf>,
-) -> Result<Option<(PathBuf, PathBuf)>, ConfigError> {
-    match (l.optional(cert)?, l.optional(key)?) {
+) -> Result<Option<(PathBuf, PathBuf)>, Refused> {
+    // Both read first, so a bad value in each is reported.
+    let (c, k) = (l.optional(cert), l.optional(key));
+    match (c?, k?) {
         (Some(c), Some(k)) => Ok(Some((c, k))),
         (None, None) => Ok(None),
-        (Some(c), None) => Err(key.doc.invalid(&format!(
-            "<unset, while {} is {}>",
-            cert.doc.key,
-            c.display()
-        ))),
-        (None, Some(k)) => Err(cert.doc.invalid(&format!(
-            "<unset, while {} is {}>",
-            key.doc.key,
-            k.display()
-        ))),
+        (Some(c), None) => Err(l.refuse(
+            &key.doc,
+            key.doc.invalid(&format!(
+                "<unset, while {} is {}>",
+                cert.doc.key,
+                c.display()
+            )),
+        )),
+        (None, Some(k)) => Err(l.refuse(
+            &cert.doc,
+            cert.doc.invalid(&format!(
+                "<unset, while {} is {}>",
+                key.doc.key,
+                k.display()
+            )),
+        )),
     }
 }
 
-pub(super) fn read(l: &Layers) -> Result<Checked, ConfigError> {
-    let listener = pair(l, &TLS_CERT, &TLS_KEY)?;
-    let reload_every = l.get(&TLS_RELOAD)?;
-    let listener = listener.map(|(cert, key)| ListenerTls {
+pub(super) fn read(l: &Layers) -> Result<Checked, Refused> {
+    let listener = pair(l, &TLS_CERT, &TLS_KEY);
+    let reload_every = l.get(&TLS_RELOAD);
+    let ca_file = l.optional(&CA_FILE);
+    let client_cert = pair(l, &UPSTREAM_CLIENT_CERT, &UPSTREAM_CLIENT_KEY);
+    let admin_listen = l.optional(&ADMIN_LISTEN);
+    let reload_every = reload_every?;
+    let listener = listener?.map(|(cert, key)| ListenerTls {
         cert,
         key,
         reload_every,
     });
     let upstream = UpstreamTls {
-        ca_file: l.optional(&CA_FILE)?,
-        client_cert: pair(l, &UPSTREAM_CLIENT_CERT, &UPSTREAM_CLIENT_KEY)?,
+        ca_file: ca_file?,
+        client_cert: client_cert?,
     };
-    Ok((listener, upstream, l.optional(&ADMIN_LISTEN)?))
+    Ok((listener, upstream, admin_listen?))
 }
 
 fn path(p: &Option<PathBuf>) -> String {

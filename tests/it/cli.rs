@@ -397,3 +397,58 @@ fn misspelt_variables_of_every_prefix_are_caught_in_check_config_and_at_start() 
         "{line}"
     );
 }
+
+/// Three mistakes in three groups (a bad listener, a bad feedback mode, a misspelt limit) are
+/// named in one run, one line each in the order the settings are declared, at start and in
+/// `--check-config`, and the sidecar exits 2 both times.
+#[test]
+fn every_configuration_mistake_is_named_in_one_run() {
+    let env = [
+        ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:9/mcp"),
+        ("EPODE_API_KEY", KEY),
+        ("EPODE_SIDECAR_MAX_BODY_BYTS", "10"),
+        ("AGENT_FEEDBACK_MODE", "sometimes"),
+        ("EPODE_SIDECAR_LISTEN", "nowhere"),
+    ];
+    for args in [&[][..], &["--check-config"][..]] {
+        let (code, out, err) = sidecar(&env, args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 3, "{args:?}: {err}");
+        let prefix = "epode-sidecar: configuration error: ";
+        assert!(lines.iter().all(|l| l.starts_with(prefix)), "{err}");
+        assert!(
+            lines[0].contains("EPODE_SIDECAR_LISTEN (config key `listen`): `nowhere` is not valid"),
+            "{err}"
+        );
+        assert!(
+            lines[1].contains("AGENT_FEEDBACK_MODE (config key `feedback_mode`): `sometimes` is not valid; expected never_ask, ask_once, ask_always or off"),
+            "{err}"
+        );
+        assert!(
+            lines[2].contains("the environment variable `EPODE_SIDECAR_MAX_BODY_BYTS` is not a setting; did you mean `EPODE_SIDECAR_MAX_BODY_BYTES`?"),
+            "{err}"
+        );
+    }
+}
+
+/// The six settings that are also flags show in `--help` as they always have, each naming its
+/// variable (the flags are built from the settings' declarations).
+#[test]
+fn the_setting_flags_keep_their_help() {
+    let (code, out, err) = sidecar(&[], &["--help"]);
+    assert_eq!(code, 0, "{err}");
+    for line in [
+        "--listen <ADDR>        Listen address (EPODE_SIDECAR_LISTEN)",
+        "--upstream <URL>       Upstream MCP endpoint URL (EPODE_SIDECAR_UPSTREAM)",
+        "--path <PATH>          Path clients post to (EPODE_SIDECAR_PATH)",
+        "--log <FILTER>         Log filter (EPODE_SIDECAR_LOG)",
+        "--log-format <FORMAT>  Log format, text or json (EPODE_SIDECAR_LOG_FORMAT)",
+        "--dev                  The local trial: an embedded Epode with an ephemeral key, and a live console at /_dev/ (EPODE_SIDECAR_DEV)",
+    ] {
+        assert!(out.contains(line), "{line:?} not in: {out}");
+    }
+    let at = |flag: &str| out.find(flag).unwrap();
+    assert!(at("--config <FILE>") < at("--listen") && at("--dev ") < at("--check-config"));
+}
