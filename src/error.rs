@@ -572,221 +572,96 @@ mod tests {
     /// The row of each kind, against the statuses, codes, sides, retry answers, log levels and
     /// `Retry-After`s the request path has always given (the black-box suite asserts them on
     /// the wire; this says which row a change would be in).
+    /// Status, JSON-RPC code, side, retryable, log level, `Retry-After`.
+    type Row = (u16, i64, Side, bool, Level, Option<u64>);
+
+    fn row_of(kind: ErrorKind) -> Row {
+        let e = Error::new(kind, "why");
+        let (status, code, side) = (e.status().as_u16(), e.code(), e.side());
+        (
+            status,
+            code,
+            side,
+            e.retryable(),
+            e.level(),
+            e.retry_after(),
+        )
+    }
+
     #[test]
     fn every_kind_keeps_its_row() {
+        use ErrorKind as K;
         use Level::{Debug, Warn};
         use Side::{Client, Sidecar, Upstream};
         let refused = |status| {
-            ErrorKind::UpstreamRefused(Box::new(Buffered {
+            K::UpstreamRefused(Box::new(Buffered {
                 status,
                 headers: Default::default(),
                 bytes: Bytes::new(),
             }))
         };
-        let rows: Vec<(ErrorKind, u16, i64, Side, bool, Level, Option<u64>)> = vec![
-            (ErrorKind::BadHost, 403, -32000, Client, false, Debug, None),
+        let version = K::UnsupportedVersion {
+            requested: "1".into(),
+            supported: &[],
+        };
+        let method = K::MethodNotFound { method: "m".into() };
+        let timeout = K::UpstreamTimeout(Duration::from_secs(1));
+        let rows: Vec<(K, Row)> = vec![
+            (K::BadHost, (403, -32000, Client, false, Debug, None)),
+            (K::BadOrigin, (403, -32000, Client, false, Debug, None)),
             (
-                ErrorKind::BadOrigin,
-                403,
-                -32000,
-                Client,
-                false,
-                Debug,
-                None,
+                K::BodyTooLarge { limit: 1 },
+                (413, -32000, Client, false, Debug, None),
+            ),
+            (K::BodyRead, (400, -32000, Client, false, Debug, None)),
+            (K::Parse, (400, -32700, Client, false, Debug, None)),
+            (K::InvalidRequest, (400, -32600, Client, false, Debug, None)),
+            (
+                K::MethodNotAllowed,
+                (405, -32000, Client, false, Debug, None),
             ),
             (
-                ErrorKind::BodyTooLarge { limit: 1 },
-                413,
-                -32000,
-                Client,
-                false,
-                Debug,
-                None,
+                K::UnsupportedMediaType,
+                (415, -32000, Client, false, Debug, None),
             ),
-            (ErrorKind::BodyRead, 400, -32000, Client, false, Debug, None),
-            (ErrorKind::Parse, 400, -32700, Client, false, Debug, None),
+            (K::InvalidParams, (400, -32602, Client, false, Debug, None)),
+            (K::HeaderMismatch, (400, -32020, Client, false, Debug, None)),
+            (version, (400, -32022, Client, false, Debug, None)),
+            (method, (404, -32601, Client, false, Debug, None)),
+            (K::RequestTimeout, (408, -32000, Client, true, Debug, None)),
             (
-                ErrorKind::InvalidRequest,
-                400,
-                -32600,
-                Client,
-                false,
-                Debug,
-                None,
+                K::RateLimited { retry_after: 7 },
+                (429, -32000, Client, true, Debug, Some(7)),
             ),
             (
-                ErrorKind::MethodNotAllowed,
-                405,
-                -32000,
-                Client,
-                false,
-                Debug,
-                None,
+                K::Overloaded { retry_after: 3 },
+                (503, -32000, Sidecar, true, Warn, Some(3)),
+            ),
+            (K::ShuttingDown, (503, -32000, Sidecar, true, Warn, Some(1))),
+            (
+                K::UpstreamTooLarge { limit: 1 },
+                (502, -32603, Upstream, false, Warn, None),
             ),
             (
-                ErrorKind::UnsupportedMediaType,
-                415,
-                -32000,
-                Client,
-                false,
-                Debug,
-                None,
+                K::UpstreamUnreachable,
+                (502, -32603, Upstream, true, Warn, None),
             ),
-            (
-                ErrorKind::InvalidParams,
-                400,
-                -32602,
-                Client,
-                false,
-                Debug,
-                None,
-            ),
-            (
-                ErrorKind::HeaderMismatch,
-                400,
-                -32020,
-                Client,
-                false,
-                Debug,
-                None,
-            ),
-            (
-                ErrorKind::UnsupportedVersion {
-                    requested: "1".into(),
-                    supported: &[],
-                },
-                400,
-                -32022,
-                Client,
-                false,
-                Debug,
-                None,
-            ),
-            (
-                ErrorKind::MethodNotFound { method: "m".into() },
-                404,
-                -32601,
-                Client,
-                false,
-                Debug,
-                None,
-            ),
-            (
-                ErrorKind::RequestTimeout,
-                408,
-                -32000,
-                Client,
-                true,
-                Debug,
-                None,
-            ),
-            (
-                ErrorKind::RateLimited { retry_after: 7 },
-                429,
-                -32000,
-                Client,
-                true,
-                Debug,
-                Some(7),
-            ),
-            (
-                ErrorKind::Overloaded { retry_after: 3 },
-                503,
-                -32000,
-                Sidecar,
-                true,
-                Warn,
-                Some(3),
-            ),
-            (
-                ErrorKind::ShuttingDown,
-                503,
-                -32000,
-                Sidecar,
-                true,
-                Warn,
-                Some(1),
-            ),
-            (
-                ErrorKind::UpstreamTooLarge { limit: 1 },
-                502,
-                -32603,
-                Upstream,
-                false,
-                Warn,
-                None,
-            ),
-            (
-                ErrorKind::UpstreamUnreachable,
-                502,
-                -32603,
-                Upstream,
-                true,
-                Warn,
-                None,
-            ),
-            (
-                ErrorKind::UpstreamTimeout(Duration::from_secs(1)),
-                504,
-                -32603,
-                Upstream,
-                true,
-                Warn,
-                None,
-            ),
-            (
-                ErrorKind::UpstreamFailed,
-                502,
-                -32603,
-                Upstream,
-                true,
-                Warn,
-                None,
-            ),
-            (
-                ErrorKind::SessionGone,
-                404,
-                -32603,
-                Upstream,
-                false,
-                Warn,
-                None,
-            ),
+            (timeout, (504, -32603, Upstream, true, Warn, None)),
+            (K::UpstreamFailed, (502, -32603, Upstream, true, Warn, None)),
+            (K::SessionGone, (404, -32603, Upstream, false, Warn, None)),
             (
                 refused(StatusCode::UNAUTHORIZED),
-                401,
-                -32000,
-                Upstream,
-                false,
-                Warn,
-                None,
+                (401, -32000, Upstream, false, Warn, None),
             ),
             (
-                refused(StatusCode::SERVICE_UNAVAILABLE),
-                503,
-                -32000,
-                Upstream,
-                true,
-                Warn,
-                None,
+                refused(StatusCode::BAD_GATEWAY),
+                (502, -32000, Upstream, true, Warn, None),
             ),
-            (ErrorKind::Internal, 500, -32603, Sidecar, false, Warn, None),
+            (K::Internal, (500, -32603, Sidecar, false, Warn, None)),
         ];
-        for (kind, status, code, side, retryable, level, retry_after) in rows {
+        for (kind, want) in rows {
             let name = format!("{kind:?}");
-            let e = Error::new(kind, "why");
-            assert_eq!(
-                (
-                    e.status().as_u16(),
-                    e.code(),
-                    e.side(),
-                    e.retryable(),
-                    e.level(),
-                    e.retry_after()
-                ),
-                (status, code, side, retryable, level, retry_after),
-                "{name}"
-            );
+            assert_eq!(row_of(kind), want, "{name}");
         }
     }
 
