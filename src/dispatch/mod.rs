@@ -17,7 +17,7 @@ use crate::binding::FeedbackBinding;
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
-use crate::error::{Error, ErrorKind, Side};
+use crate::error::{Error, ErrorKind, Level};
 use crate::frontdoor;
 use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
@@ -261,9 +261,11 @@ impl Dispatcher {
         };
         answered.unwrap_or_else(|e| {
             let side = e.side().as_str();
-            match e.side() {
-                Side::Client => tracing::debug!(error = %e, side, "request refused"),
-                _ => tracing::warn!(error = %e, side, retryable = e.retryable(), "request failed"),
+            match e.level() {
+                Level::Debug => tracing::debug!(error = %e, side, "request refused"),
+                Level::Warn => {
+                    tracing::warn!(error = %e, side, retryable = e.retryable(), "request failed")
+                }
             }
             e.into_response(Some(request.id))
         })

@@ -102,11 +102,11 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
             let mut rpc = serde_json::from_slice::<RpcMessage<'_>>(body).map_err(|e| {
                 if e.is_data() {
                     (
-                        Error::new(ErrorKind::InvalidRequest, e.to_string()),
+                        Error::caused_by(ErrorKind::InvalidRequest, "", e),
                         salvage_id(body),
                     )
                 } else {
-                    (Error::new(ErrorKind::Parse, e.to_string()), None)
+                    (Error::caused_by(ErrorKind::Parse, "", e), None)
                 }
             })?;
             if rpc.id.is_some_and(|id| !valid_id(id)) {
@@ -128,7 +128,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
         }
         Some(b'[') => serde_json::from_slice::<Vec<&RawValue>>(body)
             .map(|_| Inbound::Batch)
-            .map_err(|e| (Error::new(ErrorKind::Parse, e.to_string()), None)),
+            .map_err(|e| (Error::caused_by(ErrorKind::Parse, "", e), None)),
         _ => match serde_json::from_slice::<&RawValue>(body) {
             Ok(_) => Err((
                 Error::new(
@@ -137,7 +137,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<Inbound<'_>, Refusal<'_>> {
                 ),
                 None,
             )),
-            Err(e) => Err((Error::new(ErrorKind::Parse, e.to_string()), None)),
+            Err(e) => Err((Error::caused_by(ErrorKind::Parse, "", e), None)),
         },
     }
 }

@@ -232,7 +232,7 @@ pub(crate) async fn finish(
         // meanwhile.
         tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, upstream))
             .await
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("rewriting the answer: {e}")))?
+            .map_err(|e| Error::caused_by(ErrorKind::Internal, "rewriting the answer", e))?
     } else {
         rewrite_whole(bytes, plan, upstream)
     };

@@ -261,10 +261,7 @@ impl HttpUpstream {
         match tokio::time::timeout(self.timeout, self.pool.send_for(req, share)).await {
             Err(_) => Err(Error::new(ErrorKind::UpstreamTimeout(self.timeout), "")),
             Ok(Err(PoolError::Connect(e))) => Err(Error::new(ErrorKind::UpstreamUnreachable, e)),
-            Ok(Err(PoolError::Request(e))) => Err(Error::new(
-                ErrorKind::UpstreamFailed,
-                super::pool::chain(&e),
-            )),
+            Ok(Err(PoolError::Request(e))) => Err(Error::caused_by(ErrorKind::UpstreamFailed, "", e)),
             Ok(Err(PoolError::Busy(waited, share))) => {
                 (self.on_limit)(LimitKind::UpstreamConnections);
                 Err(busy(waited, share))

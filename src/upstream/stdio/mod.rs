@@ -337,9 +337,10 @@ fn line(bytes: &[u8]) -> Bytes {
 /// and the task that restarts it, on the runtime this is called on.
 fn start_pipe(command: &StdioCommand, bounds: &StdioBounds) -> Result<Arc<Pipe>, Error> {
     let first = child::spawn(command).map_err(|e| {
-        Error::new(
+        Error::caused_by(
             ErrorKind::UpstreamUnreachable,
-            format!("cannot start the MCP server `{}`: {e}", command.program),
+            format!("cannot start the MCP server `{}`", command.program),
+            e,
         )
     })?;
     let (live, _) = watch::channel(None);

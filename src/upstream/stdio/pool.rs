@@ -135,7 +135,7 @@ impl Pool {
             .runtime
             .spawn(async move { start_pipe(&slots.command, &slots.bounds) })
             .await
-            .map_err(|e| Error::new(ErrorKind::Internal, format!("starting a child: {e}")))??;
+            .map_err(|e| Error::caused_by(ErrorKind::Internal, "starting a child", e))??;
         self.slots.lock().insert(
             key,
             Entry {
