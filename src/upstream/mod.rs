@@ -48,6 +48,7 @@ use crate::budget::MemoryBudget;
 use crate::config::{Config, UpstreamTransport};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
+use crate::mcp::method::Method;
 use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
 
 /// The longest shutdown waits for the upstream to close the 2025-era sessions.
@@ -302,7 +303,7 @@ impl Upstream {
                 return in_band.ok_or(e);
             }
         };
-        if ctx.method == "subscriptions/listen" {
+        if ctx.listed.is_some_and(|m| m.entry().streams) {
             return Ok(answer::stream_back(sent.response));
         }
         if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
@@ -417,13 +418,13 @@ impl Upstream {
             if let Some(c) = cursor.take() {
                 params["cursor"] = c;
             }
-            let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": "tools/list", "params": params});
+            let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": Method::ToolsList.wire(), "params": params});
             let Ok(sent) = self
                 .send_with_retry(
                     client,
                     None,
                     &Bytes::from(body.to_string()),
-                    "tools/list",
+                    Method::ToolsList.wire(),
                     Era::Legacy,
                 )
                 .await
