@@ -375,12 +375,6 @@ impl Metrics {
     }
 }
 
-/// The label for a method: the method itself when the catalogue lists it, else `other` (any
-/// client can invent method names; they must not become series).
-pub(crate) fn method_label(method: &str) -> &'static str {
-    crate::mcp::method::label(crate::mcp::method::Method::from_wire(method))
-}
-
 #[cfg(test)]
 mod tests {
     use super::{HeadRefusal, LimitKind};

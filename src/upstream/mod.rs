@@ -48,8 +48,8 @@ use crate::budget::MemoryBudget;
 use crate::config::{Config, UpstreamTransport};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
-use crate::mcp::method::Method;
-use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
+use crate::mcp::method::{self, Method};
+use crate::metrics::{LimitKind, MethodLabels, Metrics};
 
 /// The longest shutdown waits for the upstream to close the 2025-era sessions.
 const SESSION_CLOSE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
@@ -400,7 +400,7 @@ impl Upstream {
         self.metrics
             .upstream_seconds
             .get_or_create(&MethodLabels {
-                method: method_label(method),
+                method: method::label(Method::from_wire(method)),
             })
             .observe(started.elapsed().as_secs_f64());
         self.metrics
