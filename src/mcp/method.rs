@@ -257,7 +257,8 @@ mod tests {
                 m.wire()
             );
         }
-        assert_eq!(Method::from_wire("tools/describe"), None);
+        assert_eq!(Method::from_wire("tools/lists"), None);
+        assert_eq!(Method::from_wire(""), None);
         assert_eq!(label(Method::from_wire("x/y")), "other");
     }
 
