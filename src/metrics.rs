@@ -407,38 +407,6 @@ impl Metrics {
     }
 }
 
-/// The label for a method: the method itself when it is one the sidecar knows, else `other`
-/// (any client can invent method names; they must not become series).
-pub(crate) fn method_label(method: &str) -> &'static str {
-    const KNOWN: [&str; 20] = [
-        "initialize",
-        "ping",
-        "server/discover",
-        "tools/list",
-        "tools/call",
-        "prompts/list",
-        "prompts/get",
-        "resources/list",
-        "resources/read",
-        "resources/templates/list",
-        "resources/subscribe",
-        "resources/unsubscribe",
-        "completion/complete",
-        "logging/setLevel",
-        "subscriptions/listen",
-        "notifications/initialized",
-        "notifications/cancelled",
-        "notifications/progress",
-        "notifications/roots/list_changed",
-        "tasks/get",
-    ];
-    KNOWN
-        .iter()
-        .find(|k| **k == method)
-        .copied()
-        .unwrap_or("other")
-}
-
 #[cfg(test)]
 mod tests {
     use super::{HeadRefusal, LimitKind};

@@ -21,8 +21,9 @@ use crate::error::{Error, ErrorKind, Level};
 use crate::frontdoor;
 use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
+use crate::mcp::method::{self, Method};
 use crate::mcp::rewrite::Abandoned;
-use crate::metrics::{method_label, HeadRefusal, LimitKind, MethodLabels, Metrics, RequestLabels};
+use crate::metrics::{HeadRefusal, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::observe::{McpServed, Millis, Note, Observer, ACCESS_TARGET};
 use crate::upstream::{Client, Upstream};
 
@@ -166,8 +167,8 @@ impl Dispatcher {
 
     /// What the accounting of a request needs to know of it.
     fn note(&self, seen: &mut Seen, request: &frontdoor::Request<'_>) {
-        seen.method = method_label(request.method());
-        if self.observer.is_some() && request.method() == "tools/call" {
+        seen.method = method::label(request.listed);
+        if self.observer.is_some() && request.listed == Some(Method::ToolsCall) {
             seen.tool = request.rpc.name().map(|n| n.into_owned());
         }
         seen.era = request.era.label();
@@ -329,7 +330,7 @@ fn show_call(
     elapsed: std::time::Duration,
     resp: Response<Body>,
 ) -> Response<Body> {
-    let streamed = seen.method == "tools/call"
+    let streamed = seen.method == Method::ToolsCall.label()
         && resp
             .headers()
             .get(http::header::CONTENT_TYPE)

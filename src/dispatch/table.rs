@@ -24,6 +24,7 @@ use crate::error::{Error, ErrorKind};
 use crate::frontdoor::Request;
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::era::Era;
+use crate::mcp::method::{Answer, Method};
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::Abandoned;
 use crate::mcp::version::{self, LEGACY_LATEST};
@@ -67,25 +68,25 @@ impl MethodTable {
         abandoned: Abandoned,
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
-        let method = req.method();
         let client = &client;
-        let feedback_tool = method == "tools/call"
+        let tool_call = req.listed == Some(Method::ToolsCall);
+        let feedback_tool = tool_call
             && req
                 .rpc
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
         let ctx = self.context(req, abandoned);
-        if method == "tools/call" {
+        if tool_call {
             let name = req.rpc.name().unwrap_or_default();
             if let Err(wait) = self.rates.check_tool(&name) {
                 self.metrics.limit(LimitKind::ToolRate);
                 return Ok(ctx.local_result(tool_rate_limited(&name, wait)));
             }
         }
-        match route(method, req.era, feedback_tool) {
+        match route(req.listed, req.era, feedback_tool) {
             Route::Removed => Err(Error::new(
                 ErrorKind::MethodNotFound {
-                    method: method.to_owned(),
+                    method: req.method().to_owned(),
                 },
                 "",
             )),
@@ -114,12 +115,19 @@ impl MethodTable {
     /// client, the server identity and, on cacheable methods, the configured cache hints.
     fn context<'a>(&self, req: &'a Request<'_>, abandoned: Abandoned) -> RequestContext<'a> {
         let method = req.method();
-        let mut ctx = RequestContext::new(req.id, method, req.era, abandoned, self.cut.clone());
+        let mut ctx = RequestContext::new(
+            req.id,
+            method,
+            req.listed,
+            req.era,
+            abandoned,
+            self.cut.clone(),
+        );
         if req.era == Era::Modern {
             let shown = self.upstream.server_info(None);
             ctx.plan.server_info = shown.info;
             ctx.plan.force_server_info = shown.forced;
-            if version::is_cacheable(method) {
+            if req.listed.is_some_and(Method::is_cacheable) {
                 ctx.plan.cache = Some((self.config.cache_ttl_ms, self.config.cache_scope));
             }
         }
@@ -276,19 +284,26 @@ enum Route {
     Forward,
 }
 
-/// The method table.
-fn route(method: &str, client_era: Era, feedback_tool: bool) -> Route {
-    match method {
-        m if client_era == Era::Modern && version::REMOVED_IN_MODERN.contains(&m) => Route::Removed,
-        "server/discover" if client_era == Era::Modern => Route::Discover,
-        "initialize" => Route::Initialize,
-        "ping" => Route::Ping,
-        "logging/setLevel" => Route::SetLevel,
-        "subscriptions/listen" => Route::Listen,
-        "tools/call" if feedback_tool => Route::FeedbackTool,
-        "tools/call" => Route::ToolCall,
-        "tools/list" => Route::ToolList,
-        _ => Route::Forward,
+/// The method table: the catalogue entry's answer, for the client's era. A method the
+/// catalogue does not list is forwarded; one it lists for 2025 only is refused to a 2026
+/// client; one new in 2026 is still forwarded for a 2025 client (the upstream decides).
+fn route(method: Option<Method>, client_era: Era, feedback_tool: bool) -> Route {
+    let Some(method) = method else {
+        return Route::Forward;
+    };
+    if client_era == Era::Modern && method.removed_in_modern() {
+        return Route::Removed;
+    }
+    match method.entry().answer {
+        Answer::Discover if client_era == Era::Modern => Route::Discover,
+        Answer::Discover | Answer::Upstream => Route::Forward,
+        Answer::Initialize => Route::Initialize,
+        Answer::Ping => Route::Ping,
+        Answer::SetLevel => Route::SetLevel,
+        Answer::Listen => Route::Listen,
+        Answer::ToolCall if feedback_tool => Route::FeedbackTool,
+        Answer::ToolCall => Route::ToolCall,
+        Answer::ToolList => Route::ToolList,
     }
 }
 
@@ -331,8 +346,8 @@ mod tests {
 
     #[test]
     fn the_method_table() {
-        let modern = |m| route(m, Era::Modern, false);
-        let legacy = |m| route(m, Era::Legacy, false);
+        let modern = |m| route(Method::from_wire(m), Era::Modern, false);
+        let legacy = |m| route(Method::from_wire(m), Era::Legacy, false);
         assert_eq!(modern("server/discover"), Route::Discover);
         assert_eq!(
             legacy("server/discover"),
@@ -352,8 +367,14 @@ mod tests {
         assert_eq!(legacy("logging/setLevel"), Route::SetLevel);
         assert_eq!(modern("subscriptions/listen"), Route::Listen);
         assert_eq!(modern("tools/call"), Route::ToolCall);
-        assert_eq!(route("tools/call", Era::Legacy, true), Route::FeedbackTool);
-        assert_eq!(route("tools/list", Era::Modern, true), Route::ToolList);
+        assert_eq!(
+            route(Some(Method::ToolsCall), Era::Legacy, true),
+            Route::FeedbackTool
+        );
+        assert_eq!(
+            route(Some(Method::ToolsList), Era::Modern, true),
+            Route::ToolList
+        );
         for other in [
             "prompts/list",
             "resources/read",
@@ -363,5 +384,52 @@ mod tests {
             assert_eq!(modern(other), Route::Forward, "{other}");
             assert_eq!(legacy(other), Route::Forward, "{other}");
         }
+    }
+
+    /// Every catalogue entry in both eras: a new method fails here until its disposition is
+    /// written down.
+    #[test]
+    fn every_catalogued_method_routes_as_stated() {
+        use Route::*;
+        let stated = [
+            (Method::Initialize, Removed, Initialize),
+            (Method::Ping, Removed, Ping),
+            (Method::ServerDiscover, Discover, Forward),
+            (Method::ToolsList, ToolList, ToolList),
+            (Method::ToolsCall, ToolCall, ToolCall),
+            (Method::PromptsList, Forward, Forward),
+            (Method::PromptsGet, Forward, Forward),
+            (Method::ResourcesList, Forward, Forward),
+            (Method::ResourcesRead, Forward, Forward),
+            (Method::ResourcesTemplatesList, Forward, Forward),
+            (Method::ResourcesSubscribe, Removed, Forward),
+            (Method::ResourcesUnsubscribe, Removed, Forward),
+            (Method::CompletionComplete, Forward, Forward),
+            (Method::LoggingSetLevel, Removed, SetLevel),
+            (Method::SubscriptionsListen, Listen, Listen),
+            (Method::NotificationsInitialized, Removed, Forward),
+            (Method::NotificationsCancelled, Forward, Forward),
+            (Method::NotificationsProgress, Forward, Forward),
+            (Method::NotificationsRootsListChanged, Removed, Forward),
+            (Method::TasksGet, Forward, Forward),
+        ];
+        let methods: Vec<Method> = stated.iter().map(|s| s.0).collect();
+        assert_eq!(
+            methods,
+            Method::ALL,
+            "one row per catalogue entry, in order"
+        );
+        for (m, modern, legacy) in stated {
+            assert_eq!(route(Some(m), Era::Modern, false), modern, "{}", m.wire());
+            assert_eq!(route(Some(m), Era::Legacy, false), legacy, "{}", m.wire());
+            let feedback = if m == Method::ToolsCall {
+                FeedbackTool
+            } else {
+                modern
+            };
+            assert_eq!(route(Some(m), Era::Modern, true), feedback, "{}", m.wire());
+        }
+        assert_eq!(route(None, Era::Modern, false), Forward);
+        assert_eq!(route(None, Era::Legacy, true), Forward);
     }
 }

@@ -10,20 +10,17 @@ use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::headers::{self, HeaderRead};
 use crate::mcp::message::RpcMessage;
+use crate::mcp::method::{Method, NameParam};
 use crate::mcp::raw;
 use crate::mcp::version::{self, META_CLIENT_CAPABILITIES, META_PROTOCOL_VERSION};
 
-/// The name a routing header must mirror, for the methods that have one.
-fn routed_name_key(method: &str) -> Option<&'static str> {
-    match method {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        _ => None,
-    }
-}
-
 /// Classifies a request or notification and, for a modern one, runs the validation ladder.
-pub(crate) fn classify(headers: &HeaderMap, rpc: &RpcMessage<'_>) -> Result<Era, Error> {
+/// `listed` is the message's catalogue entry.
+pub(crate) fn classify(
+    headers: &HeaderMap,
+    rpc: &RpcMessage<'_>,
+    listed: Option<Method>,
+) -> Result<Era, Error> {
     let method = rpc.method.as_deref().unwrap_or_default();
     let header_version = headers::read(headers, headers::PROTOCOL_VERSION);
     let claims_modern = rpc.has_meta_object() && rpc.meta.protocol_version.is_some();
@@ -32,7 +29,7 @@ pub(crate) fn classify(headers: &HeaderMap, rpc: &RpcMessage<'_>) -> Result<Era,
         HeaderRead::Invalid(_) => true,
         HeaderRead::Absent => false,
     };
-    if method == "initialize" && !claims_modern && header_modern {
+    if listed == Some(Method::Initialize) && !claims_modern && header_modern {
         if let HeaderRead::One(v) = &header_version {
             return Err(mismatch(format!(
                 "MCP-Protocol-Version header value '{v}' is a 2026-era version, but initialize is the 2025-era handshake"
@@ -48,11 +45,10 @@ pub(crate) fn classify(headers: &HeaderMap, rpc: &RpcMessage<'_>) -> Result<Era,
     let version = check_version_header(header_version, envelope_version)?;
     if !is_notification {
         check_header(headers, headers::METHOD, "Mcp-Method", method)?;
-        if let Some(key) = routed_name_key(method) {
-            let raw = if key == "name" {
-                rpc.params.name
-            } else {
-                rpc.params.uri
+        if let Some(param) = listed.and_then(|m| m.entry().name) {
+            let raw = match param {
+                NameParam::Name => rpc.params.name,
+                NameParam::Uri => rpc.params.uri,
             };
             let body_value = raw
                 .and_then(raw::as_str)
@@ -184,7 +180,8 @@ mod tests {
         let Inbound::Single(rpc) = parse(body.as_bytes()).unwrap() else {
             panic!()
         };
-        classify(&h, &rpc)
+        let listed = rpc.method.as_deref().and_then(Method::from_wire);
+        classify(&h, &rpc, listed)
     }
 
     const META: &str = r#""_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}"#;

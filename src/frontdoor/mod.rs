@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::message::{self, Inbound, RpcMessage};
+use crate::mcp::method;
 
 /// A validated request: its era is known and its routing headers agree with its body.
 pub(crate) struct Request<'a> {
@@ -30,6 +31,8 @@ pub(crate) struct Request<'a> {
     pub(crate) id: &'a RawValue,
     pub(crate) rpc: RpcMessage<'a>,
     pub(crate) era: Era,
+    /// Its catalogue entry, looked up once; `None` for a method the sidecar does not know.
+    pub(crate) listed: Option<method::Method>,
 }
 
 impl Request<'_> {
@@ -85,7 +88,8 @@ pub(crate) fn admit<'a>(
         // is nothing it can answer, so it is accepted and dropped.
         return Ok(None);
     }
-    let era = ladder::classify(&parts.headers, &rpc).map_err(|e| (e, rpc.id))?;
+    let listed = rpc.method.as_deref().and_then(method::Method::from_wire);
+    let era = ladder::classify(&parts.headers, &rpc, listed).map_err(|e| (e, rpc.id))?;
     let Some(id) = rpc.id else {
         // 2026 defines no client notifications over HTTP; 2025's (initialized, cancelled)
         // mean nothing to a stateless front.
@@ -97,5 +101,6 @@ pub(crate) fn admit<'a>(
         id,
         rpc,
         era,
+        listed,
     }))
 }

@@ -1,10 +1,11 @@
 //! The MCP wire, and nothing else: protocol versions and the per-request envelope keys, the
-//! routing headers, reading a client message, raw JSON maps, SSE framing, and rewriting a
+//! method catalogue, the routing headers, reading a client message, raw JSON maps, SSE framing, and rewriting a
 //! result for the client's era. No I/O, no policy.
 
 pub(crate) mod era;
 pub(crate) mod headers;
 pub(crate) mod message;
+pub(crate) mod method;
 pub(crate) mod raw;
 pub(crate) mod rewrite;
 pub(crate) mod sse;

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use super::era::Era;
+use super::method::{self, Method, Shape};
 use super::raw::{as_str, is_object, null, open, raw, RawMap};
 use super::version::META_SERVER_INFO;
 use crate::error::code;
@@ -75,7 +76,8 @@ enum Outcome {
 /// no answer at all: whoever learns it calls [`ResultPlan::fail`]), and nothing when the
 /// client abandoned the request or the sidecar refused it before sending it.
 pub(crate) struct ResultPlan {
-    method: String,
+    /// The request's catalogue entry: its result's shape per era.
+    method: Option<Method>,
     /// The client's era: a 2026 client gets `resultType`, serverInfo and cache hints; a
     /// 2025 client gets 2025 shapes.
     client_era: Era,
@@ -107,16 +109,19 @@ impl Drop for ResultPlan {
         }
         if let Some(hook) = self.hook.as_mut() {
             DROPPED_UNREPORTED.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(method = %self.method, "a request's plan ended without an outcome; reported as failed");
+            tracing::debug!(
+                method = method::label(self.method),
+                "a request's plan ended without an outcome; reported as failed"
+            );
             hook.failed();
         }
     }
 }
 
 impl ResultPlan {
-    pub(crate) fn new(method: &str, client_era: Era, abandoned: Abandoned) -> Self {
+    pub(crate) fn new(method: Option<Method>, client_era: Era, abandoned: Abandoned) -> Self {
         ResultPlan {
-            method: method.to_owned(),
+            method,
             client_era,
             server_info: None,
             force_server_info: false,
@@ -216,7 +221,7 @@ impl ResultPlan {
         }
         match self.client_era {
             Era::Modern => changed |= self.to_modern(&mut result),
-            Era::Legacy => match to_legacy(&self.method, &mut result) {
+            Era::Legacy => match to_legacy(self.method, &mut result) {
                 Ok(c) => changed |= c,
                 Err(message) => {
                     // A result a 2025-era client cannot take becomes an error it can read.
@@ -288,7 +293,7 @@ fn wrap_as_result(v: &RawValue) -> Box<RawValue> {
 /// 2026 shapes to 2025 ones: no `resultType` or cache hints, object-only `structuredContent`
 /// and `outputSchema` (a non-object value is wrapped as `{"result": …}`, as the TypeScript SDK
 /// does). An `input_required` result cannot be expressed and is an error.
-fn to_legacy(method: &str, result: &mut RawMap) -> Result<bool, String> {
+fn to_legacy(method: Option<Method>, result: &mut RawMap) -> Result<bool, String> {
     let mut changed = false;
     if let Some(rt) = result.shift_remove("resultType") {
         changed = true;
@@ -312,8 +317,8 @@ fn to_legacy(method: &str, result: &mut RawMap) -> Result<bool, String> {
             changed = true;
         }
     }
-    match method {
-        "tools/call" => {
+    match method.map_or(Shape::Common, |m| m.entry().shape) {
+        Shape::ToolResult => {
             if let Some(sc) = result.get_mut("structuredContent") {
                 if !is_object(sc) {
                     *sc = wrap_as_result(sc);
@@ -321,7 +326,7 @@ fn to_legacy(method: &str, result: &mut RawMap) -> Result<bool, String> {
                 }
             }
         }
-        "tools/list" => {
+        Shape::ToolList => {
             let Some(mut tools) = result
                 .get("tools")
                 .and_then(|t| serde_json::from_str::<Vec<Box<RawValue>>>(t.get()).ok())
@@ -359,7 +364,7 @@ fn to_legacy(method: &str, result: &mut RawMap) -> Result<bool, String> {
                 changed = true;
             }
         }
-        _ => {}
+        Shape::Common | Shape::NoResult => {}
     }
     Ok(changed)
 }
@@ -391,7 +396,7 @@ mod tests {
     }
 
     fn new_plan(method: &str, era: Era) -> ResultPlan {
-        ResultPlan::new(method, era, Abandoned::default())
+        ResultPlan::new(Method::from_wire(method), era, Abandoned::default())
     }
 
     struct Count(std::sync::Arc<std::sync::Mutex<(u32, u32)>>);

@@ -486,7 +486,7 @@ mod tests {
             b"event: message\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{}}\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\"id\":1,\"result\":{}}\n\n",
         ));
         let plan = ResultPlan::new(
-            "tools/call",
+            Some(crate::mcp::method::Method::ToolsCall),
             crate::mcp::era::Era::Modern,
             Abandoned::default(),
         );

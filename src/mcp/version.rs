@@ -31,27 +31,3 @@ pub(crate) fn is_legacy(version: &str) -> bool {
 pub(crate) fn is_modern_supported(version: &str) -> bool {
     MODERN_VERSIONS.contains(&version)
 }
-
-/// Methods 2026-07-28 removed; a modern client asking for one gets 404 / -32601.
-pub(crate) const REMOVED_IN_MODERN: [&str; 6] = [
-    "initialize",
-    "ping",
-    "logging/setLevel",
-    "resources/subscribe",
-    "resources/unsubscribe",
-    "notifications/roots/list_changed",
-];
-
-/// Results that carry `ttlMs` and `cacheScope` in 2026-07-28.
-pub(crate) const CACHEABLE: [&str; 6] = [
-    "server/discover",
-    "tools/list",
-    "prompts/list",
-    "resources/list",
-    "resources/templates/list",
-    "resources/read",
-];
-
-pub(crate) fn is_cacheable(method: &str) -> bool {
-    CACHEABLE.contains(&method)
-}

@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use crate::body::{self, Body};
 use crate::error::Error;
 use crate::mcp::era::Era;
+use crate::mcp::method::Method;
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::{Abandoned, ResultPlan};
 
@@ -19,6 +20,8 @@ use crate::mcp::rewrite::{Abandoned, ResultPlan};
 pub(crate) struct RequestContext<'a> {
     pub(crate) id: &'a RawValue,
     pub(crate) method: &'a str,
+    /// Its catalogue entry; `None` for a method the sidecar does not know.
+    pub(crate) listed: Option<Method>,
     /// The client's era: the answer goes back in it.
     pub(crate) era: Era,
     /// What the answer passes through (hook, identity, cache hints).
@@ -31,6 +34,7 @@ impl<'a> RequestContext<'a> {
     pub(crate) fn new(
         id: &'a RawValue,
         method: &'a str,
+        listed: Option<Method>,
         era: Era,
         abandoned: Abandoned,
         cut: watch::Receiver<bool>,
@@ -38,8 +42,9 @@ impl<'a> RequestContext<'a> {
         RequestContext {
             id,
             method,
+            listed,
             era,
-            plan: ResultPlan::new(method, era, abandoned),
+            plan: ResultPlan::new(listed, era, abandoned),
             cut,
         }
     }

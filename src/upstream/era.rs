@@ -19,6 +19,7 @@ use super::translate::{discover_from_init, set_modern_headers, sidecar_info};
 use crate::config::UpstreamProtocol;
 use crate::error::{code, Error, ErrorKind};
 use crate::mcp::era::Era;
+use crate::mcp::method::Method;
 use crate::mcp::version::{self, MODERN};
 
 /// How long an era verdict is trusted before the next request checks it again (an upstream
@@ -168,7 +169,7 @@ impl EraResolver {
                 json!({
                     "jsonrpc": "2.0",
                     "id": link.next_id("discover"),
-                    "method": "server/discover",
+                    "method": Method::ServerDiscover.wire(),
                     "params": {"_meta": {
                         version::META_PROTOCOL_VERSION: MODERN,
                         version::META_CLIENT_CAPABILITIES: {},
@@ -179,7 +180,7 @@ impl EraResolver {
             )
         });
         let mut headers = link.base_headers(client);
-        set_modern_headers(&mut headers, "server/discover", None);
+        set_modern_headers(&mut headers, Method::ServerDiscover.wire(), None);
         let answer = link.exchange(&client.caller, headers, body).await?;
         if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
             self.decide(Era::Modern);

@@ -49,7 +49,8 @@ use crate::budget::MemoryBudget;
 use crate::config::{Config, UpstreamTransport};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
-use crate::metrics::{method_label, LimitKind, MethodLabels, Metrics};
+use crate::mcp::method::{self, Method};
+use crate::metrics::{LimitKind, MethodLabels, Metrics};
 
 /// The longest shutdown waits for the upstream to close the 2025-era sessions.
 const SESSION_CLOSE_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(5);
@@ -303,7 +304,7 @@ impl Upstream {
                 return in_band.ok_or(e);
             }
         };
-        if ctx.method == "subscriptions/listen" {
+        if ctx.listed.is_some_and(|m| m.entry().streams) {
             return Ok(answer::stream_back(sent.response));
         }
         if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
@@ -400,7 +401,7 @@ impl Upstream {
         self.metrics
             .upstream_seconds
             .get_or_create(&MethodLabels {
-                method: method_label(method),
+                method: method::label(Method::from_wire(method)),
             })
             .observe(started.elapsed().as_secs_f64());
         self.metrics
@@ -418,13 +419,13 @@ impl Upstream {
             if let Some(c) = cursor.take() {
                 params["cursor"] = c;
             }
-            let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": "tools/list", "params": params});
+            let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": Method::ToolsList.wire(), "params": params});
             let Ok(sent) = self
                 .send_with_retry(
                     client,
                     None,
                     &Bytes::from(body.to_string()),
-                    "tools/list",
+                    Method::ToolsList.wire(),
                     Era::Legacy,
                 )
                 .await

@@ -12,6 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{json, Value};
 
 use crate::mcp::headers;
+use crate::mcp::method::Method;
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::version::{self, MODERN};
 
@@ -62,11 +63,7 @@ pub(crate) fn to_modern(bytes: &Bytes, method: &str) -> (Bytes, Option<String>) 
             None => return (bytes.clone(), None),
         },
     };
-    let name_key = match method {
-        "tools/call" | "prompts/get" => Some("name"),
-        "resources/read" => Some("uri"),
-        _ => None,
-    };
+    let name_key = Method::from_wire(method).and_then(Method::name_key);
     let name = name_key
         .and_then(|k| params.get(k))
         .and_then(|v| raw::as_str(v))
