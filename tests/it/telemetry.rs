@@ -705,7 +705,7 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
         .await;
         assert!(ended, "{fault:?}: the batch never ended");
         assert_eq!(
-            metric(&sc, "epode_sidecar_telemetry_retries_total").await,
+            metric(sc, "epode_sidecar_telemetry_retries_total").await,
             0,
             "{fault:?} was retried"
         );
@@ -715,12 +715,12 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
             "{fault:?} was retried"
         );
         let dropped = metric(
-            &sc,
+            sc,
             "epode_sidecar_telemetry_dropped_total{reason=\"epode_dropped\"}",
         )
         .await
             + metric(
-                &sc,
+                sc,
                 "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}",
             )
             .await;
@@ -833,6 +833,7 @@ async fn epode_down_never_delays_product_calls() {
                 let _ = resp.bytes().await.unwrap();
                 lat.push(t.elapsed());
                 i += 1;
+                // The scenario: a steady client, a call every few milliseconds.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             lat
