@@ -1776,8 +1776,12 @@ async fn batches_cost_time_and_wait_for_a_place() {
             })
         })
         .collect();
-    // Nothing is stored before a batch's cost has passed.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Nothing is stored before a batch's cost has passed: not once two batches are held.
+    let held = crate::support::eventually_async(Duration::from_secs(10), || {
+        std::future::ready(fake.max_batches_processing() == 2)
+    })
+    .await;
+    assert!(held, "the batches were never processed");
     assert_eq!(fake.events().len(), 0);
     for request in requests {
         assert_eq!(request.await.expect("join").status, 202);

@@ -678,18 +678,37 @@ async fn unknown_tools_are_not_product_operations() {
     // A listed tool is still a product operation, and it is the only event.
     let echo = call_raw(&sc, "echo", json!({"text": "x"})).await;
     assert!(agent_feedback(&echo).is_some(), "{echo}");
-    let events = epode.wait_for_events(1, std::time::Duration::from_secs(10));
-    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
-    let events = if events.len() == 1 {
-        epode.events()
-    } else {
-        events
-    };
+    // `echo` began after both unknown calls were answered: once its event is at Epode and
+    // the sidecar has nothing queued or in delivery, an event of theirs would be at Epode too,
+    // or at least counted as enqueued.
+    let settled = eventually_async(std::time::Duration::from_secs(10), || async {
+        epode.events().iter().any(|e| e["operation"] == "echo")
+            && metric(&sc, "epode_sidecar_telemetry_queue_depth").await == 0
+    })
+    .await;
+    let events = epode.events();
+    assert!(settled, "the echo event was not delivered: {events:?}");
     let ops: Vec<&str> = events
         .iter()
         .filter_map(|e| e["operation"].as_str())
         .collect();
     assert_eq!(ops, ["echo"], "{events:?}");
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_enqueued_total").await,
+        1
+    );
+}
+
+async fn metric(sc: &Sidecar, name: &str) -> u64 {
+    let text = http()
+        .get(format!("{}/metrics", sc.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metric_value(&text, name)
 }
 
 /// Handles the sidecar did not sign, or that expired, or that are malformed or huge, are

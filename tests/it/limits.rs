@@ -40,6 +40,40 @@ async fn normal_request_within_a_second(client: &reqwest::Client, sc: &Sidecar) 
     );
 }
 
+/// Whether the peer has closed or reset `s` by now; nothing is read from it.
+fn peer_closed(s: &TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let closed = match s.peek(&mut [0u8; 1]) {
+        Ok(n) => n == 0,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).unwrap();
+    closed
+}
+
+/// Bytes sent to `port` on loopback that its listener's process has not read yet: what waits
+/// in its sockets' receive queues and in the clients' send queues (`/proc/net/tcp`).
+fn unread_bytes(port: u16) -> u64 {
+    let port = format!(":{port:04X}");
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (tx, rx) = f.get(4)?.split_once(':')?;
+            let queued = |q: &str| u64::from_str_radix(q, 16).unwrap_or(0);
+            if f[1].ends_with(&port) {
+                Some(queued(rx))
+            } else if f[2].ends_with(&port) {
+                Some(queued(tx))
+            } else {
+                None
+            }
+        })
+        .sum()
+}
+
 /// A client whose connection is opened (and kept) before an attack starts.
 async fn warm_client(sc: &Sidecar) -> reqwest::Client {
     let client = reqwest::Client::builder()
@@ -72,7 +106,14 @@ async fn silent_connections_past_the_descriptor_limit() {
     let mut silent: Vec<TcpStream> = (0..400)
         .filter_map(|_| TcpStream::connect(sc.addr).ok())
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Once the sidecar has taken every one: it accepts in order, and the last, past the cap,
+    // is reset at once.
+    let last = silent.last().expect("no silent connection");
+    let taken = eventually_async(Duration::from_secs(30), || {
+        std::future::ready(peer_closed(last))
+    })
+    .await;
+    assert!(taken, "the last silent connection was never reset");
     normal_request_within_a_second(&client, &sc).await;
     let rss = rss_kib(sc.pid());
     assert!(rss < 64 * 1024, "RSS {rss} KiB");
@@ -203,8 +244,10 @@ async fn held_bodies_stay_within_the_budget() {
     );
     let client = warm_client(&sc).await;
     let addr = sc.addr;
+    let sent = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let attackers: Vec<_> = (0..60)
         .map(|_| {
+            let done = sent.clone();
             std::thread::spawn(move || {
                 let mut s = TcpStream::connect(addr).unwrap();
                 let len = 4 * 1024 * 1024;
@@ -218,12 +261,22 @@ async fn held_bodies_stay_within_the_budget() {
                     }
                     sent += chunk.len();
                 }
+                done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 let (_, got) = closed_within(&mut s, Duration::from_secs(6));
                 String::from_utf8_lossy(&got).lines().next().unwrap_or_default().to_owned()
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // The peak: once every attacker has sent its body or been refused, and the sidecar has
+    // read every byte sent to it (none waits in a socket queue).
+    let port = sc.addr.port();
+    let all_in = eventually_async(Duration::from_secs(30), || {
+        std::future::ready(
+            sent.load(std::sync::atomic::Ordering::SeqCst) == 60 && unread_bytes(port) == 0,
+        )
+    })
+    .await;
+    assert!(all_in, "the attackers' bodies were never all read");
     let peak = rss_kib(sc.pid());
     normal_request_within_a_second(&client, &sc).await;
     let statuses: Vec<String> = tokio::task::spawn_blocking(move || {
@@ -411,6 +464,7 @@ async fn huge_answers_are_capped_and_their_sum_budgeted() {
             })
         })
         .collect();
+    // The scenario: the resident size sampled while the 16 answers stream, for about 1 s.
     let mut peak = 0;
     for _ in 0..10 {
         peak = peak.max(rss_kib(sc.pid()));

@@ -387,12 +387,23 @@ async fn readyz_is_503_while_a_stdio_server_crashes_at_start() {
         line.contains("ModuleNotFoundError") && line.contains("check the command"),
         "{line}"
     );
-    let mut last = Value::Null;
-    for _ in 0..5 {
+    // Not ready at any look while the child crashes, until it has been restarted (and has
+    // failed again) twice more.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last;
+    loop {
         let (status, v) = admin_readyz(&sc).await;
         assert_eq!(status, 503, "{v}");
         last = v;
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        seen.extend(sc.logs());
+        if seen.iter().filter(|l| l.contains("exits at start")).count() >= 3 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child was not restarted twice: {seen:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
     let reason = last["reason"].as_str().unwrap();
     assert!(

@@ -73,6 +73,7 @@ async fn a_client_over_its_limit_gets_429_with_retry_after() {
             .contains("rate limit"),
         "{v}"
     );
+    // The scenario: the client waits as long as Retry-After said (the bucket refills).
     tokio::time::sleep(Duration::from_secs(wait)).await;
     assert_eq!(
         list(&sc, None).await.status(),

@@ -125,6 +125,21 @@ async fn round(client: &reqwest::Client, sc: &str, i: u64) -> u64 {
     7
 }
 
+/// Waits until nothing is left of a load: no request in flight, no telemetry queued or in
+/// delivery, no client connection but the one asking. Whether that happened within 30 s.
+async fn drained(sc: &Sidecar) -> bool {
+    eventually_async(Duration::from_secs(30), || async {
+        let Ok(resp) = http().get(format!("{}/metrics", sc.base())).send().await else {
+            return false;
+        };
+        let text = resp.text().await.unwrap_or_default();
+        metric_value(&text, "epode_sidecar_in_flight_requests") == 0
+            && metric_value(&text, "epode_sidecar_telemetry_queue_depth") == 0
+            && metric_value(&text, "epode_sidecar_open_connections") <= 1
+    })
+    .await
+}
+
 #[tokio::test]
 async fn soak_through_every_path() {
     let secs: u64 = std::env::var("EPODE_SOAK_SECS")
@@ -148,7 +163,8 @@ async fn soak_through_every_path() {
     for i in 0..20 {
         round(&client, &url, i).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(client);
+    assert!(drained(&sc).await, "the warm-up never drained");
     let (rss0, fds0) = (rss_kib(sc.pid()), open_fds(sc.pid()));
     let started = Instant::now();
     let deadline = started + Duration::from_secs(secs);
@@ -167,6 +183,7 @@ async fn soak_through_every_path() {
         })
         .collect();
     while Instant::now() < deadline {
+        // The scenario: a sample every `every` while the load runs.
         tokio::time::sleep(every.min(deadline - Instant::now())).await;
         samples.push((
             started.elapsed().as_secs(),
@@ -177,7 +194,7 @@ async fn soak_through_every_path() {
     for w in workers {
         w.await.expect("a soak worker failed");
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(drained(&sc).await, "the load never drained");
     let (rss1, fds1) = (rss_kib(sc.pid()), open_fds(sc.pid()));
     // Flat from the first sample under load (pools and caches are warm by then) to the end.
     let (_, rss_warm, fds_warm) = samples.first().copied().unwrap_or((0, rss0, fds0));

@@ -389,6 +389,8 @@ async fn stderr_is_logged_line_by_line_at_a_bounded_rate() {
         &[],
     );
     assert_eq!(shouted["result"]["content"][0]["text"], "shouted 200");
+    // The scenario: the rate's window refills (5/s), so the next line is logged and carries
+    // the count of those that were not.
     std::thread::sleep(Duration::from_millis(1200));
     ts_call(&sc.url(), "pin", Some(("shout", &json!({"lines": 1}))), &[]);
     let mut logs = Vec::new();
@@ -962,6 +964,7 @@ for line in sys.stdin:
         print(json.dumps({"jsonrpc": "2.0", "id": m["id"], "result": {"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "0"}}}), flush=True)
     elif m["method"] == "tools/call" and m["params"]["name"] == "hold":
         held = m["id"]
+        print("holding the first request", file=sys.stderr, flush=True)
     elif m["method"] == "tools/call":
         pad = "x" * 200000
         text = json.dumps({"jsonrpc": "2.0", "result": {"content": [{"id": held, "type": "text", "text": pad}]}, "id": m["id"]})
@@ -981,7 +984,14 @@ for line in sys.stdin:
     let call = |id: u64, name: &str| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": {}}});
     let hold = call(1, "hold");
     let (held, big) = tokio::join!(post_as(&sc, Some("victim"), &hold), async {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Once the child holds the first request (it says so on stderr, which is logged).
+        let mut seen = Vec::new();
+        let holding = eventually_async(Duration::from_secs(10), || {
+            seen.extend(sc.logs());
+            std::future::ready(seen.iter().any(|l| l.contains("holding the first request")))
+        })
+        .await;
+        assert!(holding, "the child never got the first request: {seen:?}");
         post_as(&sc, Some("other"), &call(2, "big")).await
     });
     assert_eq!(big.status(), 502);

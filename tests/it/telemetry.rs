@@ -87,6 +87,18 @@ async fn wait_events(epode: &FakeEpode, n: usize, within: Duration) -> Vec<Value
     epode.events()
 }
 
+/// Waits until an event of the interaction `last` is at Epode and the sidecar has nothing
+/// queued or in delivery (`queue_depth` falls only once a batch is delivered, dropped or
+/// given up): every event enqueued before `last`'s is then at Epode or counted. Whether that
+/// happened within 10 s.
+async fn settled_after(sc: &Sidecar, epode: &FakeEpode, last: &str) -> bool {
+    eventually_async(Duration::from_secs(10), move || async move {
+        epode.events().iter().any(|e| e["interactionId"] == last)
+            && metric(sc, "epode_sidecar_telemetry_queue_depth").await == 0
+    })
+    .await
+}
+
 async fn metric(sc: &Sidecar, name: &str) -> u64 {
     let text = http()
         .get(format!("{}/metrics", sc.base()))
@@ -125,17 +137,27 @@ async fn one_exact_event_per_completed_product_call() {
     .await;
     assert_eq!(resp.status(), 200);
 
-    let events = wait_events(&epode, 2, Duration::from_secs(5)).await;
-    tokio::time::sleep(Duration::from_millis(800)).await;
-    let events = if events.len() < epode.events().len() {
+    // A later product call: once its event is at Epode and nothing is queued or in delivery,
+    // an event of the `input_required` call or of the feedback tool (both answered before it
+    // began) would be at Epode too, or at least counted as enqueued.
+    let later = call(&c, &sc, "work", 5).await;
+    let later = epode.verify(&handle_of(&later)).unwrap().i.to_string();
+    assert!(
+        settled_after(&sc, &epode, &later).await,
+        "the later call's event was not delivered: {:?}",
         epode.events()
-    } else {
-        events
-    };
+    );
+    let mut events = epode.events();
+    events.retain(|e| e["interactionId"] != later.as_str());
     assert_eq!(
         events.len(),
         2,
         "one event per completed product call: {events:?}"
+    );
+    assert_eq!(
+        metric(&sc, "epode_sidecar_telemetry_enqueued_total").await,
+        3,
+        "events enqueued: the two above and the later call's"
     );
     let claims = epode.verify(&handle_of(&ok)).unwrap();
     let e = &events[0];
@@ -654,7 +676,7 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
         let up = work_upstream();
         let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
         epode.inject(Endpoint::Telemetry, fault.clone());
-        // A retry would come 50 ms after the answer; 500 ms without one shows there is none.
+        // A retry would come 50 ms after the answer, before the batch leaves the queue.
         let sc = sidecar(
             &up,
             &epode,
@@ -664,19 +686,41 @@ async fn reported_drops_and_malformed_receipts_are_not_retried() {
             ],
         );
         call(&http(), &sc, "work", 1).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The batch's end: counted as dropped and out of the queue (`queue_depth` falls only
+        // after the last attempt, so a retry, 50 ms later, would come before it).
+        let sc = &sc;
+        let ended = eventually_async(Duration::from_secs(10), move || async move {
+            let dropped = metric(
+                sc,
+                "epode_sidecar_telemetry_dropped_total{reason=\"epode_dropped\"}",
+            )
+            .await
+                + metric(
+                    sc,
+                    "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}",
+                )
+                .await;
+            dropped > 0 && metric(sc, "epode_sidecar_telemetry_queue_depth").await == 0
+        })
+        .await;
+        assert!(ended, "{fault:?}: the batch never ended");
+        assert_eq!(
+            metric(sc, "epode_sidecar_telemetry_retries_total").await,
+            0,
+            "{fault:?} was retried"
+        );
         assert_eq!(
             epode.request_count(Endpoint::Telemetry),
             1,
             "{fault:?} was retried"
         );
         let dropped = metric(
-            &sc,
+            sc,
             "epode_sidecar_telemetry_dropped_total{reason=\"epode_dropped\"}",
         )
         .await
             + metric(
-                &sc,
+                sc,
                 "epode_sidecar_telemetry_dropped_total{reason=\"rejected\"}",
             )
             .await;
@@ -789,6 +833,7 @@ async fn epode_down_never_delays_product_calls() {
                 let _ = resp.bytes().await.unwrap();
                 lat.push(t.elapsed());
                 i += 1;
+                // The scenario: a steady client, a call every few milliseconds.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             lat
