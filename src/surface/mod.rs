@@ -323,7 +323,22 @@ impl HttpSurfaceRoute {
         method: &Method,
         head: &mut http::response::Parts,
     ) -> Result<Candidate, Skip> {
-        let candidate = rules::on_head(
+        let candidate = self.on_head(method, path, head);
+        if candidate == Err(Skip::Head) {
+            self.as_get_would_be(path, head);
+        }
+        candidate
+    }
+
+    /// The decision on the answer's head for a request of `method` (`rules::on_head` with the
+    /// surface's settings).
+    fn on_head(
+        &self,
+        method: &Method,
+        path: &str,
+        head: &http::response::Parts,
+    ) -> Result<Candidate, Skip> {
+        rules::on_head(
             method,
             path,
             &self.paths,
@@ -331,11 +346,7 @@ impl HttpSurfaceRoute {
             &head.headers,
             self.cache,
             self.max_body,
-        );
-        if candidate == Err(Skip::Head) {
-            self.as_get_would_be(path, head);
-        }
-        candidate
+        )
     }
 
     /// A HEAD answer gets the header fields a GET of the same route would (RFC 9110 §9.3.2):
@@ -343,16 +354,7 @@ impl HttpSurfaceRoute {
     /// the app's `Content-Length`, which the envelope would change (a HEAD may leave out a
     /// field known only once the content is made). No handle is minted: HEAD is no interaction.
     fn as_get_would_be(&self, path: &str, head: &mut http::response::Parts) {
-        let get = rules::on_head(
-            &Method::GET,
-            path,
-            &self.paths,
-            head.status,
-            &head.headers,
-            self.cache,
-            self.max_body,
-        );
-        if get.is_ok() {
+        if self.on_head(&Method::GET, path, head).is_ok() {
             made_private(&mut head.headers);
             for name in VALIDATORS {
                 head.headers.remove(name);

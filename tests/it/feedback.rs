@@ -699,18 +699,6 @@ async fn unknown_tools_are_not_product_operations() {
     );
 }
 
-async fn metric(sc: &Sidecar, name: &str) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", sc.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    metric_value(&text, name)
-}
-
 /// Handles the sidecar did not sign, or that expired, or that are malformed or huge, are
 /// refused locally and never reach Epode: not retryable, and the agent is told to use a newer
 /// product result's handle.

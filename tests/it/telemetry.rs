@@ -99,18 +99,6 @@ async fn settled_after(sc: &Sidecar, epode: &FakeEpode, last: &str) -> bool {
     .await
 }
 
-async fn metric(sc: &Sidecar, name: &str) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", sc.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    metric_value(&text, name)
-}
-
 #[tokio::test]
 async fn one_exact_event_per_completed_product_call() {
     let up = work_upstream();

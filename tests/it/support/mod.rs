@@ -293,6 +293,19 @@ where
     }
 }
 
+/// The value of the metric `name` (with its labels) on the sidecar's `/metrics` on its MCP port.
+pub async fn metric(sc: &Sidecar, name: &str) -> u64 {
+    let text = http()
+        .get(format!("{}/metrics", sc.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    metric_value(&text, name)
+}
+
 /// The value of the metric line that starts with `name` (a name with its labels) in a
 /// Prometheus text exposition, as an integer.
 pub fn metric_value(text: &str, name: &str) -> u64 {
