@@ -3,13 +3,18 @@
 `use crate::` (or names as `crate::x` anywhere, tests included), then any cycle among them.
 Exits 1 when there is a cycle. docs/architecture.md's module map is generated from this.
 
-    python3 scripts/module-graph.py [SRC]     # SRC: another tree's src/ (default: this one)
+    python3 scripts/module-graph.py [SRC]          # SRC: another tree's src/ (default: this one)
+    python3 scripts/module-graph.py --files [SRC]  # the same between files (`use crate::`,
+                                                   # `super::`, `self::` resolved to the file
+                                                   # that defines the module; tests left out)
 """
 import pathlib
 import re
 import sys
 
-SRC = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else pathlib.Path(__file__).resolve().parent.parent / "src"
+ARGS = [a for a in sys.argv[1:] if a != "--files"]
+BY_FILE = "--files" in sys.argv[1:]
+SRC = pathlib.Path(ARGS[0]) if ARGS else pathlib.Path(__file__).resolve().parent.parent / "src"
 NAME = re.compile(r"crate::([a-z_]+)")
 GROUP = re.compile(r"crate::\{([^}]*)\}")
 
@@ -23,8 +28,55 @@ def imports(path):
     return found
 
 
-modules = {p.stem if p.is_file() else p.name: p for p in SRC.iterdir() if p.suffix == ".rs" or p.is_dir()}
-graph = {m: sorted(imports(p) - {m}) for m, p in sorted(modules.items())}
+PATH = re.compile(r"\b(?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+")
+PATH_GROUP = re.compile(r"\b(crate|super|self)((?:::[a-z_][a-z0-9_]*)*)::\{([^}]*)\}")
+
+
+def file_graph():
+    """Each file's module path (`upstream/stdio` for upstream/stdio/mod.rs) and the files whose
+    items it uses; a unit-test module at the end of a file is left out."""
+    files = {}
+    for f in SRC.rglob("*.rs"):
+        parts = list(f.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "mod":
+            parts.pop()
+        if parts not in (["lib"], ["main"]):
+            files[tuple(parts)] = f
+
+    def resolve(at, segs):
+        if segs[0] == "crate":
+            base, rest = (), segs[1:]
+        elif segs[0] == "self":
+            base, rest = at, segs[1:]
+        else:
+            base, rest = at, segs
+            while rest and rest[0] == "super":
+                base, rest = base[:-1], rest[1:]
+        found = base if base in files else None
+        for seg in rest:
+            base = base + (seg,)
+            if base not in files:
+                break
+            found = base
+        return found
+
+    out = {}
+    for at, f in files.items():
+        text = f.read_text().split("#[cfg(test)]\nmod tests")[0]
+        paths = [m.group(0).split("::") for m in PATH.finditer(text)]
+        for head, middle, items in PATH_GROUP.findall(text):
+            prefix = [head] + [s for s in middle.split("::") if s]
+            paths += [prefix + i.split(" as ")[0].strip().split("::") for i in items.split(",") if i.strip()]
+        deps = {resolve(at, p) for p in paths} - {None, at, ()}
+        out["/".join(at)] = sorted("/".join(d) for d in deps)
+    return dict(sorted(out.items()))
+
+
+if BY_FILE:
+    graph = file_graph()
+else:
+    modules = {p.stem if p.is_file() else p.name: p for p in SRC.iterdir() if p.suffix == ".rs" or p.is_dir()}
+    graph = {m: sorted(imports(p) - {m}) for m, p in sorted(modules.items())}
 for m, deps in graph.items():
     print(f"{m}: {' '.join(deps)}")
 
