@@ -63,6 +63,7 @@ def file_graph():
     out = {}
     for at, f in files.items():
         text = f.read_text().split("#[cfg(test)]\nmod tests")[0]
+        text = re.sub(r"//.*", "", text)  # doc links are no imports
         paths = [m.group(0).split("::") for m in PATH.finditer(text)]
         for head, middle, items in PATH_GROUP.findall(text):
             prefix = [head] + [s for s in middle.split("::") if s]
