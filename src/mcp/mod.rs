@@ -2,6 +2,7 @@
 //! method catalogue, the routing headers, reading a client message, raw JSON maps, SSE framing, and rewriting a
 //! result for the client's era. No I/O, no policy.
 
+pub(crate) mod end;
 pub(crate) mod era;
 pub(crate) mod headers;
 pub(crate) mod message;

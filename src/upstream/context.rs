@@ -11,10 +11,11 @@ use tokio::sync::watch;
 
 use crate::body::{self, Body};
 use crate::error::Error;
+use crate::mcp::end::Abandoned;
 use crate::mcp::era::Era;
 use crate::mcp::method::Method;
 use crate::mcp::raw::{self, raw};
-use crate::mcp::rewrite::{Abandoned, ResultPlan};
+use crate::mcp::rewrite::ResultPlan;
 
 /// One request on its way to its answer.
 pub(crate) struct RequestContext<'a> {
