@@ -157,16 +157,16 @@ impl Abandoned {
         self.0.gone.store(true, Ordering::Relaxed);
     }
 
-    fn hand_over(&self, left: Left) {
+    fn hand_over(&self, mut left: Left) {
+        if self.0.gone.load(Ordering::Relaxed) {
+            // No step runs after a client that is gone (its request's future is being
+            // dropped): its ending is told here, and is the one ending that records nothing.
+            left.hook.end(Ending::ClientGone);
+            return;
+        }
         let mut slot = self.0.left.lock().unwrap_or_else(|p| p.into_inner());
         debug_assert!(slot.is_none(), "one plan per request");
         *slot = Some(left);
-        drop(slot);
-        if self.0.gone.load(Ordering::Relaxed) {
-            // No step runs after a client that is gone: its ending, which records nothing,
-            // is taken here.
-            self.end_left();
-        }
     }
 
     /// The end-of-request step for an ending only a drop signalled: a plan dropped without

@@ -1,8 +1,8 @@
 //! The per-request context a request's answer is finished with: the request's id, its
-//! method, the client's era, the `ResultPlan` (the binding's hook, the client's abandonment
-//! flag), and the shutdown cut. The method table builds it; whoever answers (the table for a
-//! local result, `Upstream::forward` for the upstream's) consumes it, and reports a failure
-//! to the plan where the failure is known.
+//! method, the client's era, the `ResultPlan` (the binding's hook, the request's one end and
+//! its hand-over point), and the shutdown cut. The method table builds it; whoever answers
+//! (the table for a local result, `Upstream::forward` for the upstream's) consumes it, and
+//! reports a failure to the plan where the failure is known.
 
 use http::{Response, StatusCode};
 use serde_json::value::RawValue;
