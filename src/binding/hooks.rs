@@ -15,8 +15,8 @@ use crate::epode::telemetry::{self, McpCompletion, Outcome};
 use crate::feedback::envelope::{Case, Envelope};
 use crate::feedback::identity::{self, IdentityRefs};
 use crate::feedback::{placement, tools};
+use crate::mcp::end::{Ending, ResultHook};
 use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
-use crate::mcp::rewrite::ResultHook;
 use crate::metrics::DecorationLabels;
 use crate::observe::{Decorated, Note, Noted};
 
@@ -126,6 +126,8 @@ pub(super) struct CallHook {
     started: Instant,
     /// The request's note (interaction, `isError`), when someone observes.
     note: Option<Arc<Note>>,
+    /// The result's telemetry event, recorded by the request's end step.
+    answered: Option<McpCompletion>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -155,6 +157,7 @@ impl CallHook {
             header_refs,
             started: Instant::now(),
             note,
+            answered: None,
         }
     }
 
@@ -166,23 +169,23 @@ impl CallHook {
         self.binding.active.as_ref().filter(|_| observed)
     }
 
-    /// Enqueues the call's event. `refs` have had the mode's customerRef rule applied.
-    fn record(
+    /// The call's event, for the request's end step to record. `refs` have had the mode's
+    /// customerRef rule applied.
+    fn event(
         &self,
-        active: &Active,
         interaction_id: String,
         outcome: Outcome,
         refs: IdentityRefs,
         hint: Option<String>,
-    ) {
-        active.telemetry.record(McpCompletion {
+    ) -> McpCompletion {
+        McpCompletion {
             interaction_id,
             operation: self.tool.clone(),
             outcome: Some(outcome),
             duration: Some(self.started.elapsed()),
             refs,
             runtime_hint: hint,
-        });
+        }
     }
 
     /// Mints the call's handle and places the action its mode and consent state allow;
@@ -272,16 +275,25 @@ impl ResultHook for CallHook {
         if let Some(note) = &self.note {
             note.set(Noted::InteractionId(interaction_id.clone()));
         }
-        self.record(active, interaction_id, outcome, refs, hint);
+        self.answered = Some(self.event(interaction_id, outcome, refs, hint));
         changed
     }
 
-    fn failed(&mut self) {
-        if let Some(active) = self.observed() {
-            let id = uuid::Uuid::new_v4().hyphenated().to_string();
-            let mut refs = self.header_refs.clone();
-            refs.apply_customer_rule(self.binding.config.mode);
-            self.record(active, id, Outcome::Error, refs, None);
+    /// Records the call's one telemetry event: the result's, or a failure's; nothing for a
+    /// request never sent or whose client went away.
+    fn end(&mut self, ending: Ending) {
+        let event = match ending {
+            Ending::Answered => self.answered.take(),
+            ending if ending.failed() && self.observed().is_some() => {
+                let id = uuid::Uuid::new_v4().hyphenated().to_string();
+                let mut refs = self.header_refs.clone();
+                refs.apply_customer_rule(self.binding.config.mode);
+                Some(self.event(id, Outcome::Error, refs, None))
+            }
+            _ => None,
+        };
+        if let (Some(event), Some(active)) = (event, self.observed()) {
+            active.telemetry.record(event);
         }
     }
 }

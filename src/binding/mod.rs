@@ -29,8 +29,8 @@ use crate::feedback::identity::IdentityRefs;
 use crate::feedback::tools::{self, Decision, EpodeFailure, FeedbackTools};
 use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
 use crate::log_summary::LogSummary;
+use crate::mcp::end::ResultHook;
 use crate::mcp::raw::raw;
-use crate::mcp::rewrite::ResultHook;
 use crate::metrics::{FeedbackCallLabels, FeedbackOutcome, Metrics};
 use crate::observe::{FeedbackTool, Note, Noted, Observer, Refused};
 

@@ -21,8 +21,8 @@ use crate::error::{Error, ErrorKind, Level};
 use crate::frontdoor;
 use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
+use crate::mcp::end::Abandoned;
 use crate::mcp::method::{self, Method};
-use crate::mcp::rewrite::Abandoned;
 use crate::metrics::{HeadRefusal, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::observe::{McpServed, Millis, Note, Observer, ACCESS_TARGET};
 use crate::upstream::{Client, Upstream};
@@ -125,7 +125,11 @@ impl Dispatcher {
             note: self.observer.as_ref().map(|_| Arc::new(Note::at_start())),
         };
         let cors = frontdoor::cors::allowed_origin(&self.table.config, req.headers());
-        let mut resp = self.serve(req, peer, abandoned, &mut seen).await;
+        let mut resp = self.serve(req, peer, abandoned.clone(), &mut seen).await;
+        // The request's end step for an ending only a drop signalled: a plan the shutdown
+        // cut (or a path that reported nothing) dropped unended ends here, recorded as a
+        // failure. A streamed answer's plan lives on in its body and ends with it.
+        abandoned.end_left();
         if let Some(origin) = cors {
             frontdoor::cors::allow(origin, resp.headers_mut());
         }

@@ -23,10 +23,10 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::frontdoor::Request;
 use crate::limits::{retry_after_secs, RateLimits};
+use crate::mcp::end::Abandoned;
 use crate::mcp::era::Era;
 use crate::mcp::method::{Answer, Method};
 use crate::mcp::raw::{self, raw};
-use crate::mcp::rewrite::Abandoned;
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::{LimitKind, Metrics};
 use crate::observe::Note;
@@ -102,7 +102,7 @@ impl MethodTable {
             Route::ToolCall => self.tool_call(req, client, ctx, note).await,
             Route::ToolList => {
                 let mut ctx = ctx;
-                ctx.plan.hook = self.binding.list_hook();
+                ctx.plan.set_hook(self.binding.list_hook());
                 self.forward(req, client, ctx).await
             }
             Route::Ping | Route::SetLevel | Route::Listen | Route::Forward => {
@@ -218,10 +218,11 @@ impl MethodTable {
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }
-        ctx.plan.hook = Some(
-            self.binding
-                .call_hook(&name, &req.parts.headers, note.cloned()),
-        );
+        ctx.plan.set_hook(Some(self.binding.call_hook(
+            &name,
+            &req.parts.headers,
+            note.cloned(),
+        )));
         self.forward(req, client, ctx).await
     }
 

@@ -1,7 +1,8 @@
 //! The MCP wire, and nothing else: protocol versions and the per-request envelope keys, the
-//! method catalogue, the routing headers, reading a client message, raw JSON maps, SSE framing, and rewriting a
-//! result for the client's era. No I/O, no policy.
+//! method catalogue, the routing headers, reading a client message, raw JSON maps, SSE framing, rewriting a
+//! result for the client's era, and the one end of every request. No I/O, no policy.
 
+pub(crate) mod end;
 pub(crate) mod era;
 pub(crate) mod headers;
 pub(crate) mod message;

@@ -2,44 +2,15 @@
 //! [`RawMap`]s, so every other value keeps its exact bytes), and the [`ResultPlan`] that
 //! carries a request's response through it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use super::end::{Abandoned, Ending, RequestEnd, ResultHook};
 use super::era::Era;
-use super::method::{self, Method, Shape};
+use super::method::{Method, Shape};
 use super::raw::{as_str, is_object, null, open, raw, RawMap};
 use super::version::META_SERVER_INFO;
 use crate::error::code;
-
-/// What a request's response passes through besides the era rewrite: the feedback binding's
-/// decoration and telemetry. Exactly one of `result` or `failed` is called for a request
-/// that completes; neither for one the client abandons.
-pub(crate) trait ResultHook: Send {
-    /// The complete result (before the era rewrite); returns whether it changed it.
-    fn result(&mut self, result: &mut RawMap) -> bool;
-    /// The request failed: a JSON-RPC error, an upstream error status, or no answer.
-    fn failed(&mut self) {}
-    /// A notification seen on the response stream (`notifications/tools/list_changed`, …).
-    fn notification(&mut self, _method: &str) {}
-}
-
-/// Set when the client went away before its answer was complete: the request's future or
-/// its response stream was dropped. A plan dropped after that reports nothing.
-#[derive(Clone, Default)]
-pub(crate) struct Abandoned(Arc<AtomicBool>);
-
-impl Abandoned {
-    pub(crate) fn set(&self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
-
-    fn is_set(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
-    }
-}
 
 /// The HTTP status 2026-07-28 gives a JSON-RPC error a 2025-era upstream answered with 200:
 /// 404 for an unknown method, 400 for the request-level codes; `None` to keep the status.
@@ -71,10 +42,11 @@ enum Outcome {
     Result(RawMap),
 }
 
-/// What to do to the response of one request. Its hook hears exactly one outcome: the result
-/// when one arrives, `failed` when the answer is an error (an error answer, an error status,
-/// no answer at all: whoever learns it calls [`ResultPlan::fail`]), and nothing when the
-/// client abandoned the request or the sidecar refused it before sending it.
+/// What to do to the response of one request, and the request's end ([`RequestEnd`]),
+/// told exactly once how it ended: answered when a result arrives, failed when the answer is
+/// an error (an error answer, an error status, no answer at all: whoever learns it calls
+/// [`ResultPlan::fail`]), not sent when the sidecar refused it before sending it; a plan
+/// dropped unended hands its end to the request's end step ([`Abandoned`]).
 pub(crate) struct ResultPlan {
     /// The request's catalogue entry: its result's shape per era.
     method: Option<Method>,
@@ -86,36 +58,7 @@ pub(crate) struct ResultPlan {
     pub(crate) force_server_info: bool,
     /// Defaults for `ttlMs` / `cacheScope` on cacheable methods (modern client).
     pub(crate) cache: Option<(u64, &'static str)>,
-    pub(crate) hook: Option<Box<dyn ResultHook>>,
-    settled: bool,
-    abandoned: Abandoned,
-}
-
-/// Plans dropped without an outcome although their client was still there: counted, and
-/// reported as failures, so no event is lost to a path that forgot to report (a request
-/// future dropped at the shutdown cut ends that way by design).
-static DROPPED_UNREPORTED: AtomicU64 = AtomicU64::new(0);
-
-/// How many plans ended without an explicit outcome (see [`DROPPED_UNREPORTED`]).
-#[cfg(test)]
-pub(crate) fn dropped_unreported() -> u64 {
-    DROPPED_UNREPORTED.load(Ordering::Relaxed)
-}
-
-impl Drop for ResultPlan {
-    fn drop(&mut self) {
-        if self.settled || self.abandoned.is_set() {
-            return;
-        }
-        if let Some(hook) = self.hook.as_mut() {
-            DROPPED_UNREPORTED.fetch_add(1, Ordering::Relaxed);
-            tracing::debug!(
-                method = method::label(self.method),
-                "a request's plan ended without an outcome; reported as failed"
-            );
-            hook.failed();
-        }
-    }
+    end: RequestEnd,
 }
 
 impl ResultPlan {
@@ -126,10 +69,13 @@ impl ResultPlan {
             server_info: None,
             force_server_info: false,
             cache: None,
-            hook: None,
-            settled: false,
-            abandoned,
+            end: RequestEnd::new(method, abandoned),
         }
+    }
+
+    /// What the response passes through (the binding's decoration and telemetry).
+    pub(crate) fn set_hook(&mut self, hook: Option<Box<dyn ResultHook>>) {
+        self.end.hook = hook;
     }
 
     /// The era the result is rewritten for.
@@ -137,27 +83,22 @@ impl ResultPlan {
         self.client_era
     }
 
-    /// The client went away: nothing is reported for this request.
+    /// The client went away: its end records nothing.
     pub(crate) fn abandon(&self) {
-        self.abandoned.set();
+        self.end.abandon();
     }
 
     /// The request was refused before anything was sent upstream (a limit of the sidecar's
-    /// own): it never became a product call, so nothing is reported, as for a request the
+    /// own): it never became a product call, so it ends recording nothing, as a request the
     /// front door refused.
     pub(crate) fn not_sent(&mut self) {
-        self.settled = true;
+        self.end.end(Ending::NotSent);
     }
 
-    /// The request failed (an error answer or status, no answer at all): the hook hears it,
-    /// once, unless it already heard an outcome.
+    /// The request failed (an error answer or status, no answer at all): it ends so, unless
+    /// it already ended.
     pub(crate) fn fail(&mut self) {
-        if !self.settled {
-            self.settled = true;
-            if let Some(hook) = self.hook.as_mut() {
-                hook.failed();
-            }
-        }
+        self.end.end(Ending::Failed);
     }
 
     /// Applies the plan to one JSON-RPC message of the response (notifications are only
@@ -201,9 +142,7 @@ impl ResultPlan {
 
     fn outcome(&mut self, msg: &mut RawMap) -> Outcome {
         if let Some(method) = msg.get("method").and_then(|m| as_str(m)) {
-            if let Some(hook) = self.hook.as_mut() {
-                hook.notification(&method);
-            }
+            self.end.notification(&method);
             return Outcome::Same;
         }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
@@ -213,11 +152,11 @@ impl ResultPlan {
             return Outcome::Same;
         };
         let mut changed = false;
-        if !self.settled {
-            self.settled = true;
-            if let Some(hook) = self.hook.as_mut() {
+        if self.end.ended().is_none() {
+            if let Some(hook) = self.end.open_hook() {
                 changed |= hook.result(&mut result);
             }
+            self.end.end(Ending::Answered);
         }
         match self.client_era {
             Era::Modern => changed |= self.to_modern(&mut result),
@@ -399,33 +338,47 @@ mod tests {
         ResultPlan::new(Method::from_wire(method), era, Abandoned::default())
     }
 
-    struct Count(std::sync::Arc<std::sync::Mutex<(u32, u32)>>);
+    /// What a hook heard: how many results, and each ending.
+    type Heard = std::sync::Arc<std::sync::Mutex<(u32, Vec<Ending>)>>;
+
+    struct Count(Heard);
 
     impl ResultHook for Count {
         fn result(&mut self, _: &mut RawMap) -> bool {
             self.0.lock().unwrap().0 += 1;
             false
         }
-        fn failed(&mut self) {
-            self.0.lock().unwrap().1 += 1;
+        fn end(&mut self, ending: Ending) {
+            self.0.lock().unwrap().1.push(ending);
         }
     }
 
-    fn counted(era: Era) -> (ResultPlan, std::sync::Arc<std::sync::Mutex<(u32, u32)>>) {
-        let seen = std::sync::Arc::new(std::sync::Mutex::new((0, 0)));
-        let mut p = new_plan("tools/call", era);
-        p.hook = Some(Box::new(Count(seen.clone())));
+    fn counted_with(era: Era, slot: Abandoned) -> (ResultPlan, Heard) {
+        let seen = Heard::default();
+        let mut p = ResultPlan::new(Method::from_wire("tools/call"), era, slot);
+        p.set_hook(Some(Box::new(Count(seen.clone()))));
         (p, seen)
     }
 
+    fn counted(era: Era) -> (ResultPlan, Heard) {
+        counted_with(era, Abandoned::default())
+    }
+
+    fn heard(seen: &Heard) -> (u32, Vec<Ending>) {
+        seen.lock().unwrap().clone()
+    }
+
     #[test]
-    fn the_hook_hears_exactly_one_outcome() {
-        // A result, then the plan dropped: the result only.
+    fn every_plan_ends_exactly_once() {
+        use Ending::*;
+        // A result, then more, then a failure found after it, then the plan dropped: the
+        // result, ended once as answered.
         let (mut p, seen) = counted(Era::Modern);
         apply(&mut p, &mut msg(r#"{"id":1,"result":{"content":[]}}"#));
         apply(&mut p, &mut msg(r#"{"id":1,"result":{"content":[]}}"#));
+        p.fail();
         drop(p);
-        assert_eq!(*seen.lock().unwrap(), (1, 0));
+        assert_eq!(heard(&seen), (1, vec![Answered]));
         // An error answer: failed once, even when dropped after.
         let (mut p, seen) = counted(Era::Modern);
         apply(
@@ -433,30 +386,52 @@ mod tests {
             &mut msg(r#"{"id":1,"error":{"code":-1,"message":"x"}}"#),
         );
         drop(p);
-        assert_eq!(*seen.lock().unwrap(), (0, 1));
+        assert_eq!(heard(&seen), (0, vec![Failed]));
         // No answer at all (an error status, an unreachable upstream): failed once, where
-        // that is known, and not again when dropped.
+        // that is known, and not again.
         let (mut p, seen) = counted(Era::Legacy);
         p.fail();
         p.fail();
         drop(p);
-        assert_eq!(*seen.lock().unwrap(), (0, 1));
-        // A plan dropped with no outcome at all is still reported (and counted).
-        let before = dropped_unreported();
-        let (p, seen) = counted(Era::Legacy);
-        drop(p);
-        assert_eq!(*seen.lock().unwrap(), (0, 1));
-        assert!(dropped_unreported() > before);
-        // Refused before it was sent: nothing.
+        assert_eq!(heard(&seen), (0, vec![Failed]));
+        // Refused before it was sent: ended as not sent.
         let (mut p, seen) = counted(Era::Modern);
         p.not_sent();
+        p.fail();
         drop(p);
-        assert_eq!(*seen.lock().unwrap(), (0, 0));
-        // The client went away: nothing.
-        let (p, seen) = counted(Era::Modern);
+        assert_eq!(heard(&seen), (0, vec![NotSent]));
+        // Dropped with no ending while the client is there (the shutdown cut): the drop
+        // ends nothing; the request's end step does, as unreported, once.
+        let slot = Abandoned::default();
+        let before = crate::mcp::end::unreported();
+        let (p, seen) = counted_with(Era::Legacy, slot.clone());
+        drop(p);
+        assert_eq!(heard(&seen), (0, vec![]), "no ending from the destructor");
+        slot.end_left();
+        slot.end_left();
+        assert_eq!(heard(&seen), (0, vec![Unreported]));
+        assert!(crate::mcp::end::unreported() > before);
+        // The client went away: ended as gone (which records nothing), once.
+        let slot = Abandoned::default();
+        let (p, seen) = counted_with(Era::Modern, slot.clone());
         p.abandon();
         drop(p);
-        assert_eq!(*seen.lock().unwrap(), (0, 0));
+        slot.end_left();
+        assert_eq!(heard(&seen), (0, vec![ClientGone]));
+        // The client gone after the plan was handed over: still gone, once.
+        let slot = Abandoned::default();
+        let (p, seen) = counted_with(Era::Modern, slot.clone());
+        drop(p);
+        slot.set();
+        slot.end_left();
+        assert_eq!(heard(&seen), (0, vec![ClientGone]));
+        // Ended explicitly, then dropped: the step has nothing left to end.
+        let slot = Abandoned::default();
+        let (mut p, seen) = counted_with(Era::Modern, slot.clone());
+        p.fail();
+        drop(p);
+        slot.end_left();
+        assert_eq!(heard(&seen), (0, vec![Failed]));
     }
 
     #[test]

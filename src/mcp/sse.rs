@@ -417,7 +417,7 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::rewrite::Abandoned;
+    use crate::mcp::end::Abandoned;
 
     fn split(chunks: &[&[u8]]) -> Vec<Bytes> {
         let mut s = EventSplitter::default();

@@ -43,7 +43,7 @@ use crate::error::{Error, ErrorKind};
 use crate::gate::Gate;
 use crate::limits::RateLimits;
 use crate::listener::{self, Admitted, Bounds, Role, Shares};
-use crate::mcp::rewrite::Abandoned;
+use crate::mcp::end::Abandoned;
 use crate::metrics::{self, Metrics};
 use crate::surface::{HttpSurfaceRoute, IDENTITY_HEADER};
 use crate::upstream::{NotReady, Upstream};

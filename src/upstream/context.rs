@@ -1,8 +1,8 @@
 //! The per-request context a request's answer is finished with: the request's id, its
-//! method, the client's era, the `ResultPlan` (the binding's hook, the client's abandonment
-//! flag), and the shutdown cut. The method table builds it; whoever answers (the table for a
-//! local result, `Upstream::forward` for the upstream's) consumes it, and reports a failure
-//! to the plan where the failure is known.
+//! method, the client's era, the `ResultPlan` (the binding's hook, the request's one end and
+//! its hand-over point), and the shutdown cut. The method table builds it; whoever answers
+//! (the table for a local result, `Upstream::forward` for the upstream's) consumes it, and
+//! reports a failure to the plan where the failure is known.
 
 use http::{Response, StatusCode};
 use serde_json::value::RawValue;
@@ -11,10 +11,11 @@ use tokio::sync::watch;
 
 use crate::body::{self, Body};
 use crate::error::Error;
+use crate::mcp::end::Abandoned;
 use crate::mcp::era::Era;
 use crate::mcp::method::Method;
 use crate::mcp::raw::{self, raw};
-use crate::mcp::rewrite::{Abandoned, ResultPlan};
+use crate::mcp::rewrite::ResultPlan;
 
 /// One request on its way to its answer.
 pub(crate) struct RequestContext<'a> {

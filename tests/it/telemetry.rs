@@ -1150,3 +1150,46 @@ async fn the_shutdown_line_accounts_for_every_event() {
         assert!(line.contains(figure), "{figure} missing: {line}");
     }
 }
+
+/// A product call still running when the grace period ends is cut (503 for the client) and
+/// is one failure event, delivered before exit: the request's future is dropped by the cut,
+/// and its end step, not a destructor, records the event.
+#[tokio::test]
+async fn a_call_cut_at_shutdown_is_one_failure_event() {
+    let up = ScriptedUpstream::new()
+        .on("tools/call", Reply::silent())
+        .otherwise(Reply::result(
+            json!({"tools": [{"name": "work", "inputSchema": {"type": "object"}}]}),
+        ))
+        .start();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let mut sc = sidecar(&up, &epode, &[("EPODE_SIDECAR_SHUTDOWN_GRACE", "300ms")]);
+    let url = sc.url();
+    let cut = tokio::spawn(async move {
+        let body = modern_body(
+            json!(1),
+            "tools/call",
+            json!({"name": "work", "arguments": {}}),
+        );
+        let resp = post_modern(&url, "tools/call", Some("work"), &body).await;
+        resp.status().as_u16()
+    });
+    let held = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(up.requests().iter().any(|r| r.method() == "tools/call"))
+    })
+    .await;
+    assert!(held, "the call never reached the upstream");
+    sc.terminate();
+    assert_eq!(cut.await.unwrap(), 503);
+    let (code, _sc) = tokio::task::spawn_blocking(move || {
+        let code = sc.wait_exit(Duration::from_secs(15));
+        (code, sc)
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, Some(3), "the exit status says work was cut");
+    let events = epode.events();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["statusCode"], 500);
+    assert_eq!(events[0]["operation"], "work");
+}

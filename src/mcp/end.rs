@@ -1,0 +1,192 @@
+//! The one end of every MCP request: [`RequestEnd::end`] is told, exactly once, how the
+//! request ended ([`Ending`]), and the hook's [`ResultHook::end`] records what the request
+//! records (its telemetry event) there and nowhere else. Most endings are explicit: the
+//! result arrives, a failure is found, a limit refuses it before it is sent. The two that
+//! only a drop signals (the client going away, the request's future dropped by the shutdown
+//! cut) are handed to the step through [`Abandoned`]: a dropped plan's end moves into it, and
+//! the dispatcher's end-of-request step ends it (the client's departure is an ending that
+//! records nothing). No destructor decides or writes an outcome.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::method::{self, Method};
+use super::raw::RawMap;
+
+/// How a request ended: all its end step is told.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// Its result arrived (the hook's `result` has seen it).
+    Answered,
+    /// A JSON-RPC error answer, an upstream error status, no answer at all.
+    Failed,
+    /// Refused by a limit of the sidecar's own before anything was sent: no product call,
+    /// so nothing is recorded, as for a request the front door refused.
+    NotSent,
+    /// The client went away before its answer was complete: nothing is recorded.
+    ClientGone,
+    /// Its future was dropped without an outcome while its client was still there: cut at
+    /// shutdown, or a path that reported nothing. Recorded as a failure, so no event is
+    /// lost silently.
+    Unreported,
+}
+
+impl Ending {
+    /// Whether the product call failed (and is recorded so).
+    pub(crate) fn failed(self) -> bool {
+        matches!(self, Ending::Failed | Ending::Unreported)
+    }
+}
+
+/// What a request's response passes through besides the era rewrite: the feedback binding's
+/// decoration, and its telemetry, recorded at the request's end.
+pub(crate) trait ResultHook: Send {
+    /// The complete result (before the era rewrite); returns whether it changed it. Its
+    /// end ([`Ending::Answered`]) follows at once.
+    fn result(&mut self, result: &mut RawMap) -> bool;
+    /// A notification seen on the response stream (`notifications/tools/list_changed`, …).
+    fn notification(&mut self, _method: &str) {}
+    /// The request's end step: called exactly once, with how it ended.
+    fn end(&mut self, _ending: Ending) {}
+}
+
+/// A request's end, owned by its plan: [`RequestEnd::end`] ends it (the first ending
+/// counts; later ones are no-ops, as a failure found after the result is none). Dropped
+/// without an ending, it hands its hook to the request's [`Abandoned`] for the end step.
+pub(crate) struct RequestEnd {
+    method: Option<Method>,
+    pub(crate) hook: Option<Box<dyn ResultHook>>,
+    ended: Option<Ending>,
+    slot: Abandoned,
+}
+
+impl RequestEnd {
+    pub(crate) fn new(method: Option<Method>, slot: Abandoned) -> Self {
+        RequestEnd {
+            method,
+            hook: None,
+            ended: None,
+            slot,
+        }
+    }
+
+    /// How it ended, once it has.
+    pub(crate) fn ended(&self) -> Option<Ending> {
+        self.ended
+    }
+
+    /// The hook, while the request has not ended (for the result and notifications).
+    pub(crate) fn open_hook(&mut self) -> Option<&mut Box<dyn ResultHook>> {
+        match self.ended {
+            None => self.hook.as_mut(),
+            Some(_) => None,
+        }
+    }
+
+    /// The notifications a stream carries are seen for as long as the stream lasts.
+    pub(crate) fn notification(&mut self, method: &str) {
+        if let Some(hook) = self.hook.as_mut() {
+            hook.notification(method);
+        }
+    }
+
+    /// The end step: the hook hears `ending` now, unless the request already ended.
+    pub(crate) fn end(&mut self, ending: Ending) {
+        if self.ended.is_some() {
+            return;
+        }
+        self.ended = Some(ending);
+        if let Some(hook) = self.hook.as_mut() {
+            hook.end(ending);
+        }
+    }
+
+    /// Marks the request's client gone (its response body or future is being dropped).
+    pub(crate) fn abandon(&self) {
+        self.slot.set();
+    }
+}
+
+impl Drop for RequestEnd {
+    /// Hands an unended request's hook to the end step; decides and records nothing.
+    fn drop(&mut self) {
+        if self.ended.is_some() {
+            return;
+        }
+        if let Some(hook) = self.hook.take() {
+            self.slot.hand_over(Left {
+                method: self.method,
+                hook,
+            });
+        }
+    }
+}
+
+/// An unended request's hook, waiting in its [`Abandoned`] for the end step.
+struct Left {
+    method: Option<Method>,
+    hook: Box<dyn ResultHook>,
+}
+
+#[derive(Default)]
+struct Slot {
+    /// The client went away before its answer was complete.
+    gone: AtomicBool,
+    left: Mutex<Option<Left>>,
+}
+
+/// One request's hand-over point between the drops that signal its end and its end step:
+/// marked when the client goes away (the request's future or its response stream dropped
+/// before the end), and holding a plan's hook dropped without an ending.
+#[derive(Clone, Default)]
+pub(crate) struct Abandoned(Arc<Slot>);
+
+/// Requests whose plan was dropped without an ending while their client was still there
+/// (see [`Ending::Unreported`]); the shutdown cut ends a request that way by design.
+static UNREPORTED: AtomicU64 = AtomicU64::new(0);
+
+/// How many requests ended [`Ending::Unreported`].
+#[cfg(test)]
+pub(crate) fn unreported() -> u64 {
+    UNREPORTED.load(Ordering::Relaxed)
+}
+
+impl Abandoned {
+    /// The client went away.
+    pub(crate) fn set(&self) {
+        self.0.gone.store(true, Ordering::Relaxed);
+    }
+
+    fn hand_over(&self, mut left: Left) {
+        if self.0.gone.load(Ordering::Relaxed) {
+            // No step runs after a client that is gone (its request's future is being
+            // dropped): its ending is told here, and is the one ending that records nothing.
+            left.hook.end(Ending::ClientGone);
+            return;
+        }
+        let mut slot = self.0.left.lock().unwrap_or_else(|p| p.into_inner());
+        debug_assert!(slot.is_none(), "one plan per request");
+        *slot = Some(left);
+    }
+
+    /// The end-of-request step for an ending only a drop signalled: a plan dropped without
+    /// one ends now, as [`Ending::ClientGone`] when its client went away, else as
+    /// [`Ending::Unreported`]. Run once the request's future is over (or dropped).
+    pub(crate) fn end_left(&self) {
+        let left = self.0.left.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(Left { method, mut hook }) = left else {
+            return;
+        };
+        let ending = if self.0.gone.load(Ordering::Relaxed) {
+            Ending::ClientGone
+        } else {
+            UNREPORTED.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                method = method::label(method),
+                "a request's plan ended without an outcome (cut at shutdown?); reported as failed"
+            );
+            Ending::Unreported
+        };
+        hook.end(ending);
+    }
+}
