@@ -80,6 +80,25 @@ pub(crate) struct Upstream {
     metrics: Arc<Metrics>,
 }
 
+/// Who sends a request upstream: a client of an era, or the sidecar itself (learning the
+/// upstream's tools). The sidecar writes its own requests in 2025 form and takes none of the
+/// server's own requests (elicitation, sampling, roots): it has nobody to ask.
+#[derive(Clone, Copy)]
+enum Asker {
+    Client(Era),
+    Sidecar,
+}
+
+impl Asker {
+    /// The era the request's body is written in.
+    fn writes(self) -> Era {
+        match self {
+            Asker::Client(era) => era,
+            Asker::Sidecar => Era::Legacy,
+        }
+    }
+}
+
 impl Upstream {
     pub(crate) fn new(
         config: &Config,
@@ -288,7 +307,7 @@ impl Upstream {
         mut ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
         let sent = match self
-            .send_with_retry(client, query, bytes, ctx.method, ctx.era)
+            .send_with_retry(client, query, bytes, ctx.method, Asker::Client(ctx.era))
             .await
         {
             Ok(sent) => sent,
@@ -322,14 +341,13 @@ impl Upstream {
         query: Option<&str>,
         bytes: &Bytes,
         method: &str,
-        client_era: Era,
+        asker: Asker,
     ) -> Result<Sent, Error> {
         let (link, known) = (&self.link, &self.known);
         let sent = known
             .resolver
             .with_retry(link, &known.sessions, client, |era| async move {
-                self.send(client, query, bytes, method, client_era, era)
-                    .await
+                self.send(client, query, bytes, method, asker, era).await
             })
             .await;
         self.noted(sent)
@@ -342,13 +360,13 @@ impl Upstream {
         query: Option<&str>,
         bytes: &Bytes,
         method: &str,
-        client_era: Era,
+        asker: Asker,
         upstream: Era,
     ) -> Result<Sent, Error> {
         let link = &self.link;
         match upstream {
             Era::Modern => {
-                let (body, headers) = match client_era {
+                let (body, headers) = match asker.writes() {
                     Era::Modern => (bytes.clone(), link.base_headers_modern(client)),
                     Era::Legacy => {
                         let (body, name) = translate::to_modern(bytes, method);
@@ -379,10 +397,13 @@ impl Upstream {
             }
             Era::Legacy => {
                 // Only a 2025 client can take the server's own requests; a 2026 client's
-                // request is sent as the sidecar's.
-                let (body, relay) = match client_era {
-                    Era::Modern => (translate::to_legacy(bytes), ServerRequests::Withheld),
-                    Era::Legacy => (bytes.clone(), ServerRequests::Relayed),
+                // request, and the sidecar's own, withhold them.
+                let (body, relay) = match asker {
+                    Asker::Client(Era::Modern) => {
+                        (translate::to_legacy(bytes), ServerRequests::Withheld)
+                    }
+                    Asker::Client(Era::Legacy) => (bytes.clone(), ServerRequests::Relayed),
+                    Asker::Sidecar => (bytes.clone(), ServerRequests::Withheld),
                 };
                 let started = std::time::Instant::now();
                 let (response, session) =
@@ -426,7 +447,7 @@ impl Upstream {
                     None,
                     &Bytes::from(body.to_string()),
                     Method::ToolsList.wire(),
-                    Era::Legacy,
+                    Asker::Sidecar,
                 )
                 .await
             else {
