@@ -187,6 +187,9 @@ impl Telemetry {
         self.drops.flush();
         let lost = self.counters.dropped("shutdown");
         let tally = self.counters.tally();
+        // Every accepted event was delivered or is undelivered under one reason (Epode's drops,
+        // rejected batches, retries exhausted, lost at shutdown); refused events never entered
+        // the queue (full, invalid). The same counts as epode_sidecar_telemetry_*_total.
         tracing::info!(
             accepted = tally.accepted,
             delivered = tally.delivered,
@@ -194,10 +197,7 @@ impl Telemetry {
             refused = tally.refused,
             by_reason = %tally.by_reason,
             lost_at_shutdown = lost,
-            "telemetry flushed: every accepted event was delivered or is undelivered under one \
-             reason (Epode's drops, rejected batches, retries exhausted, lost at shutdown); \
-             refused events never entered the queue (queue full, invalid); the same counts as \
-             epode_sidecar_telemetry_*_total"
+            "telemetry flushed"
         );
         lost
     }
