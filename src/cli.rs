@@ -11,6 +11,7 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_rustls::TlsAcceptor;
 
+use crate::auth::Authorizer;
 use crate::binding::FeedbackBinding;
 use crate::budget::MemoryBudget;
 use crate::config::{self, Config, ConnectionCap, FlagValues, LogFormat};
@@ -380,6 +381,8 @@ struct Handles {
     rates: Arc<RateLimits>,
     /// The MCP requests being served (every worker's).
     in_flight: Gate,
+    /// The authorization front door, when on.
+    auth: Option<Arc<Authorizer>>,
 }
 
 /// Builds the shared pieces; with feedback on, the binding starts the telemetry task, so this
@@ -397,9 +400,18 @@ fn handles(
     if let Some(url) = epode {
         feedback.api_url = url;
     }
+    let auth = match &config.auth {
+        Some(a) => {
+            let auth = Authorizer::new(a.clone(), metrics.clone(), feedback.key.as_ref())?;
+            tokio::spawn(auth.clone().watch());
+            Some(auth)
+        }
+        None => None,
+    };
     let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer)?;
     let upstream = Arc::new(Upstream::new(config, budget.clone(), metrics.clone())?);
     Ok(Handles {
+        auth,
         metrics,
         budget,
         binding,
@@ -454,6 +466,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         upstream,
         rates,
         in_flight,
+        auth,
     } = handles(config, observer.clone(), epode).map_err(|e| failed("cannot start", e))?;
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
     let shared = server::Serving::new(
@@ -474,13 +487,15 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
             observer.clone(),
         )
         .map_err(|e| failed("cannot start the HTTP surface", e))?,
-    );
+    )
+    .with_auth(auth.clone());
     let operations = server::Operations::new(
         upstream.clone(),
         metrics.clone(),
         in_flight.clone(),
         budget.clone(),
         rates.clone(),
+        auth.clone(),
     );
     let dispatcher = Dispatcher::new(dispatch::Parts {
         config: config.clone(),
@@ -492,6 +507,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         in_flight,
         cut: cut_rx,
         observer,
+        auth,
     });
     Ok(Prepared {
         listeners,

@@ -100,6 +100,22 @@ pub(crate) enum ErrorKind {
     /// The upstream's own refusal (its 401, its 5xx, …), passed to the client as it was.
     UpstreamRefused(Box<Buffered>),
     Internal,
+    /// No valid access token (the authorization front door): 401 with its challenge.
+    Unauthorized {
+        challenge: String,
+    },
+    /// A malformed `Authorization` (two headers, another scheme, a token in the query): 400.
+    BadAuthorization {
+        challenge: String,
+    },
+    /// A valid token without a scope the request needs: 403 with the step-up challenge.
+    InsufficientScope {
+        challenge: String,
+    },
+    /// The authorization server cannot be asked (its keys, its introspection endpoint): 503.
+    AuthUnavailable {
+        retry_after: u64,
+    },
 }
 
 /// Whether the same request, sent again unchanged, may succeed.
@@ -154,6 +170,8 @@ pub(crate) struct KindTraits<'a> {
     pub(crate) close: bool,
     /// `Allow`, for a refused HTTP method.
     pub(crate) allow: Option<&'static str>,
+    /// `WWW-Authenticate`, for a refusal of the authorization front door.
+    pub(crate) challenge: Option<&'a str>,
     data: Data<'a>,
 }
 
@@ -168,8 +186,14 @@ impl<'a> KindTraits<'a> {
             retry_after: None,
             close: false,
             allow: None,
+            challenge: None,
             data: Data::None,
         }
+    }
+
+    const fn challenge(mut self, challenge: &'a str) -> Self {
+        self.challenge = Some(challenge);
+        self
     }
 
     const fn retry_after(mut self, secs: u64) -> Self {
@@ -241,6 +265,18 @@ impl ErrorKind {
             ErrorKind::UpstreamRefused(answer) =>
                                                  row(answer.status,             SERVER_ERROR,        Upstream, Retry::after(answer.status), Warn),
             ErrorKind::Internal =>               row(S::INTERNAL_SERVER_ERROR,  INTERNAL_ERROR,      Sidecar,  Never, Warn),
+            ErrorKind::Unauthorized { challenge } =>
+                                                 row(S::UNAUTHORIZED,           SERVER_ERROR,        Client,   Never, Debug)
+                .challenge(challenge),
+            ErrorKind::BadAuthorization { challenge } =>
+                                                 row(S::BAD_REQUEST,            INVALID_REQUEST,     Client,   Never, Debug)
+                .challenge(challenge),
+            ErrorKind::InsufficientScope { challenge } =>
+                                                 row(S::FORBIDDEN,              SERVER_ERROR,        Client,   Never, Debug)
+                .challenge(challenge),
+            ErrorKind::AuthUnavailable { retry_after } =>
+                                                 row(S::SERVICE_UNAVAILABLE,    SERVER_ERROR,        Sidecar,  Again, Warn)
+                .retry_after(*retry_after),
         }
     }
 }
@@ -391,8 +427,10 @@ impl Error {
             retry_after,
             close,
             allow,
+            challenge,
             ..
         } = self.traits();
+        let challenge = challenge.and_then(|c| HeaderValue::from_str(c).ok());
         let body = self.body(id);
         if let ErrorKind::UpstreamRefused(answer) = self.kind {
             return answer.into_response();
@@ -409,6 +447,9 @@ impl Error {
         if close {
             resp.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let Some(c) = challenge {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, c);
         }
         resp
     }
@@ -493,6 +534,15 @@ impl fmt::Display for Error {
                 write!(f, "Upstream MCP server failed: {c}")
             }
             ErrorKind::UpstreamRefused(_) => write!(f, "Upstream MCP server refused: {c}"),
+            ErrorKind::Unauthorized { .. } => write!(f, "Unauthorized: {c}"),
+            ErrorKind::BadAuthorization { .. } => write!(f, "Bad Authorization header: {c}"),
+            ErrorKind::InsufficientScope { .. } => write!(f, "Insufficient scope: {c}"),
+            ErrorKind::AuthUnavailable { retry_after } => {
+                write!(
+                    f,
+                    "Authorization unavailable: {c}; retry after {retry_after} s"
+                )
+            }
         }
     }
 }

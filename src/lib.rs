@@ -14,6 +14,7 @@
 // No function in src/ over 80 lines, unit tests included (clippy.toml sets the threshold).
 #![warn(clippy::too_many_lines)]
 
+mod auth;
 mod binding;
 mod body;
 mod budget;

@@ -241,6 +241,26 @@ pub(crate) struct Metrics {
     pub(crate) upstream_sessions: Gauge,
     pub(crate) rate_limit_clients: Gauge,
     pub(crate) upstream_connections: Gauge,
+    pub(crate) auth: AuthMetrics,
+}
+
+/// The authorization front door's families.
+#[derive(Default)]
+pub(crate) struct AuthMetrics {
+    /// Requests it refused, by reason.
+    refused: Family<SkipLabels, Counter>,
+    /// Fetches of the issuer's keys, by outcome.
+    key_fetches: Family<OutcomeLabels, Counter>,
+    /// The keys held, and when they were fetched (Unix seconds).
+    pub(crate) keys: Gauge,
+    pub(crate) keys_fetched: Gauge,
+    /// Tool calls whose product identity and the verified identity name different refs.
+    pub(crate) identity_disagreements: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct OutcomeLabels {
+    pub(crate) outcome: &'static str,
 }
 
 impl Metrics {
@@ -266,6 +286,7 @@ impl Metrics {
             upstream_sessions: Gauge::default(),
             rate_limit_clients: Gauge::default(),
             upstream_connections: Gauge::default(),
+            auth: AuthMetrics::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -298,11 +319,7 @@ impl Metrics {
             "Requests and connections refused by a limit, by kind",
             m.limits_hit.clone(),
         );
-        r.register(
-            "front_door_refused",
-            "MCP requests refused by their head alone (Host, Origin, HTTP method, Content-Type), by reason",
-            m.front_door_refused.clone(),
-        );
+        m.register_front_door();
         m.register_http();
         for (name, help, gauge) in m.gauges() {
             m.registry.register(name, help, gauge);
@@ -330,7 +347,7 @@ impl Metrics {
     }
 
     /// The gauges, with their names and help.
-    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 6] {
+    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 8] {
         [
             ("open_connections", "Client connections open now, on every listener", self.open_connections.clone()),
             ("in_flight_requests", "MCP requests being served now", self.in_flight.clone()),
@@ -345,6 +362,16 @@ impl Metrics {
                 "upstream_connections",
                 "Connections open to an HTTP upstream now, all workers together (at most upstream_max_connections)",
                 self.upstream_connections.clone(),
+            ),
+            (
+                "auth_keys",
+                "Verification keys held from the authorization server's JWKS",
+                self.auth.keys.clone(),
+            ),
+            (
+                "auth_keys_fetched_timestamp_seconds",
+                "When the authorization server's keys were last fetched (Unix time; their age is time() minus this)",
+                self.auth.keys_fetched.clone(),
             ),
         ]
     }
@@ -387,6 +414,47 @@ impl Metrics {
             .get_or_create(&LimitLabels {
                 kind: kind.as_str(),
             })
+            .inc();
+    }
+
+    /// A refusal of the authorization front door (`by` 0 shows the reason from the start).
+    /// The front door's refusals, and the authorization front door's families (registered
+    /// whether it is on or not).
+    fn register_front_door(&mut self) {
+        let r = &mut self.registry;
+        r.register(
+            "front_door_refused",
+            "MCP requests refused by their head alone (Host, Origin, HTTP method, Content-Type), by reason",
+            self.front_door_refused.clone(),
+        );
+        r.register(
+            "auth_refused",
+            "MCP requests the authorization front door refused (EPODE_SIDECAR_AUTH), by reason",
+            self.auth.refused.clone(),
+        );
+        r.register(
+            "auth_key_fetches",
+            "Fetches of the authorization server's keys (JWKS), by outcome (fetched, failed)",
+            self.auth.key_fetches.clone(),
+        );
+        r.register(
+            "auth_identity_disagreements",
+            "Product tool calls whose identity from the product (_meta) names other refs than the verified token",
+            self.auth.identity_disagreements.clone(),
+        );
+    }
+
+    pub(crate) fn auth_refused(&self, reason: &'static str, by: u64) {
+        self.auth
+            .refused
+            .get_or_create(&SkipLabels { reason })
+            .inc_by(by);
+    }
+
+    pub(crate) fn auth_key_fetch(&self, outcome: &'static str) {
+        self.auth
+            .key_fetches
+            .get_or_create(&OutcomeLabels { outcome })
             .inc();
     }
 

@@ -254,7 +254,13 @@ impl ResultHook for CallHook {
         let identity = identity.unwrap_or(Value::Null);
         // customerRef leaves the sidecar only in ask_once, and only without a conflict: the
         // one rule for the consent subject and for telemetry.
-        let mut refs = IdentityRefs::from_meta(&identity).or(self.header_refs.clone());
+        // What the product says wins; a reference it names otherwise than the verified
+        // token (or the trusted gateway) is counted.
+        let product = IdentityRefs::from_meta(&identity);
+        if product.disagrees(&self.header_refs) {
+            self.binding.metrics.auth.identity_disagreements.inc();
+        }
+        let mut refs = product.or(self.header_refs.clone());
         refs.apply_customer_rule(self.binding.config.mode);
         let hint = identity
             .get("runtimeHint")

@@ -228,17 +228,24 @@ impl FeedbackBinding {
 
     /// The hook of a product `tools/call` response: it always removes the upstream's private
     /// identity; with feedback on it decorates and records telemetry for listed tools.
+    /// `verified` are the refs of the caller's verified token (the authorization front
+    /// door's); a trusted gateway's headers fill what they lack.
     pub(crate) fn call_hook(
         self: &Arc<Self>,
         tool: &str,
         client: &HeaderMap,
+        verified: Option<&IdentityRefs>,
         note: Option<Arc<Note>>,
     ) -> Box<dyn ResultHook> {
+        let trusted = match verified {
+            Some(v) => v.clone().or(self.header_refs(client)),
+            None => self.header_refs(client),
+        };
         Box::new(CallHook::new(
             self.clone(),
             tool,
             self.catalog.listed(tool),
-            self.header_refs(client),
+            trusted,
             note,
         ))
     }

@@ -20,6 +20,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+mod auth;
 #[cfg(test)]
 mod chart_tests;
 mod core;
@@ -37,10 +38,10 @@ mod types;
 use self::setting::{read_all, Doc, Layers, Place, Refused};
 pub(crate) use self::setting::{ConfigError, ConfigErrors};
 pub(crate) use self::types::{
-    redact_url, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues, HostPolicy,
-    HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate, RouteTemplate,
-    RunAs, StdioChildren, StdioCommand, UpstreamProtocol, UpstreamTarget, UpstreamTls,
-    UpstreamTransport,
+    redact_url, AuthConfig, AuthMode, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues,
+    HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate,
+    RouteTemplate, RunAs, StdioChildren, StdioCommand, UpstreamProtocol, UpstreamTarget,
+    UpstreamTls, UpstreamTransport,
 };
 
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
@@ -66,6 +67,7 @@ const GROUPS: &[(&str, &[&Doc])] = &[
     ("Rate limits", limits::RATES),
     ("Epode feedback", feedback::FEEDBACK),
     ("The HTTP surface", http::HTTP),
+    ("Authorization (the MCP front door)", auth::AUTH_GROUP),
     ("The local trial (--dev)", dev::TRIAL),
 ];
 
@@ -358,6 +360,7 @@ impl Config {
         let tls = tls::read(l);
         let limits = limits::read(l);
         let http = http::read(l);
+        let auth = auth::read(l);
         let upstream = transport(l, argv);
         let upstream = match (&http, upstream) {
             (Ok(Some(_)), Ok(mut upstream)) => bare_origin(l, &mut upstream).map(|()| upstream),
@@ -420,6 +423,7 @@ impl Config {
             feedback,
             dev,
             http,
+            auth,
             log: l.get(&core::LOG),
             log_format: l.get(&core::LOG_FORMAT),
             access_log: l.get(&core::ACCESS_LOG),

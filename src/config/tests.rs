@@ -776,6 +776,9 @@ fn bounds_are_checked_and_stated_from_one_place() {
     let http = [
         ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
         ("EPODE_SIDECAR_DEV", "true"),
+        ("EPODE_SIDECAR_AUTH", "jwt"),
+        ("EPODE_SIDECAR_AUTH_ISSUER", "https://as.example.com"),
+        ("EPODE_SIDECAR_AUTH_RESOURCE", "https://mcp.example.com/mcp"),
     ];
     let stdio = [
         ("EPODE_SIDECAR_UPSTREAM_COMMAND", "server"),

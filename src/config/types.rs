@@ -116,6 +116,70 @@ pub(crate) struct Config {
     pub(crate) dev: Option<DevConfig>,
     /// The HTTP surface, when on.
     pub(crate) http: Option<HttpSurface>,
+    /// The authorization front door, when on.
+    pub(crate) auth: Option<AuthConfig>,
+}
+
+/// How the authorization front door checks a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AuthMode {
+    Off,
+    /// JWT access tokens, verified with the issuer's published keys.
+    Jwt,
+    /// Opaque tokens, asked of the issuer's introspection endpoint (RFC 7662).
+    Introspect,
+}
+
+impl AuthMode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            AuthMode::Off => "off",
+            AuthMode::Jwt => "jwt",
+            AuthMode::Introspect => "introspect",
+        }
+    }
+}
+
+/// The authorization front door's settings, present when it is on.
+#[derive(Clone)]
+pub(crate) struct AuthConfig {
+    pub(crate) mode: AuthMode,
+    /// The issuer, exactly as tokens write `iss`.
+    pub(crate) issuer: String,
+    /// The canonical resource URI, which every token's `aud` must hold.
+    pub(crate) resource: String,
+    /// The scopes every request needs.
+    pub(crate) scopes: Vec<String>,
+    pub(crate) algorithms: Vec<jsonwebtoken::Algorithm>,
+    pub(crate) leeway: Duration,
+    /// The `typ` every JWT must carry, when set.
+    pub(crate) token_type: Option<String>,
+    /// The claim that becomes `userRef` and the subject the upstream is told.
+    pub(crate) user_claim: String,
+    /// The claim that becomes `accountRef`, when set.
+    pub(crate) account_claim: Option<String>,
+    pub(crate) client_id: Option<String>,
+    pub(crate) client_secret: Option<String>,
+    pub(crate) forward_token: bool,
+    pub(crate) cache_entries: usize,
+    pub(crate) keys_refresh: Duration,
+    pub(crate) fetch_timeout: Duration,
+    pub(crate) documentation: Option<String>,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("mode", &self.mode)
+            .field("issuer", &self.issuer)
+            .field("resource", &self.resource)
+            .field("scopes", &self.scopes)
+            .field(
+                "client_secret",
+                &self.client_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 /// Whether the HTTP surface instruments responses a shared cache may keep.

@@ -13,6 +13,7 @@ use http::{Response, StatusCode};
 use hyper::body::Incoming;
 use tokio::sync::watch;
 
+use crate::auth::{Authorizer, Principal};
 use crate::binding::FeedbackBinding;
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
@@ -38,6 +39,8 @@ pub(crate) struct Dispatcher {
     in_flight: Gate,
     /// Whoever watches the requests (the local trial's console, with `--dev`).
     observer: Option<Arc<dyn Observer>>,
+    /// The authorization front door, when on.
+    auth: Option<Arc<Authorizer>>,
 }
 
 /// What is known of a request for its accounting, as it travels.
@@ -66,6 +69,7 @@ pub(crate) struct Parts {
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
     pub(crate) cut: watch::Receiver<bool>,
     pub(crate) observer: Option<Arc<dyn Observer>>,
+    pub(crate) auth: Option<Arc<Authorizer>>,
 }
 
 impl Dispatcher {
@@ -82,6 +86,7 @@ impl Dispatcher {
             in_flight,
             cut,
             observer,
+            auth,
         } = parts;
         Dispatcher {
             table: MethodTable {
@@ -95,6 +100,7 @@ impl Dispatcher {
             budget,
             in_flight,
             observer,
+            auth,
         }
     }
 
@@ -106,6 +112,7 @@ impl Dispatcher {
             budget: self.budget.clone(),
             in_flight: self.in_flight.clone(),
             observer: self.observer.clone(),
+            auth: self.auth.clone(),
         }
     }
 
@@ -169,6 +176,46 @@ impl Dispatcher {
         }
     }
 
+    /// The caller of a request whose body was read, with auth on; the sidecar's own
+    /// headers (`Epode-Auth-*`) removed from the client's and, with auth on, set from its
+    /// verified token (whose `Authorization` goes no further unless configured). A refusal
+    /// echoes the request's id when the message has one.
+    async fn authorize(
+        &self,
+        parts: &mut http::request::Parts,
+        bytes: &bytes::Bytes,
+    ) -> Result<Option<Arc<Principal>>, Response<Body>> {
+        let Some(auth) = &self.auth else {
+            crate::auth::strip_owned(&mut parts.headers);
+            return Ok(None);
+        };
+        match auth.check(&parts.headers, parts.uri.query()).await {
+            Ok(principal) => {
+                auth.to_upstream(&mut parts.headers, &principal);
+                Ok(Some(principal))
+            }
+            Err(refusal) => {
+                let id = match frontdoor::admit(parts, bytes) {
+                    Ok(Some(r)) => Some(r.id.to_owned()),
+                    Ok(None) => None,
+                    Err((_, id)) => id.map(ToOwned::to_owned),
+                };
+                Err(auth.refuse(&refusal).into_response(id.as_deref()))
+            }
+        }
+    }
+
+    /// A body that could not be read within the limits, counted by the limit.
+    fn body_refused(&self, e: Error) -> Response<Body> {
+        self.table.metrics.limit(match e.kind() {
+            ErrorKind::BodyTooLarge { .. } => LimitKind::BodySize,
+            ErrorKind::RequestTimeout => LimitKind::BodyTimeout,
+            ErrorKind::Overloaded { .. } => LimitKind::MemoryBudget,
+            _ => LimitKind::BodyRead,
+        });
+        e.into_response(None)
+    }
+
     /// What the accounting of a request needs to know of it.
     fn note(&self, seen: &mut Seen, request: &frontdoor::Request<'_>) {
         seen.method = method::label(request.listed);
@@ -198,7 +245,7 @@ impl Dispatcher {
         abandoned: Abandoned,
         seen: &mut Seen,
     ) -> Response<Body> {
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         if frontdoor::cors::is_preflight(&parts) {
             return frontdoor::cors::preflight(&self.table.config, &parts);
         }
@@ -234,18 +281,14 @@ impl Dispatcher {
         .await;
         let (bytes, _held) = match read {
             Ok(b) => b,
-            Err(e) => {
-                self.table.metrics.limit(match e.kind() {
-                    ErrorKind::BodyTooLarge { .. } => LimitKind::BodySize,
-                    ErrorKind::RequestTimeout => LimitKind::BodyTimeout,
-                    ErrorKind::Overloaded { .. } => LimitKind::MemoryBudget,
-                    _ => LimitKind::BodyRead,
-                });
-                return e.into_response(None);
-            }
+            Err(e) => return self.body_refused(e),
+        };
+        let principal = match self.authorize(&mut parts, &bytes).await {
+            Ok(principal) => principal,
+            Err(refused) => return refused,
         };
         let request = match frontdoor::admit(&parts, &bytes) {
-            Ok(Some(r)) => r,
+            Ok(Some(r)) => frontdoor::Request { principal, ..r },
             Ok(None) => {
                 self.table
                     .upstream

@@ -221,6 +221,7 @@ impl MethodTable {
         ctx.plan.set_hook(Some(self.binding.call_hook(
             &name,
             &req.parts.headers,
+            req.principal.as_ref().map(|p| &p.refs),
             note.cloned(),
         )));
         self.forward(req, client, ctx).await

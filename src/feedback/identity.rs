@@ -91,6 +91,14 @@ impl IdentityRefs {
         }
     }
 
+    /// Whether `other` names another value for a reference both hold (the product's identity
+    /// against the verified token's, say).
+    pub(crate) fn disagrees(&self, other: &IdentityRefs) -> bool {
+        RefKind::ALL
+            .iter()
+            .any(|k| matches!((self.get(*k), other.get(*k)), (Some(a), Some(b)) if a != b))
+    }
+
     /// Fills the references this one lacks from `fallback` (e.g. upstream `_meta` first, then
     /// gateway headers).
     pub(crate) fn or(mut self, fallback: IdentityRefs) -> Self {

@@ -33,6 +33,9 @@ pub(crate) struct Request<'a> {
     pub(crate) era: Era,
     /// Its catalogue entry, looked up once; `None` for a method the sidecar does not know.
     pub(crate) listed: Option<method::Method>,
+    /// Who its verified token says is calling (the authorization front door's; `None` with
+    /// auth off).
+    pub(crate) principal: Option<std::sync::Arc<crate::auth::Principal>>,
 }
 
 impl Request<'_> {
@@ -102,5 +105,6 @@ pub(crate) fn admit<'a>(
         rpc,
         era,
         listed,
+        principal: None,
     }))
 }

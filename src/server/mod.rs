@@ -35,6 +35,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
+use crate::auth::Authorizer;
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
@@ -116,6 +117,9 @@ pub(crate) struct Serving {
     mounted: Option<Arc<dyn Mounted>>,
     /// The HTTP surface, when on.
     surface: Option<Arc<HttpSurfaceRoute>>,
+    /// The authorization front door, when on: its Protected Resource Metadata is served on
+    /// every route's port, before the HTTP surface.
+    auth: Option<Arc<Authorizer>>,
 }
 
 impl Serving {
@@ -152,7 +156,14 @@ impl Serving {
             tls,
             mounted,
             surface: None,
+            auth: None,
         }
+    }
+
+    /// The authorization front door, whose metadata the MCP port serves.
+    pub(crate) fn with_auth(mut self, auth: Option<Arc<Authorizer>>) -> Self {
+        self.auth = auth;
+        self
     }
 
     /// Every path that is neither the MCP path nor mounted nor the operations' goes to
@@ -195,6 +206,8 @@ pub(crate) struct Operations {
     in_flight: Gate,
     budget: Arc<MemoryBudget>,
     rates: Arc<RateLimits>,
+    /// The authorization front door, when on: not ready while the issuer cannot be read.
+    auth: Option<Arc<Authorizer>>,
 }
 
 impl Operations {
@@ -204,6 +217,7 @@ impl Operations {
         in_flight: Gate,
         budget: Arc<MemoryBudget>,
         rates: Arc<RateLimits>,
+        auth: Option<Arc<Authorizer>>,
     ) -> Self {
         Operations {
             upstream,
@@ -212,11 +226,19 @@ impl Operations {
             in_flight,
             budget,
             rates,
+            auth,
         }
     }
 
-    /// Whether the upstream answers (readiness); `Err` says why not.
+    /// Whether the upstream answers and, with auth on, the issuer's metadata and keys were
+    /// read (readiness); `Err` says why not.
     async fn ready(&self) -> Result<(), NotReady> {
+        if let Some(why) = self.auth.as_ref().and_then(|a| a.not_ready()) {
+            return Err(NotReady::passing(
+                "the authorization server's metadata or keys cannot be read",
+                why,
+            ));
+        }
         self.upstream.ready().await
     }
 
@@ -241,6 +263,7 @@ struct Routes {
     mounted: Option<Arc<dyn Mounted>>,
     operations: Operations,
     surface: Option<Arc<HttpSurfaceRoute>>,
+    auth: Option<Arc<Authorizer>>,
 }
 
 /// Completes when `shutdown` turns true (or its sender is gone).
@@ -275,6 +298,7 @@ pub(crate) async fn serve(
         mcp: dispatcher.for_worker(upstream.clone()),
         mounted: shared.mounted.clone(),
         surface: shared.surface.clone(),
+        auth: shared.auth.clone(),
         operations: Operations {
             upstream,
             audience: Audience::Clients,
@@ -451,6 +475,11 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
         Err(why) => return refused_target(req.uri().path(), why),
     };
     let metrics_here = routes.config.admin_listen.is_none();
+    if let Some(auth) = &routes.auth {
+        if let Some(resp) = auth.metadata_route(req.method(), routed.key(), &routes.config.path) {
+            return resp;
+        }
+    }
     match routed.owner {
         Owner::Mcp => {
             let abandoned = Abandoned::default();

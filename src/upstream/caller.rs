@@ -11,8 +11,11 @@ use std::sync::OnceLock;
 
 use http::HeaderMap;
 
-/// Headers that identify the caller to the upstream.
-pub(crate) const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "cookie", "x-api-key"];
+/// Headers that identify the caller to the upstream: the client's own credentials, and the
+/// subject the authorization front door verified (a header only the sidecar sets), so with
+/// auth on a caller's requests, children and 2025 sessions are its principal's.
+pub(crate) const CREDENTIAL_HEADERS: [&str; 4] =
+    ["authorization", "cookie", "x-api-key", "epode-auth-subject"];
 
 /// One hasher for the process, keyed at random: a credential's hash says nothing outside it.
 fn hasher() -> &'static std::collections::hash_map::RandomState {

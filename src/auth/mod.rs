@@ -1,0 +1,735 @@
+//! The MCP authorization front door: the sidecar as the OAuth 2.1 resource server MCP
+//! 2026-07-28 describes (`basic/authorization`), so the product behind it writes no OAuth.
+//!
+//! - Protected Resource Metadata (RFC 9728) at `/.well-known/oauth-protected-resource` and its
+//!   path-suffixed forms ([`Authorizer::metadata_route`]), built once at start.
+//! - Every MCP request's bearer token checked ([`Authorizer::check`]): read from one
+//!   `Authorization: Bearer` header (never from the query), then a verified-token cache (by
+//!   the token's SHA-256, never past its expiry, bounded LRU), then the check of the mode:
+//!   a JWT with the issuer's keys (`jwt`, `keys`), or the issuer's introspection endpoint
+//!   (`introspect`). Then the scopes every call needs.
+//! - A refusal is an [`Error`] with its challenge (`WWW-Authenticate: Bearer …`, RFC 6750 §3
+//!   and RFC 9728 §5.1), counted by a fixed reason ([`Reason`]); the token, its claims and
+//!   the refs never reach a log line, a metric label or an error message.
+//! - What a verified token says travels as a [`Principal`]: the subject and scopes the
+//!   upstream is told in headers the sidecar owns ([`Authorizer::to_upstream`]; the client's
+//!   token itself only with `auth_forward_token`), and the identity refs for Epode.
+//!
+//! Cost: a cached token is one SHA-256 of it and one LRU lookup under a lock; a first sight
+//! of a JWT adds one signature check (RS256: tens of microseconds); an opaque token one
+//! introspection round trip, then cached.
+
+mod fetch;
+mod introspect;
+mod jwt;
+mod keys;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
+use lru::LruCache;
+use parking_lot::Mutex;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::body::{self, Body};
+use crate::config::{AuthConfig, AuthMode};
+use crate::error::{Error, ErrorKind};
+use crate::feedback::capability::ProductKey;
+use crate::feedback::identity::IdentityRefs;
+use crate::metrics::Metrics;
+
+use self::keys::{KeyFetch, KeyStore, Metadata};
+
+/// The headers the sidecar owns on the way upstream: removed from every client request, set
+/// from a verified token.
+pub(crate) const SUBJECT_HEADER: HeaderName = HeaderName::from_static("epode-auth-subject");
+pub(crate) const SCOPES_HEADER: HeaderName = HeaderName::from_static("epode-auth-scopes");
+pub(crate) const CLIENT_HEADER: HeaderName = HeaderName::from_static("epode-auth-client");
+const OWNED_HEADERS: [HeaderName; 3] = [SUBJECT_HEADER, SCOPES_HEADER, CLIENT_HEADER];
+
+/// The well-known path of Protected Resource Metadata (RFC 9728 §3).
+pub(crate) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
+
+/// The longest token read: real access tokens are a few KiB.
+const MAX_TOKEN: usize = 16 * 1024;
+
+/// Why a request was refused: the `reason` label of `auth_refused_total`, one fixed set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Reason {
+    Missing,
+    Malformed,
+    Expired,
+    NotYetValid,
+    BadSignature,
+    UnknownKey,
+    WrongIssuer,
+    WrongAudience,
+    Algorithm,
+    Inactive,
+    InsufficientScope,
+    IntrospectionUnavailable,
+    /// The issuer's keys could not be fetched (at start, or since): no token can be checked.
+    KeysUnavailable,
+}
+
+impl Reason {
+    pub(crate) const ALL: [Reason; 13] = [
+        Reason::Missing,
+        Reason::Malformed,
+        Reason::Expired,
+        Reason::NotYetValid,
+        Reason::BadSignature,
+        Reason::UnknownKey,
+        Reason::WrongIssuer,
+        Reason::WrongAudience,
+        Reason::Algorithm,
+        Reason::Inactive,
+        Reason::InsufficientScope,
+        Reason::IntrospectionUnavailable,
+        Reason::KeysUnavailable,
+    ];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Reason::Missing => "missing",
+            Reason::Malformed => "malformed",
+            Reason::Expired => "expired",
+            Reason::NotYetValid => "not_yet_valid",
+            Reason::BadSignature => "bad_signature",
+            Reason::UnknownKey => "unknown_key",
+            Reason::WrongIssuer => "wrong_issuer",
+            Reason::WrongAudience => "wrong_audience",
+            Reason::Algorithm => "algorithm",
+            Reason::Inactive => "inactive",
+            Reason::InsufficientScope => "insufficient_scope",
+            Reason::IntrospectionUnavailable => "introspection_unavailable",
+            Reason::KeysUnavailable => "keys_unavailable",
+        }
+    }
+
+    /// The challenge's `error_description` (RFC 6750 allows no `"` or `\` in it).
+    fn description(self) -> &'static str {
+        match self {
+            Reason::Missing => "no access token",
+            Reason::Malformed => "the token is not a well-formed access token of the expected type",
+            Reason::Expired => "the token has expired",
+            Reason::NotYetValid => "the token is not valid yet",
+            Reason::BadSignature => "the token's signature does not verify",
+            Reason::UnknownKey => "the token is signed with a key the issuer does not publish",
+            Reason::WrongIssuer => "the token is from another issuer",
+            Reason::WrongAudience => "the token was not issued for this resource (aud)",
+            Reason::Algorithm => "the token's signature algorithm is not accepted",
+            Reason::Inactive => "the token is not active",
+            Reason::InsufficientScope => "the token lacks a scope this request needs",
+            Reason::IntrospectionUnavailable => "the token could not be checked now",
+            Reason::KeysUnavailable => "the token could not be checked now",
+        }
+    }
+}
+
+/// A refusal, before it becomes a response.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) reason: Reason,
+    /// For the operator's log: what the sidecar was doing (never the token or its claims).
+    detail: Option<String>,
+}
+
+impl From<Reason> for Refusal {
+    fn from(reason: Reason) -> Self {
+        Refusal {
+            reason,
+            detail: None,
+        }
+    }
+}
+
+/// Who a verified token says is calling.
+#[derive(Debug, Clone)]
+pub(crate) struct Principal {
+    /// The user claim's value, as the upstream is told it (`Epode-Auth-Subject`).
+    pub(crate) subject: Option<String>,
+    pub(crate) scopes: Vec<String>,
+    /// The OAuth client the token was issued to (`client_id`, else `azp`), when it says.
+    pub(crate) client_id: Option<String>,
+    /// The refs for Epode (`userRef`, `accountRef`, `customerRef` = `accountRef`).
+    pub(crate) refs: IdentityRefs,
+}
+
+enum Cached {
+    Valid(Arc<Principal>),
+    Refused(Reason),
+}
+
+struct Entry {
+    value: Cached,
+    until: Instant,
+}
+
+/// What the check of the mode needs, learned from the issuer's metadata at start.
+enum Backend {
+    Jwt(KeyStore),
+    Introspect(url::Url),
+}
+
+/// The front door's state, shared by every worker.
+pub(crate) struct Authorizer {
+    config: AuthConfig,
+    client: reqwest::Client,
+    backend: tokio::sync::OnceCell<Backend>,
+    /// Why the issuer's metadata or keys could not be read, for `/readyz` (the operator's).
+    not_ready: Mutex<Option<String>>,
+    /// One discovery at a time, and not more often than `auth_keys_refresh`.
+    discovering: tokio::sync::Mutex<Option<Instant>>,
+    cache: Mutex<LruCache<[u8; 32], Entry>>,
+    metrics: Arc<Metrics>,
+    refs: RefMaker,
+    metadata: Bytes,
+    /// `resource_metadata="…"` and the base `scope="…"`, written once.
+    challenge_tail: String,
+}
+
+impl Authorizer {
+    /// The front door for `config`, its metadata document written; the issuer's metadata and
+    /// keys are read by [`Authorizer::prepare`].
+    pub(crate) fn new(
+        config: AuthConfig,
+        metrics: Arc<Metrics>,
+        key: Option<&ProductKey>,
+    ) -> Result<Arc<Self>, Error> {
+        let client = reqwest::Client::builder()
+            .connect_timeout(config.fetch_timeout)
+            .timeout(config.fetch_timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!("epode-sidecar/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| {
+                Error::caused_by(
+                    ErrorKind::Internal,
+                    "building the authorization server's HTTP client",
+                    e,
+                )
+            })?;
+        let metadata_url = metadata_url(&config.resource);
+        let mut doc = Map::new();
+        doc.insert("resource".into(), Value::from(config.resource.clone()));
+        doc.insert(
+            "authorization_servers".into(),
+            Value::from(vec![config.issuer.clone()]),
+        );
+        if !config.scopes.is_empty() {
+            doc.insert(
+                "scopes_supported".into(),
+                Value::from(config.scopes.clone()),
+            );
+        }
+        doc.insert(
+            "bearer_methods_supported".into(),
+            serde_json::json!(["header"]),
+        );
+        if config.mode == AuthMode::Jwt {
+            let algs: Vec<String> = config.algorithms.iter().map(|a| format!("{a:?}")).collect();
+            doc.insert(
+                "resource_signing_alg_values_supported".into(),
+                Value::from(algs),
+            );
+        }
+        if let Some(d) = &config.documentation {
+            doc.insert("resource_documentation".into(), Value::from(d.clone()));
+        }
+        let mut challenge_tail = format!("resource_metadata=\"{metadata_url}\"");
+        if !config.scopes.is_empty() {
+            challenge_tail.push_str(&format!(", scope=\"{}\"", config.scopes.join(" ")));
+        }
+        let cache =
+            LruCache::new(NonZeroUsize::new(config.cache_entries).unwrap_or(NonZeroUsize::MIN));
+        for reason in Reason::ALL {
+            metrics.auth_refused(reason.as_str(), 0);
+        }
+        Ok(Arc::new(Authorizer {
+            refs: RefMaker::new(&config, key),
+            config,
+            client,
+            backend: tokio::sync::OnceCell::new(),
+            not_ready: Mutex::new(Some(
+                "the authorization server's metadata has not been read yet".into(),
+            )),
+            discovering: tokio::sync::Mutex::new(None),
+            cache: Mutex::new(cache),
+            metrics,
+            metadata: Bytes::from(Value::Object(doc).to_string()),
+            challenge_tail,
+        }))
+    }
+
+    /// Reads the issuer's metadata and (for JWTs) its keys; on failure says why in `/readyz`
+    /// and the log, and tries again at most every `auth_keys_refresh` when a request needs it
+    /// (and in `watch`).
+    pub(crate) async fn prepare(&self) -> Result<(), String> {
+        let result = self.backend().await.map(|_| ());
+        *self.not_ready.lock() = result.as_ref().err().cloned();
+        result
+    }
+
+    /// Keeps trying until the issuer is read (so `/readyz` turns ready without a request).
+    pub(crate) async fn watch(self: Arc<Self>) {
+        let mut wait = Duration::from_millis(500);
+        loop {
+            match self.prepare().await {
+                Ok(()) => {
+                    tracing::info!(issuer = %self.config.issuer, "read the authorization server's metadata and keys");
+                    return;
+                }
+                Err(why) => {
+                    tracing::warn!(%why, "the authorization server cannot be read yet; MCP requests get 503 until it can")
+                }
+            }
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(self.config.keys_refresh);
+        }
+    }
+
+    /// Why requests cannot be checked now, for `/readyz`; `None` when they can.
+    pub(crate) fn not_ready(&self) -> Option<String> {
+        self.not_ready.lock().clone()
+    }
+
+    async fn backend(&self) -> Result<&Backend, String> {
+        if let Some(b) = self.backend.get() {
+            return Ok(b);
+        }
+        let mut last = self.discovering.lock().await;
+        if let Some(b) = self.backend.get() {
+            return Ok(b);
+        }
+        if last.is_some_and(|t| t.elapsed() < self.config.keys_refresh.min(Duration::from_secs(5)))
+        {
+            return Err(self
+                .not_ready()
+                .unwrap_or_else(|| "the authorization server cannot be read".into()));
+        }
+        *last = Some(Instant::now());
+        let metadata = keys::discover(&self.client, &self.config.issuer, self.config.fetch_timeout)
+            .await
+            .map_err(|e| e.0)?;
+        let backend = self.backend_from(metadata)?;
+        if let Backend::Jwt(store) = &backend {
+            let (fetched, result) = store.refresh(None, true).await;
+            self.count_fetch(fetched, store);
+            result.map_err(|e| e.0)?;
+        }
+        let _ = self.backend.set(backend);
+        Ok(self.backend.get().unwrap_or_else(|| unreachable!()))
+    }
+
+    fn backend_from(&self, m: Metadata) -> Result<Backend, String> {
+        match self.config.mode {
+            AuthMode::Introspect => m.introspection_endpoint.map(Backend::Introspect).ok_or_else(|| {
+                format!("the metadata of {} names no introspection_endpoint (EPODE_SIDECAR_AUTH=introspect needs one)", self.config.issuer)
+            }),
+            _ => m
+                .jwks_uri
+                .map(|u| Backend::Jwt(KeyStore::new(u, self.client.clone(), self.config.fetch_timeout, self.config.keys_refresh)))
+                .ok_or_else(|| format!("the metadata of {} names no jwks_uri (EPODE_SIDECAR_AUTH=jwt needs one)", self.config.issuer)),
+        }
+    }
+
+    fn count_fetch(&self, fetched: KeyFetch, store: &KeyStore) {
+        let outcome = match fetched {
+            KeyFetch::Done => "fetched",
+            KeyFetch::Failed => "failed",
+            KeyFetch::Skipped => return,
+        };
+        self.metrics.auth_key_fetch(outcome);
+        if let Some(set) = store.current() {
+            self.metrics.auth.keys.set(set.len() as i64);
+            let at = set
+                .fetched_at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            self.metrics.auth.keys_fetched.set(at as i64);
+        }
+    }
+
+    /// Protected Resource Metadata, for a GET (or HEAD) of its well-known path: bare, with
+    /// the resource's path, or with the MCP path. Public (any origin may read it).
+    pub(crate) fn metadata_route(
+        &self,
+        method: &Method,
+        path: &str,
+        mcp_path: &str,
+    ) -> Option<Response<Body>> {
+        let rest = path.strip_prefix(METADATA_PATH)?;
+        let resource_path = url::Url::parse(&self.config.resource)
+            .map(|u| u.path().trim_end_matches('/').to_owned())
+            .unwrap_or_default();
+        if !(rest.is_empty() || rest == resource_path || rest == mcp_path) {
+            return None;
+        }
+        if method != Method::GET && method != Method::HEAD {
+            let mut resp = body::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the protected resource metadata is read with GET",
+            );
+            resp.headers_mut()
+                .insert(http::header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+            return Some(resp);
+        }
+        let mut resp = body::json(StatusCode::OK, self.metadata.clone());
+        let h = resp.headers_mut();
+        h.insert(
+            http::header::CACHE_CONTROL,
+            HeaderValue::from_static("public, max-age=3600"),
+        );
+        h.insert(
+            http::header::ACCESS_CONTROL_ALLOW_ORIGIN,
+            HeaderValue::from_static("*"),
+        );
+        Some(resp)
+    }
+
+    /// The caller of one MCP request, or why it is refused (counted).
+    pub(crate) async fn check(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Arc<Principal>, Refusal> {
+        let result = self.principal(headers, query).await.and_then(|p| {
+            let missing = self.config.scopes.iter().any(|s| !p.scopes.contains(s));
+            if missing {
+                Err(Reason::InsufficientScope.into())
+            } else {
+                Ok(p)
+            }
+        });
+        if let Err(r) = &result {
+            self.metrics.auth_refused(r.reason.as_str(), 1);
+            match &r.detail {
+                Some(detail) => {
+                    tracing::warn!(reason = r.reason.as_str(), %detail, "a request's token could not be checked")
+                }
+                None => {
+                    tracing::debug!(reason = r.reason.as_str(), "a request's token was refused")
+                }
+            }
+        }
+        result
+    }
+
+    async fn principal(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Arc<Principal>, Refusal> {
+        let token = bearer(headers, query)?;
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let now = Instant::now();
+        if let Some(hit) = self.cached(&digest, now) {
+            return hit;
+        }
+        let backend = self.backend().await.map_err(|why| Refusal {
+            reason: match self.config.mode {
+                AuthMode::Introspect => Reason::IntrospectionUnavailable,
+                _ => Reason::KeysUnavailable,
+            },
+            detail: Some(why),
+        })?;
+        let (claims, exp, keep) = match backend {
+            Backend::Jwt(store) => {
+                let (claims, exp) = self.verify_jwt(store, token).await?;
+                (claims, Some(exp), None)
+            }
+            Backend::Introspect(endpoint) => {
+                match introspect::introspect(&self.client, endpoint, token, &self.config).await {
+                    Ok((claims, exp)) => (claims, exp, Some(introspect::POSITIVE_KEEP)),
+                    Err((reason, detail)) => {
+                        if detail.is_none() {
+                            self.remember(
+                                digest,
+                                Cached::Refused(reason),
+                                now + introspect::NEGATIVE_KEEP,
+                            );
+                        }
+                        return Err(Refusal { reason, detail });
+                    }
+                }
+            }
+        };
+        let principal = Arc::new(self.principal_of(&claims));
+        let mut until = exp.map_or(now + keep.unwrap_or(introspect::POSITIVE_KEEP), |exp| {
+            now + until_unix(exp)
+        });
+        if let Some(keep) = keep {
+            until = until.min(now + keep);
+        }
+        self.remember(digest, Cached::Valid(principal.clone()), until);
+        Ok(principal)
+    }
+
+    fn cached(&self, digest: &[u8; 32], now: Instant) -> Option<Result<Arc<Principal>, Refusal>> {
+        let mut cache = self.cache.lock();
+        let entry = cache.get(digest)?;
+        if entry.until <= now {
+            cache.pop(digest);
+            return None;
+        }
+        Some(match &entry.value {
+            Cached::Valid(p) => Ok(p.clone()),
+            Cached::Refused(r) => Err((*r).into()),
+        })
+    }
+
+    fn remember(&self, digest: [u8; 32], value: Cached, until: Instant) {
+        self.cache.lock().put(digest, Entry { value, until });
+    }
+
+    async fn verify_jwt(
+        &self,
+        store: &KeyStore,
+        token: &str,
+    ) -> Result<(Map<String, Value>, u64), Refusal> {
+        let head = jwt::head(token, &self.config)?;
+        let mut set = store.current();
+        if let Some(s) = &set {
+            if !s.fresh() {
+                // Past its lifetime: fetched again (at most once per interval); a failure
+                // keeps the old keys.
+                let (fetched, _) = store.refresh(Some(s.fetched), true).await;
+                self.count_fetch(fetched, store);
+                set = store.current();
+            }
+        }
+        let Some(first) = set else {
+            return Err(Reason::KeysUnavailable.into());
+        };
+        match jwt::verify(token, &head, &first, &self.config) {
+            Err(Reason::UnknownKey) => {
+                // A key the sidecar does not hold: perhaps a rotation. One fetch per interval,
+                // however many tokens name unknown keys.
+                let (fetched, _) = store.refresh(Some(first.fetched), false).await;
+                self.count_fetch(fetched, store);
+                let again = store.current().ok_or(Reason::KeysUnavailable)?;
+                if Arc::ptr_eq(&again, &first) {
+                    return Err(Reason::UnknownKey.into());
+                }
+                Ok(jwt::verify(token, &head, &again, &self.config)?)
+            }
+            other => Ok(other?),
+        }
+    }
+
+    fn principal_of(&self, claims: &Map<String, Value>) -> Principal {
+        let text = |name: &str| match claims.get(name) {
+            Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
+            Some(Value::Number(n)) => Some(n.to_string()),
+            _ => None,
+        };
+        let scopes = match claims.get("scope").or_else(|| claims.get("scp")) {
+            Some(Value::String(s)) => s
+                .split(' ')
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let subject = text(&self.config.user_claim);
+        let account = self.config.account_claim.as_deref().and_then(text);
+        let mut refs = IdentityRefs::default();
+        if let Some(s) = &subject {
+            refs.user_ref = Some(self.refs.make(s));
+        }
+        if let Some(a) = &account {
+            let r = self.refs.make(a);
+            refs.customer_ref = Some(r.clone());
+            refs.account_ref = Some(r);
+        }
+        Principal {
+            subject,
+            scopes,
+            client_id: text("client_id").or_else(|| text("azp")),
+            refs,
+        }
+    }
+
+    /// The refusal as the client's answer: 401 with the challenge (the `error` and its
+    /// description when a token was given), 400 for a malformed request, 403
+    /// `insufficient_scope` naming every scope needed, 503 with `Retry-After` when the
+    /// issuer cannot be asked.
+    pub(crate) fn refuse(&self, refusal: &Refusal) -> Error {
+        let r = refusal.reason;
+        let kind = |challenge: String| match r {
+            Reason::InsufficientScope => ErrorKind::InsufficientScope { challenge },
+            _ => ErrorKind::Unauthorized { challenge },
+        };
+        match r {
+            Reason::IntrospectionUnavailable | Reason::KeysUnavailable => Error::new(
+                ErrorKind::AuthUnavailable { retry_after: 5 },
+                "the authorization server cannot be reached to check the token; retry shortly",
+            ),
+            Reason::Missing => Error::new(
+                kind(format!("Bearer {}", self.challenge_tail)),
+                "this MCP server needs an access token: send Authorization: Bearer <token>, obtained from the authorization server its protected resource metadata names",
+            ),
+            Reason::Malformed if refusal.detail.as_deref() == Some(MALFORMED_REQUEST) => Error::new(
+                ErrorKind::BadAuthorization {
+                    challenge: format!("Bearer error=\"invalid_request\", error_description=\"{}\", {}", MALFORMED_REQUEST, self.challenge_tail),
+                },
+                "the Authorization header is malformed: send exactly one Authorization: Bearer <token>, never a token in the query string",
+            ),
+            Reason::InsufficientScope => Error::new(
+                kind(format!(
+                    "Bearer error=\"insufficient_scope\", error_description=\"{}\", {}",
+                    r.description(),
+                    self.challenge_tail
+                )),
+                format!("the access token lacks a scope this request needs (it needs: {})", self.config.scopes.join(" ")),
+            ),
+            _ => Error::new(
+                kind(format!("Bearer error=\"invalid_token\", error_description=\"{}\", {}", r.description(), self.challenge_tail)),
+                format!("the access token is refused: {}", r.description()),
+            ),
+        }
+    }
+
+    /// The request's headers as they go upstream: the headers the sidecar owns set from the
+    /// verified token, and the client's token removed unless `auth_forward_token`.
+    pub(crate) fn to_upstream(&self, headers: &mut HeaderMap, principal: &Principal) {
+        strip_owned(headers);
+        if !self.config.forward_token {
+            headers.remove(http::header::AUTHORIZATION);
+        }
+        let mut set = |name: HeaderName, value: &str| {
+            if let Ok(v) = HeaderValue::from_str(value) {
+                headers.insert(name, v);
+            }
+        };
+        if let Some(s) = &principal.subject {
+            set(SUBJECT_HEADER, s);
+        }
+        set(SCOPES_HEADER, &principal.scopes.join(" "));
+        if let Some(c) = &principal.client_id {
+            set(CLIENT_HEADER, c);
+        }
+    }
+}
+
+/// The headers the sidecar owns, removed from a client's request (whether auth is on or not:
+/// a client never names itself to the upstream).
+pub(crate) fn strip_owned(headers: &mut HeaderMap) {
+    for name in &OWNED_HEADERS {
+        headers.remove(name);
+    }
+}
+
+/// The PRM URL for a resource (RFC 9728 §3.1: the well-known segment between the host and
+/// the resource's path).
+fn metadata_url(resource: &str) -> String {
+    match url::Url::parse(resource) {
+        Ok(u) => {
+            let path = u.path().trim_end_matches('/');
+            format!("{}{METADATA_PATH}{path}", u.origin().ascii_serialization())
+        }
+        Err(_) => format!("{resource}{METADATA_PATH}"),
+    }
+}
+
+fn until_unix(exp: u64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Duration::from_secs(exp.saturating_sub(now))
+}
+
+/// The detail that marks a malformed request (400) rather than a malformed token (401).
+const MALFORMED_REQUEST: &str =
+    "send exactly one Authorization Bearer header and no token in the query";
+
+/// The bearer token of a request: exactly one `Authorization: Bearer <token68>` header, and
+/// no `access_token` in the query (RFC 6750 §2.3 is never accepted).
+fn bearer<'h>(headers: &'h HeaderMap, query: Option<&str>) -> Result<&'h str, Refusal> {
+    let bad = || Refusal {
+        reason: Reason::Malformed,
+        detail: Some(MALFORMED_REQUEST.to_owned()),
+    };
+    if query.is_some_and(|q| {
+        url::form_urlencoded::parse(q.as_bytes()).any(|(k, _)| k == "access_token")
+    }) {
+        return Err(bad());
+    }
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let Some(value) = values.next() else {
+        return Err(Reason::Missing.into());
+    };
+    if values.next().is_some() {
+        return Err(bad());
+    }
+    let value = value.to_str().map_err(|_| bad())?;
+    let (scheme, token) = value.split_once(' ').ok_or_else(bad)?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err(bad());
+    }
+    let token = token.trim_start_matches(' ');
+    let token68 = !token.is_empty()
+        && token.len() <= MAX_TOKEN
+        && token
+            .trim_end_matches('=')
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._~+/".contains(&b));
+    if !token68 {
+        return Err(bad());
+    }
+    Ok(token)
+}
+
+/// Epode refs from claims: a value that already matches the ref rule is used as it is; any
+/// other (too long, other characters, an `@`) becomes a keyed hash of it, stable for one
+/// product key.
+struct RefMaker {
+    mac: Option<hmac::Hmac<Sha256>>,
+}
+
+impl RefMaker {
+    fn new(_config: &AuthConfig, key: Option<&ProductKey>) -> Self {
+        use hmac::Mac;
+        RefMaker {
+            mac: key.and_then(|k| {
+                hmac::Hmac::<Sha256>::new_from_slice(k.expose_secret().as_bytes()).ok()
+            }),
+        }
+    }
+
+    fn make(&self, value: &str) -> String {
+        use hmac::Mac;
+        let plain = !value.is_empty()
+            && value.len() <= crate::feedback::identity::MAX_REF_LEN
+            && value
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.:-".contains(&b));
+        if plain {
+            return value.to_owned();
+        }
+        let digest = match &self.mac {
+            Some(mac) => {
+                let mut mac = mac.clone();
+                mac.update(b"epode-sidecar auth ref\0");
+                mac.update(value.as_bytes());
+                mac.finalize().into_bytes().to_vec()
+            }
+            None => Sha256::digest(value.as_bytes()).to_vec(),
+        };
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("h:{hex}")
+    }
+}
+
+#[cfg(test)]
+mod tests;

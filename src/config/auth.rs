@@ -1,0 +1,465 @@
+//! The MCP authorization front door's settings (the sidecar as an OAuth 2.1 resource server,
+//! MCP 2026-07-28 `basic/authorization`) and the [`AuthConfig`] built from them. Off by
+//! default: nothing changes for a sidecar whose callers are trusted by where they stand.
+
+use std::time::Duration;
+
+use url::Url;
+
+use super::setting::{
+    a_duration, bounded, duration, number, read_all, setting, settings, split_list, text, Accepts,
+    Bad, ConfigError, Layers, Refused,
+};
+use super::types::{redact_url, AuthConfig, AuthMode, Config};
+
+/// The authorization settings; `None` when `auth` is off.
+pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
+    let mode = l.get(&AUTH)?;
+    if mode == AuthMode::Off {
+        return Ok(None);
+    }
+    let required = |doc: &super::setting::Doc| {
+        l.refuse(
+            doc,
+            ConfigError::Missing {
+                name: doc.name(),
+                accepts: format!(
+                    "{}; it is needed with EPODE_SIDECAR_AUTH={}",
+                    doc.accepts.text(),
+                    mode.as_str()
+                )
+                .into(),
+            },
+        )
+    };
+    let issuer = l
+        .optional(&AUTH_ISSUER)
+        .and_then(|i| i.ok_or_else(|| required(&AUTH_ISSUER.doc)));
+    let resource = l
+        .optional(&AUTH_RESOURCE)
+        .and_then(|r| r.ok_or_else(|| required(&AUTH_RESOURCE.doc)));
+    let client_id = l.optional(&AUTH_CLIENT_ID);
+    let client_secret = l.optional(&AUTH_CLIENT_SECRET);
+    let (client_id, client_secret) = match (mode, client_id, client_secret) {
+        (AuthMode::Introspect, Ok(None), secret) => (Err(required(&AUTH_CLIENT_ID.doc)), secret),
+        (AuthMode::Introspect, id, Ok(None)) => (id, Err(required(&AUTH_CLIENT_SECRET.doc))),
+        (_, id, secret) => (id, secret),
+    };
+    let user_claim = l.get(&AUTH_USER_CLAIM);
+    let account_claim = l.optional(&AUTH_ACCOUNT_CLAIM);
+    read_all!(AuthConfig {
+        mode: Ok(mode),
+        issuer,
+        resource,
+        scopes: l.optional(&AUTH_SCOPES).map(Option::unwrap_or_default),
+        algorithms: l.get(&AUTH_ALGORITHMS),
+        leeway: l.get(&AUTH_LEEWAY),
+        token_type: l.optional(&AUTH_TOKEN_TYPE),
+        user_claim,
+        account_claim,
+        client_id,
+        client_secret,
+        forward_token: l.get(&AUTH_FORWARD_TOKEN),
+        cache_entries: l.get(&AUTH_CACHE_ENTRIES),
+        keys_refresh: l.get(&AUTH_KEYS_REFRESH),
+        fetch_timeout: l.get(&AUTH_FETCH_TIMEOUT),
+        documentation: l.optional(&AUTH_DOCUMENTATION),
+    })
+    .map(Some)
+}
+
+fn mode(v: &str) -> Result<AuthMode, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "off" => Ok(AuthMode::Off),
+        "jwt" => Ok(AuthMode::Jwt),
+        "introspect" => Ok(AuthMode::Introspect),
+        _ => Err(Bad::Whole),
+    }
+}
+
+fn is_loopback(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    }
+}
+
+/// The issuer, exactly as the authorization server writes it in `iss`: an `https://` URL
+/// (`http://` only on a loopback host), no query, no fragment.
+fn issuer(raw: &str) -> Result<String, Bad> {
+    let url = Url::parse(raw).map_err(|_| Bad::Whole)?;
+    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && is_loopback(&url));
+    if !scheme_ok || url.query().is_some() || url.fragment().is_some() || url.host().is_none() {
+        return Err(Bad::Whole);
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Bad::Described("an issuer URL with credentials in it"));
+    }
+    // Kept as written: `iss` is compared as a string (RFC 8414 §3.3, RFC 9068 §4).
+    Ok(raw.to_owned())
+}
+
+/// The canonical URI of this MCP server (RFC 8707, MCP's "canonical server URI"): scheme,
+/// host, port and path, lower-case scheme and host, no fragment, no query, no trailing `/`.
+fn resource(raw: &str) -> Result<String, Bad> {
+    let url = Url::parse(raw).map_err(|_| Bad::Whole)?;
+    if !matches!(url.scheme(), "https" | "http") || url.host().is_none() {
+        return Err(Bad::Whole);
+    }
+    if url.fragment().is_some() || url.query().is_some() {
+        return Err(Bad::Described("a resource URI with a query or fragment"));
+    }
+    if raw.ends_with('/') {
+        return Err(Bad::Described(
+            "a resource URI ending in / (write it without the trailing slash)",
+        ));
+    }
+    // `Url` lower-cases the scheme and host; an empty path stays empty.
+    let mut canonical = url.to_string();
+    if url.path() == "/" && !raw.ends_with('/') {
+        canonical.pop();
+    }
+    Ok(canonical)
+}
+
+/// A URL the metadata may point people to.
+fn documentation(raw: &str) -> Result<String, Bad> {
+    let url = Url::parse(raw).map_err(|_| Bad::Whole)?;
+    matches!(url.scheme(), "https" | "http")
+        .then(|| url.to_string())
+        .ok_or(Bad::Whole)
+}
+
+/// A scope token (RFC 6749 §3.3: printable ASCII but space, `"` and `\`).
+fn scope_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b == 0x21 || (0x23..=0x5B).contains(&b) || (0x5D..=0x7E).contains(&b))
+}
+
+/// Scopes separated by spaces or commas; `offline_access` is no scope of a resource (MCP:
+/// it SHOULD NOT appear in a challenge or `scopes_supported`).
+fn scopes(raw: &str) -> Result<Vec<String>, Bad> {
+    let mut out: Vec<String> = Vec::new();
+    for s in raw
+        .split([' ', ','])
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+    {
+        if !scope_token(s) || s == "offline_access" {
+            return Err(Bad::Entry(s.to_owned()));
+        }
+        if !out.iter().any(|o| o == s) {
+            out.push(s.to_owned());
+        }
+    }
+    if out.len() > 32 {
+        return Err(Bad::Described("more than 32 scopes"));
+    }
+    Ok(out)
+}
+
+/// Asymmetric JWS algorithms only: an HMAC algorithm would verify with a public key as its
+/// secret (the classic confusion), and `none` verifies nothing.
+const ALGORITHMS: [&str; 9] = [
+    "RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA",
+];
+
+fn algorithms(raw: &str) -> Result<Vec<jsonwebtoken::Algorithm>, Bad> {
+    let list = split_list(raw);
+    if list.is_empty() {
+        return Err(Bad::Whole);
+    }
+    list.iter()
+        .map(|a| {
+            ALGORITHMS
+                .iter()
+                .find(|k| k.eq_ignore_ascii_case(a))
+                .and_then(|k| k.parse().ok())
+                .ok_or_else(|| Bad::Entry(a.clone()))
+        })
+        .collect()
+}
+
+/// Claims that hold a person's name, address or handle: Epode's contract forbids refs
+/// derived from them.
+const PERSONAL_CLAIMS: [&str; 12] = [
+    "email",
+    "email_verified",
+    "name",
+    "given_name",
+    "family_name",
+    "middle_name",
+    "nickname",
+    "preferred_username",
+    "upn",
+    "unique_name",
+    "phone_number",
+    "address",
+];
+
+fn claim(raw: &str) -> Result<String, Bad> {
+    let name = raw.trim();
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-:./".contains(&b));
+    if !ok {
+        return Err(Bad::Whole);
+    }
+    if PERSONAL_CLAIMS.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+        return Err(Bad::Described(
+            "a claim that names a person (an e-mail, a name, a user name): Epode's refs must be opaque ids, never derived from them; name a claim holding an id, such as sub or a tenant id",
+        ));
+    }
+    Ok(name.to_owned())
+}
+
+fn token_type(raw: &str) -> Result<String, Bad> {
+    let t = raw.trim();
+    let ok = !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_graphic());
+    ok.then(|| t.to_owned()).ok_or(Bad::Whole)
+}
+
+fn on_off(v: &str) -> Result<bool, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "true" | "on" | "1" => Ok(true),
+        "false" | "off" | "0" => Ok(false),
+        _ => Err(Bad::Whole),
+    }
+}
+
+fn shown<T>(c: &Config, f: impl Fn(&AuthConfig) -> T) -> Option<T> {
+    c.auth.as_ref().map(f)
+}
+
+const NOT_USED: &str = "<not used>";
+
+settings! {
+    /// The authorization front door's settings.
+    pub(super) AUTH_GROUP {
+        AUTH: AuthMode = setting(
+            "auth",
+            &["EPODE_SIDECAR_AUTH"],
+            Some("off"),
+            "off, jwt or introspect",
+            "The MCP authorization front door (MCP 2026-07-28 authorization: the sidecar is the OAuth 2.1 resource server). `off`: requests are not authorised here (the client's `Authorization` goes upstream as before). `jwt`: every MCP request needs a JWT access token from `EPODE_SIDECAR_AUTH_ISSUER` for `EPODE_SIDECAR_AUTH_RESOURCE`, checked against the issuer's published keys. `introspect`: opaque tokens, checked at the issuer's introspection endpoint (RFC 7662) with `EPODE_SIDECAR_AUTH_CLIENT_ID`/`_SECRET`. With `jwt` or `introspect` the sidecar serves Protected Resource Metadata (RFC 9728) at `/.well-known/oauth-protected-resource` and its path-suffixed form, answers a missing or invalid token with 401 and a `WWW-Authenticate` challenge, and never passes the client's token upstream unless `EPODE_SIDECAR_AUTH_FORWARD_TOKEN` says so. See docs/authorization.md.",
+            mode,
+            |c| c.auth.as_ref().map_or(AuthMode::Off, |a| a.mode).as_str().to_owned(),
+        ),
+        AUTH_ISSUER: String = setting(
+            "auth_issuer",
+            &["EPODE_SIDECAR_AUTH_ISSUER"],
+            None,
+            "the authorization server's issuer identifier, an https:// URL (http:// only on a loopback host) exactly as its tokens' iss claim writes it",
+            "With auth on: the one authorization server whose tokens are accepted. Its metadata (RFC 8414 `/.well-known/oauth-authorization-server`, else OpenID discovery) gives the keys (`jwks_uri`) or the introspection endpoint; a token's `iss` must equal it exactly. Required with auth on.",
+            issuer,
+            |c| shown(c, |a| redact_url(&a.issuer).into_owned()).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_RESOURCE: String = setting(
+            "auth_resource",
+            &["EPODE_SIDECAR_AUTH_RESOURCE"],
+            None,
+            "this MCP server's canonical URI as its clients reach it, such as https://mcp.example.com/mcp (no trailing slash, query or fragment)",
+            "With auth on: the resource identifier (RFC 8707, RFC 9728 `resource`) and the audience every token must name in `aud`. A token without `aud`, or for another resource, is refused whatever else it carries. Required with auth on.",
+            resource,
+            |c| shown(c, |a| a.resource.clone()).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_SCOPES: Vec<String> = setting(
+            "auth_scopes",
+            &["EPODE_SIDECAR_AUTH_SCOPES"],
+            None,
+            "scopes separated by spaces or commas, at most 32 (not offline_access)",
+            "With auth on: the scopes every MCP request needs (also the metadata's `scopes_supported` and the challenge's `scope`). A token lacking one gets 403 `insufficient_scope` naming them all. Unset: any valid token for the resource.",
+            scopes,
+            |c| shown(c, |a| a.scopes.join(" ")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<none>".into()),
+        ),
+        AUTH_ALGORITHMS: Vec<jsonwebtoken::Algorithm> = setting(
+            "auth_algorithms",
+            &["EPODE_SIDECAR_AUTH_ALGORITHMS"],
+            Some("RS256,PS256,ES256,EdDSA"),
+            "comma-separated JWS algorithms among RS256, RS384, RS512, PS256, PS384, PS512, ES256, ES384, EdDSA",
+            "With `auth=jwt`: the signature algorithms a token may use. HMAC algorithms and `none` are never accepted.",
+            algorithms,
+            |c| shown(c, |a| a.algorithms.iter().map(|x| format!("{x:?}")).collect::<Vec<_>>().join(",")).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_LEEWAY: Duration = bounded(
+            "auth_leeway",
+            &["EPODE_SIDECAR_AUTH_LEEWAY"],
+            Some("30s"),
+            Accepts::duration(Duration::ZERO, Duration::from_secs(300), "30s"),
+            "With auth on: the clock skew allowed when checking a token's `exp`, `nbf` and `iat`.",
+            a_duration,
+            |c| shown(c, |a| duration(a.leeway)).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_TOKEN_TYPE: String = setting(
+            "auth_token_type",
+            &["EPODE_SIDECAR_AUTH_TOKEN_TYPE"],
+            None,
+            "a JWT typ such as at+jwt",
+            "With `auth=jwt`: the `typ` header every token must carry (RFC 9068 access tokens say `at+jwt`; `application/at+jwt` is the same). Unset: not checked.",
+            token_type,
+            |c| shown(c, |a| a.token_type.clone().unwrap_or_else(|| "<not checked>".into())).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_USER_CLAIM: String = setting(
+            "auth_user_claim",
+            &["EPODE_SIDECAR_AUTH_USER_CLAIM"],
+            Some("sub"),
+            "a claim name holding an opaque id (not email, name or another claim naming a person)",
+            "With auth on: the claim that becomes Epode's `userRef` (and the subject the upstream is told, `Epode-Auth-Subject`). A value that is not already an Epode ref (`A-Z a-z 0-9 _ . : -`, 1 to 160) is sent as a keyed hash of it.",
+            claim,
+            |c| shown(c, |a| a.user_claim.clone()).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_ACCOUNT_CLAIM: String = setting(
+            "auth_account_claim",
+            &["EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM"],
+            None,
+            "a claim name holding a tenant or organisation id, such as org_id or tid",
+            "With auth on: the claim that becomes Epode's `accountRef` (and `customerRef` in `ask_once`, which then asks once per account). Unset: no `accountRef` from the token.",
+            claim,
+            |c| shown(c, |a| a.account_claim.clone().unwrap_or_else(|| "<none>".into())).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_CLIENT_ID: String = setting(
+            "auth_client_id",
+            &["EPODE_SIDECAR_AUTH_CLIENT_ID"],
+            None,
+            "the sidecar's client id at the authorization server",
+            "With `auth=introspect`: the client id the sidecar authenticates with at the introspection endpoint (HTTP Basic). Required there.",
+            text,
+            |c| shown(c, |a| a.client_id.clone().unwrap_or_else(|| "<unset>".into())).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_CLIENT_SECRET: String = setting(
+            "auth_client_secret",
+            &["EPODE_SIDECAR_AUTH_CLIENT_SECRET"],
+            None,
+            "the sidecar's client secret at the authorization server",
+            "With `auth=introspect`: the client secret for the introspection endpoint. Required there; never printed (the chart takes it from a Secret only).",
+            text,
+            |c| shown(c, |a| if a.client_secret.is_some() { "<set>" } else { "<unset>" }.to_owned()).unwrap_or_else(|| NOT_USED.into()),
+        )
+        .secret(),
+        AUTH_FORWARD_TOKEN: bool = setting(
+            "auth_forward_token",
+            &["EPODE_SIDECAR_AUTH_FORWARD_TOKEN"],
+            Some("false"),
+            "true or false",
+            "With auth on: `true` passes the client's verified token upstream in `Authorization` besides the claims headers. MCP forbids passing a token on to a service it was not issued for: use it only when the upstream is the same resource (it validates the same audience). Default: the upstream never sees the token.",
+            on_off,
+            |c| shown(c, |a| a.forward_token.to_string()).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_CACHE_ENTRIES: usize = bounded(
+            "auth_cache_entries",
+            &["EPODE_SIDECAR_AUTH_CACHE_ENTRIES"],
+            Some("10000"),
+            Accepts::whole("tokens", 1, 1_000_000),
+            "With auth on: how many verified tokens are remembered (by their SHA-256, until they expire, the least recently used forgotten first), so a client's repeated calls cost no signature check or introspection.",
+            number,
+            |c| shown(c, |a| a.cache_entries.to_string()).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_KEYS_REFRESH: Duration = bounded(
+            "auth_keys_refresh",
+            &["EPODE_SIDECAR_AUTH_KEYS_REFRESH"],
+            Some("30s"),
+            Accepts::duration(Duration::from_secs(1), Duration::from_secs(3600), "30s"),
+            "With `auth=jwt`: the least time between two fetches of the issuer's keys. A token naming a key (`kid`) the sidecar does not hold fetches them again at most this often, so a flood of unknown keys costs one fetch per interval; the keys are otherwise kept for their HTTP cache lifetime (1 minute to 1 day, 5 minutes without one).",
+            a_duration,
+            |c| shown(c, |a| duration(a.keys_refresh)).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_FETCH_TIMEOUT: Duration = bounded(
+            "auth_fetch_timeout",
+            &["EPODE_SIDECAR_AUTH_FETCH_TIMEOUT"],
+            Some("5s"),
+            Accepts::duration(Duration::from_millis(100), Duration::from_secs(60), "5s"),
+            "With auth on: the deadline of each request to the authorization server (metadata, keys, introspection); its answers are read up to 1 MiB.",
+            a_duration,
+            |c| shown(c, |a| duration(a.fetch_timeout)).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_DOCUMENTATION: String = setting(
+            "auth_documentation",
+            &["EPODE_SIDECAR_AUTH_DOCUMENTATION"],
+            None,
+            "an http(s) URL",
+            "With auth on: `resource_documentation` in the Protected Resource Metadata, a page for people about this server's authorization.",
+            documentation,
+            |c| shown(c, |a| a.documentation.clone().unwrap_or_else(|| "<none>".into())).unwrap_or_else(|| NOT_USED.into()),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resource_is_canonical_or_refused() {
+        assert_eq!(
+            resource("HTTPS://MCP.Example.com/mcp").unwrap(),
+            "https://mcp.example.com/mcp"
+        );
+        assert_eq!(
+            resource("https://mcp.example.com").unwrap(),
+            "https://mcp.example.com"
+        );
+        assert_eq!(
+            resource("http://127.0.0.1:9000/mcp").unwrap(),
+            "http://127.0.0.1:9000/mcp"
+        );
+        for bad in [
+            "https://a.example/mcp/",
+            "https://a.example/mcp#x",
+            "https://a.example/mcp?x=1",
+            "mcp",
+            "ftp://a/x",
+            "https://a.example/",
+        ] {
+            assert!(resource(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn issuers_are_https_or_loopback_and_kept_as_written() {
+        assert_eq!(
+            issuer("https://as.example.com/realms/x").unwrap(),
+            "https://as.example.com/realms/x"
+        );
+        assert_eq!(
+            issuer("https://as.example.com/").unwrap(),
+            "https://as.example.com/"
+        );
+        assert!(issuer("http://127.0.0.1:4000").is_ok());
+        for bad in [
+            "http://as.example.com",
+            "https://u:p@as.example.com",
+            "https://as.example.com?x",
+            "as",
+        ] {
+            assert!(issuer(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_asymmetric_algorithms_are_taken() {
+        assert_eq!(algorithms("RS256, es256").unwrap().len(), 2);
+        for bad in ["HS256", "none", "RS256,HS512", ""] {
+            assert!(algorithms(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn scopes_are_tokens_and_claims_are_no_personal_data() {
+        assert_eq!(
+            scopes("mcp:tools, mcp:read mcp:tools").unwrap(),
+            ["mcp:tools", "mcp:read"]
+        );
+        assert!(scopes("offline_access").is_err());
+        assert!(scopes("a\"b").is_err());
+        assert_eq!(claim("org_id").unwrap(), "org_id");
+        for bad in ["email", "Name", "preferred_username", "a b", ""] {
+            assert!(claim(bad).is_err(), "{bad}");
+        }
+    }
+}
