@@ -36,7 +36,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::body::{self, Body};
-use crate::config::{AuthConfig, AuthMode};
+use crate::config::{AuthConfig, AuthMode, OperationKind};
 use crate::error::{Error, ErrorKind};
 use crate::feedback::capability::ProductKey;
 use crate::feedback::identity::IdentityRefs;
@@ -398,26 +398,84 @@ impl Authorizer {
         headers: &HeaderMap,
         query: Option<&str>,
     ) -> Result<Arc<Principal>, Refusal> {
-        let result = self.principal(headers, query).await.and_then(|p| {
-            let missing = self.config.scopes.iter().any(|s| !p.scopes.contains(s));
-            if missing {
-                Err(Reason::InsufficientScope.into())
-            } else {
-                Ok(p)
-            }
-        });
+        let result = self.principal(headers, query).await;
         if let Err(r) = &result {
-            self.metrics.auth_refused(r.reason.as_str(), 1);
-            match &r.detail {
-                Some(detail) => {
-                    tracing::warn!(reason = r.reason.as_str(), %detail, "a request's token could not be checked")
-                }
-                None => {
-                    tracing::debug!(reason = r.reason.as_str(), "a request's token was refused")
+            self.count(r);
+        }
+        result
+    }
+
+    fn count(&self, r: &Refusal) {
+        self.metrics.auth_refused(r.reason.as_str(), 1);
+        match &r.detail {
+            Some(detail) if r.reason != Reason::Malformed => {
+                tracing::warn!(reason = r.reason.as_str(), %detail, "a request's token could not be checked")
+            }
+            _ => tracing::debug!(reason = r.reason.as_str(), "a request's token was refused"),
+        }
+    }
+
+    /// Every scope a request needs: the base ones, and those of every rule its tool's or
+    /// prompt's name or its resource's URI matches (`local`: one of the feedback tools,
+    /// which need the base scopes only).
+    pub(crate) fn needed(
+        &self,
+        kind: Option<OperationKind>,
+        name: Option<&str>,
+        local: bool,
+    ) -> Vec<String> {
+        let mut needed = self.config.scopes.clone();
+        if let (Some(kind), Some(name), false) = (kind, name, local) {
+            for rule in self
+                .config
+                .operation_scopes
+                .iter()
+                .filter(|r| r.kind == kind)
+            {
+                if rule.matcher.is_match(name) {
+                    for s in &rule.scopes {
+                        if !needed.contains(s) {
+                            needed.push(s.clone());
+                        }
+                    }
                 }
             }
         }
-        result
+        needed
+    }
+
+    /// Whether `principal` holds every scope in `needed` (directly or through the operator's
+    /// hierarchy); else the 403 that names them all (counted).
+    pub(crate) fn require(&self, principal: &Principal, needed: &[String]) -> Result<(), Error> {
+        let holds = |want: &String| {
+            principal
+                .scopes
+                .iter()
+                .any(|s| s == want || self.config.implies.get(s).is_some_and(|g| g.contains(want)))
+        };
+        if needed.iter().all(holds) {
+            return Ok(());
+        }
+        self.count(&Reason::InsufficientScope.into());
+        Err(self.insufficient(needed))
+    }
+
+    /// The step-up answer: 403 naming every scope the request needs, in one challenge.
+    fn insufficient(&self, needed: &[String]) -> Error {
+        let metadata_url = metadata_url(&self.config.resource);
+        Error::new(
+            ErrorKind::InsufficientScope {
+                challenge: format!(
+                    "Bearer error=\"insufficient_scope\", scope=\"{}\", resource_metadata=\"{metadata_url}\", error_description=\"{}\"",
+                    needed.join(" "),
+                    Reason::InsufficientScope.description()
+                ),
+            },
+            format!(
+                "the access token lacks a scope this request needs (it needs: {})",
+                needed.join(" ")
+            ),
+        )
     }
 
     async fn principal(
@@ -566,10 +624,7 @@ impl Authorizer {
     /// issuer cannot be asked.
     pub(crate) fn refuse(&self, refusal: &Refusal) -> Error {
         let r = refusal.reason;
-        let kind = |challenge: String| match r {
-            Reason::InsufficientScope => ErrorKind::InsufficientScope { challenge },
-            _ => ErrorKind::Unauthorized { challenge },
-        };
+        let kind = |challenge: String| ErrorKind::Unauthorized { challenge };
         match r {
             Reason::IntrospectionUnavailable | Reason::KeysUnavailable => Error::new(
                 ErrorKind::AuthUnavailable { retry_after: 5 },
@@ -585,14 +640,7 @@ impl Authorizer {
                 },
                 "the Authorization header is malformed: send exactly one Authorization: Bearer <token>, never a token in the query string",
             ),
-            Reason::InsufficientScope => Error::new(
-                kind(format!(
-                    "Bearer error=\"insufficient_scope\", error_description=\"{}\", {}",
-                    r.description(),
-                    self.challenge_tail
-                )),
-                format!("the access token lacks a scope this request needs (it needs: {})", self.config.scopes.join(" ")),
-            ),
+            Reason::InsufficientScope => self.insufficient(&self.config.scopes),
             _ => Error::new(
                 kind(format!("Bearer error=\"invalid_token\", error_description=\"{}\", {}", r.description(), self.challenge_tail)),
                 format!("the access token is refused: {}", r.description()),

@@ -106,6 +106,8 @@ pub(super) fn test_config() -> AuthConfig {
         keys_refresh: Duration::from_secs(30),
         fetch_timeout: Duration::from_secs(1),
         documentation: None,
+        operation_scopes: Vec::new(),
+        implies: Default::default(),
     }
 }
 
@@ -245,4 +247,58 @@ fn claims_become_a_principal_with_refs() {
     assert_eq!(p.refs.account_ref.as_deref(), Some("acme"));
     assert_eq!(p.refs.customer_ref.as_deref(), Some("acme"));
     assert_eq!(p.client_id.as_deref(), Some("app"));
+}
+
+#[test]
+fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
+    let mut config = test_config();
+    config.scopes = vec!["mcp:tools".into()];
+    config.operation_scopes = crate::config::tests_support_operation_scopes(
+        "tool:delete_*=mcp:admin; prompt:*=mcp:prompts",
+    );
+    config.implies = [(
+        "mcp:root".to_owned(),
+        vec!["mcp:admin".to_owned(), "mcp:tools".to_owned()],
+    )]
+    .into_iter()
+    .collect();
+    let a = Authorizer::new(config, Arc::new(Metrics::new(|_| {})), None).unwrap();
+    let needed = a.needed(Some(OperationKind::Tool), Some("delete_user"), false);
+    assert_eq!(needed, ["mcp:tools", "mcp:admin"]);
+    assert_eq!(
+        a.needed(Some(OperationKind::Tool), Some("delete_user"), true),
+        ["mcp:tools"],
+        "a feedback tool needs the base scopes"
+    );
+    assert_eq!(
+        a.needed(Some(OperationKind::Tool), Some("list"), false),
+        ["mcp:tools"]
+    );
+    assert_eq!(
+        a.needed(Some(OperationKind::Prompt), Some("x"), false),
+        ["mcp:tools", "mcp:prompts"]
+    );
+    let holding = |scopes: &[&str]| Principal {
+        subject: None,
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        client_id: None,
+        refs: IdentityRefs::default(),
+    };
+    assert!(a
+        .require(&holding(&["mcp:tools", "mcp:admin"]), &needed)
+        .is_ok());
+    assert!(
+        a.require(&holding(&["mcp:root"]), &needed).is_ok(),
+        "granted through the hierarchy"
+    );
+    let e = a.require(&holding(&["mcp:tools"]), &needed).unwrap_err();
+    assert_eq!(e.status(), 403);
+    let resp = e.into_response(None);
+    let challenge = resp.headers()[http::header::WWW_AUTHENTICATE]
+        .to_str()
+        .unwrap();
+    assert!(
+        challenge.contains("scope=\"mcp:tools mcp:admin\""),
+        "{challenge}"
+    );
 }

@@ -10,7 +10,9 @@ use super::setting::{
     a_duration, bounded, duration, number, read_all, setting, settings, split_list, text, Accepts,
     Bad, ConfigError, Layers, Refused,
 };
-use super::types::{redact_url, AuthConfig, AuthMode, Config};
+use std::collections::BTreeMap;
+
+use super::types::{redact_url, AuthConfig, AuthMode, Config, OperationKind, OperationScopes};
 
 /// The authorization settings; `None` when `auth` is off.
 pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
@@ -64,6 +66,12 @@ pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
         keys_refresh: l.get(&AUTH_KEYS_REFRESH),
         fetch_timeout: l.get(&AUTH_FETCH_TIMEOUT),
         documentation: l.optional(&AUTH_DOCUMENTATION),
+        operation_scopes: l
+            .optional(&AUTH_OPERATION_SCOPES)
+            .map(Option::unwrap_or_default),
+        implies: l
+            .optional(&AUTH_SCOPE_IMPLIES)
+            .map(Option::unwrap_or_default),
     })
     .map(Some)
 }
@@ -223,6 +231,96 @@ fn token_type(raw: &str) -> Result<String, Bad> {
     let t = raw.trim();
     let ok = !t.is_empty() && t.len() <= 64 && t.bytes().all(|b| b.is_ascii_graphic());
     ok.then(|| t.to_owned()).ok_or(Bad::Whole)
+}
+
+/// The most rules in `auth_operation_scopes` (each request may be compared with every one).
+const RULES_MAX: usize = 64;
+
+/// `tool:search_*=mcp:read; prompt:*=mcp:prompts; resource:file:///private/**=mcp:private`:
+/// rules separated by `;`, each a kind, `:`, a glob of names (`*` within a `/` segment, `**`
+/// across), `=` and the scopes (the last `=` splits, so a resource URI may hold one).
+pub(super) fn operation_scopes(raw: &str) -> Result<Vec<OperationScopes>, Bad> {
+    let rules: Vec<&str> = raw
+        .split(';')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .collect();
+    if rules.len() > RULES_MAX {
+        return Err(Bad::Described("more than 64 rules"));
+    }
+    rules
+        .iter()
+        .map(|rule| {
+            let bad = || Bad::Entry((*rule).to_owned());
+            let (kind, rest) = rule.split_once(':').ok_or_else(bad)?;
+            let kind = match kind.trim() {
+                "tool" => OperationKind::Tool,
+                "prompt" => OperationKind::Prompt,
+                "resource" => OperationKind::Resource,
+                _ => return Err(bad()),
+            };
+            let (pattern, needs) = rest.rsplit_once('=').ok_or_else(bad)?;
+            let pattern = pattern.trim();
+            let scopes = scopes(needs).map_err(|_| bad())?;
+            if pattern.is_empty() || scopes.is_empty() {
+                return Err(bad());
+            }
+            let matcher = globset::GlobBuilder::new(pattern)
+                .literal_separator(true)
+                .build()
+                .map_err(|_| bad())?
+                .compile_matcher();
+            Ok(OperationScopes {
+                kind,
+                pattern: pattern.to_owned(),
+                matcher,
+                scopes,
+            })
+        })
+        .collect()
+}
+
+/// `mcp:admin=mcp:tools mcp:read; mcp:tools=mcp:read`: what a scope also grants, closed
+/// (a scope grants what the scopes it grants grant), at most 64 rules.
+fn implies(raw: &str) -> Result<BTreeMap<String, Vec<String>>, Bad> {
+    let mut direct: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let rules: Vec<&str> = raw
+        .split(';')
+        .map(str::trim)
+        .filter(|r| !r.is_empty())
+        .collect();
+    if rules.len() > RULES_MAX {
+        return Err(Bad::Described("more than 64 rules"));
+    }
+    for rule in rules {
+        let bad = || Bad::Entry(rule.to_owned());
+        let (parent, children) = rule.split_once('=').ok_or_else(bad)?;
+        let parent = parent.trim();
+        if !scope_token(parent) || parent.contains('=') {
+            return Err(bad());
+        }
+        let children = scopes(children).map_err(|_| bad())?;
+        direct
+            .entry(parent.to_owned())
+            .or_default()
+            .extend(children);
+    }
+    let mut closed = BTreeMap::new();
+    for parent in direct.keys() {
+        let mut granted: Vec<String> = Vec::new();
+        let mut todo: Vec<&str> = direct[parent].iter().map(String::as_str).collect();
+        while let Some(s) = todo.pop() {
+            if s == parent || granted.iter().any(|g| g == s) {
+                continue;
+            }
+            granted.push(s.to_owned());
+            if let Some(more) = direct.get(s) {
+                todo.extend(more.iter().map(String::as_str));
+            }
+        }
+        closed.insert(parent.clone(), granted);
+    }
+    Ok(closed)
 }
 
 fn on_off(v: &str) -> Result<bool, Bad> {
@@ -387,12 +485,56 @@ settings! {
             documentation,
             |c| shown(c, |a| a.documentation.clone().unwrap_or_else(|| "<none>".into())).unwrap_or_else(|| NOT_USED.into()),
         ),
+        AUTH_OPERATION_SCOPES: Vec<OperationScopes> = setting(
+            "auth_operation_scopes",
+            &["EPODE_SIDECAR_AUTH_OPERATION_SCOPES"],
+            None,
+            "rules separated by ;, at most 64, each tool:, prompt: or resource: then a glob of names, = and the scopes, such as tool:delete_*=mcp:admin; resource:file:///private/**=mcp:private",
+            "With auth on: scopes a `tools/call`, `prompts/get` or `resources/read` needs besides `EPODE_SIDECAR_AUTH_SCOPES`, by the tool's or prompt's name or the resource's URI (`*` within a `/` segment, `**` across; every rule that matches adds its scopes). A token lacking one gets 403 `insufficient_scope` naming every scope the call needs, so the client can ask for them at once. The two feedback tools need only the base scopes.",
+            operation_scopes,
+            |c| shown(c, |a| a.operation_scopes.iter().map(|r| format!("{}:{}={}", match r.kind { OperationKind::Tool => "tool", OperationKind::Prompt => "prompt", OperationKind::Resource => "resource" }, r.pattern, r.scopes.join(" "))).collect::<Vec<_>>().join("; ")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<none>".into()),
+        ),
+        AUTH_SCOPE_IMPLIES: BTreeMap<String, Vec<String>> = setting(
+            "auth_scope_implies",
+            &["EPODE_SIDECAR_AUTH_SCOPE_IMPLIES"],
+            None,
+            "rules separated by ;, at most 64, each a scope, = and the scopes it grants, such as mcp:admin=mcp:write mcp:read; mcp:write=mcp:read",
+            "With auth on: the scope hierarchy (MCP asks a server to honour the hierarchies it defines): a token holding a scope also holds every scope it grants, directly or through others.",
+            implies,
+            |c| shown(c, |a| a.implies.iter().map(|(k, v)| format!("{k}={}", v.join(" "))).collect::<Vec<_>>().join("; ")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<none>".into()),
+        ),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn operation_rules_and_the_hierarchy_are_read() {
+        let rules = operation_scopes(
+            "tool:delete_*=mcp:admin mcp:write; resource:file:///a/**?x=1=mcp:private",
+        )
+        .unwrap();
+        assert_eq!(rules.len(), 2);
+        assert!(rules[0].matcher.is_match("delete_user") && !rules[0].matcher.is_match("list"));
+        assert_eq!(rules[0].scopes, ["mcp:admin", "mcp:write"]);
+        assert_eq!(rules[1].kind, OperationKind::Resource);
+        assert_eq!(rules[1].pattern, "file:///a/**?x=1");
+        for bad in [
+            "delete_*=mcp:admin",
+            "tool:x",
+            "tool:=a",
+            "tool:x=",
+            "thing:x=a",
+        ] {
+            assert!(operation_scopes(bad).is_err(), "{bad}");
+        }
+        let h = implies("mcp:admin=mcp:write; mcp:write=mcp:read; mcp:read=mcp:admin").unwrap();
+        assert_eq!(h["mcp:admin"], ["mcp:write", "mcp:read"]);
+        assert_eq!(h["mcp:read"], ["mcp:admin", "mcp:write"], "a circle ends");
+        assert!(implies("a").is_err());
+    }
 
     #[test]
     fn the_resource_is_canonical_or_refused() {

@@ -39,10 +39,16 @@ use self::setting::{read_all, Doc, Layers, Place, Refused};
 pub(crate) use self::setting::{ConfigError, ConfigErrors};
 pub(crate) use self::types::{
     redact_url, AuthConfig, AuthMode, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues,
-    HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OriginPolicy, Rate,
-    RouteTemplate, RunAs, StdioChildren, StdioCommand, UpstreamProtocol, UpstreamTarget,
-    UpstreamTls, UpstreamTransport,
+    HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OperationKind,
+    OriginPolicy, Rate, RouteTemplate, RunAs, StdioChildren, StdioCommand, UpstreamProtocol,
+    UpstreamTarget, UpstreamTls, UpstreamTransport,
 };
+
+/// An `auth_operation_scopes` value read, for other modules' tests.
+#[cfg(test)]
+pub(crate) fn tests_support_operation_scopes(raw: &str) -> Vec<types::OperationScopes> {
+    auth::operation_scopes(raw).unwrap_or_default()
+}
 
 /// The file named by `--config` or this variable is read as TOML, with the settings' keys.
 pub(crate) const CONFIG_FILE_ENV: &str = "EPODE_SIDECAR_CONFIG";

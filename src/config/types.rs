@@ -165,6 +165,29 @@ pub(crate) struct AuthConfig {
     pub(crate) keys_refresh: Duration,
     pub(crate) fetch_timeout: Duration,
     pub(crate) documentation: Option<String>,
+    /// Scopes needed beyond `scopes` by the tools, prompts and resources whose names match.
+    pub(crate) operation_scopes: Vec<OperationScopes>,
+    /// What each scope also grants (the operator's hierarchy, already closed: a scope maps
+    /// to every scope it grants, directly or through others).
+    pub(crate) implies: BTreeMap<String, Vec<String>>,
+}
+
+/// What kind of thing an operation scope rule names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OperationKind {
+    Tool,
+    Prompt,
+    Resource,
+}
+
+/// One rule of `auth_operation_scopes`: the names it matches and the scopes they need.
+#[derive(Debug, Clone)]
+pub(crate) struct OperationScopes {
+    pub(crate) kind: OperationKind,
+    /// As written (for `--check-config`).
+    pub(crate) pattern: String,
+    pub(crate) matcher: globset::GlobMatcher,
+    pub(crate) scopes: Vec<String>,
 }
 
 impl std::fmt::Debug for AuthConfig {

@@ -205,6 +205,20 @@ impl Dispatcher {
         }
     }
 
+    /// The request with its caller, once its token holds every scope it needs (with auth on).
+    fn scoped<'a>(
+        &self,
+        r: frontdoor::Request<'a>,
+        principal: Option<Arc<Principal>>,
+    ) -> Result<frontdoor::Request<'a>, Box<Response<Body>>> {
+        if let (Some(auth), Some(p)) = (&self.auth, &principal) {
+            if let Err(e) = self.table.require_scopes(auth, p, &r) {
+                return Err(Box::new(e.into_response(Some(r.id))));
+            }
+        }
+        Ok(frontdoor::Request { principal, ..r })
+    }
+
     /// A body that could not be read within the limits, counted by the limit.
     fn body_refused(&self, e: Error) -> Response<Body> {
         self.table.metrics.limit(match e.kind() {
@@ -288,7 +302,10 @@ impl Dispatcher {
             Err(refused) => return refused,
         };
         let request = match frontdoor::admit(&parts, &bytes) {
-            Ok(Some(r)) => frontdoor::Request { principal, ..r },
+            Ok(Some(r)) => match self.scoped(r, principal) {
+                Ok(r) => r,
+                Err(refused) => return *refused,
+            },
             Ok(None) => {
                 self.table
                     .upstream

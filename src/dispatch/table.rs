@@ -204,6 +204,31 @@ impl MethodTable {
         Ok(ctx.local_result(result))
     }
 
+    /// Whether the caller's token holds every scope the request needs (its tool's,
+    /// prompt's or resource's, besides the base ones); else the 403 naming them all.
+    pub(super) fn require_scopes(
+        &self,
+        auth: &crate::auth::Authorizer,
+        principal: &crate::auth::Principal,
+        req: &Request<'_>,
+    ) -> Result<(), Error> {
+        use crate::config::OperationKind;
+        let (kind, name) = match req.listed {
+            Some(Method::ToolsCall) => (Some(OperationKind::Tool), req.rpc.name()),
+            Some(Method::PromptsGet) => (Some(OperationKind::Prompt), req.rpc.name()),
+            Some(Method::ResourcesRead) => (
+                Some(OperationKind::Resource),
+                req.rpc.params.uri.and_then(crate::mcp::raw::as_str),
+            ),
+            _ => (None, None),
+        };
+        let local = kind == Some(OperationKind::Tool)
+            && name
+                .as_deref()
+                .is_some_and(|n| self.binding.is_local_tool(n));
+        auth.require(principal, &auth.needed(kind, name.as_deref(), local))
+    }
+
     /// A product `tools/call`: upstream with the binding's hook (the catalog learns the
     /// upstream's tools first when it has not seen this one listed).
     async fn tool_call(
