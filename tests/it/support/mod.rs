@@ -1,7 +1,8 @@
 //! Shared test fixtures: the real peers (Python `mcp` and TypeScript SDK upstreams, the
 //! TypeScript clients of both SDK generations, the conformance suite) installed by
-//! `scripts/install-peers.sh`, the sidecar binary itself, and (in `scripted`) the scripted
-//! upstream for edge cases real peers cannot produce.
+//! `scripts/install-peers.sh`, the sidecar binary itself, (in `scripted`) the scripted
+//! upstream for edge cases real peers cannot produce, and (in `auth`) the OAuth
+//! authorization server peer (oidc-provider) with its test controls.
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{BufRead, BufReader, Read};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod auth;
 pub mod fake_epode;
 pub mod scripted;
 
