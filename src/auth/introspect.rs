@@ -88,8 +88,5 @@ fn form_encode(s: &str) -> String {
     url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// How long an answer may be kept: never past its `exp`, at most [`POSITIVE_KEEP`], so a
-/// revoked token is refused within that time.
-pub(super) const POSITIVE_KEEP: Duration = Duration::from_secs(60);
 /// How long an inactive token's answer is kept (a client retrying it costs no request).
 pub(super) const NEGATIVE_KEEP: Duration = Duration::from_secs(5);

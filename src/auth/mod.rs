@@ -503,7 +503,7 @@ impl Authorizer {
             }
             Backend::Introspect(endpoint) => {
                 match introspect::introspect(&self.client, endpoint, token, &self.config).await {
-                    Ok((claims, exp)) => (claims, exp, Some(introspect::POSITIVE_KEEP)),
+                    Ok((claims, exp)) => (claims, exp, Some(self.config.introspection_cache)),
                     Err((reason, detail)) => {
                         if detail.is_none() {
                             self.remember(
@@ -518,9 +518,10 @@ impl Authorizer {
             }
         };
         let principal = Arc::new(self.principal_of(&claims));
-        let mut until = exp.map_or(now + keep.unwrap_or(introspect::POSITIVE_KEEP), |exp| {
-            now + until_unix(exp)
-        });
+        let mut until = exp.map_or(
+            now + keep.unwrap_or(self.config.introspection_cache),
+            |exp| now + until_unix(exp),
+        );
         if let Some(keep) = keep {
             until = until.min(now + keep);
         }

@@ -106,6 +106,7 @@ pub(super) fn test_config() -> AuthConfig {
         keys_refresh: Duration::from_secs(30),
         fetch_timeout: Duration::from_secs(1),
         documentation: None,
+        introspection_cache: Duration::from_secs(60),
         operation_scopes: Vec::new(),
         implies: Default::default(),
     }

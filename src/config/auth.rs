@@ -66,6 +66,7 @@ pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
         keys_refresh: l.get(&AUTH_KEYS_REFRESH),
         fetch_timeout: l.get(&AUTH_FETCH_TIMEOUT),
         documentation: l.optional(&AUTH_DOCUMENTATION),
+        introspection_cache: l.get(&AUTH_INTROSPECTION_CACHE),
         operation_scopes: l
             .optional(&AUTH_OPERATION_SCOPES)
             .map(Option::unwrap_or_default),
@@ -475,6 +476,15 @@ settings! {
             "With auth on: the deadline of each request to the authorization server (metadata, keys, introspection); its answers are read up to 1 MiB.",
             a_duration,
             |c| shown(c, |a| duration(a.fetch_timeout)).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_INTROSPECTION_CACHE: Duration = bounded(
+            "auth_introspection_cache",
+            &["EPODE_SIDECAR_AUTH_INTROSPECTION_CACHE"],
+            Some("60s"),
+            Accepts::duration(Duration::from_secs(1), Duration::from_secs(3600), "60s"),
+            "With `auth=introspect`: how long an active token's introspection answer is kept (never past its `exp`): a token revoked at the authorization server is refused within this time. An inactive token's answer is kept 5 seconds.",
+            a_duration,
+            |c| shown(c, |a| duration(a.introspection_cache)).unwrap_or_else(|| NOT_USED.into()),
         ),
         AUTH_DOCUMENTATION: String = setting(
             "auth_documentation",

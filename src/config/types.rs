@@ -165,6 +165,8 @@ pub(crate) struct AuthConfig {
     pub(crate) keys_refresh: Duration,
     pub(crate) fetch_timeout: Duration,
     pub(crate) documentation: Option<String>,
+    /// How long an active opaque token's introspection answer is kept.
+    pub(crate) introspection_cache: Duration,
     /// Scopes needed beyond `scopes` by the tools, prompts and resources whose names match.
     pub(crate) operation_scopes: Vec<OperationScopes>,
     /// What each scope also grants (the operator's hierarchy, already closed: a scope maps

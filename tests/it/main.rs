@@ -6,6 +6,7 @@
 
 mod support;
 
+mod auth;
 mod auth_server;
 mod cli;
 mod conformance;

@@ -11,7 +11,7 @@ http://127.0.0.1:PORT/mcp, with three tools:
                      no outputSchema (same as the TS peer)
 
 Usage (run with the venv python from scripts/install-peers.sh):
-  $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN] [--logging-completion]
+  $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN] [--logging-completion] [--whoami]
   $D/py/bin/python tests/peers/py_server.py --stdio [--identity] [--extras]
 
   --port N               port on 127.0.0.1; 0 picks a free port
@@ -102,6 +102,23 @@ def add_identity_tools() -> None:
                 "vendor.example/keep": "kept",
             },
         )
+
+
+def add_whoami_tool() -> None:
+    """A tool that says who the HTTP request named: whether it carried `Authorization` and
+    the claims headers an authorizing gateway sets (`Epode-Auth-*`), so tests see what the
+    server behind the sidecar is told."""
+    @mcp.tool()
+    def whoami(ctx: Context) -> dict:
+        """Who is calling, as the HTTP request says."""
+        request = ctx.request_context.request
+        headers = request.headers if request is not None else {}
+        return {
+            "authorization": headers.get("authorization") is not None,
+            "subject": headers.get("epode-auth-subject"),
+            "scopes": headers.get("epode-auth-scopes"),
+            "client": headers.get("epode-auth-client"),
+        }
 
 
 def add_stdio_tools() -> None:
@@ -205,6 +222,7 @@ def main() -> None:
     p.add_argument("--extras", action="store_true", help="also serve roots, shout and big (the stdio tests' tools)")
     p.add_argument("--json", action="store_true", help="json_response=True (never SSE)")
     p.add_argument("--require-token", metavar="TOKEN", help="require Authorization: Bearer TOKEN")
+    p.add_argument("--whoami", action="store_true", help="also serve the `whoami` tool (the request's Authorization and Epode-Auth-* headers)")
     p.add_argument("--identity", action="store_true", help="also serve the `account` tool, whose result carries _meta identity")
     p.add_argument("--tls-cert", metavar="PEM", help="serve HTTPS with this certificate chain (with --tls-key)")
     p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
@@ -213,6 +231,8 @@ def main() -> None:
     args = p.parse_args()
     if args.identity:
         add_identity_tools()
+    if args.whoami:
+        add_whoami_tool()
     if args.extras:
         add_stdio_tools()
     if args.logging_completion:
