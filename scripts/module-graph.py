@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The crate's module graph: each top-level module of src/ and the modules it imports with
 `use crate::` (or names as `crate::x` anywhere, tests included), then any cycle among them.
-Exits 1 when there is a cycle. docs/architecture.md's module map is generated from this.
+Exits 1 when there is a cycle: between top-level modules, or with `--files` between files (CI
+runs both). docs/architecture.md's module map is generated from this.
 
     python3 scripts/module-graph.py [SRC]          # SRC: another tree's src/ (default: this one)
     python3 scripts/module-graph.py --files [SRC]  # the same between files (`use crate::`,
