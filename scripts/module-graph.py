@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The crate's module graph: each top-level module of src/ and the modules it imports with
 `use crate::` (or names as `crate::x` anywhere, tests included), then any cycle among them.
-Exits 1 when there is a cycle. docs/architecture.md's module map is generated from this.
+Exits 1 when there is a cycle: between top-level modules, or with `--files` between files (CI
+runs both). docs/architecture.md's module map is generated from this.
 
     python3 scripts/module-graph.py [SRC]          # SRC: another tree's src/ (default: this one)
     python3 scripts/module-graph.py --files [SRC]  # the same between files (`use crate::`,
-                                                   # `super::`, `self::` resolved to the file
-                                                   # that defines the module; tests left out)
+                                                   # `super::`, `self::`, and a declared child
+                                                   # module's name resolved to the file that
+                                                   # defines the module; tests left out)
 """
 import pathlib
 import re
@@ -30,6 +32,7 @@ def imports(path):
 
 PATH = re.compile(r"\b(?:crate|super|self)(?:::[A-Za-z_][A-Za-z0-9_]*)+")
 PATH_GROUP = re.compile(r"\b(crate|super|self)((?:::[a-z_][a-z0-9_]*)*)::\{([^}]*)\}")
+CHILD = re.compile(r"^\s*(?:pub(?:\([a-z]+\))?\s+)?mod ([a-z_][a-z0-9_]*);", re.M)
 
 
 def file_graph():
@@ -68,6 +71,14 @@ def file_graph():
         for head, middle, items in PATH_GROUP.findall(text):
             prefix = [head] + [s for s in middle.split("::") if s]
             paths += [prefix + i.split(" as ")[0].strip().split("::") for i in items.split(",") if i.strip()]
+        # A path may also start with the name of a module the file declares (`mod child;`
+        # then `child::spawn`, or `use child::{..}`): it is `self::child::spawn`.
+        for kid in CHILD.findall(text):
+            start = r"(?<![:\w])" + kid
+            paths += [["self"] + m.group(0).split("::") for m in re.finditer(start + r"(?:::[A-Za-z_]\w*)+", text)]
+            for middle, items in re.findall(start + r"((?:::[a-z_][a-z0-9_]*)*)::\{([^}]*)\}", text):
+                prefix = ["self", kid] + [s for s in middle.split("::") if s]
+                paths += [prefix + i.split(" as ")[0].strip().split("::") for i in items.split(",") if i.strip()]
         deps = {resolve(at, p) for p in paths} - {None, at, ()}
         out["/".join(at)] = sorted("/".join(d) for d in deps)
     return dict(sorted(out.items()))

@@ -10,7 +10,7 @@ use url::Url;
 
 use super::fetch;
 use super::jwt::check_claims;
-use super::Reason;
+use super::reason::Reason;
 use crate::config::AuthConfig;
 
 /// The answer's claims and its expiry (Unix seconds, when it gives one).

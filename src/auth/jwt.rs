@@ -10,7 +10,7 @@ use jsonwebtoken::{Algorithm, Validation};
 use serde_json::{Map, Value};
 
 use super::keys::KeySet;
-use super::Reason;
+use super::reason::Reason;
 use crate::config::AuthConfig;
 
 /// What the header says, read before any key is looked for.

@@ -1,27 +1,62 @@
 //! The response hooks: what the binding does to a `tools/list` answer (learn the tools, hide
 //! upstream tools that shadow the feedback tools, append the feedback tools to the last page)
 //! and to a product `tools/call` answer (remove the private identity, decorate, record one
-//! telemetry event).
+//! telemetry event), and the binding's methods that make them. They reach the binding only
+//! through its methods (`feedback_binding`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
+use http::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
-use super::{Active, FeedbackBinding, Grant};
-use crate::epode::telemetry::{self, McpCompletion, Outcome};
-use crate::feedback::envelope::{Case, Envelope};
+use super::feedback_binding::{FeedbackBinding, Grant};
+use crate::epode::telemetry::{McpCompletion, Outcome};
+use crate::feedback::envelope::Envelope;
 use crate::feedback::identity::{self, IdentityRefs};
 use crate::feedback::{placement, tools};
 use crate::mcp::end::{Ending, ResultHook};
 use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
-use crate::metrics::DecorationLabels;
-use crate::observe::{Decorated, Note, Noted};
+use crate::observe::{Note, Noted};
 
-pub(super) struct ListHook {
-    pub(super) binding: Arc<FeedbackBinding>,
+impl FeedbackBinding {
+    /// The hook of a `tools/list` response (none when feedback is off).
+    pub(crate) fn list_hook(self: &Arc<Self>) -> Option<Box<dyn ResultHook>> {
+        self.enabled().then(|| {
+            Box::new(ListHook {
+                binding: self.clone(),
+            }) as Box<dyn ResultHook>
+        })
+    }
+
+    /// The hook of a product `tools/call` response: it always removes the upstream's private
+    /// identity; with feedback on it decorates and records telemetry for listed tools.
+    /// `verified` are the refs of the caller's verified token (the authorization front
+    /// door's); a trusted gateway's headers fill what they lack.
+    pub(crate) fn call_hook(
+        self: &Arc<Self>,
+        tool: &str,
+        client: &HeaderMap,
+        verified: Option<&IdentityRefs>,
+        note: Option<Arc<Note>>,
+    ) -> Box<dyn ResultHook> {
+        let trusted = match verified {
+            Some(v) => v.clone().or(self.header_refs(client)),
+            None => self.header_refs(client),
+        };
+        Box::new(CallHook::new(
+            self.clone(),
+            tool,
+            self.listed(tool),
+            trusted,
+            note,
+        ))
+    }
+}
+
+struct ListHook {
+    binding: Arc<FeedbackBinding>,
 }
 
 impl ResultHook for ListHook {
@@ -41,24 +76,19 @@ impl ResultHook for ListHook {
                 continue;
             };
             if tools::is_feedback_tool(&name) {
-                if !self.binding.warned_shadowing.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(tool = %name, "the upstream has a tool named like an Epode feedback tool; it is hidden, and the sidecar answers that name itself");
-                }
+                self.binding.warn_shadowing(&name);
                 changed = true;
                 continue;
             }
             learned.push((name, has_schema));
             kept.push(tool);
         }
-        self.binding.catalog.learn(learned);
+        self.binding.learn(learned);
         let last_page = result
             .get("nextCursor")
             .is_none_or(|c| c.get().trim() == "null");
         if last_page {
-            if let Some(active) = &self.binding.active {
-                kept.extend(active.definitions.iter().cloned());
-                changed = true;
-            }
+            changed |= self.binding.append_feedback_tools(&mut kept);
         }
         if changed {
             result.insert("tools".into(), raw(&kept));
@@ -68,7 +98,7 @@ impl ResultHook for ListHook {
 
     fn notification(&mut self, method: &str) {
         if method == "notifications/tools/list_changed" {
-            self.binding.catalog.invalidate();
+            self.binding.forget_tools();
         }
     }
 }
@@ -116,7 +146,7 @@ fn tool_head(tool: &RawValue) -> Option<(String, bool)> {
 }
 
 /// One product `tools/call`.
-pub(super) struct CallHook {
+struct CallHook {
     binding: Arc<FeedbackBinding>,
     tool: String,
     /// `Some(declares outputSchema)` when the upstream lists the tool; an unlisted name is
@@ -143,7 +173,7 @@ fn take_identity(result: &mut RawMap) -> Option<Value> {
 }
 
 impl CallHook {
-    pub(super) fn new(
+    fn new(
         binding: Arc<FeedbackBinding>,
         tool: &str,
         listed: Option<bool>,
@@ -161,12 +191,9 @@ impl CallHook {
         }
     }
 
-    /// The binding's active parts, when this call is a product operation it observes.
-    fn observed(&self) -> Option<&Active> {
-        let observed = self.listed.is_some()
-            && self.binding.config.includes(&self.tool)
-            && telemetry::valid_operation(&self.tool);
-        self.binding.active.as_ref().filter(|_| observed)
+    /// Whether this call is a product operation the binding observes.
+    fn observed(&self) -> bool {
+        self.listed.is_some() && self.binding.observes(&self.tool)
     }
 
     /// The call's event, for the request's end step to record. `refs` have had the mode's
@@ -189,50 +216,31 @@ impl CallHook {
     }
 
     /// Mints the call's handle and places the action its mode and consent state allow;
-    /// returns the interaction id and whether the result changed.
+    /// returns the interaction id and whether the result changed (`None`: feedback is off).
     fn decorate(
         &self,
-        active: &Active,
         result: &mut RawMap,
         refs: &IdentityRefs,
         is_error: bool,
-    ) -> (String, bool) {
-        let mode = self.binding.config.mode;
+    ) -> Option<(String, bool)> {
         let Grant {
             subject,
-            cached,
+            case,
             minted,
-        } = self
-            .binding
-            .grant(active, refs, "calls without a customerRef");
+        } = self.binding.grant(refs, "calls without a customerRef")?;
         let mut changed = false;
-        if let Some(case) = Case::for_product_result(mode, cached) {
+        if let Some(case) = case {
             self.binding
-                .metrics
-                .decorations
-                .get_or_create(&DecorationLabels {
-                    mode: mode.as_str(),
-                    state: case.stage().as_str(),
-                })
-                .inc();
-            if let Some(observer) = &self.binding.observer {
-                observer.decorated(Decorated {
-                    tool: &self.tool,
-                    is_error,
-                    state: case.stage().as_str(),
-                    mode: mode.as_str(),
-                    interaction_id: &minted.claims.i,
-                });
-            }
+                .note_decorated(&self.tool, is_error, case, &minted.claims.i);
             let env = Envelope::new(case, minted.handle.clone(), minted.claims.exp);
             if let Some(decoration) = env.decoration() {
                 changed = placement::decorate(result, &decoration, self.listed.unwrap_or(true));
             }
         }
         if let Some(s) = &subject {
-            active.consent.warm(s, false);
+            self.binding.refresh_consent(s);
         }
-        (minted.claims.i, changed)
+        Some((minted.claims.i, changed))
     }
 }
 
@@ -248,20 +256,15 @@ impl ResultHook for CallHook {
             .get("resultType")
             .and_then(|v| as_str(v))
             .is_some_and(|t| t == "input_required");
-        let Some(active) = self.observed().filter(|_| !input_required) else {
+        if !self.observed() || input_required {
             return changed;
-        };
+        }
         let identity = identity.unwrap_or(Value::Null);
         // customerRef leaves the sidecar only in ask_once, and only without a conflict: the
         // one rule for the consent subject and for telemetry.
-        // What the product says wins; a reference it names otherwise than the verified
-        // token (or the trusted gateway) is counted.
-        let product = IdentityRefs::from_meta(&identity);
-        if product.disagrees(&self.header_refs) {
-            self.binding.metrics.auth.identity_disagreements.inc();
-        }
-        let mut refs = product.or(self.header_refs.clone());
-        refs.apply_customer_rule(self.binding.config.mode);
+        let refs = self
+            .binding
+            .shared_refs(IdentityRefs::from_meta(&identity), self.header_refs.clone());
         let hint = identity
             .get("runtimeHint")
             .and_then(Value::as_str)
@@ -271,12 +274,17 @@ impl ResultHook for CallHook {
         } else {
             Outcome::Success
         };
-        let interaction_id = if self.binding.config.decorates(&self.tool) {
-            let (id, decorated) = self.decorate(active, result, &refs, is_error);
-            changed |= decorated;
-            id
-        } else {
-            uuid::Uuid::new_v4().hyphenated().to_string()
+        let decorated = self
+            .binding
+            .decorates(&self.tool)
+            .then(|| self.decorate(result, &refs, is_error))
+            .flatten();
+        let interaction_id = match decorated {
+            Some((id, decorated)) => {
+                changed |= decorated;
+                id
+            }
+            None => uuid::Uuid::new_v4().hyphenated().to_string(),
         };
         if let Some(note) = &self.note {
             note.set(Noted::InteractionId(interaction_id.clone()));
@@ -290,16 +298,17 @@ impl ResultHook for CallHook {
     fn end(&mut self, ending: Ending) {
         let event = match ending {
             Ending::Answered => self.answered.take(),
-            ending if ending.failed() && self.observed().is_some() => {
+            ending if ending.failed() && self.observed() => {
                 let id = uuid::Uuid::new_v4().hyphenated().to_string();
-                let mut refs = self.header_refs.clone();
-                refs.apply_customer_rule(self.binding.config.mode);
+                let refs = self
+                    .binding
+                    .shared_refs(IdentityRefs::default(), self.header_refs.clone());
                 Some(self.event(id, Outcome::Error, refs, None))
             }
             _ => None,
         };
-        if let (Some(event), Some(active)) = (event, self.observed()) {
-            active.telemetry.record(event);
+        if let Some(event) = event.filter(|_| self.observed()) {
+            self.binding.record(event);
         }
     }
 }

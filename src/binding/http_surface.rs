@@ -6,9 +6,9 @@
 
 use http::HeaderMap;
 
-use super::{FeedbackBinding, Grant};
+use super::feedback_binding::{FeedbackBinding, Grant};
 use crate::epode::telemetry::HttpCompletion;
-use crate::feedback::envelope::{Case, Envelope};
+use crate::feedback::envelope::Envelope;
 use crate::feedback::identity::IdentityRefs;
 
 /// The envelope made for one HTTP response.
@@ -24,17 +24,10 @@ pub(crate) struct HttpEnvelope {
 }
 
 impl FeedbackBinding {
-    /// Epode's origin, for the envelope's URLs and the discovery link.
-    pub(crate) fn endpoint(&self) -> &str {
-        self.config.api_url.as_str()
-    }
-
     /// The references of an HTTP response: the app's (`Epode-Identity`) first, then a trusted
     /// gateway's request headers, then the one customerRef rule. Never the client's own.
     pub(crate) fn http_refs(&self, app: IdentityRefs, request: &HeaderMap) -> IdentityRefs {
-        let mut refs = app.or(self.header_refs(request));
-        refs.apply_customer_rule(self.config.mode);
-        refs
+        self.shared_refs(app, self.header_refs(request))
     }
 
     /// Mints the response's handle and builds its envelope, as `hooks.rs` does for a product
@@ -42,13 +35,12 @@ impl FeedbackBinding {
     /// its revision (the cache only: a response never waits for Epode). `None` when feedback
     /// is off.
     pub(crate) fn http_envelope(&self, refs: &IdentityRefs) -> Option<HttpEnvelope> {
-        let active = self.active.as_ref()?;
         let Grant {
             subject,
-            cached,
+            case,
             minted,
-        } = self.grant(active, refs, "HTTP responses without a customerRef");
-        let case = Case::for_product_result(self.config.mode, cached)?;
+        } = self.grant(refs, "HTTP responses without a customerRef")?;
+        let case = case?;
         let envelope = Envelope::new(case, minted.handle, minted.claims.exp);
         Some(HttpEnvelope {
             json: envelope.http(self.endpoint()).to_string(),
@@ -61,12 +53,9 @@ impl FeedbackBinding {
     /// The response was answered with `envelope`: its telemetry event goes to the queue, and
     /// an Ask-once subject's consent is looked up in the background for the next response.
     pub(crate) fn http_answered(&self, envelope: &HttpEnvelope, completion: &HttpCompletion) {
-        let Some(active) = self.active.as_ref() else {
-            return;
-        };
-        active.telemetry.record_http(completion);
+        self.record_http(completion);
         if let Some(s) = &envelope.subject {
-            active.consent.warm(s, false);
+            self.refresh_consent(s);
         }
     }
 }

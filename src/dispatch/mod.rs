@@ -34,6 +34,12 @@ use self::table::MethodTable;
 /// upstream, the binding), and the limits and metrics every worker shares.
 pub(crate) struct Dispatcher {
     table: MethodTable,
+    /// The front door's settings, the body's bounds, the access log.
+    config: Arc<Config>,
+    /// The accounting of every request and of every limit met before the table.
+    metrics: Arc<Metrics>,
+    /// The clients' rate limits (the tools' are the table's).
+    rates: Arc<RateLimits>,
     budget: Arc<MemoryBudget>,
     /// The MCP requests being served (every worker's).
     in_flight: Gate,
@@ -89,14 +95,17 @@ impl Dispatcher {
             auth,
         } = parts;
         Dispatcher {
-            table: MethodTable {
-                config,
+            table: MethodTable::new(
+                config.clone(),
                 upstream,
                 binding,
-                metrics,
-                rates,
+                metrics.clone(),
+                rates.clone(),
                 cut,
-            },
+            ),
+            config,
+            metrics,
+            rates,
             budget,
             in_flight,
             observer,
@@ -109,6 +118,9 @@ impl Dispatcher {
     pub(crate) fn for_worker(&self, upstream: Arc<Upstream>) -> Self {
         Dispatcher {
             table: self.table.for_worker(upstream),
+            config: self.config.clone(),
+            metrics: self.metrics.clone(),
+            rates: self.rates.clone(),
             budget: self.budget.clone(),
             in_flight: self.in_flight.clone(),
             observer: self.observer.clone(),
@@ -131,7 +143,7 @@ impl Dispatcher {
             tool: None,
             note: self.observer.as_ref().map(|_| Arc::new(Note::at_start())),
         };
-        let cors = frontdoor::cors::allowed_origin(&self.table.config, req.headers());
+        let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned.clone(), &mut seen).await;
         // The request's end step for an ending only a drop signalled: a plan the shutdown
         // cut (or a path that reported nothing) dropped unended ends here, recorded as a
@@ -142,8 +154,7 @@ impl Dispatcher {
         }
         let status = resp.status();
         let elapsed = started.elapsed();
-        self.table
-            .metrics
+        self.metrics
             .requests
             .get_or_create(&RequestLabels {
                 method: seen.method,
@@ -151,14 +162,13 @@ impl Dispatcher {
                 status: status.as_u16(),
             })
             .inc();
-        self.table
-            .metrics
+        self.metrics
             .request_seconds
             .get_or_create(&MethodLabels {
                 method: seen.method,
             })
             .observe(elapsed.as_secs_f64());
-        if self.table.config.access_log {
+        if self.config.access_log {
             tracing::info!(
                 target: ACCESS_TARGET,
                 method = seen.method,
@@ -221,7 +231,7 @@ impl Dispatcher {
 
     /// A body that could not be read within the limits, counted by the limit.
     fn body_refused(&self, e: Error) -> Response<Body> {
-        self.table.metrics.limit(match e.kind() {
+        self.metrics.limit(match e.kind() {
             ErrorKind::BodyTooLarge { .. } => LimitKind::BodySize,
             ErrorKind::RequestTimeout => LimitKind::BodyTimeout,
             ErrorKind::Overloaded { .. } => LimitKind::MemoryBudget,
@@ -243,7 +253,7 @@ impl Dispatcher {
     /// well-behaved clients send (a 2025 client's GET stream).
     fn refuse_head(&self, e: Error, method: &http::Method) -> Response<Body> {
         let refusal = head_refusal(&e, method);
-        self.table.metrics.refused(refusal);
+        self.metrics.refused(refusal);
         if refusal.expected() {
             tracing::debug!(error = %e, "refused at the front door");
         } else {
@@ -261,14 +271,14 @@ impl Dispatcher {
     ) -> Response<Body> {
         let (mut parts, body) = req.into_parts();
         if frontdoor::cors::is_preflight(&parts) {
-            return frontdoor::cors::preflight(&self.table.config, &parts);
+            return frontdoor::cors::preflight(&self.config, &parts);
         }
-        if let Err(e) = frontdoor::check_head(&self.table.config, &parts) {
+        if let Err(e) = frontdoor::check_head(&self.config, &parts) {
             return self.refuse_head(e, &parts.method);
         }
-        let client = self.table.rates.client_address(peer, &parts.headers);
-        if let Err(wait) = self.table.rates.check_client(client) {
-            self.table.metrics.limit(LimitKind::ClientRate);
+        let client = self.rates.client_address(peer, &parts.headers);
+        if let Err(wait) = self.rates.check_client(client) {
+            self.metrics.limit(LimitKind::ClientRate);
             let retry_after = retry_after_secs(wait);
             return Error::new(
                 ErrorKind::RateLimited { retry_after },
@@ -277,18 +287,18 @@ impl Dispatcher {
             .into_response(None);
         }
         let Some(_in_flight) = self.in_flight.try_enter() else {
-            self.table.metrics.limit(LimitKind::InFlight);
+            self.metrics.limit(LimitKind::InFlight);
             return Error::new(
                 ErrorKind::Overloaded { retry_after: 1 },
                 "it is serving as many requests as it may at once",
             )
             .into_response(None);
         };
-        let limits = &self.table.config.limits;
+        let limits = &self.config.limits;
         let read = frontdoor::read_body(
             &parts,
             body,
-            self.table.config.max_body_bytes,
+            self.config.max_body_bytes,
             &self.budget,
             limits.body_timeout,
         )
@@ -308,7 +318,6 @@ impl Dispatcher {
             },
             Ok(None) => {
                 self.table
-                    .upstream
                     .tell(&Client::new(&parts.headers, peer), &bytes)
                     .await;
                 return body::answer(StatusCode::ACCEPTED, None, body::empty());
@@ -319,11 +328,11 @@ impl Dispatcher {
             }
         };
         self.note(seen, &request);
-        let mut cut = self.table.cut.clone();
-        let answered = tokio::select! {
-            answered = self.table.dispatch(&request, Client::new(&parts.headers, peer), abandoned, seen.note.as_ref()) => answered,
-            _ = cut.wait_for(|c| *c) => Err(Error::new(ErrorKind::ShuttingDown, "")),
-        };
+        let caller = Client::new(&parts.headers, peer);
+        let answered = self
+            .table
+            .dispatch(&request, caller, abandoned, seen.note.as_ref())
+            .await;
         answered.unwrap_or_else(|e| {
             let side = e.side().as_str();
             match e.level() {

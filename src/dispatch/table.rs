@@ -38,16 +38,34 @@ const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 /// The method table and what it answers with: the configuration, one worker's view of the
 /// upstream, the binding, the tools' rate limits.
 pub(super) struct MethodTable {
-    pub(super) config: Arc<Config>,
-    pub(super) upstream: Arc<Upstream>,
-    pub(super) binding: Arc<FeedbackBinding>,
-    pub(super) metrics: Arc<Metrics>,
-    pub(super) rates: Arc<RateLimits>,
+    config: Arc<Config>,
+    upstream: Arc<Upstream>,
+    binding: Arc<FeedbackBinding>,
+    metrics: Arc<Metrics>,
+    rates: Arc<RateLimits>,
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
-    pub(super) cut: watch::Receiver<bool>,
+    cut: watch::Receiver<bool>,
 }
 
 impl MethodTable {
+    pub(super) fn new(
+        config: Arc<Config>,
+        upstream: Arc<Upstream>,
+        binding: Arc<FeedbackBinding>,
+        metrics: Arc<Metrics>,
+        rates: Arc<RateLimits>,
+        cut: watch::Receiver<bool>,
+    ) -> Self {
+        MethodTable {
+            config,
+            upstream,
+            binding,
+            metrics,
+            rates,
+            cut,
+        }
+    }
+
     /// The same table for another worker, through that worker's view of the upstream.
     pub(super) fn for_worker(&self, upstream: Arc<Upstream>) -> Self {
         MethodTable {
@@ -60,8 +78,31 @@ impl MethodTable {
         }
     }
 
-    /// Answers one validated request: here, or through the upstream.
+    /// Answers one validated request: here, or through the upstream; a request still running
+    /// when the sidecar cuts in-flight work at shutdown gets `ShuttingDown`.
     pub(super) async fn dispatch(
+        &self,
+        req: &Request<'_>,
+        client: Client<'_>,
+        abandoned: Abandoned,
+        note: Option<&Arc<Note>>,
+    ) -> Result<Response<Body>, Error> {
+        let mut cut = self.cut.clone();
+        tokio::select! {
+            answered = self.answer(req, client, abandoned, note) => answered,
+            _ = cut.wait_for(|c| *c) => Err(Error::new(ErrorKind::ShuttingDown, "")),
+        }
+    }
+
+    /// A client's message that needs no answer (its answer to a server request, a
+    /// notification) goes to the upstream, when the upstream is told such things
+    /// ([`Upstream::tell`]).
+    pub(super) async fn tell(&self, client: &Client<'_>, bytes: &Bytes) {
+        self.upstream.tell(client, bytes).await;
+    }
+
+    /// [`MethodTable::dispatch`] before the cut.
+    async fn answer(
         &self,
         req: &Request<'_>,
         client: Client<'_>,

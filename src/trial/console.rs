@@ -49,6 +49,15 @@ fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> 
     Some(resp)
 }
 
+/// One command that calls the sidecar at `endpoint` as a 2026 MCP client would: `tools/list`,
+/// which every server answers (the terminal and the empty console show it).
+pub(super) fn try_command(endpoint: &str) -> String {
+    format!(
+        "curl -s {endpoint} -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' -H 'mcp-protocol-version: 2026-07-28' -H 'mcp-method: tools/list' -d '{body}'",
+        body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#
+    )
+}
+
 /// Text for an HTML element's content or a double-quoted attribute.
 fn escape(text: &str) -> String {
     text.replace('&', "&amp;")
@@ -63,7 +72,7 @@ fn page(mcp_path: &str) -> Response<Body> {
     let endpoint = format!("{ORIGIN}{mcp_path}");
     let filled = PAGE
         .replace("__ENDPOINT__", &escape(&endpoint))
-        .replace("__TRY__", &escape(&super::try_command(&endpoint)));
+        .replace("__TRY__", &escape(&try_command(&endpoint)));
     let html = Some("text/html; charset=utf-8");
     let mut resp = body::answer(StatusCode::OK, html, body::full(filled));
     let h = resp.headers_mut();

@@ -123,7 +123,7 @@ impl Trial {
         tracing::info!(
             target: "epode_sidecar::dev",
             "--dev: try it (lists the tools; then call one the same way with tools/call): {}",
-            try_command(&format!("{origin}{}", config.path))
+            console::try_command(&format!("{origin}{}", config.path))
         );
     }
 }
@@ -135,15 +135,6 @@ impl Closer {
     pub(crate) fn close(&self) {
         self.0.close();
     }
-}
-
-/// One command that calls the sidecar at `endpoint` as a 2026 MCP client would: `tools/list`,
-/// which every server answers (the terminal and the empty console show it).
-pub(crate) fn try_command(endpoint: &str) -> String {
-    format!(
-        "curl -s {endpoint} -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' -H 'mcp-protocol-version: 2026-07-28' -H 'mcp-method: tools/list' -d '{body}'",
-        body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#
-    )
 }
 
 async fn serve(listener: tokio::net::TcpListener, epode: Arc<DevEpode>, bounds: Bounds) {

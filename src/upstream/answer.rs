@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::UpstreamBody;
 use bytes::Bytes;
 use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use http_body_util::BodyExt;
@@ -15,6 +14,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::context::RequestContext;
+use super::hop::UpstreamBody;
 use crate::body::{self, Body, Buffered};
 use crate::budget::{self, Collect, MemoryBudget, Reservation};
 use crate::error::{Error, ErrorKind};

@@ -210,8 +210,6 @@ impl Upstream {
         r
     }
 
-    /// Whether the upstream answered recently, or answers a POSTed `ping` now (a stdio
-    /// child: whether it runs and answers); `Err` says why not.
     /// The HTTP hop, when the upstream is reached over HTTP (the HTTP surface proxies the
     /// product's other routes through its pool).
     pub(crate) fn http(&self) -> Option<&http::HttpUpstream> {
@@ -221,6 +219,8 @@ impl Upstream {
         }
     }
 
+    /// Whether the upstream answered recently, or answers a POSTed `ping` now (a stdio
+    /// child: whether it runs and answers); `Err` says why not.
     pub(crate) async fn ready(&self) -> Result<(), NotReady> {
         self.link.hop().ready().await
     }

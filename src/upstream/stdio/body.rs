@@ -12,8 +12,8 @@ use bytes::{Bytes, BytesMut};
 use http_body::Frame;
 use tokio::sync::{mpsc, oneshot};
 
+use super::pipe::Pipe;
 use super::table::{Answer, Held, Key};
-use super::Pipe;
 use crate::body::BoxError;
 
 /// A request's place in the table, given up when it is dropped.

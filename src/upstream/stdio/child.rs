@@ -23,8 +23,8 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::exec;
+use super::pipe::{next_generation, Generation, Pipe, Queued, StdioBounds};
 use super::scan::IdScan;
-use super::{Generation, Pipe, Queued};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, ErrorKind};
 
@@ -39,7 +39,23 @@ const LONG_LINE_START: usize = 4096;
 /// Longest stderr line logged (the rest is cut).
 const MAX_STDERR_LINE: usize = 8192;
 
-pub(super) fn spawn(command: &StdioCommand) -> std::io::Result<Child> {
+/// Starts a pipe: its first child now (a command that cannot start is an error at once),
+/// and the task that restarts it, on the runtime this is called on.
+pub(super) fn start(command: &StdioCommand, bounds: &StdioBounds) -> Result<Arc<Pipe>, Error> {
+    let first = spawn(command).map_err(|e| {
+        Error::caused_by(
+            ErrorKind::UpstreamUnreachable,
+            format!("cannot start the MCP server `{}`", command.program),
+            e,
+        )
+    })?;
+    let pipe = Arc::new(Pipe::new(bounds));
+    let task = tokio::spawn(supervise(pipe.clone(), command.clone(), first));
+    pipe.supervised_by(task);
+    Ok(pipe)
+}
+
+fn spawn(command: &StdioCommand) -> std::io::Result<Child> {
     let path = command
         .env
         .iter()
@@ -103,7 +119,7 @@ enum End {
 }
 
 /// Runs the child, restarting it until the sidecar stops.
-pub(super) async fn supervise(pipe: Arc<Pipe>, command: StdioCommand, first: Child) {
+async fn supervise(pipe: Arc<Pipe>, command: StdioCommand, first: Child) {
     let mut stop = pipe.stop.subscribe();
     let mut pauses = restart_pauses(&command);
     let mut next = Some(first);
@@ -228,7 +244,7 @@ async fn run_once(
     stop: &mut watch::Receiver<bool>,
 ) -> End {
     let pid = child.id();
-    let n = super::next_generation();
+    let n = next_generation();
     let Attached {
         generation,
         mut reading,

@@ -14,37 +14,39 @@
 //! A 2025-era child has one session, the pipe: the first `initialize` of each child process
 //! goes to it and later ones are answered with its result; the session id the sidecar hands
 //! out names the child process, so after a restart the old id gets 404 and the sidecar
-//! initialises the new child once. `child` runs, restarts and stops the process (started
-//! through `exec`'s trampoline); `table` routes what it writes; `scan` finds the id of a line
-//! too long to keep; `body` carries an answer back.
+//! initialises the new child once. `pipe` is what the other parts share: the child's pipe
+//! through its restarts, its runs, its bounds. `child` starts, runs, restarts and stops the
+//! process (started through `exec`'s trampoline); `table` routes what it writes; `scan` finds
+//! the id of a line too long to keep; `body` carries an answer back.
 
 mod body;
 mod child;
 pub(crate) mod exec;
+mod pipe;
 mod pool;
 mod scan;
 mod table;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::value::RawValue;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 pub(crate) use self::body::StdioBody;
 use self::body::{Streamed, Waiter};
+pub(crate) use self::pipe::StdioBounds;
+use self::pipe::{Generation, Pipe, Using};
 use self::pool::Pool;
-use self::table::{FromClient, Held, Key, RequestTable, Routed, Waiting, NOTES};
+use self::table::{FromClient, Held, Waiting, NOTES};
 use super::caller::{Caller, ServerRequests};
 use super::ready::NotReady;
 use crate::body::{answer, JSON};
-use crate::budget::{MemoryBudget, Reservation};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, ErrorKind};
-use crate::log_summary::LogSummary;
 use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw::{self, RawMap};
@@ -55,226 +57,8 @@ use crate::metrics::LimitKind;
 /// The session ids the sidecar hands out for a 2025-era child name its process.
 const SESSION_PREFIX: &str = "stdio-";
 
-/// Lines of the child's stderr kept for the message when it exits soon after its start.
-const STDERR_TAIL: usize = 10;
-
 /// How long the readiness probe waits for a child's answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// A line on its way to the child's stdin, counted in the memory budget until written.
-pub(super) type Queued = (Bytes, Reservation);
-
-/// Generations are numbered across every child, so a session id names one process only.
-fn next_generation() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    NEXT.fetch_add(1, Ordering::Relaxed)
-}
-
-/// One run of a child process.
-pub(super) struct Generation {
-    n: u64,
-    stdin: mpsc::Sender<Queued>,
-    /// The child's `initialize` result, once it gave one.
-    init: OnceLock<Box<RawValue>>,
-    init_lock: tokio::sync::Mutex<()>,
-    /// Whether `notifications/initialized` went to this child.
-    initialized: AtomicBool,
-    /// Whether the child said anything valid since it started (readiness).
-    answered: AtomicBool,
-}
-
-/// What bounds the stdio hop (the upstream's own settings, and the process-wide limits).
-pub(crate) struct StdioBounds {
-    pub(crate) timeout: Duration,
-    pub(crate) budget: Arc<MemoryBudget>,
-    pub(crate) max_line: usize,
-    pub(crate) on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
-    /// How long a request waits for room in the child's stdin queue before 503.
-    pub(crate) wait: Duration,
-}
-
-/// One child process (through its restarts), and who waits for what on its pipe.
-pub(super) struct Pipe {
-    table: Mutex<RequestTable>,
-    live: watch::Sender<Option<Arc<Generation>>>,
-    stop: watch::Sender<bool>,
-    seq: AtomicU64,
-    timeout: Duration,
-    /// How long a request waits for room in the stdin queue (at most `timeout`).
-    wait: Duration,
-    budget: Arc<MemoryBudget>,
-    max_line: usize,
-    on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
-    dropped: LogSummary,
-    supervisor: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The last lines the child wrote to its stderr (all of them, logged or not).
-    stderr_tail: Mutex<std::collections::VecDeque<String>>,
-    /// How the last run ended, while the next has not answered yet (for `/readyz`).
-    last_end: Mutex<Option<String>>,
-    /// Requests on their way in (a child still starting is not idle).
-    users: AtomicUsize,
-}
-
-/// A request on its way to a pipe, until it is registered there (or fails).
-struct Using<'a>(&'a Pipe);
-
-impl<'a> Using<'a> {
-    fn new(pipe: &'a Pipe) -> Self {
-        pipe.users.fetch_add(1, Ordering::AcqRel);
-        Using(pipe)
-    }
-}
-
-impl Drop for Using<'_> {
-    fn drop(&mut self) {
-        self.0.users.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Pipe {
-    fn lock(&self) -> std::sync::MutexGuard<'_, RequestTable> {
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn current(&self) -> Option<Arc<Generation>> {
-        self.live.borrow().clone()
-    }
-
-    /// Whether a request is on its way to this pipe's child or waits on it.
-    /// Whether the running child has answered anything.
-    fn has_answered(&self) -> bool {
-        self.current()
-            .is_some_and(|g| g.answered.load(Ordering::Relaxed))
-    }
-
-    fn busy(&self) -> bool {
-        self.users.load(Ordering::Acquire) > 0
-            || self.current().is_some_and(|g| self.lock().busy(g.n))
-    }
-
-    /// Tells child `generation` that the client of request `key` went away.
-    fn cancel(&self, generation: u64, key: Key) {
-        if let Some(g) = self.current().filter(|g| g.n == generation) {
-            let line = format!(
-                r#"{{"jsonrpc":"2.0","method":"notifications/cancelled","params":{{"requestId":{},"reason":"the client went away"}}}}"#,
-                table::key_json(key)
-            );
-            if let Some(queued) = self.queued(line.as_bytes()) {
-                let _ = g.stdin.try_send(queued);
-            }
-        }
-    }
-
-    /// A line for the child's stdin, held in the budget; `None` when the budget is spent.
-    fn queued(&self, bytes: &[u8]) -> Option<Queued> {
-        let line = line(bytes);
-        let mut held = self.budget.start();
-        held.grow(line.len()).then_some((line, held))
-    }
-
-    /// One line the child wrote to its stdout.
-    fn on_line(&self, generation: u64, line: &[u8]) {
-        let Some(msg) = raw::parse_message(line) else {
-            self.dropped.add(
-                "lines that are not JSON-RPC messages (stdout is the protocol channel: log to stderr)",
-                1,
-            );
-            return;
-        };
-        let current = self.current().filter(|g| g.n == generation);
-        if let Some(g) = &current {
-            if !g.answered.swap(true, Ordering::Relaxed) {
-                *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) = None;
-            }
-        }
-        let routed = self.lock().route(generation, msg, &self.budget);
-        match routed {
-            Routed::Delivered => {}
-            Routed::Reply(bytes) => {
-                let sent = current
-                    .zip(self.queued(&bytes))
-                    .is_some_and(|(g, q)| g.stdin.try_send(q).is_ok());
-                if !sent {
-                    self.dropped
-                        .add("answers to its own requests (its stdin is full)", 1);
-                }
-            }
-            Routed::Dropped(why) => self.dropped.add(why, 1),
-        }
-    }
-
-    /// A line longer than the sidecar reads: the request it answers (by its top-level id,
-    /// found as the line streamed past) gets 502 now rather than waiting in vain.
-    fn on_long_line(&self, id: Option<&[u8]>) {
-        (self.on_limit)(LimitKind::UpstreamAnswerSize);
-        let key = id
-            .and_then(|id| std::str::from_utf8(id).ok())
-            .and_then(|id| serde_json::from_str::<Box<RawValue>>(id).ok())
-            .and_then(|id| table::key_of(&id));
-        let failed = key.is_some_and(|key| {
-            self.lock().fail_one(
-                key,
-                Error::new(
-                    ErrorKind::UpstreamTooLarge {
-                        limit: self.max_line,
-                    },
-                    "",
-                ),
-            )
-        });
-        if !failed {
-            self.dropped.add(
-                "messages longer than EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES answering no waiting request",
-                1,
-            );
-        }
-    }
-
-    /// A child's run ended: what it left behind goes too (reparented to the sidecar, it is no
-    /// running child's: a shared child is the only one, a child per client holds its own).
-    fn ended(&self, how: Option<String>) {
-        exec::kill_leftovers();
-        *self.last_end.lock().unwrap_or_else(|e| e.into_inner()) = how;
-    }
-
-    /// Notes one line of the child's stderr in the tail kept for error messages.
-    fn stderr_line(&self, line: &str) {
-        let mut tail = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
-        if tail.len() == STDERR_TAIL {
-            tail.pop_front();
-        }
-        let mut end = line.len().min(500);
-        while !line.is_char_boundary(end) {
-            end -= 1;
-        }
-        tail.push_back(line[..end].to_owned());
-    }
-
-    /// The child's last stderr lines, as one line.
-    fn stderr_tail(&self) -> String {
-        let tail = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
-        tail.iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(" | ")
-    }
-
-    /// Why there is no child to send to (for `/readyz`).
-    /// How the child's last run ended, if one did.
-    fn previous_end(&self) -> Option<String> {
-        self.last_end
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-
-    fn why_not_running(&self) -> String {
-        match &*self.last_end.lock().unwrap_or_else(|e| e.into_inner()) {
-            Some(how) => format!("the MCP server process is being restarted: {how}"),
-            None => "the MCP server process is not running".to_owned(),
-        }
-    }
-}
 
 /// The upstream as a child process (or one per client), shared by every worker.
 #[derive(Clone)]
@@ -320,70 +104,6 @@ fn era_of(msg: &RawMap) -> Era {
     }
 }
 
-/// Newlines end a message on the pipe; in valid JSON they can only be whitespace between
-/// tokens, so they become spaces.
-fn line(bytes: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(bytes.len() + 1);
-    out.extend(
-        bytes
-            .iter()
-            .map(|b| if matches!(b, b'\n' | b'\r') { b' ' } else { *b }),
-    );
-    out.push(b'\n');
-    Bytes::from(out)
-}
-
-/// Starts a pipe: its first child now (a command that cannot start is an error at once),
-/// and the task that restarts it, on the runtime this is called on.
-fn start_pipe(command: &StdioCommand, bounds: &StdioBounds) -> Result<Arc<Pipe>, Error> {
-    let first = child::spawn(command).map_err(|e| {
-        Error::caused_by(
-            ErrorKind::UpstreamUnreachable,
-            format!("cannot start the MCP server `{}`", command.program),
-            e,
-        )
-    })?;
-    let (live, _) = watch::channel(None);
-    let (stop, _) = watch::channel(false);
-    let pipe = Arc::new(Pipe {
-        table: Mutex::new(RequestTable::default()),
-        live,
-        stop,
-        seq: AtomicU64::new(1),
-        timeout: bounds.timeout,
-        wait: bounds.wait.min(bounds.timeout),
-        budget: bounds.budget.clone(),
-        max_line: bounds.max_line,
-        on_limit: bounds.on_limit.clone(),
-        dropped: LogSummary::new(
-            "messages from the MCP server process not delivered",
-            Duration::from_secs(60),
-        ),
-        supervisor: Mutex::new(None),
-        stderr_tail: Mutex::new(std::collections::VecDeque::with_capacity(STDERR_TAIL)),
-        last_end: Mutex::new(None),
-        users: AtomicUsize::new(0),
-    });
-    let task = tokio::spawn(child::supervise(pipe.clone(), command.clone(), first));
-    *pipe.supervisor.lock().unwrap_or_else(|e| e.into_inner()) = Some(task);
-    Ok(pipe)
-}
-
-/// Stops a pipe's child (stdin closed and SIGTERM to its process group, SIGKILL after its
-/// grace) and waits until it is gone.
-async fn stop_pipe(pipe: &Pipe) {
-    pipe.stop.send_replace(true);
-    let task = pipe
-        .supervisor
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    if let Some(task) = task {
-        let _ = task.await;
-    }
-    pipe.dropped.flush();
-}
-
 impl StdioUpstream {
     /// Starts the child (the first one, for a child per client) now, and the tasks that
     /// restart it; must run inside the runtime that will drive its pipes.
@@ -391,9 +111,9 @@ impl StdioUpstream {
         exec::become_subreaper();
         spawn_reaper();
         let children = match command.children {
-            StdioChildren::Shared => Children::Shared(start_pipe(command, &bounds)?),
+            StdioChildren::Shared => Children::Shared(child::start(command, &bounds)?),
             StdioChildren::PerClient { max, idle } => {
-                let first = start_pipe(command, &bounds)?;
+                let first = child::start(command, &bounds)?;
                 Children::PerClient(Pool::new(command.clone(), bounds, first, max, idle))
             }
         };
@@ -465,7 +185,7 @@ impl StdioUpstream {
     /// Stops every child and waits until they are gone, with whatever they left behind.
     pub(crate) async fn shutdown(&self) {
         match &*self.children {
-            Children::Shared(p) => stop_pipe(p).await,
+            Children::Shared(p) => p.stop().await,
             Children::PerClient(pool) => pool.shutdown().await,
         }
         exec::kill_leftovers();
@@ -811,11 +531,6 @@ fn swap_progress_token(msg: &mut RawMap, id: &RawValue) -> Option<Box<RawValue>>
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn newlines_in_a_message_become_spaces_and_one_ends_it() {
-        assert_eq!(&line(b"{\n\"a\":\r\n1}")[..], b"{ \"a\":  1}\n");
-    }
 
     #[test]
     fn progress_tokens_are_swapped_only_when_asked_for() {

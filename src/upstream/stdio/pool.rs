@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{start_pipe, stop_pipe, Pipe, StdioBounds};
+use super::child;
+use super::pipe::{Pipe, StdioBounds};
 use crate::config::StdioCommand;
 use crate::error::{Error, ErrorKind};
 
@@ -82,8 +83,7 @@ impl ChildSlots {
             .unsent());
         };
         self.note_answered(&entry.pipe);
-        self.runtime
-            .spawn(async move { stop_pipe(&entry.pipe).await });
+        self.runtime.spawn(async move { entry.pipe.stop().await });
         Ok(())
     }
 }
@@ -133,7 +133,7 @@ impl Pool {
         let started = self
             .slots
             .runtime
-            .spawn(async move { start_pipe(&slots.command, &slots.bounds) })
+            .spawn(async move { child::start(&slots.command, &slots.bounds) })
             .await
             .map_err(|e| Error::caused_by(ErrorKind::Internal, "starting a child", e))??;
         self.slots.lock().insert(
@@ -168,7 +168,7 @@ impl Pool {
     pub(super) async fn shutdown(&self) {
         self.sweeper.abort();
         let pipes: Vec<Arc<Pipe>> = self.slots.lock().drain().map(|(_, e)| e.pipe).collect();
-        futures_util::future::join_all(pipes.iter().map(|p| stop_pipe(p))).await;
+        futures_util::future::join_all(pipes.iter().map(|p| p.stop())).await;
     }
 }
 
@@ -210,7 +210,7 @@ async fn sweep(pool: std::sync::Weak<ChildSlots>) {
                 "stopping an MCP server process idle for {}",
                 humantime::format_duration(p.idle)
             );
-            stop_pipe(&pipe).await;
+            pipe.stop().await;
         }
     }
 }
