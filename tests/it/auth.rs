@@ -617,3 +617,235 @@ async fn an_introspection_endpoint_that_refuses_the_sidecar_is_a_503_never_a_pas
         "a token or secret in the log"
     );
 }
+
+/// A 2026 `tools/call` of `tool` with `args` and the token: the JSON-RPC message.
+async fn call_tool(sc: &Sidecar, id: u64, token: &str, tool: &str, args: Value) -> Value {
+    let body = modern_body(
+        json!(id),
+        "tools/call",
+        json!({"name": tool, "arguments": args}),
+    );
+    let mut req = http().post(sc.url()).body(body.to_string());
+    for (k, v) in modern_headers("tools/call", Some(tool)) {
+        req = req.header(k, v);
+    }
+    let resp = req
+        .header("authorization", bearer(token))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{tool}");
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    last_message(&ct, &resp.text().await.unwrap())
+}
+
+/// `_agentFeedback` wherever the placement rules put it (`structuredContent`, or a JSON text
+/// block).
+fn feedback_of(msg: &Value) -> Value {
+    let result = &msg["result"];
+    if let Some(f) = result["structuredContent"].get("_agentFeedback") {
+        return f.clone();
+    }
+    result["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|b| {
+            let v: Value = serde_json::from_str(b["text"].as_str()?).ok()?;
+            v.get("_agentFeedback").cloned()
+        })
+        .unwrap_or(Value::Null)
+}
+
+/// The product writes no identity code: the refs Epode gets, and the customer `ask_once`
+/// asks once, come from the verified token (`sub`, and `org` as the account).
+#[tokio::test]
+async fn telemetry_refs_and_ask_once_come_from_the_token_with_no_product_code() {
+    use crate::support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
+    let (port, resource) = resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    let py = Upstream::start(UpstreamKind::Python);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "ask_once"));
+    let url = epode.url();
+    let sc = sidecar_for(
+        &py.url(),
+        &auth,
+        port,
+        &[
+            ("EPODE_API_KEY", epode.product_key()),
+            ("EPODE_API_URL", &url),
+            ("AGENT_FEEDBACK_MODE", "ask_once"),
+            ("EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM", "org"),
+        ],
+    );
+    let acme = auth.client_credentials("mcp:tools", Some(&resource)).await;
+    let globex = auth
+        .mint(
+            json!({}),
+            json!({"sub": "user-b@globex.example", "org": "globex", "client_id": "other"}),
+            MintKey::Current,
+        )
+        .await;
+    // acme's first use: asked once, for acme.
+    let first = call_tool(&sc, 1, &acme, "add", json!({"a": 1, "b": 2})).await;
+    let fb = feedback_of(&first);
+    assert_eq!(fb["state"], "consent_required", "{first}");
+    let handle = fb["feedbackHandle"].as_str().unwrap().to_owned();
+    let claims = epode.verify(&handle).unwrap();
+    assert_eq!(
+        claims.s.as_deref(),
+        epode.subject_for("acme").as_deref(),
+        "the consent subject is the token's account"
+    );
+    let consent = call_tool(
+        &sc,
+        2,
+        &acme,
+        "record_product_feedback_consent",
+        json!({"feedbackHandle": handle, "decision": "approved"}),
+    )
+    .await;
+    assert!(consent.get("error").is_none(), "{consent}");
+    // acme again: not asked; globex: asked, for globex.
+    let again = call_tool(&sc, 3, &acme, "add", json!({"a": 2, "b": 2})).await;
+    assert_eq!(feedback_of(&again)["state"], "feedback_ready", "{again}");
+    let other = call_tool(&sc, 4, &globex, "add", json!({"a": 3, "b": 2})).await;
+    let fb = feedback_of(&other);
+    assert_eq!(fb["state"], "consent_required", "{other}");
+    let claims = epode
+        .verify(fb["feedbackHandle"].as_str().unwrap())
+        .unwrap();
+    assert_eq!(claims.s.as_deref(), epode.subject_for("globex").as_deref());
+    // Every product call's event carries the token's refs; an e-mail-like sub is hashed.
+    let delivered = eventually_async(Duration::from_secs(15), || async {
+        epode.events().len() >= 3
+    })
+    .await;
+    assert!(delivered, "{:?}", epode.events());
+    let events = epode.events();
+    let of = |account: &str| {
+        events
+            .iter()
+            .filter(|e| e["accountRef"] == account)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let acme_events = of("acme");
+    assert_eq!(acme_events.len(), 2, "{events:?}");
+    for e in &acme_events {
+        assert_eq!(e["userRef"], "svc-client", "{e}");
+        assert_eq!(e["customerRef"], "acme", "{e}");
+    }
+    let globex_events = of("globex");
+    assert_eq!(globex_events.len(), 1, "{events:?}");
+    let user = globex_events[0]["userRef"].as_str().unwrap();
+    assert!(
+        user.starts_with("h:") && !user.contains("globex.example"),
+        "{user}"
+    );
+    assert!(
+        !format!("{events:?}").contains("user-b@"),
+        "a raw e-mail reached Epode"
+    );
+}
+
+/// With auth on, a 2025 upstream's sessions are the principal's: another token's calls never
+/// ride a session opened for the first.
+#[tokio::test]
+async fn a_2025_session_is_never_used_by_another_principal() {
+    let (port, resource) = resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    // A session per initialize, numbered; every session's calls are recorded with it.
+    let opened = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let up = ScriptedUpstream::new()
+        .when(|r| r.http_method() == "DELETE", Reply::json("{}"))
+        .when(|r| r.json.get("id").is_none(), Reply::empty(202))
+        .when_fn(
+            |r| r.method() == "initialize",
+            move |_| {
+                let n = opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let init = json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "s", "version": "1"}});
+                Reply::result(init).header("mcp-session-id", &format!("session-{n}"))
+            },
+        )
+        .on("tools/list", Reply::result(json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]})))
+        .on("tools/call", Reply::result(json!({"content": [{"type": "text", "text": "echoed"}]})))
+        .start();
+    let listen = format!("127.0.0.1:{port}");
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_LISTEN", &listen),
+            ("EPODE_SIDECAR_AUTH", "jwt"),
+            ("EPODE_SIDECAR_AUTH_ISSUER", auth.issuer()),
+            ("EPODE_SIDECAR_AUTH_RESOURCE", auth.resource()),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25"),
+        ],
+    );
+    let alice = auth
+        .mint(json!({}), json!({"sub": "alice"}), MintKey::Current)
+        .await;
+    let bob = auth
+        .mint(json!({}), json!({"sub": "bob"}), MintKey::Current)
+        .await;
+    for (i, token) in [&alice, &bob, &alice, &bob].iter().enumerate() {
+        let (status, _, msg) = call(&sc, i as u64 + 1, &[("authorization", &bearer(token))]).await;
+        assert_eq!(status, 200, "{msg}");
+    }
+    let calls: Vec<_> = up
+        .requests()
+        .into_iter()
+        .filter(|r| r.method() == "tools/call")
+        .collect();
+    assert_eq!(calls.len(), 4);
+    let session_of = |who: &str| -> Vec<String> {
+        calls
+            .iter()
+            .filter(|r| r.header("epode-auth-subject").as_deref() == Some(who))
+            .map(|r| r.header("mcp-session-id").unwrap_or_default())
+            .collect()
+    };
+    let (a, b) = (session_of("alice"), session_of("bob"));
+    assert_eq!(a.len(), 2);
+    assert_eq!(b.len(), 2);
+    assert!(
+        !a[0].is_empty() && a[0] == a[1],
+        "alice keeps her session: {a:?}"
+    );
+    assert!(!b[0].is_empty() && b[0] == b[1], "bob keeps his: {b:?}");
+    assert_ne!(a[0], b[0], "one session for two principals");
+}
+
+/// A stdio upstream gets the same front: the child never sees an unauthorised request.
+#[tokio::test]
+async fn a_stdio_upstream_is_behind_the_same_front() {
+    let (port, resource) = resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    let listen = format!("127.0.0.1:{port}");
+    let script = repo_root().join("tests/peers/py_server.py");
+    let python = python();
+    let sc = Sidecar::start_stdio(
+        &[
+            python.to_str().unwrap(),
+            script.to_str().unwrap(),
+            "--stdio",
+        ],
+        &[
+            ("EPODE_SIDECAR_LISTEN", &listen),
+            ("EPODE_SIDECAR_AUTH", "jwt"),
+            ("EPODE_SIDECAR_AUTH_ISSUER", auth.issuer()),
+            ("EPODE_SIDECAR_AUTH_RESOURCE", auth.resource()),
+        ],
+    );
+    let (status, h, _) = call(&sc, 1, &[]).await;
+    assert_eq!(status, 401);
+    assert!(challenge(&h).contains("resource_metadata="));
+    let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
+    let (status, _, msg) = call(&sc, 2, &[("authorization", &bearer(&token))]).await;
+    assert_eq!(status, 200, "{msg}");
+    // The child answered it (its arguments are wrong on purpose: any answer of the child's).
+    assert_eq!(
+        msg["result"]["_meta"]["io.modelcontextprotocol/serverInfo"]["name"], "py-peer",
+        "{msg}"
+    );
+}
