@@ -31,7 +31,8 @@ pub(super) struct Metadata {
 }
 
 /// The metadata URLs to try for `issuer`, in order: RFC 8414's (the well-known segment
-/// inserted before the issuer's path), then OpenID's (appended), then RFC 8414's OpenID form.
+/// inserted before the issuer's path), then OpenID's (appended), then OpenID's inserted, then
+/// RFC 8414's appended.
 pub(super) fn metadata_urls(issuer: &str) -> Vec<Url> {
     let Ok(url) = Url::parse(issuer) else {
         return Vec::new();
@@ -43,6 +44,9 @@ pub(super) fn metadata_urls(issuer: &str) -> Vec<Url> {
         format!("{origin}/.well-known/oauth-authorization-server{path}"),
         format!("{origin}{path}/.well-known/openid-configuration"),
         format!("{origin}/.well-known/openid-configuration{path}"),
+        // Where some servers put RFC 8414's document for an issuer with a path (Okta's
+        // custom authorization servers): appended, as OpenID's is.
+        format!("{origin}{path}/.well-known/oauth-authorization-server"),
     ] {
         if let Ok(u) = Url::parse(&candidate) {
             if !out.contains(&u) {
@@ -348,6 +352,7 @@ mod tests {
                 "https://as.example.com/.well-known/oauth-authorization-server/realms/acme",
                 "https://as.example.com/realms/acme/.well-known/openid-configuration",
                 "https://as.example.com/.well-known/openid-configuration/realms/acme",
+                "https://as.example.com/realms/acme/.well-known/oauth-authorization-server",
             ]
         );
         let root: Vec<String> = metadata_urls("https://as.example.com/")
