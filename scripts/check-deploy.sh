@@ -3,6 +3,9 @@
 # systemd unit, compose.yaml and the container image, each checked with real tools.
 #
 #   1. helm lint --strict and helm template: default values and every helm/epode-sidecar/ci/*.yaml;
+#      the authorization settings rendered from --set (the client secret by reference only),
+#      and the renders the chart must refuse, with their messages (auth on without what it
+#      needs, the client secret given as an env entry or a value);
 #      the example parent chart (helm/examples/existing-app) that uses the named templates;
 #      kubectl kustomize deploy/kubernetes
 #   2. kubernetes-validate --strict for Kubernetes 1.29 to 1.33: every rendered object and every
@@ -85,6 +88,60 @@ for f in "${ci_values[@]}"; do
   "$HELM" template demo "$CHART" -f "$f" >"$R/chart-$name.yaml" || fail "helm template -f $f"
   say "helm lint + template: $f ($(grep -c '^kind:' "$R/chart-$name.yaml") objects)"
 done
+# The authorization front door: the settings given with --set reach the sidecar's env, the
+# client secret by reference only (with introspect only); then the renders the chart refuses.
+AUTH_ON=(--set auth.issuer=https://as.example.com --set auth.resource=https://mcp.example.com/mcp)
+# auth_env RENDER: the sidecar's env entries of the render's Deployment, as JSON.
+auth_env() {
+  "$PY" -c '
+import json, sys, yaml
+for doc in yaml.safe_load_all(open(sys.argv[1])):
+    if doc and doc.get("kind") == "Deployment":
+        print(json.dumps(doc["spec"]["template"]["spec"]["initContainers"][0]["env"]))' "$1"
+}
+"$HELM" template demo "$CHART" --set auth.mode=jwt "${AUTH_ON[@]}" >"$WORK/auth-jwt.yaml" || fail "helm template --set auth.mode=jwt"
+"$PY" -c '
+import json, sys
+env = {e["name"]: e for e in json.loads(sys.argv[1])}
+want = {"EPODE_SIDECAR_AUTH": "jwt", "EPODE_SIDECAR_AUTH_ISSUER": "https://as.example.com",
+        "EPODE_SIDECAR_AUTH_RESOURCE": "https://mcp.example.com/mcp"}
+bad = [f"{k}: {env.get(k)}" for k, v in want.items() if env.get(k, {}).get("value") != v]
+bad += [f"{k} rendered" for k in env if k.startswith("EPODE_SIDECAR_AUTH_") and k not in want]
+sys.exit("; ".join(bad) or None)' "$(auth_env "$WORK/auth-jwt.yaml")" \
+  || fail "helm template --set auth.mode=jwt: not the auth settings expected"
+"$HELM" template demo "$CHART" -f "$CHART/ci/auth-introspect-values.yaml" >"$WORK/auth-introspect.yaml" \
+  || fail "helm template -f $CHART/ci/auth-introspect-values.yaml"
+"$PY" -c '
+import json, sys
+env = {e["name"]: e for e in json.loads(sys.argv[1])}
+secret = env.get("EPODE_SIDECAR_AUTH_CLIENT_SECRET") or {}
+ref = secret.get("valueFrom", {}).get("secretKeyRef")
+ok = "value" not in secret and ref == {"name": "epode-sidecar-auth", "key": "client-secret"}
+sys.exit(None if ok and env["EPODE_SIDECAR_AUTH"]["value"] == "introspect" else f"got {secret}")' "$(auth_env "$WORK/auth-introspect.yaml")" \
+  || fail "$CHART/ci/auth-introspect-values.yaml: the client secret is not a Secret reference"
+say "helm template: auth.mode=jwt from --set renders EPODE_SIDECAR_AUTH, _ISSUER and _RESOURCE only; introspect takes the client secret by secretKeyRef"
+# must_refuse MESSAGE ARGS...: helm template ARGS fails saying MESSAGE, and never repeats the
+# secret the arguments may carry.
+must_refuse() {
+  local want="$1"; shift
+  if "$HELM" template demo "$CHART" "$@" >"$WORK/refused.txt" 2>&1; then fail "helm template $*: rendered, not refused"; fi
+  grep -qF -- "$want" "$WORK/refused.txt" || { cat "$WORK/refused.txt"; fail "helm template $*: refused without saying: $want"; }
+  ! grep -qF NotARealSecret "$WORK/refused.txt" || fail "helm template $*: the refusal repeats the secret"
+  say "helm template ${*//NotARealSecret/…}: refused, saying: $want"
+}
+must_refuse "auth.mode is jwt, which needs: auth.issuer (" --set auth.mode=jwt
+must_refuse "auth.mode is jwt, which needs: auth.resource (" --set auth.mode=jwt --set auth.issuer=https://as.example.com
+must_refuse "auth.mode is introspect, which needs: auth.clientSecret.existingSecret (" \
+  --set auth.mode=introspect "${AUTH_ON[@]}" --set auth.clientId=epode-sidecar
+must_refuse "auth.mode is introspect, which needs: auth.clientId (" \
+  --set auth.mode=introspect "${AUTH_ON[@]}" --set auth.clientSecret.existingSecret=epode-sidecar-auth
+must_refuse "sidecar.env.EPODE_SIDECAR_AUTH_CLIENT_SECRET is refused: the authorization client secret comes only from a Secret" \
+  --set-string sidecar.env.EPODE_SIDECAR_AUTH_CLIENT_SECRET=NotARealSecret
+must_refuse "sidecar.extraEnv EPODE_SIDECAR_AUTH_CLIENT_SECRET is refused" \
+  --set-string 'sidecar.extraEnv[0].name=EPODE_SIDECAR_AUTH_CLIENT_SECRET,sidecar.extraEnv[0].value=NotARealSecret'
+must_refuse "upstream.env EPODE_SIDECAR_AUTH_CLIENT_SECRET is refused" \
+  --set-string 'upstream.env[0].name=EPODE_SIDECAR_AUTH_CLIENT_SECRET,upstream.env[0].value=NotARealSecret'
+must_refuse "at '/auth/clientSecret'" --set-string auth.clientSecret=NotARealSecret
 # Kubernetes 1.29: the preStop sleep action is off there, so the chart leaves it out.
 for f in "" "$CHART/ci/classic-sidecar-values.yaml"; do
   name="k8s-1.29-$(basename "${f:-default}" .yaml)"

@@ -89,6 +89,16 @@ off
 {{- end -}}
 {{- end -}}
 
+{{/* auth.mode as the sidecar reads it (an unquoted YAML `off` arrives as false). */}}
+{{- define "epode-sidecar.authMode" -}}
+{{- $m := .Values.auth.mode -}}
+{{- if or (kindIs "invalid" $m) (and (kindIs "bool" $m) (not $m)) -}}
+off
+{{- else -}}
+{{- toString $m -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "epode-sidecar.feedbackOn" -}}
 {{- if ne (include "epode-sidecar.mode" .) "off" }}true{{ end -}}
 {{- end -}}
@@ -151,6 +161,12 @@ README.
 {{- $ids := list -}}
 {{- range $k, $v := $e.identityHeaders -}}{{- $ids = append $ids (printf "%s=%s" $k $v) -}}{{- end -}}
 {{- $tlsDir := trimSuffix "/" $s.tls.mountPath -}}
+{{- $a := .Values.auth -}}
+{{- $authMode := include "epode-sidecar.authMode" . -}}
+{{- $opScopes := list -}}
+{{- range $a.operationScopes -}}{{- $opScopes = append $opScopes (printf "%s:%s=%s" .kind .match (join " " .scopes)) -}}{{- end -}}
+{{- $implies := list -}}
+{{- range $k, $v := $a.scopeImplies -}}{{- $implies = append $implies (printf "%s=%s" $k (join " " $v)) -}}{{- end -}}
 {{- $rows := list
   (list "EPODE_SIDECAR_UPSTREAM" "sidecar.upstreamUrl (or upstream.scheme/port/path)" $upstream)
   (list "EPODE_SIDECAR_LISTEN" "sidecar.listenAddress and sidecar.port" (printf "%s:%v" $s.listenAddress ($s.port | int)))
@@ -219,6 +235,24 @@ README.
   (list "EPODE_SIDECAR_TELEMETRY_FLUSH" "epode.telemetry.flush" $t.flush)
   (list "EPODE_SIDECAR_TELEMETRY_RETRY_BASE" "epode.telemetry.retryBase" $t.retryBase)
   (list "EPODE_SIDECAR_TELEMETRY_SHUTDOWN" "epode.telemetry.shutdown" $t.shutdown)
+  (list "EPODE_SIDECAR_AUTH" "auth.mode" (ternary "" $authMode (eq $authMode "off")))
+  (list "EPODE_SIDECAR_AUTH_ISSUER" "auth.issuer" $a.issuer)
+  (list "EPODE_SIDECAR_AUTH_RESOURCE" "auth.resource" $a.resource)
+  (list "EPODE_SIDECAR_AUTH_SCOPES" "auth.scopes" (join " " $a.scopes))
+  (list "EPODE_SIDECAR_AUTH_ALGORITHMS" "auth.algorithms" (join "," $a.algorithms))
+  (list "EPODE_SIDECAR_AUTH_LEEWAY" "auth.leeway" $a.leeway)
+  (list "EPODE_SIDECAR_AUTH_TOKEN_TYPE" "auth.tokenType" $a.tokenType)
+  (list "EPODE_SIDECAR_AUTH_USER_CLAIM" "auth.userClaim" $a.userClaim)
+  (list "EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM" "auth.accountClaim" $a.accountClaim)
+  (list "EPODE_SIDECAR_AUTH_CLIENT_ID" "auth.clientId" $a.clientId)
+  (list "EPODE_SIDECAR_AUTH_FORWARD_TOKEN" "auth.forwardToken" (ternary "true" "" (eq $a.forwardToken true)))
+  (list "EPODE_SIDECAR_AUTH_CACHE_ENTRIES" "auth.cacheEntries" $a.cacheEntries)
+  (list "EPODE_SIDECAR_AUTH_KEYS_REFRESH" "auth.keysRefresh" $a.keysRefresh)
+  (list "EPODE_SIDECAR_AUTH_FETCH_TIMEOUT" "auth.fetchTimeout" $a.fetchTimeout)
+  (list "EPODE_SIDECAR_AUTH_DOCUMENTATION" "auth.documentation" $a.documentation)
+  (list "EPODE_SIDECAR_AUTH_OPERATION_SCOPES" "auth.operationScopes" (join "; " $opScopes))
+  (list "EPODE_SIDECAR_AUTH_SCOPE_IMPLIES" "auth.scopeImplies" (join "; " $implies))
+  (list "EPODE_SIDECAR_AUTH_CLIENT_SECRET" "auth.clientSecret.existingSecret and auth.clientSecret.existingSecretKey" "")
   (list "EPODE_API_KEY" "epode.existingSecret and epode.existingSecretKey" "")
   (list "AGENT_FEEDBACK_KEY" "epode.existingSecret and epode.existingSecretKey" "")
   (list "AGENT_FEEDBACK_URL" "epode.apiUrl" "")
@@ -230,7 +264,8 @@ README.
 {{/*
 Render-time checks. The product key may only come from a Secret reference: a value that looks
 like a key, anywhere in the values, fails the render (the message never repeats it), and so
-does any key variable given through env, extraEnv or the server's env.
+does any key variable given through env, extraEnv or the server's env. The same holds for the
+authorization client secret (auth.clientSecret), and auth on needs what the sidecar needs.
 */}}
 {{- define "epode-sidecar.validate" -}}
 {{- $v := .Values -}}
@@ -251,6 +286,51 @@ does any key variable given through env, extraEnv or the server's env.
 {{- range $v.upstream.env -}}
 {{- if has (toString .name) $keyNames -}}
 {{- fail (printf "epode-sidecar: upstream.env %s is refused: the MCP server never needs the product key; only the sidecar reads it, from epode.existingSecret." (toString .name)) -}}
+{{- end -}}
+{{- end -}}
+{{- $authSecret := "EPODE_SIDECAR_AUTH_CLIENT_SECRET" -}}
+{{- $authSecretHint := "the authorization client secret comes only from a Secret named by auth.clientSecret.existingSecret (key auth.clientSecret.existingSecretKey)." -}}
+{{- range $name, $_ := $v.sidecar.env -}}
+{{- if eq $name $authSecret -}}
+{{- fail (printf "epode-sidecar: sidecar.env.%s is refused: %s" $name $authSecretHint) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.sidecar.extraEnv -}}
+{{- if eq (toString .name) $authSecret -}}
+{{- fail (printf "epode-sidecar: sidecar.extraEnv %s is refused: %s" (toString .name) $authSecretHint) -}}
+{{- end -}}
+{{- end -}}
+{{- range $v.upstream.env -}}
+{{- if eq (toString .name) $authSecret -}}
+{{- fail (printf "epode-sidecar: upstream.env %s is refused: the MCP server never needs the sidecar's client secret; %s" (toString .name) $authSecretHint) -}}
+{{- end -}}
+{{- end -}}
+{{- $authMode := include "epode-sidecar.authMode" . -}}
+{{- if ne $authMode "off" -}}
+{{- $a := $v.auth -}}
+{{- $missing := list -}}
+{{- if not $a.issuer -}}
+{{- $missing = append $missing "auth.issuer (the authorization server's issuer, an https:// URL exactly as its tokens' iss claim writes it)" -}}
+{{- end -}}
+{{- if not $a.resource -}}
+{{- $missing = append $missing "auth.resource (this MCP server's canonical URI as its clients reach it, such as https://mcp.example.com/mcp)" -}}
+{{- end -}}
+{{- if eq $authMode "introspect" -}}
+{{- if not $a.clientId -}}
+{{- $missing = append $missing "auth.clientId (the sidecar's client id at the authorization server, for its introspection endpoint)" -}}
+{{- end -}}
+{{- if not $a.clientSecret.existingSecret -}}
+{{- $missing = append $missing (printf "auth.clientSecret.existingSecret (the name of a Secret holding the sidecar's client secret under the key auth.clientSecret.existingSecretKey, which you create: kubectl create secret generic epode-sidecar-auth --from-literal=%s=…)" $a.clientSecret.existingSecretKey) -}}
+{{- end -}}
+{{- end -}}
+{{- $scopes := $a.scopes | default list -}}
+{{- range $a.operationScopes -}}{{- $scopes = concat $scopes .scopes -}}{{- end -}}
+{{- range $_, $granted := $a.scopeImplies -}}{{- $scopes = concat $scopes $granted -}}{{- end -}}
+{{- if has "offline_access" $scopes -}}
+{{- fail "epode-sidecar: offline_access is in auth.scopes, auth.operationScopes or auth.scopeImplies: it is no scope of a resource (MCP: it belongs in no challenge and no scopes_supported); leave it out." -}}
+{{- end -}}
+{{- if $missing -}}
+{{- fail (printf "epode-sidecar: auth.mode is %s, which needs: %s. Or set auth.mode=off." $authMode (join "; " $missing)) -}}
 {{- end -}}
 {{- end -}}
 {{- if and (include "epode-sidecar.feedbackOn" .) (not $v.epode.existingSecret) -}}
@@ -310,6 +390,13 @@ does any key variable given through env, extraEnv or the server's env.
     secretKeyRef:
       name: {{ .Values.epode.existingSecret | quote }}
       key: {{ .Values.epode.existingSecretKey | quote }}
+{{- end -}}
+{{- if eq (include "epode-sidecar.authMode" .) "introspect" }}
+- name: EPODE_SIDECAR_AUTH_CLIENT_SECRET
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.auth.clientSecret.existingSecret | quote }}
+      key: {{ .Values.auth.clientSecret.existingSecretKey | quote }}
 {{- end -}}
 {{- range $name := keys .Values.sidecar.env | sortAlpha }}
 - name: {{ $name }}
