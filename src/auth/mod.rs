@@ -577,6 +577,27 @@ impl Authorizer {
         }
     }
 
+    /// A request to the HTTP surface: with `auth_http_surface`, its token checked with the
+    /// base scopes and its headers made as an MCP request's are; else only the sidecar's own
+    /// headers removed. The refusal is the client's answer.
+    pub(crate) async fn surface(
+        &self,
+        headers: &mut HeaderMap,
+        query: Option<&str>,
+    ) -> Result<(), Error> {
+        if !self.config.http_surface {
+            strip_owned(headers);
+            return Ok(());
+        }
+        let principal = self
+            .check(headers, query)
+            .await
+            .map_err(|r| self.refuse(&r))?;
+        self.require(&principal, &self.config.scopes)?;
+        self.to_upstream(headers, &principal);
+        Ok(())
+    }
+
     /// The request's headers as they go upstream: the headers the sidecar owns set from the
     /// verified token, and the client's token removed unless `auth_forward_token`.
     pub(crate) fn to_upstream(&self, headers: &mut HeaderMap, principal: &Principal) {

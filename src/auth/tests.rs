@@ -107,6 +107,7 @@ pub(super) fn test_config() -> AuthConfig {
         fetch_timeout: Duration::from_secs(1),
         documentation: None,
         introspection_cache: Duration::from_secs(60),
+        http_surface: false,
         operation_scopes: Vec::new(),
         implies: Default::default(),
     }

@@ -67,6 +67,7 @@ pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
         fetch_timeout: l.get(&AUTH_FETCH_TIMEOUT),
         documentation: l.optional(&AUTH_DOCUMENTATION),
         introspection_cache: l.get(&AUTH_INTROSPECTION_CACHE),
+        http_surface: l.get(&AUTH_HTTP_SURFACE),
         operation_scopes: l
             .optional(&AUTH_OPERATION_SCOPES)
             .map(Option::unwrap_or_default),
@@ -476,6 +477,15 @@ settings! {
             "With auth on: the deadline of each request to the authorization server (metadata, keys, introspection); its answers are read up to 1 MiB.",
             a_duration,
             |c| shown(c, |a| duration(a.fetch_timeout)).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_HTTP_SURFACE: bool = setting(
+            "auth_http_surface",
+            &["EPODE_SIDECAR_AUTH_HTTP_SURFACE"],
+            Some("false"),
+            "true or false",
+            "With auth on and the HTTP surface on: `true` checks the product's other routes the same way (a bearer token for the resource with the base scopes, the claims headers set and the token removed), answering 401/403 with the challenge. Default: only the MCP path is checked (the sidecar's `Epode-Auth-*` headers are removed from every request either way).",
+            on_off,
+            |c| shown(c, |a| a.http_surface.to_string()).unwrap_or_else(|| NOT_USED.into()),
         ),
         AUTH_INTROSPECTION_CACHE: Duration = bounded(
             "auth_introspection_cache",

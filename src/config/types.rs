@@ -167,6 +167,8 @@ pub(crate) struct AuthConfig {
     pub(crate) documentation: Option<String>,
     /// How long an active opaque token's introspection answer is kept.
     pub(crate) introspection_cache: Duration,
+    /// Whether the HTTP surface's routes are checked too.
+    pub(crate) http_surface: bool,
     /// Scopes needed beyond `scopes` by the tools, prompts and resources whose names match.
     pub(crate) operation_scopes: Vec<OperationScopes>,
     /// What each scope also grants (the operator's hierarchy, already closed: a scope maps

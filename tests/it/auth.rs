@@ -849,3 +849,68 @@ async fn a_stdio_upstream_is_behind_the_same_front() {
         "{msg}"
     );
 }
+
+/// The HTTP surface's routes: the sidecar's `Epode-Auth-*` headers never pass from a client
+/// to the app, and with `EPODE_SIDECAR_AUTH_HTTP_SURFACE` the routes are checked as MCP is.
+#[tokio::test]
+async fn the_http_surface_never_passes_a_forged_claim_and_is_checked_when_asked() {
+    for checked in [false, true] {
+        let (port, resource) = resource();
+        let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+        let app = ScriptedUpstream::new()
+            .on("tools/list", Reply::result(json!({"tools": []})))
+            .otherwise(Reply::echo())
+            .start();
+        let origin = app.url().trim_end_matches("/mcp").to_owned();
+        let on = if checked { "true" } else { "false" };
+        let sc = sidecar_for(
+            &origin,
+            &auth,
+            port,
+            &[
+                ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+                ("EPODE_SIDECAR_AUTH_HTTP_SURFACE", on),
+            ],
+        );
+        let page = format!("{}/orders/latest", sc.base());
+        let forged = http()
+            .get(&page)
+            .header("epode-auth-subject", "admin")
+            .send()
+            .await
+            .unwrap();
+        let seen = |app: &Scripted| {
+            app.requests()
+                .into_iter()
+                .filter(|r| r.head.contains("/orders/latest"))
+                .collect::<Vec<_>>()
+        };
+        if checked {
+            assert_eq!(forged.status(), 401, "no token on a checked route");
+            assert!(challenge(forged.headers()).contains("resource_metadata="));
+            assert!(seen(&app).is_empty(), "a refused request reached the app");
+            let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
+            let ok = http()
+                .get(&page)
+                .header("authorization", bearer(&token))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(ok.status(), 200);
+            let r = seen(&app).pop().expect("the app got the checked request");
+            assert_eq!(
+                r.header("epode-auth-subject").as_deref(),
+                Some("svc-client")
+            );
+            assert_eq!(r.header("authorization"), None, "the token went to the app");
+        } else {
+            assert_eq!(forged.status(), 200);
+            let r = seen(&app).pop().expect("the app got the request");
+            assert_eq!(
+                r.header("epode-auth-subject"),
+                None,
+                "a forged claim reached the app"
+            );
+        }
+    }
+}

@@ -250,6 +250,7 @@ README.
   (list "EPODE_SIDECAR_AUTH_KEYS_REFRESH" "auth.keysRefresh" $a.keysRefresh)
   (list "EPODE_SIDECAR_AUTH_FETCH_TIMEOUT" "auth.fetchTimeout" $a.fetchTimeout)
   (list "EPODE_SIDECAR_AUTH_INTROSPECTION_CACHE" "auth.introspectionCache" $a.introspectionCache)
+  (list "EPODE_SIDECAR_AUTH_HTTP_SURFACE" "auth.httpSurface" (ternary "true" "" (eq $a.httpSurface true)))
   (list "EPODE_SIDECAR_AUTH_DOCUMENTATION" "auth.documentation" $a.documentation)
   (list "EPODE_SIDECAR_AUTH_OPERATION_SCOPES" "auth.operationScopes" (join "; " $opScopes))
   (list "EPODE_SIDECAR_AUTH_SCOPE_IMPLIES" "auth.scopeImplies" (join "; " $implies))
