@@ -814,6 +814,41 @@ async fn a_2025_session_is_never_used_by_another_principal() {
     );
     assert!(!b[0].is_empty() && b[0] == b[1], "bob keeps his: {b:?}");
     assert_ne!(a[0], b[0], "one session for two principals");
+    // Bob replays Alice's session id: his call still rides his own session.
+    let replay = format!("{}", a[0]);
+    let (status, _, msg) = call(
+        &sc,
+        9,
+        &[
+            ("authorization", &bearer(&bob)),
+            ("mcp-session-id", &replay),
+        ],
+    )
+    .await;
+    assert!(
+        status == 200 || status == 400 || status == 404,
+        "{status} {msg}"
+    );
+    let last = up
+        .requests()
+        .into_iter()
+        .rfind(|r| r.method() == "tools/call")
+        .unwrap();
+    if status == 200 {
+        assert_eq!(last.header("epode-auth-subject").as_deref(), Some("bob"));
+        assert_eq!(
+            last.header("mcp-session-id").as_deref(),
+            Some(b[0].as_str()),
+            "bob rode alice's session"
+        );
+    }
+    assert!(
+        up.requests()
+            .iter()
+            .filter(|r| r.header("mcp-session-id").as_deref() == Some(a[0].as_str()))
+            .all(|r| r.header("epode-auth-subject").as_deref() == Some("alice")),
+        "a request of another principal rode alice's session"
+    );
 }
 
 /// A stdio upstream gets the same front: the child never sees an unauthorised request.
