@@ -7,6 +7,7 @@
 mod support;
 
 mod auth;
+mod auth_clients;
 mod auth_server;
 mod cli;
 mod conformance;
