@@ -149,23 +149,26 @@ impl Authorizer {
             "authorization_servers".into(),
             Value::from(vec![config.issuer.clone()]),
         );
-        if !config.scopes.is_empty() {
-            doc.insert(
-                "scopes_supported".into(),
-                Value::from(config.scopes.clone()),
-            );
+        // Every scope a call may need: the base ones, the operations', and the hierarchy's.
+        let mut supported = config.scopes.clone();
+        let more = config.operation_scopes.iter().flat_map(|r| r.scopes.iter());
+        for s in more
+            .chain(config.implies.keys())
+            .chain(config.implies.values().flatten())
+        {
+            if !supported.contains(s) {
+                supported.push(s.clone());
+            }
         }
+        if !supported.is_empty() {
+            doc.insert("scopes_supported".into(), Value::from(supported));
+        }
+        // (No `resource_signing_alg_values_supported`: RFC 9728 means the algorithms the
+        // resource signs its own responses with, and the sidecar signs none.)
         doc.insert(
             "bearer_methods_supported".into(),
             serde_json::json!(["header"]),
         );
-        if config.mode == AuthMode::Jwt {
-            let algs: Vec<String> = config.algorithms.iter().map(|a| format!("{a:?}")).collect();
-            doc.insert(
-                "resource_signing_alg_values_supported".into(),
-                Value::from(algs),
-            );
-        }
         if let Some(d) = &config.documentation {
             doc.insert("resource_documentation".into(), Value::from(d.clone()));
         }

@@ -265,6 +265,13 @@ fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
     .into_iter()
     .collect();
     let a = Authorizer::new(config, Arc::new(Metrics::new(|_| {})), None).unwrap();
+    let doc: Value = serde_json::from_slice(&a.metadata).unwrap();
+    assert_eq!(
+        doc["scopes_supported"],
+        serde_json::json!(["mcp:tools", "mcp:admin", "mcp:prompts", "mcp:root"]),
+        "the metadata names every scope a call may need"
+    );
+    assert!(doc.get("resource_signing_alg_values_supported").is_none());
     let needed = a.needed(Some(OperationKind::Tool), Some("delete_user"), false);
     assert_eq!(needed, ["mcp:tools", "mcp:admin"]);
     assert_eq!(
