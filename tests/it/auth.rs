@@ -35,10 +35,19 @@ fn sidecar_for(up: &str, auth: &AuthServer, port: u16, extra: &[(&str, &str)]) -
     Sidecar::start(up, &env)
 }
 
-/// A free port and the resource URI of a sidecar listening on it.
-fn resource() -> (u16, String) {
-    let port = free_port();
-    (port, format!("http://127.0.0.1:{port}/mcp"))
+/// A free port and the resource URI of a sidecar listening on it. The port is chosen below
+/// the kernel's ephemeral range, so the authorization server (started first, on port 0) or
+/// another test's connection cannot take it before the sidecar binds it.
+pub(crate) fn resource() -> (u16, String) {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let start = 20_000 + (std::process::id() % 5_000) as u16;
+    loop {
+        let port = start + NEXT.fetch_add(1, Ordering::Relaxed) % 7_000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return (port, format!("http://127.0.0.1:{port}/mcp"));
+        }
+    }
 }
 
 fn scripted() -> Scripted {
@@ -815,7 +824,7 @@ async fn a_2025_session_is_never_used_by_another_principal() {
     assert!(!b[0].is_empty() && b[0] == b[1], "bob keeps his: {b:?}");
     assert_ne!(a[0], b[0], "one session for two principals");
     // Bob replays Alice's session id: his call still rides his own session.
-    let replay = format!("{}", a[0]);
+    let replay = a[0].clone();
     let (status, _, msg) = call(
         &sc,
         9,

@@ -28,8 +28,7 @@ impl Stack {
     /// The sidecar listens on a port known before it starts (the resource URI names it) and
     /// needs `mcp:tools` for every request; `extra` settings on top.
     fn start(extra: &[(&str, &str)]) -> Stack {
-        let port = free_port();
-        let resource = format!("http://127.0.0.1:{port}/mcp");
+        let (port, resource) = crate::auth::resource();
         let auth = AuthServer::start(AuthOptions::for_resource(&resource));
         let upstream = Upstream::start_with(UpstreamKind::Python, &["--whoami"]);
         let listen = format!("127.0.0.1:{port}");
