@@ -958,3 +958,46 @@ async fn the_http_surface_never_passes_a_forged_claim_and_is_checked_when_asked(
         }
     }
 }
+
+/// What the product says of the caller (`_meta["ai.epode/identity"]`) wins over the token's
+/// refs, field by field, and a field both name differently is counted.
+#[tokio::test]
+async fn the_products_identity_wins_over_the_tokens_and_a_disagreement_is_counted() {
+    use crate::support::fake_epode::{FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
+    let (port, resource) = resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    let py = Upstream::start_with(UpstreamKind::Python, &["--identity"]);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let url = epode.url();
+    let sc = sidecar_for(
+        &py.url(),
+        &auth,
+        port,
+        &[
+            ("EPODE_API_KEY", epode.product_key()),
+            ("EPODE_API_URL", &url),
+            ("AGENT_FEEDBACK_MODE", "never_ask"),
+            ("EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM", "org"),
+        ],
+    );
+    let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
+    // The token says account acme, user svc-client; the product says cust_9 and user_1.
+    let msg = call_tool(&sc, 1, &token, "account", json!({"customer": "cust_9"})).await;
+    assert!(msg.get("error").is_none(), "{msg}");
+    assert!(
+        !msg.to_string().contains("ai.epode/identity"),
+        "the product's identity leaked"
+    );
+    let got = eventually_async(Duration::from_secs(15), || async {
+        !epode.events().is_empty()
+    })
+    .await;
+    assert!(got);
+    let e = &epode.events()[0];
+    assert_eq!(e["accountRef"], "cust_9", "{e}");
+    assert_eq!(e["userRef"], "user_1", "{e}");
+    assert_eq!(
+        metric(&sc, "epode_sidecar_auth_identity_disagreements_total").await,
+        1
+    );
+}
