@@ -35,6 +35,39 @@ fn sidecar_for(up: &str, auth: &AuthServer, port: u16, extra: &[(&str, &str)]) -
     Sidecar::start(up, &env)
 }
 
+/// The authorization server, a scripted upstream and the sidecar with auth on in front of it.
+struct Rig {
+    auth: AuthServer,
+    up: Scripted,
+    sc: Sidecar,
+    resource: String,
+}
+
+impl Rig {
+    /// JWT access tokens, and `extra` settings.
+    fn jwt(extra: &[(&str, &str)]) -> Rig {
+        Rig::with(|r| AuthServer::start(AuthOptions::for_resource(r)), extra)
+    }
+
+    /// Opaque tokens, introspected.
+    fn opaque(extra: &[(&str, &str)]) -> Rig {
+        Rig::with(opaque_server, extra)
+    }
+
+    fn with(server: impl FnOnce(&str) -> AuthServer, extra: &[(&str, &str)]) -> Rig {
+        let (port, resource) = resource();
+        let auth = server(&resource);
+        let up = scripted();
+        let sc = sidecar_for(&up.url(), &auth, port, extra);
+        Rig {
+            auth,
+            up,
+            sc,
+            resource,
+        }
+    }
+}
+
 /// A free port and the resource URI of a sidecar listening on it. The port is chosen below
 /// the kernel's ephemeral range, so the authorization server (started first, on port 0) or
 /// another test's connection cannot take it before the sidecar binds it.
@@ -124,26 +157,21 @@ fn tool_calls(up: &Scripted) -> usize {
 }
 
 async fn refused(sc: &Sidecar, reason: &str) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", sc.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let line = format!("epode_sidecar_auth_refused_total{{reason=\"{reason}\"}}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&line))
-        .map_or(0, |v| v.trim().parse().unwrap())
+    metric(
+        sc,
+        &format!("epode_sidecar_auth_refused_total{{reason=\"{reason}\"}}"),
+    )
+    .await
 }
 
 #[tokio::test]
 async fn the_metadata_and_the_challenge_lead_a_client_to_the_authorization_server() {
-    let (port, resource) = resource();
-    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
-    let up = scripted();
-    let sc = sidecar_for(&up.url(), &auth, port, &[]);
+    let Rig {
+        auth,
+        up,
+        sc,
+        resource,
+    } = Rig::jwt(&[]);
     for path in [
         "/.well-known/oauth-protected-resource",
         "/.well-known/oauth-protected-resource/mcp",
@@ -169,7 +197,10 @@ async fn the_metadata_and_the_challenge_lead_a_client_to_the_authorization_serve
     assert_eq!(status, 401, "{msg}");
     assert_eq!(
         challenge(&h),
-        format!("Bearer resource_metadata=\"http://127.0.0.1:{port}/.well-known/oauth-protected-resource/mcp\", scope=\"mcp:tools\"")
+        format!(
+            "Bearer resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\", scope=\"mcp:tools\"",
+            sc.base()
+        )
     );
     assert_eq!(msg["id"], 7);
     assert!(
@@ -249,10 +280,12 @@ async fn the_upstream_sees_the_verified_claims_and_never_the_token_or_a_forged_c
 
 #[tokio::test]
 async fn every_forged_foreign_or_broken_token_is_refused_and_never_reaches_the_upstream() {
-    let (port, resource) = resource();
-    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
-    let up = scripted();
-    let sc = sidecar_for(&up.url(), &auth, port, &[]);
+    let Rig {
+        auth,
+        up,
+        sc,
+        resource,
+    } = Rig::jwt(&[]);
     let now = now();
     let cur = MintKey::Current;
     let keys = auth.keys().await;
@@ -429,15 +462,12 @@ fn now() -> i64 {
 
 #[tokio::test]
 async fn a_flood_of_unknown_keys_costs_one_fetch_per_interval() {
-    let (port, resource) = resource();
-    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
-    let up = scripted();
-    let sc = sidecar_for(
-        &up.url(),
-        &auth,
-        port,
-        &[("EPODE_SIDECAR_AUTH_KEYS_REFRESH", "60s")],
-    );
+    let Rig {
+        auth,
+        up,
+        sc,
+        resource,
+    } = Rig::jwt(&[("EPODE_SIDECAR_AUTH_KEYS_REFRESH", "60s")]);
     // The keys are fetched once at start.
     let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
     let (status, _, _) = call(&sc, 1, &[("authorization", &bearer(&token))]).await;
@@ -559,17 +589,12 @@ async fn a_jwks_endpoint_that_hangs_is_huge_or_holds_too_many_keys_fails_closed(
 
 #[tokio::test]
 async fn opaque_tokens_are_introspected_and_a_revoked_one_is_refused_once_its_answer_expires() {
-    let (port, resource) = resource();
-    let mut options = AuthOptions::for_resource(&resource);
-    options.format = TokenFormat::Opaque;
-    let auth = AuthServer::start(options);
-    let up = scripted();
-    let sc = sidecar_for(
-        &up.url(),
-        &auth,
-        port,
-        &[("EPODE_SIDECAR_AUTH_INTROSPECTION_CACHE", "1s")],
-    );
+    let Rig {
+        auth,
+        up,
+        sc,
+        resource,
+    } = Rig::opaque(&[("EPODE_SIDECAR_AUTH_INTROSPECTION_CACHE", "1s")]);
     let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
     assert_eq!(token.split('.').count(), 1, "an opaque token: {token}");
     let (status, _, msg) = call(&sc, 1, &[("authorization", &bearer(&token))]).await;
@@ -602,17 +627,12 @@ async fn opaque_tokens_are_introspected_and_a_revoked_one_is_refused_once_its_an
 
 #[tokio::test]
 async fn an_introspection_endpoint_that_refuses_the_sidecar_is_a_503_never_a_pass() {
-    let (port, resource) = resource();
-    let mut options = AuthOptions::for_resource(&resource);
-    options.format = TokenFormat::Opaque;
-    let auth = AuthServer::start(options);
-    let up = scripted();
-    let sc = sidecar_for(
-        &up.url(),
-        &auth,
-        port,
-        &[("EPODE_SIDECAR_AUTH_CLIENT_SECRET", "wrong")],
-    );
+    let Rig {
+        auth,
+        up,
+        sc,
+        resource,
+    } = Rig::opaque(&[("EPODE_SIDECAR_AUTH_CLIENT_SECRET", "wrong")]);
     let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
     let (status, h, msg) = call(&sc, 1, &[("authorization", &bearer(&token))]).await;
     assert_eq!(status, 503, "{msg}");
@@ -625,6 +645,36 @@ async fn an_introspection_endpoint_that_refuses_the_sidecar_is_a_503_never_a_pas
             .all(|l| !l.contains(&token) && !l.contains("wrong\"")),
         "a token or secret in the log"
     );
+}
+
+/// An authorization server issuing opaque tokens (to be introspected) for `resource`.
+fn opaque_server(resource: &str) -> AuthServer {
+    let mut options = AuthOptions::for_resource(resource);
+    options.format = TokenFormat::Opaque;
+    AuthServer::start(options)
+}
+
+/// A sidecar with auth on and feedback in `mode` at the strict fake Epode, the account ref
+/// from the token's `org`.
+fn feedback_sidecar_for(
+    up: &str,
+    auth: &AuthServer,
+    port: u16,
+    epode: &crate::support::fake_epode::FakeEpode,
+    mode: &str,
+) -> Sidecar {
+    let url = epode.url();
+    sidecar_for(
+        up,
+        auth,
+        port,
+        &[
+            ("EPODE_API_KEY", epode.product_key()),
+            ("EPODE_API_URL", &url),
+            ("AGENT_FEEDBACK_MODE", mode),
+            ("EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM", "org"),
+        ],
+    )
 }
 
 /// A 2026 `tools/call` of `tool` with `args` and the token: the JSON-RPC message.
@@ -675,18 +725,7 @@ async fn telemetry_refs_and_ask_once_come_from_the_token_with_no_product_code() 
     let auth = AuthServer::start(AuthOptions::for_resource(&resource));
     let py = Upstream::start(UpstreamKind::Python);
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "ask_once"));
-    let url = epode.url();
-    let sc = sidecar_for(
-        &py.url(),
-        &auth,
-        port,
-        &[
-            ("EPODE_API_KEY", epode.product_key()),
-            ("EPODE_API_URL", &url),
-            ("AGENT_FEEDBACK_MODE", "ask_once"),
-            ("EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM", "org"),
-        ],
-    );
+    let sc = feedback_sidecar_for(&py.url(), &auth, port, &epode, "ask_once");
     let acme = auth.client_credentials("mcp:tools", Some(&resource)).await;
     let globex = auth
         .mint(
@@ -968,18 +1007,7 @@ async fn the_products_identity_wins_over_the_tokens_and_a_disagreement_is_counte
     let auth = AuthServer::start(AuthOptions::for_resource(&resource));
     let py = Upstream::start_with(UpstreamKind::Python, &["--identity"]);
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let url = epode.url();
-    let sc = sidecar_for(
-        &py.url(),
-        &auth,
-        port,
-        &[
-            ("EPODE_API_KEY", epode.product_key()),
-            ("EPODE_API_URL", &url),
-            ("AGENT_FEEDBACK_MODE", "never_ask"),
-            ("EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM", "org"),
-        ],
-    );
+    let sc = feedback_sidecar_for(&py.url(), &auth, port, &epode, "never_ask");
     let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
     // The token says account acme, user svc-client; the product says cust_9 and user_1.
     let msg = call_tool(&sc, 1, &token, "account", json!({"customer": "cust_9"})).await;
