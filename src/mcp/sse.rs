@@ -225,6 +225,12 @@ pub(crate) struct StreamBounds {
     pub(crate) cut: Option<tokio::sync::watch::Receiver<bool>>,
     /// Told the kind of a limit the stream hit (`sse_event_size`, `memory_budget`).
     pub(crate) on_limit: Option<std::sync::Arc<dyn Fn(LimitKind) + Send + Sync>>,
+    /// Whether a question the upstream asks on this stream (a 2025-era server request:
+    /// `elicitation/create`, `sampling/createMessage`, `roots/list`) reaches a client that can
+    /// answer it (a stdio child's, relayed to the client whose request caused it). When not, the
+    /// call ends at once with an error saying what works, instead of waiting for an answer that
+    /// cannot come.
+    pub(crate) questions_carried: bool,
 }
 
 struct State<B> {
@@ -398,6 +404,11 @@ fn broken_event<B>(st: &mut State<B>, error: Error) -> Option<Bytes> {
     Some(message_event(&bytes))
 }
 
+/// A request from the server (a method and an id): a question for the client.
+fn is_question(msg: &RawMap) -> bool {
+    msg.contains_key("method") && msg.contains_key("id")
+}
+
 fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
     if block.is_empty() {
         // The end-of-stream marker: the stream ended without a response.
@@ -409,6 +420,21 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
     }
     let data = event_data(block)?;
     let mut msg: RawMap = raw::parse_message(data.as_bytes())?;
+    if !st.bounds.questions_carried && !st.saw_response && is_question(&msg) {
+        let method = msg
+            .get("method")
+            .and_then(|m| raw::as_str(m))
+            .unwrap_or_default();
+        let error = Error::new(
+            ErrorKind::UpstreamFailed,
+            format!(
+                "the upstream asked {method} in the middle of this call (a 2025-era server's question), which the sidecar cannot carry to the client over an HTTP upstream yet; the call ends here rather than wait for an answer that cannot come. A 2025-11-25 client is asked over a stdio upstream (EPODE_SIDECAR_UPSTREAM_COMMAND); a 2026-07-28 server asks with an input_required result instead"
+            ),
+        );
+        st.done = true;
+        st.pending.clear();
+        return Some(broken_event(st, error).unwrap_or_default());
+    }
     st.saw_response |= raw::is_response(&msg);
     let rewritten = st.plan.rewrite(&mut msg)?;
     Some(replace_data(block, &rewritten))
@@ -495,6 +521,7 @@ mod tests {
             held: crate::budget::MemoryBudget::new(1 << 20).start(),
             cut: None,
             on_limit: None,
+            questions_carried: true,
         };
         let out = rewrite_stream(Bytes::new(), body, None, plan, bounds).boxed_unsync();
         let bytes = out.collect().await.unwrap().to_bytes();

@@ -297,6 +297,8 @@ async fn finish_stream(
         held: bounds.budget.start(),
         cut: Some(cut),
         on_limit: Some(bounds.on_limit.clone()),
+        // A stdio child's questions are relayed to the client that caused them.
+        questions_carried: matches!(body, UpstreamBody::Stdio(_)),
     };
     // The stream's end reports to the plan: its response event, or the error event that
     // ends a stream broken before it.

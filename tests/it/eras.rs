@@ -537,3 +537,78 @@ async fn a_2025_clients_get_stream_is_counted_not_warned() {
     assert_eq!(refused("method"), 1, "{metrics}");
     assert_eq!(refused("host"), 0, "{metrics}");
 }
+
+/// A 2025-era HTTP server that asks its client a question in the middle of a call (a server
+/// request on the call's event stream) fails that call at once, with an error saying what
+/// works, for a client of either era; before, the call waited for an answer that could not
+/// come (the sidecar drops a 2025 client's answer over HTTP, and a 2026 client is never asked).
+#[tokio::test]
+async fn a_2025_servers_question_over_http_fails_the_call_at_once_instead_of_hanging() {
+    use crate::support::scripted::{Reply, ScriptedUpstream};
+    let question = r#"{"jsonrpc":"2.0","id":"q-1","method":"elicitation/create","params":{"message":"How many people?","requestedSchema":{"type":"object","properties":{"n":{"type":"integer"}}}}}"#;
+    let up = ScriptedUpstream::new()
+        .when(|r| r.http_method() == "DELETE", Reply::json("{}"))
+        .when(|r| r.json.get("id").is_none(), Reply::empty(202))
+        .on(
+            "initialize",
+            Reply::result(json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "asks", "version": "1"}}))
+                .header("mcp-session-id", "s-1"),
+        )
+        .on("tools/list", Reply::result(json!({"tools": [{"name": "book", "inputSchema": {"type": "object"}}]})))
+        .on("tools/call", Reply::sse().event(question).then_hang())
+        .start();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25")],
+    );
+    // A 2026 client.
+    let started = std::time::Instant::now();
+    let body = modern_body(
+        json!(1),
+        "tools/call",
+        json!({"name": "book", "arguments": {}}),
+    );
+    let resp = post_modern(&sc.url(), "tools/call", Some("book"), &body).await;
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    let msg = last_message(&ct, &resp.text().await.unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(msg["id"], 1, "{msg}");
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
+    assert!(
+        text.contains("elicitation/create") && text.contains("stdio"),
+        "{text}"
+    );
+    // A 2025 client: the same, on its stream.
+    let started = std::time::Instant::now();
+    let legacy = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "book", "arguments": {}}});
+    let resp = http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(legacy.to_string())
+        .send()
+        .await
+        .unwrap();
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    let msg = last_message(&ct, &resp.text().await.unwrap());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(msg["id"], 2, "{msg}");
+    assert!(
+        msg["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("elicitation/create"),
+        "{msg}"
+    );
+}
