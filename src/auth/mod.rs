@@ -486,9 +486,10 @@ impl Authorizer {
         let mut set = store.current();
         if let Some(s) = &set {
             if !s.fresh() {
-                // Past its lifetime: fetched again (at most once per interval); a failure
-                // keeps the old keys.
-                let (fetched, _) = store.refresh(Some(s.fetched), true).await;
+                // Past its lifetime: fetched again, at most once per interval whatever the
+                // number of requests (an endpoint that fails is not asked by each of them);
+                // a failure keeps the old keys.
+                let (fetched, _) = store.refresh(Some(s.fetched), false).await;
                 self.count_fetch(fetched, store);
                 set = store.current();
             }
