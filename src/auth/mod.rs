@@ -15,9 +15,11 @@
 //!   upstream is told in headers the sidecar owns ([`Authorizer::to_upstream`]; the client's
 //!   token itself only with `auth_forward_token`), and the identity refs for Epode.
 //!
-//! Cost: a cached token is one SHA-256 of it and one LRU lookup under a lock; a first sight
-//! of a JWT adds one signature check (RS256: tens of microseconds); an opaque token one
-//! introspection round trip, then cached.
+//! Cost: a cached token is one SHA-256 of it and one LRU lookup under a lock (the whole check
+//! under 1 µs for a 700-byte token); a first sight of a JWT adds one signature check (RS256,
+//! 2048-bit key: about 20 µs, the whole first check 22–25 µs; release build,
+//! `cargo test --release --lib auth_costs -- --ignored --nocapture`, docs/benchmark.md); an
+//! opaque token one introspection round trip, then cached.
 
 mod fetch;
 mod introspect;

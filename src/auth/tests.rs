@@ -311,3 +311,140 @@ fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
         "{challenge}"
     );
 }
+
+/// A fixed RS256 key pair for the cost measurement below (ring, under jsonwebtoken, cannot make
+/// RSA keys; made once with Node's `crypto.generateKeyPairSync('rsa', {modulusLength: 2048})`):
+/// the private key as PKCS#1 DER in base64, the public key's JWK `n` (base64url) and `e`.
+const COST_KEY_PKCS1_DER: [&str; 19] = [
+    "MIIEpAIBAAKCAQEAkkuuZev24FDVi6LuaGenoAOlt7gruo2D29NV6JllDbDBlbSdHvV0AWxekyutlYe8mRWy6BBT",
+    "TNIQcVNH7iOdalJlr2soea6DxQFzWDVjpOL2WDFh4S5beoqDF4oDXQKzMg+zWvkLcMgbFWBG2t2bCtOFAltFu6hI",
+    "Yj0Dml3hCR+2TN+HNiFuRC+UUmC6FglTvIUhgMcyGc7sumd5WrWbLY50CKj7IhEkFsBMVjTgZWi9tyRONK8xK1rU",
+    "iDI9fOeelISfj+guP6QCd4VQuyBDshmYLYUljfiAnqtv1Bzl7qjhKEMqv1b3r7uVTa2XSHMgHEQ/sODcxSNCud5M",
+    "VtzZFwIDAQABAoIBAC0QmxxSX64huGZXPlFy/LPR6854MSA6T4/7vc700agx9rAC/xN2UNHPbCKxpbsWIQaXJJFP",
+    "1hkn7GC8Yr/8wJTr5N7wh3tUQssA82MMrzEvqOrp61jOSueom1E49mhEWKbnJzyy0s9fFNi02563/PaMycA8FXMF",
+    "F6cLXHzExnlkkClLhOoU3emIZ49j1YDEnZ5/5dIjiyG1BLSrXy3zYaah09Y3N7XOERclc1qcnCJz4rYE3P+6DNN5",
+    "2Lgpig50yuK37XBOr22L7bTiusnwiyr7aeFYaNdsH6huUGBs7J6mCCGMHDKOglr+egu1bnW+N9M1DhYdijkYpeyO",
+    "B8l8tqECgYEAxJrqr3VYf2eKmyFQCNYtjWV5j5QTxmrM5VZg6/OUB5ywISjNI1sBsydTgeNd+EoaSJBLqrqZIQMn",
+    "FCF5v1y4ywCT04qO4uI6sVi2N8A2fXdKPW5CgTwpxZg+D3+g5BFpYjbqcDuc5GiQQ9oHcjLIHVvxpef8zy3EY7y1",
+    "8nzInxMCgYEAvn3rIGtLMLiNBKhftTK+uxc3Vw9T145XHJ9R7c+Wpo/CWAwz7LaafMoCfnbl1c621MqjCV9Q/xg9",
+    "vdbxRkePCAgpmt38bG74Q6sak+y4Gi7BfwEr4+C7uJVXGTtpH//OwPBhOlqbU1KFSbbQKrmywGMiCs55oatrqmyl",
+    "1fpIKm0CgYBd76rsNIQZM46dOlh0MGlJYs+nE1gzeHn3pcLfWd1DmdDptwX0u5nfUI3sxIb0h+tw+ki9BTT++fOl",
+    "Aa2bCiFdFSSMcWp96xuh+sHtd1BRuDpniZQLDYTj3S7h1tg3wD366EQxZbo7w94SHU1reen1ZSXbYDGBh9uKz/Kb",
+    "LpXoswKBgQCYk+kZ/XarXpbtTSPj0fJ9jpnv7MH+HO/faClKbwS/AtTqi1On3ZceLvwSaY+sUreU933hSuxodvU1",
+    "Mo3s+fIxv7/7YKUIAVZvdQSDyY6owhyQatLJ4r7ZmRy7hB+u1sm3NpLaF6rj8Wv7YCeaoUTw3jZtK3a3LMO/LOkj",
+    "3CWjfQKBgQCzv3umhQvRitVPYYEHZCVEIGszf0ET0iQtWLBp+gEvTJeN8lXsGlFZ8+CnrNSvatMItyHBrdw3fQAi",
+    "yhWER0NQZmy118NfRwhh2cy6ingxxXIxYlenbhfGI2fBDI54HtOEG1Pmvz9pUIX9UtTvzJH5f3RgyOCt8nzXHuG7",
+    "Esn5Lg==",
+];
+const COST_KEY_N: [&str; 4] = [
+    "kkuuZev24FDVi6LuaGenoAOlt7gruo2D29NV6JllDbDBlbSdHvV0AWxekyutlYe8mRWy6BBTTNIQcVNH7iOdalJl",
+    "r2soea6DxQFzWDVjpOL2WDFh4S5beoqDF4oDXQKzMg-zWvkLcMgbFWBG2t2bCtOFAltFu6hIYj0Dml3hCR-2TN-H",
+    "NiFuRC-UUmC6FglTvIUhgMcyGc7sumd5WrWbLY50CKj7IhEkFsBMVjTgZWi9tyRONK8xK1rUiDI9fOeelISfj-gu",
+    "P6QCd4VQuyBDshmYLYUljfiAnqtv1Bzl7qjhKEMqv1b3r7uVTa2XSHMgHEQ_sODcxSNCud5MVtzZFw",
+];
+const COST_KEY_E: &str = "AQAB";
+
+/// `count` distinct RS256 access tokens for `config`'s issuer and resource, shaped like an
+/// authorization server's (oidc-provider's claims), signed with the fixed cost key, and the
+/// key set that verifies them (kid `cost`).
+fn cost_tokens(config: &AuthConfig, count: usize) -> (Vec<String>, Arc<keys::KeySet>) {
+    use base64::Engine;
+    let der = base64::engine::general_purpose::STANDARD
+        .decode(COST_KEY_PKCS1_DER.concat())
+        .unwrap();
+    let signing = jsonwebtoken::EncodingKey::from_rsa_der(&der);
+    let jwk = serde_json::json!({"kty": "RSA", "kid": "cost", "use": "sig", "alg": "RS256",
+        "n": COST_KEY_N.concat(), "e": COST_KEY_E});
+    let set = keys::key_set(&serde_json::json!({ "keys": [jwk] }), keys::DEFAULT_KEEP).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
+    header.kid = Some("cost".into());
+    header.typ = Some("at+jwt".into());
+    let tokens = (0..count)
+        .map(|i| {
+            let claims = serde_json::json!({
+                "iss": config.issuer, "aud": config.resource, "sub": "svc-client",
+                "client_id": "svc-client", "scope": "mcp:tools mcp:read", "org": "acme",
+                "iat": now, "exp": now + 3600, "jti": format!("cost-{i:06}-{}", "x".repeat(21)),
+            });
+            jsonwebtoken::encode(&header, &claims, &signing).unwrap()
+        })
+        .collect();
+    (tokens, Arc::new(set))
+}
+
+/// An authorizer for `config` whose keys are `set`, as if fetched (nothing is asked of a
+/// server while they are fresh), its token cache empty.
+fn authorizer_with_keys(config: &AuthConfig, set: &Arc<keys::KeySet>) -> Arc<Authorizer> {
+    let store = keys::KeyStore::new(
+        url::Url::parse("http://127.0.0.1:1/jwks").unwrap(),
+        reqwest::Client::new(),
+        Duration::from_secs(1),
+        Duration::from_secs(30),
+    );
+    *store.held.write() = Some(set.clone());
+    let a = Authorizer::new(config.clone(), Arc::new(Metrics::new(|_| {})), None).unwrap();
+    assert!(a.backend.set(Backend::Jwt(store)).is_ok());
+    a
+}
+
+/// What the front door costs per request, release build: a cached token's check
+/// (`Authorizer::check`: the bearer read, its SHA-256, the LRU lookup), and a first sight of
+/// an RS256 JWT (2048-bit key): the header read and the signature and claims checked
+/// (`jwt::head` + `jwt::verify`), and the whole `check` of a token not cached (that, the
+/// principal made and cached). The keys are set as if fetched; nothing is asked of a server:
+/// `cargo test --release --lib auth_costs -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn auth_costs() {
+    use std::hint::black_box;
+
+    const TOKENS: usize = 2_000;
+    const CACHED: u32 = 200_000;
+    let mut config = test_config();
+    config.cache_entries = 10_000;
+    let (tokens, set) = cost_tokens(&config, TOKENS);
+    println!("{TOKENS} RS256 tokens of {} bytes", tokens[0].len());
+    let a = authorizer_with_keys(&config, &set);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let bearer_headers: Vec<HeaderMap> = tokens
+        .iter()
+        .map(|t| headers(&[("authorization", &format!("Bearer {t}"))]))
+        .collect();
+    for round in 1..=3 {
+        println!("round {round}");
+        let start = Instant::now();
+        for t in &tokens {
+            let head = jwt::head(t, &config).unwrap();
+            black_box(jwt::verify(t, &head, &set, &config).unwrap());
+        }
+        let ns = start.elapsed().as_nanos() / TOKENS as u128;
+        println!("first sight, RS256 verify (jwt::head + jwt::verify): {ns} ns");
+        // A fresh authorizer each round, so every token is a cache miss.
+        let fresh = authorizer_with_keys(&config, &set);
+        let start = Instant::now();
+        rt.block_on(async {
+            for h in &bearer_headers {
+                black_box(fresh.check(h, None).await.unwrap());
+            }
+        });
+        let ns = start.elapsed().as_nanos() / TOKENS as u128;
+        println!("first sight, Authorizer::check (verified, principal made, cached): {ns} ns");
+        // The cached path: the same token again and again, cached by its first check.
+        let h = &bearer_headers[round];
+        rt.block_on(a.check(h, None)).unwrap();
+        let start = Instant::now();
+        rt.block_on(async {
+            for _ in 0..CACHED {
+                black_box(a.check(h, None).await.unwrap());
+            }
+        });
+        let ns = start.elapsed().as_nanos() / u128::from(CACHED);
+        println!("cached, Authorizer::check (bearer, SHA-256, LRU lookup): {ns} ns");
+    }
+}
