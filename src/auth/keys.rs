@@ -20,6 +20,8 @@ use super::fetch::{self, FetchError};
 pub(super) const MIN_KEEP: Duration = Duration::from_secs(60);
 pub(super) const MAX_KEEP: Duration = Duration::from_secs(86_400);
 pub(super) const DEFAULT_KEEP: Duration = Duration::from_secs(300);
+/// The least time between two fetches of the keys, whatever asks for them.
+const MIN_BETWEEN: Duration = Duration::from_secs(1);
 /// The most keys a set may hold: more is refused as a whole (the keys held before stay).
 pub(super) const MAX_KEYS: usize = 100;
 
@@ -254,8 +256,29 @@ pub(super) struct KeyStore {
     deadline: Duration,
     refresh: Duration,
     pub(super) held: RwLock<Option<Arc<KeySet>>>,
-    /// When the last fetch started; taken to fetch, so one runs at a time.
-    last: tokio::sync::Mutex<Option<Instant>>,
+    /// When the last fetches started (any, and the last one an unknown `kid` asked for);
+    /// taken to fetch, so one runs at a time.
+    last: tokio::sync::Mutex<Fetches>,
+}
+
+/// When the keys were last fetched.
+#[derive(Debug, Default)]
+struct Fetches {
+    any: Option<Instant>,
+    for_unknown_kid: Option<Instant>,
+}
+
+/// Why the keys are fetched, which decides how often that may happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Why {
+    /// At start: always.
+    Start,
+    /// The held keys' lifetime is over: at most once per interval.
+    Expired,
+    /// A token names a key the sidecar does not hold (a rotation, or a forgery): at most once
+    /// per interval counting only such fetches, so a rotation right after a routine fetch is
+    /// caught at once while a flood of made-up kids still costs one fetch per interval.
+    UnknownKid,
 }
 
 /// What a fetch did, for the metrics.
@@ -280,7 +303,7 @@ impl KeyStore {
             deadline,
             refresh,
             held: RwLock::new(None),
-            last: tokio::sync::Mutex::new(None),
+            last: tokio::sync::Mutex::new(Fetches::default()),
         }
     }
 
@@ -294,7 +317,7 @@ impl KeyStore {
     pub(super) async fn refresh(
         &self,
         seen: Option<Instant>,
-        force: bool,
+        why: Why,
     ) -> (KeyFetch, Result<(), FetchError>) {
         let mut last = self.last.lock().await;
         let held = self.current();
@@ -304,10 +327,23 @@ impl KeyStore {
                 return (KeyFetch::Skipped, Ok(()));
             }
         }
-        if !force && last.is_some_and(|t| t.elapsed() < self.refresh) {
+        let recent = |t: Option<Instant>| t.is_some_and(|t| t.elapsed() < self.refresh);
+        let too_soon = match why {
+            Why::Start => false,
+            Why::Expired => recent(last.any),
+            // Never two fetches within a second, whatever asks.
+            Why::UnknownKid => {
+                recent(last.for_unknown_kid) || last.any.is_some_and(|t| t.elapsed() < MIN_BETWEEN)
+            }
+        };
+        if too_soon {
             return (KeyFetch::Skipped, Ok(()));
         }
-        *last = Some(Instant::now());
+        let now = Instant::now();
+        last.any = Some(now);
+        if why == Why::UnknownKid {
+            last.for_unknown_kid = Some(now);
+        }
         let answer = fetch::json(
             self.client.get(self.jwks_uri.clone()),
             "the authorization server's keys",

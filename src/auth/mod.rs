@@ -251,7 +251,7 @@ impl Authorizer {
             .map_err(|e| e.0)?;
         let backend = self.backend_from(metadata)?;
         if let Backend::Jwt(store) = &backend {
-            let (fetched, result) = store.refresh(None, true).await;
+            let (fetched, result) = store.refresh(None, keys::Why::Start).await;
             self.count_fetch(fetched, store);
             result.map_err(|e| e.0)?;
         }
@@ -491,7 +491,7 @@ impl Authorizer {
                 // Past its lifetime: fetched again, at most once per interval whatever the
                 // number of requests (an endpoint that fails is not asked by each of them);
                 // a failure keeps the old keys.
-                let (fetched, _) = store.refresh(Some(s.fetched), false).await;
+                let (fetched, _) = store.refresh(Some(s.fetched), keys::Why::Expired).await;
                 self.count_fetch(fetched, store);
                 set = store.current();
             }
@@ -503,7 +503,9 @@ impl Authorizer {
             Err(Reason::UnknownKey) => {
                 // A key the sidecar does not hold: perhaps a rotation. One fetch per interval,
                 // however many tokens name unknown keys.
-                let (fetched, _) = store.refresh(Some(first.fetched), false).await;
+                let (fetched, _) = store
+                    .refresh(Some(first.fetched), keys::Why::UnknownKid)
+                    .await;
                 self.count_fetch(fetched, store);
                 let again = store.current().ok_or(Reason::KeysUnavailable)?;
                 if Arc::ptr_eq(&again, &first) {

@@ -465,7 +465,7 @@ settings! {
             &["EPODE_SIDECAR_AUTH_KEYS_REFRESH"],
             Some("30s"),
             Accepts::duration(Duration::from_secs(1), Duration::from_secs(3600), "30s"),
-            "With `auth=jwt`: the least time between two fetches of the issuer's keys. A token naming a key (`kid`) the sidecar does not hold fetches them again at most this often, so a flood of unknown keys costs one fetch per interval; the keys are otherwise kept for their HTTP cache lifetime (1 minute to 1 day, 5 minutes without one).",
+            "With `auth=jwt`: how often the issuer's keys may be fetched again. A token naming a key (`kid`) the sidecar does not hold fetches them again (a rotation is caught at once), but such fetches happen at most once per interval, so a flood of unknown keys costs one fetch per interval; the keys are otherwise kept for their HTTP cache lifetime (1 minute to 1 day, 5 minutes without one) and fetched again then, also at most once per interval. Two fetches are never less than a second apart.",
             a_duration,
             |c| shown(c, |a| duration(a.keys_refresh)).unwrap_or_else(|| NOT_USED.into()),
         ),

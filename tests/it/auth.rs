@@ -509,36 +509,43 @@ async fn keys_rotated_at_the_authorization_server_fail_no_call() {
     options.algs = vec!["RS256".into()];
     let auth = AuthServer::start(options);
     let up = scripted();
-    let sc = sidecar_for(
-        &up.url(),
-        &auth,
-        port,
-        &[("EPODE_SIDECAR_AUTH_KEYS_REFRESH", "1s")],
-    );
-    let mut id = 0;
-    for round in 0..3 {
-        // An authorization server publishes a new key before it signs with it; this one signs
-        // at once, so each rotation comes once the refresh interval since the last fetch is
-        // over (a new kid within it waits for the next interval, by design: see
-        // a_flood_of_unknown_keys_costs_one_fetch_per_interval).
-        tokio::time::sleep(Duration::from_millis(1100)).await;
-        let kids = auth.rotate().await;
-        assert_eq!(kids.len(), 1);
-        for _ in 0..5 {
-            id += 1;
+    // The default refresh interval (30 s): the rotation comes within it, while calls flow.
+    let sc = sidecar_for(&up.url(), &auth, port, &[]);
+    let calls = std::sync::atomic::AtomicU64::new(0);
+    let flowing = async {
+        let mut failed = Vec::new();
+        // Calls with fresh tokens, one after another, until well after the rotation.
+        for id in 0..60u64 {
             let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
             let (status, _, msg) = call(&sc, id, &[("authorization", &bearer(&token))]).await;
-            assert_eq!(status, 200, "after rotation {round}: {msg}");
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if status != 200 {
+                failed.push(format!("{id}: {status} {msg}"));
+            }
         }
-        // Tokens of the key before the rotation still pass (the set lists both).
-        id += 1;
-        let old = auth.mint(json!({}), json!({}), MintKey::Previous).await;
-        let (status, _, msg) = call(&sc, id, &[("authorization", &bearer(&old))]).await;
-        assert_eq!(
-            status, 200,
-            "the previous key after rotation {round}: {msg}"
-        );
-    }
+        failed
+    };
+    let rotating = async {
+        // Rotate once the calls are flowing (the sidecar fetched the keys at start, and more
+        // than a second has passed: no fetch is ever closer to the last than that).
+        let flowing = eventually_async(Duration::from_secs(20), || async {
+            calls.load(std::sync::atomic::Ordering::SeqCst) >= 10
+        })
+        .await;
+        assert!(flowing);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        auth.rotate().await
+    };
+    let (failed, kids) = tokio::join!(flowing, rotating);
+    assert_eq!(kids.len(), 1);
+    assert!(
+        failed.is_empty(),
+        "calls failed across the rotation: {failed:?}"
+    );
+    // Tokens of the key before the rotation still pass (the set lists both).
+    let old = auth.mint(json!({}), json!({}), MintKey::Previous).await;
+    let (status, _, msg) = call(&sc, 100, &[("authorization", &bearer(&old))]).await;
+    assert_eq!(status, 200, "the previous key after the rotation: {msg}");
     assert_eq!(refused(&sc, "unknown_key").await, 0);
 }
 
