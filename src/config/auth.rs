@@ -42,11 +42,13 @@ pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
         .and_then(|r| r.ok_or_else(|| required(&AUTH_RESOURCE.doc)));
     let client_id = l.optional(&AUTH_CLIENT_ID);
     let client_secret = l.optional(&AUTH_CLIENT_SECRET);
-    let (client_id, client_secret) = match (mode, client_id, client_secret) {
-        (AuthMode::Introspect, Ok(None), secret) => (Err(required(&AUTH_CLIENT_ID.doc)), secret),
-        (AuthMode::Introspect, id, Ok(None)) => (id, Err(required(&AUTH_CLIENT_SECRET.doc))),
-        (_, id, secret) => (id, secret),
+    // Introspection authenticates the sidecar: both are needed, and both are named when missing.
+    let needed = |value: Result<Option<String>, Refused>, doc| match (mode, value) {
+        (AuthMode::Introspect, Ok(None)) => Err(required(doc)),
+        (_, value) => value,
     };
+    let client_id = needed(client_id, &AUTH_CLIENT_ID.doc);
+    let client_secret = needed(client_secret, &AUTH_CLIENT_SECRET.doc);
     let user_claim = l.get(&AUTH_USER_CLAIM);
     let account_claim = l.optional(&AUTH_ACCOUNT_CLAIM);
     read_all!(AuthConfig {

@@ -975,3 +975,51 @@ fn the_flags_are_the_declarations_that_say_so() {
         assert!(!flag.help.ends_with('.'), "{}: clap adds no period", s.key);
     }
 }
+
+#[test]
+fn the_authorization_front_door_names_every_setting_it_lacks_and_keeps_its_secret() {
+    let flags = FlagValues::default();
+    let all = mistakes(&[("EPODE_SIDECAR_AUTH", "introspect")], &flags);
+    for name in [
+        "EPODE_SIDECAR_AUTH_ISSUER",
+        "EPODE_SIDECAR_AUTH_RESOURCE",
+        "EPODE_SIDECAR_AUTH_CLIENT_ID",
+        "EPODE_SIDECAR_AUTH_CLIENT_SECRET",
+    ] {
+        assert!(
+            all.iter()
+                .any(|l| l.contains(name) && l.contains("required")),
+            "{name}: {all:?}"
+        );
+    }
+    // jwt needs no client credentials; a personal claim and a trailing slash are refused.
+    let jwt = mistakes(
+        &[
+            ("EPODE_SIDECAR_AUTH", "jwt"),
+            ("EPODE_SIDECAR_AUTH_ISSUER", "https://as.example.com"),
+            (
+                "EPODE_SIDECAR_AUTH_RESOURCE",
+                "https://mcp.example.com/mcp/",
+            ),
+            ("EPODE_SIDECAR_AUTH_USER_CLAIM", "email"),
+        ],
+        &flags,
+    );
+    assert_eq!(jwt.len(), 2, "{jwt:?}");
+    assert!(jwt[0].contains("EPODE_SIDECAR_AUTH_RESOURCE"), "{jwt:?}");
+    assert!(jwt[1].contains("EPODE_SIDECAR_AUTH_USER_CLAIM"), "{jwt:?}");
+    // Auth off (the default): nothing is needed, nothing changes.
+    assert!(mistakes(&[], &flags).is_empty());
+    // With its four settings, introspection reads.
+    let secret = mistakes(
+        &[
+            ("EPODE_SIDECAR_AUTH", "introspect"),
+            ("EPODE_SIDECAR_AUTH_ISSUER", "https://as.example.com"),
+            ("EPODE_SIDECAR_AUTH_RESOURCE", "https://mcp.example.com/mcp"),
+            ("EPODE_SIDECAR_AUTH_CLIENT_ID", "sidecar"),
+            ("EPODE_SIDECAR_AUTH_CLIENT_SECRET", "s3cret-value"),
+        ],
+        &flags,
+    );
+    assert!(secret.is_empty(), "{secret:?}");
+}
