@@ -613,13 +613,21 @@ impl Authorizer {
         if !self.config.forward_token {
             headers.remove(http::header::AUTHORIZATION);
         }
-        let mut set = |name: HeaderName, value: &str| {
-            if let Ok(v) = HeaderValue::from_str(value) {
+        let mut set = |name: HeaderName, value: &str| match HeaderValue::from_str(value) {
+            Ok(v) => {
                 headers.insert(name, v);
+                true
             }
+            Err(_) => false,
         };
         if let Some(s) = &principal.subject {
-            set(SUBJECT_HEADER, s);
+            // A subject no header can hold is told as its ref (a keyed hash of it), so every
+            // principal still has its own sessions and children.
+            if !set(SUBJECT_HEADER, s) {
+                if let Some(r) = &principal.refs.user_ref {
+                    set(SUBJECT_HEADER, r);
+                }
+            }
         }
         set(SCOPES_HEADER, &principal.scopes.join(" "));
         if let Some(c) = &principal.client_id {

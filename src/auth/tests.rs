@@ -227,6 +227,19 @@ fn the_upstream_gets_the_claims_and_not_the_token() {
     assert_eq!(h["epode-auth-scopes"], "mcp:tools");
     assert_eq!(h["epode-auth-client"], "app");
     assert_eq!(h["x-other"], "1");
+    // A subject no header can hold is told as its ref.
+    let mut h2 = HeaderMap::new();
+    let odd = Principal {
+        subject: Some("line\nbreak".into()),
+        scopes: vec![],
+        client_id: None,
+        refs: IdentityRefs {
+            user_ref: Some("h:0123".into()),
+            ..IdentityRefs::default()
+        },
+    };
+    a.to_upstream(&mut h2, &odd);
+    assert_eq!(h2["epode-auth-subject"], "h:0123");
     let mut forged = headers(&[("epode-auth-scopes", "admin"), ("epode-auth-client", "x")]);
     strip_owned(&mut forged);
     assert!(forged.is_empty());
