@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use url::Url;
 
 use super::fetch;
-use super::jwt::check_claims;
+use super::jwt::{check_claims, now};
 use super::reason::Reason;
 use crate::config::AuthConfig;
 
@@ -75,12 +75,6 @@ pub(super) async fn introspect(
         return Err((Reason::Expired, None));
     }
     Ok((claims, exp))
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 /// `application/x-www-form-urlencoded` (RFC 6749 §2.3.1 asks it of client credentials too).

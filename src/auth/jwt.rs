@@ -103,7 +103,8 @@ pub(super) fn verify(
     Ok((claims, exp))
 }
 
-fn now() -> u64 {
+/// Now, in Unix seconds (the unit of `exp`, `nbf` and `iat`).
+pub(super) fn now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

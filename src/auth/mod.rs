@@ -657,10 +657,7 @@ fn metadata_url(resource: &str) -> String {
 }
 
 fn until_unix(exp: u64) -> Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    Duration::from_secs(exp.saturating_sub(now))
+    Duration::from_secs(exp.saturating_sub(jwt::now()))
 }
 
 /// The detail that marks a malformed request (400) rather than a malformed token (401).

@@ -7,8 +7,8 @@ use std::time::Duration;
 use url::Url;
 
 use super::setting::{
-    a_duration, bounded, duration, number, read_all, setting, settings, split_list, text, Accepts,
-    Bad, ConfigError, Layers, Refused,
+    a_duration, boolean, bounded, duration, number, read_all, setting, settings, split_list, text,
+    Accepts, Bad, ConfigError, Layers, Refused,
 };
 use std::collections::BTreeMap;
 
@@ -89,20 +89,12 @@ fn mode(v: &str) -> Result<AuthMode, Bad> {
     }
 }
 
-fn is_loopback(url: &Url) -> bool {
-    match url.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d == "localhost",
-        None => false,
-    }
-}
-
 /// The issuer, exactly as the authorization server writes it in `iss`: an `https://` URL
 /// (`http://` only on a loopback host), no query, no fragment.
 fn issuer(raw: &str) -> Result<String, Bad> {
     let url = Url::parse(raw).map_err(|_| Bad::Whole)?;
-    let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && is_loopback(&url));
+    let scheme_ok =
+        url.scheme() == "https" || (url.scheme() == "http" && super::types::loopback_url(&url));
     if !scheme_ok || url.query().is_some() || url.fragment().is_some() || url.host().is_none() {
         return Err(Bad::Whole);
     }
@@ -327,14 +319,6 @@ fn implies(raw: &str) -> Result<BTreeMap<String, Vec<String>>, Bad> {
     Ok(closed)
 }
 
-fn on_off(v: &str) -> Result<bool, Bad> {
-    match v.to_ascii_lowercase().as_str() {
-        "true" | "on" | "1" => Ok(true),
-        "false" | "off" | "0" => Ok(false),
-        _ => Err(Bad::Whole),
-    }
-}
-
 fn shown<T>(c: &Config, f: impl Fn(&AuthConfig) -> T) -> Option<T> {
     c.auth.as_ref().map(f)
 }
@@ -450,7 +434,7 @@ settings! {
             Some("false"),
             "true or false",
             "With auth on: `true` passes the client's verified token upstream in `Authorization` besides the claims headers. MCP forbids passing a token on to a service it was not issued for: use it only when the upstream is the same resource (it validates the same audience). Default: the upstream never sees the token.",
-            on_off,
+            boolean,
             |c| shown(c, |a| a.forward_token.to_string()).unwrap_or_else(|| NOT_USED.into()),
         ),
         AUTH_CACHE_ENTRIES: usize = bounded(
@@ -486,7 +470,7 @@ settings! {
             Some("false"),
             "true or false",
             "With auth on and the HTTP surface on: `true` checks the product's other routes the same way (a bearer token for the resource with the base scopes, the claims headers set and the token removed), answering 401/403 with the challenge. Default: only the MCP path is checked (the sidecar's `Epode-Auth-*` headers are removed from every request either way).",
-            on_off,
+            boolean,
             |c| shown(c, |a| a.http_surface.to_string()).unwrap_or_else(|| NOT_USED.into()),
         ),
         AUTH_INTROSPECTION_CACHE: Duration = bounded(

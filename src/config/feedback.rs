@@ -68,11 +68,7 @@ fn product_key(raw: &str) -> Result<ProductKey, Bad> {
 /// An `https://` Epode origin, or `http://` for a loopback host; no query.
 fn parse_api_url(raw: &str) -> Option<Url> {
     let url = Url::parse(raw).ok()?;
-    let loopback = match url.host()? {
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
-        url::Host::Domain(d) => d == "localhost",
-    };
+    let loopback = super::types::loopback_url(&url);
     let scheme_ok = url.scheme() == "https" || (url.scheme() == "http" && loopback);
     (scheme_ok && url.query().is_none()).then_some(url)
 }

@@ -120,6 +120,17 @@ pub(crate) struct Config {
     pub(crate) auth: Option<AuthConfig>,
 }
 
+/// Whether `url` names this machine (`localhost` or a loopback address): where `http://` is
+/// allowed for the services the sidecar calls (Epode, an authorization server).
+pub(crate) fn loopback_url(url: &Url) -> bool {
+    match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    }
+}
+
 /// How the authorization front door checks a token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AuthMode {

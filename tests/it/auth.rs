@@ -110,13 +110,25 @@ async fn call_at(
     id: u64,
     headers: &[(&str, &str)],
 ) -> (u16, reqwest::header::HeaderMap, Value) {
+    post_tool(url, id, "echo", json!({}), headers).await
+}
+
+/// A 2026 `tools/call` of `tool` with `args` and `headers` at `url`: the status, the headers
+/// and the JSON-RPC message (`Null` for an empty body).
+async fn post_tool(
+    url: &str,
+    id: u64,
+    tool: &str,
+    args: Value,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, Value) {
     let body = modern_body(
         json!(id),
         "tools/call",
-        json!({"name": "echo", "arguments": {}}),
+        json!({"name": tool, "arguments": args}),
     );
     let mut req = http().post(url).body(body.to_string());
-    for (k, v) in modern_headers("tools/call", Some("echo")) {
+    for (k, v) in modern_headers("tools/call", Some(tool)) {
         req = req.header(k, v);
     }
     for (k, v) in headers {
@@ -250,25 +262,14 @@ async fn the_upstream_sees_the_verified_claims_and_never_the_token_or_a_forged_c
     let token = auth
         .client_credentials("mcp:tools mcp:read", Some(&resource))
         .await;
-    let body = modern_body(
-        json!(1),
-        "tools/call",
-        json!({"name": "whoami", "arguments": {}}),
-    );
-    let mut req = http().post(sc.url()).body(body.to_string());
-    for (k, v) in modern_headers("tools/call", Some("whoami")) {
-        req = req.header(k, v);
-    }
-    let resp = req
-        .header("authorization", bearer(&token))
-        .header("epode-auth-subject", "admin")
-        .header("epode-auth-scopes", "mcp:admin")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
-    let msg = last_message(&ct, &resp.text().await.unwrap());
+    let auth_header = bearer(&token);
+    let forged = [
+        ("authorization", auth_header.as_str()),
+        ("epode-auth-subject", "admin"),
+        ("epode-auth-scopes", "mcp:admin"),
+    ];
+    let (status, _, msg) = post_tool(&sc.url(), 1, "whoami", json!({}), &forged).await;
+    assert_eq!(status, 200, "{msg}");
     let text = msg["result"]["content"][0]["text"]
         .as_str()
         .unwrap_or_default();
@@ -686,23 +687,10 @@ fn feedback_sidecar_for(
 
 /// A 2026 `tools/call` of `tool` with `args` and the token: the JSON-RPC message.
 async fn call_tool(sc: &Sidecar, id: u64, token: &str, tool: &str, args: Value) -> Value {
-    let body = modern_body(
-        json!(id),
-        "tools/call",
-        json!({"name": tool, "arguments": args}),
-    );
-    let mut req = http().post(sc.url()).body(body.to_string());
-    for (k, v) in modern_headers("tools/call", Some(tool)) {
-        req = req.header(k, v);
-    }
-    let resp = req
-        .header("authorization", bearer(token))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{tool}");
-    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
-    last_message(&ct, &resp.text().await.unwrap())
+    let auth = bearer(token);
+    let (status, _, msg) = post_tool(&sc.url(), id, tool, args, &[("authorization", &auth)]).await;
+    assert_eq!(status, 200, "{tool}: {msg}");
+    msg
 }
 
 /// `_agentFeedback` wherever the placement rules put it (`structuredContent`, or a JSON text

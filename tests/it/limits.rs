@@ -129,14 +129,7 @@ async fn silent_connections_past_the_descriptor_limit() {
     assert!(started.elapsed() < Duration::from_secs(5));
     // And new clients are served again.
     normal_request_within_a_second(&http(), &sc).await;
-    let metrics = http()
-        .get(format!("{}/metrics", sc.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&sc).await;
     let refused = metric_value(
         &metrics,
         "epode_sidecar_limits_hit_total{kind=\"connections\"}",

@@ -186,14 +186,7 @@ async fn many_client_addresses_keep_the_table_bounded_and_each_request_cheap() {
     cpu_per_request(&sc, 200, |_| address(0)).await;
     let one = cpu_per_request(&sc, 3000, |_| address(0)).await;
     let many = cpu_per_request(&sc, 12_000, |i| address(1 + i)).await;
-    let metrics = http()
-        .get(format!("{}/metrics", sc.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(&sc).await;
     let tracked = metric_value(&metrics, "epode_sidecar_rate_limit_clients ");
     assert_eq!(tracked, 2000, "{metrics}");
     assert!(

@@ -639,14 +639,7 @@ async fn read_until(
 
 /// The sidecar's count of client messages it ignored because the client did not own them.
 async fn not_owner_count(sc: &Sidecar) -> u64 {
-    let text = http()
-        .get(format!("{}/metrics", sc.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics_text(sc).await;
     text.lines()
         .find(|l| l.contains(r#"kind="stdio_not_owner""#))
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -295,17 +295,21 @@ where
     }
 }
 
-/// The value of the metric `name` (with its labels) on the sidecar's `/metrics` on its MCP port.
-pub async fn metric(sc: &Sidecar, name: &str) -> u64 {
-    let text = http()
+/// The sidecar's `/metrics` on its MCP port, as text.
+pub async fn metrics_text(sc: &Sidecar) -> String {
+    http()
         .get(format!("{}/metrics", sc.base()))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
-    metric_value(&text, name)
+        .unwrap()
+}
+
+/// The value of the metric `name` (with its labels) on the sidecar's `/metrics` on its MCP port.
+pub async fn metric(sc: &Sidecar, name: &str) -> u64 {
+    metric_value(&metrics_text(sc).await, name)
 }
 
 /// The value of the metric line that starts with `name` (a name with its labels) in a
