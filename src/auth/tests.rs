@@ -461,3 +461,40 @@ fn auth_costs() {
         println!("cached, Authorizer::check (bearer, SHA-256, LRU lookup): {ns} ns");
     }
 }
+
+#[test]
+fn the_verified_token_cache_is_bounded_and_forgets_the_least_recent_and_the_expired() {
+    // `test_config` keeps 4 tokens.
+    let a = authorizer();
+    let principal = || {
+        Arc::new(Principal {
+            subject: Some("s".into()),
+            scopes: vec![],
+            client_id: None,
+            refs: IdentityRefs::default(),
+        })
+    };
+    let now = Instant::now();
+    let later = now + Duration::from_secs(60);
+    for i in 0..5u8 {
+        a.remember([i; 32], Cached::Valid(principal()), later);
+    }
+    assert_eq!(a.cache.lock().len(), 4, "past its bound");
+    assert!(
+        a.cached(&[0; 32], now).is_none(),
+        "the least recently used is forgotten"
+    );
+    for i in 1..5u8 {
+        assert!(a.cached(&[i; 32], now).unwrap().is_ok(), "{i}");
+    }
+    // Never past the token's expiry, and an expired entry leaves the cache.
+    a.remember([9; 32], Cached::Valid(principal()), now);
+    assert!(a.cached(&[9; 32], now).is_none());
+    assert!(a.cache.lock().peek(&[9; 32]).is_none());
+    // A refusal remembered (an inactive introspected token) answers as the refusal.
+    a.remember([7; 32], Cached::Refused(Reason::Inactive), later);
+    assert_eq!(
+        a.cached(&[7; 32], now).unwrap().unwrap_err().reason,
+        Reason::Inactive
+    );
+}

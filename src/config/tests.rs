@@ -1022,4 +1022,19 @@ fn the_authorization_front_door_names_every_setting_it_lacks_and_keeps_its_secre
         &flags,
     );
     assert!(secret.is_empty(), "{secret:?}");
+    // --check-config never shows the client secret.
+    let mut all = vec![UP, ("EPODE_API_KEY", KEY)];
+    all.extend_from_slice(&[
+        ("EPODE_SIDECAR_AUTH", "introspect"),
+        ("EPODE_SIDECAR_AUTH_ISSUER", "https://as.example.com"),
+        ("EPODE_SIDECAR_AUTH_RESOURCE", "https://mcp.example.com/mcp"),
+        ("EPODE_SIDECAR_AUTH_CLIENT_ID", "sidecar"),
+        ("EPODE_SIDECAR_AUTH_CLIENT_SECRET", "s3cret-value"),
+    ]);
+    let shown = Config::from_layers(env(&all), &flags).unwrap().describe();
+    assert!(!shown.contains("s3cret-value"), "{shown}");
+    assert!(
+        shown.contains("auth_client_secret = <set, redacted>"),
+        "{shown}"
+    );
 }
