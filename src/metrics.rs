@@ -242,6 +242,18 @@ pub(crate) struct Metrics {
     pub(crate) rate_limit_clients: Gauge,
     pub(crate) upstream_connections: Gauge,
     pub(crate) auth: AuthMetrics,
+    pub(crate) held: HeldMetrics,
+}
+
+/// The calls held while a 2026 client answers a 2025-era upstream's questions.
+#[derive(Default)]
+pub(crate) struct HeldMetrics {
+    /// Held now.
+    pub(crate) calls: Gauge,
+    /// Cancelled at their deadline, their client never back.
+    pub(crate) expired: Counter,
+    /// Retries whose `requestState` continued nothing, by reason.
+    refused: Family<SkipLabels, Counter>,
 }
 
 /// The authorization front door's families.
@@ -287,6 +299,7 @@ impl Metrics {
             rate_limit_clients: Gauge::default(),
             upstream_connections: Gauge::default(),
             auth: AuthMetrics::default(),
+            held: HeldMetrics::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -347,8 +360,13 @@ impl Metrics {
     }
 
     /// The gauges, with their names and help.
-    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 8] {
+    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 9] {
         [
+            (
+                "held_calls",
+                "Calls of a 2025-era upstream held while a 2026 client answers their questions (at most held_calls)",
+                self.held.calls.clone(),
+            ),
             ("open_connections", "Client connections open now, on every listener", self.open_connections.clone()),
             ("in_flight_requests", "MCP requests being served now", self.in_flight.clone()),
             ("buffered_bytes", "Bytes held against the memory budget now", self.buffered_bytes.clone()),
@@ -438,10 +456,24 @@ impl Metrics {
             self.auth.key_fetches.clone(),
         );
         r.register(
+            "held_calls_expired",
+            "Held calls cancelled upstream at their deadline (EPODE_SIDECAR_HELD_CALL_WAIT), their client never back with the answers",
+            self.held.expired.clone(),
+        );
+        r.register(
+            "held_call_refused",
+            "Retries whose requestState continued no held call, by reason (forged, other_replica, expired, gone, other_caller, other_request)",
+            self.held.refused.clone(),
+        );
+        r.register(
             "auth_identity_disagreements",
             "Product tool calls whose identity from the product (_meta) names other refs than the verified token",
             self.auth.identity_disagreements.clone(),
         );
+    }
+
+    pub(crate) fn held_call_refused(&self, reason: &'static str) {
+        self.held.refused.get_or_create(&SkipLabels { reason }).inc();
     }
 
     pub(crate) fn auth_refused(&self, reason: &'static str, by: u64) {

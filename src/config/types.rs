@@ -480,6 +480,10 @@ pub(crate) struct Limits {
     pub(crate) max_sse_event: usize,
     pub(crate) upstream_sessions: usize,
     pub(crate) upstream_session_idle: Duration,
+    /// Calls of a 2025-era upstream held while a 2026 client answers their questions, at
+    /// most, and how long each waits for the client's retry.
+    pub(crate) held_calls: usize,
+    pub(crate) held_call_wait: Duration,
     /// Idle keep-alive connections to an HTTP upstream kept per worker, and for how long.
     pub(crate) upstream_max_idle: usize,
     pub(crate) upstream_idle_timeout: Duration,

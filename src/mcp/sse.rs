@@ -225,16 +225,103 @@ pub(crate) struct StreamBounds {
     pub(crate) cut: Option<tokio::sync::watch::Receiver<bool>>,
     /// Told the kind of a limit the stream hit (`sse_event_size`, `memory_budget`).
     pub(crate) on_limit: Option<std::sync::Arc<dyn Fn(LimitKind) + Send + Sync>>,
-    /// Whether a question the upstream asks on this stream (a 2025-era server request:
-    /// `elicitation/create`, `sampling/createMessage`, `roots/list`) reaches a client that can
-    /// answer it (a stdio child's, relayed to the client whose request caused it). When not, the
-    /// call ends at once with an error saying what works, instead of waiting for an answer that
-    /// cannot come.
-    pub(crate) questions_carried: bool,
+    /// What becomes of a question the upstream asks on this stream (a 2025-era server
+    /// request: `elicitation/create`, `sampling/createMessage`, `roots/list`).
+    pub(crate) questions: Questions,
 }
 
+/// What becomes of the questions a 2025-era upstream asks in the middle of a call.
+pub(crate) enum Questions {
+    /// They go on to the client as they are (a stdio child's, relayed to the 2025 client
+    /// whose request caused them).
+    Carried,
+    /// Nobody can answer them: the call ends at once with an error saying what works,
+    /// instead of waiting for an answer that cannot come.
+    Refused,
+    /// A 2026 client is asked them as an `input_required` result, and the rest of the call
+    /// is held until its retry brings the answers ([`Bridge`]).
+    Bridged(Box<dyn Bridge>),
+}
+
+/// A question of the upstream's, taken off its stream.
+#[derive(Debug, Clone)]
+pub(crate) struct Question {
+    /// The key the client's `inputResponses` answers it under.
+    pub(crate) key: String,
+    /// Its id as the upstream wrote it: the answer goes back under it.
+    pub(crate) id: Box<RawValue>,
+    pub(crate) method: String,
+    pub(crate) params: Option<Box<RawValue>>,
+}
+
+impl Question {
+    /// The question from a message of the upstream's, when it is one.
+    fn of(msg: &RawMap) -> Option<Question> {
+        if !is_question(msg) {
+            return None;
+        }
+        let id = msg.get("id")?.to_owned();
+        let key = format!("q{}", id.get().trim_matches('"'));
+        Some(Question {
+            key,
+            id,
+            method: raw::as_str(msg.get("method")?)?.into_owned(),
+            params: msg.get("params").map(|p| p.to_owned()),
+        })
+    }
+
+    /// Its entry in an `input_required` result's `inputRequests`: `{method, params}`.
+    pub(crate) fn input_request(&self) -> Box<RawValue> {
+        let mut m = RawMap::default();
+        m.insert("method".to_owned(), raw::raw(&self.method));
+        if let Some(p) = &self.params {
+            m.insert("params".to_owned(), p.clone());
+        }
+        raw::raw(&m)
+    }
+}
+
+/// The rest of an upstream's stream, held while a client answers its questions: the body
+/// and what was read of it but not yet handled.
+pub(crate) struct HeldStream {
+    body: HeldBody,
+    splitter: EventSplitter,
+    pending: VecDeque<Bytes>,
+}
+
+impl HeldStream {
+    /// The bytes it holds that were read and not yet handled (its share of the budget).
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.splitter.held() + self.pending.iter().map(Bytes::len).sum::<usize>()
+    }
+}
+
+/// A held stream's body, whatever carried it.
+pub(crate) type HeldBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+/// How a 2026 client is asked a 2025-era upstream's questions (MRTR, SEP-2322): the
+/// upstream side of it (answering the upstream, holding the call) lives with the upstream.
+pub(crate) trait Bridge: Send {
+    /// Whether the client declared the capability answering `question` takes.
+    fn covers(&self, question: &Question) -> bool;
+    /// Tells the upstream the client cannot answer `question` (the error a 2025 client
+    /// without the capability sends); the call goes on.
+    fn decline(
+        &self,
+        question: &Question,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+    /// Holds the rest of the call (`stream`) with the questions the client is asked; the
+    /// `requestState` its retry echoes, or why the call cannot be held.
+    fn hold(self: Box<Self>, stream: HeldStream, asked: Vec<Question>) -> Result<String, Error>;
+}
+
+/// How long a stream that asked a question is read on for more before the client is asked
+/// (a server asking two things at once writes them back to back).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(20);
+
 struct State<B> {
-    body: B,
+    /// `None` once handed to a held call.
+    body: Option<B>,
     splitter: EventSplitter,
     pending: VecDeque<Bytes>,
     plan: ResultPlan,
@@ -244,6 +331,8 @@ struct State<B> {
     /// JSON-RPC error for it instead of a cut-off body.
     id: Option<Box<RawValue>>,
     saw_response: bool,
+    /// The questions taken off the stream for a bridged client, not asked yet.
+    asked: Vec<Question>,
 }
 
 impl<B> Drop for State<B> {
@@ -272,7 +361,7 @@ where
     B::Error: Into<BoxError>,
 {
     let mut state = State {
-        body: upstream,
+        body: Some(upstream),
         splitter: EventSplitter::default(),
         pending: VecDeque::new(),
         plan,
@@ -280,11 +369,51 @@ where
         done: false,
         id,
         saw_response: false,
+        asked: Vec::new(),
     };
     state.splitter.push(&read, &mut state.pending);
+    stream_state(state)
+}
+
+/// Streams the rest of a held call (see [`rewrite_stream`]) as the answer to the client's
+/// retry `id`, through the retry's `plan`.
+pub(crate) fn resume_stream(
+    held: HeldStream,
+    id: Box<RawValue>,
+    plan: ResultPlan,
+    bounds: StreamBounds,
+) -> Coalesced {
+    stream_state(State {
+        body: Some(held.body),
+        splitter: held.splitter,
+        pending: held.pending,
+        plan,
+        bounds,
+        done: false,
+        id: Some(id),
+        saw_response: false,
+        asked: Vec::new(),
+    })
+}
+
+fn stream_state<B>(state: State<B>) -> Coalesced
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
     let s = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(block) = st.pending.pop_front() {
+                if let Some(q) = st.bridged_question(&block) {
+                    if let Questions::Bridged(bridge) = &st.bounds.questions {
+                        if bridge.covers(&q) {
+                            st.asked.push(q);
+                        } else {
+                            bridge.decline(&q).await;
+                        }
+                    }
+                    continue;
+                }
                 let mut block = transform(&block, &mut st).unwrap_or(block);
                 if block.len() > crate::budget::SMALL {
                     // Counted until written: a slow client may keep it in the write buffer.
@@ -298,15 +427,27 @@ where
             if let Some(why) = st.over_bounds() {
                 return st.end(upstream_broke(&why), None);
             }
+            let Some(body) = st.body.as_mut() else {
+                return None;
+            };
+            let gather = !st.asked.is_empty();
             let frame = match &mut st.bounds.cut {
                 Some(cut) => tokio::select! {
-                    f = st.body.frame() => Some(f),
+                    f = body.frame() => Some(Some(f)),
                     _ = cut.wait_for(|c| *c) => None,
+                    () = tokio::time::sleep(GATHER), if gather => Some(None),
                 },
-                None => Some(st.body.frame().await),
+                None => tokio::select! {
+                    f = body.frame() => Some(Some(f)),
+                    () = tokio::time::sleep(GATHER), if gather => Some(None),
+                },
             };
             let Some(frame) = frame else {
                 return st.end(Error::new(ErrorKind::ShuttingDown, ""), None);
+            };
+            let Some(frame) = frame else {
+                // Quiet after its questions: the client is asked them now.
+                return st.ask();
             };
             match frame {
                 Some(Ok(frame)) => match frame.into_data() {
@@ -326,6 +467,12 @@ where
                     let why = format!("the event stream broke off ({e})");
                     return st.end(upstream_broke(&why), Some(e));
                 }
+                None if !st.asked.is_empty() => {
+                    // The upstream ended its stream with questions unanswered.
+                    st.asked.clear();
+                    st.done = true;
+                    st.pending.push_back(Bytes::new());
+                }
                 None => {
                     st.done = true;
                     let rest = std::mem::take(&mut st.splitter).finish();
@@ -341,7 +488,66 @@ where
     crate::body::coalesced(StreamBody::new(s).boxed_unsync())
 }
 
-impl<B> State<B> {
+impl<B> State<B>
+where
+    B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    /// The question in `block` when this stream asks a bridged client its questions and
+    /// its response has not come.
+    fn bridged_question(&self, block: &[u8]) -> Option<Question> {
+        if self.saw_response || !matches!(self.bounds.questions, Questions::Bridged(_)) {
+            return None;
+        }
+        Question::of(&raw::parse_message(event_data(block)?.as_bytes())?)
+    }
+
+    /// Asks the client the questions taken off the stream: the rest of the call goes to a
+    /// held call, and the stream ends with the `input_required` result.
+    fn ask(mut self) -> Option<(Result<Frame<Bytes>, BoxError>, Self)> {
+        if self.id.is_none() {
+            return None;
+        }
+        let asked = std::mem::take(&mut self.asked);
+        let Questions::Bridged(bridge) = std::mem::replace(&mut self.bounds.questions, Questions::Refused) else {
+            return None;
+        };
+        let body = self.body.take()?;
+        let held = HeldStream {
+            body: body.map_err(Into::into).boxed_unsync(),
+            splitter: std::mem::take(&mut self.splitter),
+            pending: std::mem::take(&mut self.pending),
+        };
+        let mut requests = RawMap::default();
+        for q in &asked {
+            requests.insert(q.key.clone(), q.input_request());
+        }
+        match bridge.hold(held, asked) {
+            Ok(state) => {
+                let Some(id) = self.id.take() else {
+                    return None;
+                };
+                self.done = true;
+                self.saw_response = true;
+                self.bounds.held.resize(0);
+                let mut result = RawMap::default();
+                result.insert("resultType".to_owned(), raw::raw("input_required"));
+                result.insert("inputRequests".to_owned(), raw::raw(&requests));
+                result.insert("requestState".to_owned(), raw::raw(&state));
+                let mut msg = RawMap::default();
+                msg.insert("jsonrpc".to_owned(), raw::raw("2.0"));
+                msg.insert("id".to_owned(), id);
+                msg.insert("result".to_owned(), raw::raw(&result));
+                let bytes = self
+                    .plan
+                    .rewrite(&mut msg)
+                    .unwrap_or_else(|| raw::to_bytes(&msg));
+                Some((Ok(Frame::data(message_event(&bytes))), self))
+            }
+            Err(e) => self.end(e, None),
+        }
+    }
+
     /// Why the event being assembled cannot be held: too large, or past the memory budget.
     fn over_bounds(&mut self) -> Option<String> {
         let held = self.splitter.held();
@@ -420,7 +626,7 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
     }
     let data = event_data(block)?;
     let mut msg: RawMap = raw::parse_message(data.as_bytes())?;
-    if !st.bounds.questions_carried && !st.saw_response && is_question(&msg) {
+    if matches!(st.bounds.questions, Questions::Refused) && !st.saw_response && is_question(&msg) {
         let method = msg
             .get("method")
             .and_then(|m| raw::as_str(m))
@@ -521,7 +727,7 @@ mod tests {
             held: crate::budget::MemoryBudget::new(1 << 20).start(),
             cut: None,
             on_limit: None,
-            questions_carried: true,
+            questions: Questions::Carried,
         };
         let out = rewrite_stream(Bytes::new(), body, None, plan, bounds).boxed_unsync();
         let bytes = out.collect().await.unwrap().to_bytes();

@@ -186,6 +186,7 @@ pub(crate) async fn finish(
     ctx: RequestContext<'_>,
     upstream: Era,
     bounds: &AnswerBounds,
+    bridge: Option<Box<dyn sse::Bridge>>,
 ) -> Result<Response<Body>, Error> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
@@ -204,7 +205,7 @@ pub(crate) async fn finish(
         return Ok(Response::from_parts(parts, body.boxed_unsync()));
     }
     if is_event_stream(&parts.headers) {
-        return finish_stream(parts, body, ctx, upstream, bounds).await;
+        return finish_stream(parts, body, ctx, upstream, bounds, bridge).await;
     }
     let mut plan = ctx.plan;
     let (bytes, mut held) = match read_body(body, bounds).await {
@@ -250,6 +251,7 @@ async fn finish_stream(
     ctx: RequestContext<'_>,
     upstream: Era,
     bounds: &AnswerBounds,
+    bridge: Option<Box<dyn sse::Bridge>>,
 ) -> Result<Response<Body>, Error> {
     let RequestContext {
         id,
@@ -297,8 +299,13 @@ async fn finish_stream(
         held: bounds.budget.start(),
         cut: Some(cut),
         on_limit: Some(bounds.on_limit.clone()),
-        // A stdio child's questions are relayed to the client that caused them.
-        questions_carried: matches!(body, UpstreamBody::Stdio(_)),
+        // A 2026 client is asked them as input_required; a stdio child's go on to the 2025
+        // client that caused them; an HTTP upstream's cannot reach a 2025 client yet.
+        questions: match bridge {
+            Some(b) => sse::Questions::Bridged(b),
+            None if matches!(body, UpstreamBody::Stdio(_)) => sse::Questions::Carried,
+            None => sse::Questions::Refused,
+        },
     };
     // The stream's end reports to the plan: its response event, or the error event that
     // ends a stream broken before it.

@@ -179,5 +179,7 @@ mod tests {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ServerRequests {
     Relayed,
+    /// Asked of a 2026 client as `input_required` (the SSE reader takes them off the stream).
+    Bridged,
     Withheld,
 }

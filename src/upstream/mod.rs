@@ -7,10 +7,12 @@
 //! `Upstream` puts them together for one worker.
 
 mod answer;
+mod bridge;
 mod caller;
 mod context;
 mod dns;
 pub(crate) mod era;
+mod held;
 mod hop;
 pub(crate) mod http;
 mod identity;
@@ -64,12 +66,16 @@ struct Sent {
     era: Era,
     /// The upstream's identity from a 2025-era handshake (2026 results carry their own).
     server_info: Option<Value>,
+    /// The 2025-era session it went in.
+    session: Option<Arc<session::LegacySession>>,
 }
 
 /// What every worker must agree on about the upstream: its era and its 2025 sessions.
 struct Known {
     resolver: EraResolver,
     sessions: Sessions,
+    /// Calls held while a 2026 client answers their questions (`bridge.rs`).
+    held: Arc<held::HeldCalls>,
 }
 
 /// One worker's view of the upstream: its own link (its own connection pool, or the shared
@@ -160,6 +166,12 @@ impl Upstream {
                 sessions: Sessions::new(
                     config.limits.upstream_sessions,
                     config.limits.upstream_session_idle,
+                ),
+                held: held::HeldCalls::new(
+                    config.limits.held_calls,
+                    config.limits.held_call_wait,
+                    config.feedback.key.as_ref().map(|k| k.expose_secret()),
+                    &metrics.held,
                 ),
             }),
             metrics,
@@ -300,12 +312,18 @@ impl Upstream {
     /// request's plan (the hook hears the outcome, or the failure where it is found). A
     /// `subscriptions/listen` stream comes back as it is.
     pub(crate) async fn forward(
-        &self,
+        self: &Arc<Self>,
         client: &Client<'_>,
         query: Option<&str>,
         bytes: &Bytes,
         mut ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
+        let asks = ctx.era == Era::Modern && ctx.listed.is_some_and(|m| m.entry().input_required);
+        if asks && bridge::may_hold_state(bytes) {
+            if let Some(state) = bridge::held_state(bytes) {
+                return self.resume(client, bytes, &state, ctx).await;
+            }
+        }
         let sent = match self
             .send_with_retry(client, query, bytes, ctx.method, Asker::Client(ctx.era))
             .await
@@ -327,9 +345,38 @@ impl Upstream {
             return Ok(answer::stream_back(sent.response));
         }
         if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
-            ctx.plan.server_info = sent.server_info;
+            ctx.plan.server_info = sent.server_info.clone();
         }
-        answer::finish(sent.response, ctx, sent.era, self.link.bounds()).await
+        // A 2025-era upstream's questions in a 2026 client's call are asked of the client.
+        let bridge = match (asks, sent.era, ctx.listed) {
+            (true, Era::Legacy, Some(method)) => {
+                let reply = match (&sent.session, self.link.hop().takes_client_notes()) {
+                    (_, true) => held::Reply::Stdio,
+                    (Some(s), false) => held::Reply::Http {
+                        session: s.id.clone(),
+                        version: s.version.clone(),
+                    },
+                    (None, false) => held::Reply::Http {
+                        session: None,
+                        version: crate::mcp::version::LEGACY_LATEST.to_owned(),
+                    },
+                };
+                let bounds = self.link.bounds();
+                Some(Box::new(bridge::Asking {
+                    upstream: self.clone(),
+                    headers: client.headers.clone(),
+                    caller: client.caller,
+                    method,
+                    request: bytes.clone(),
+                    reply,
+                    upstream_id: ctx.id.to_owned(),
+                    held: self.known.held.clone(),
+                    budget: bounds.budget.clone(),
+                }) as Box<dyn crate::mcp::sse::Bridge>)
+            }
+            _ => None,
+        };
+        answer::finish(sent.response, ctx, sent.era, self.link.bounds(), bridge).await
     }
 
     /// Sends a client's request in the upstream's era; when the upstream's refusal says it
@@ -393,12 +440,19 @@ impl Upstream {
                     response,
                     era: upstream,
                     server_info: None,
+                    session: None,
                 })
             }
             Era::Legacy => {
                 // Only a 2025 client can take the server's own requests; a 2026 client's
                 // request, and the sidecar's own, withhold them.
                 let (body, relay) = match asker {
+                    // Asked of the client as input_required, where the method may answer so.
+                    Asker::Client(Era::Modern)
+                        if Method::from_wire(method).is_some_and(|m| m.entry().input_required) =>
+                    {
+                        (translate::to_legacy(bytes), ServerRequests::Bridged)
+                    }
                     Asker::Client(Era::Modern) => {
                         (translate::to_legacy(bytes), ServerRequests::Withheld)
                     }
@@ -413,6 +467,7 @@ impl Upstream {
                     response,
                     era: upstream,
                     server_info: session.init.get("serverInfo").cloned(),
+                    session: Some(session),
                 })
             }
         }

@@ -198,6 +198,8 @@ README.
   (list "EPODE_SIDECAR_MAX_SSE_EVENT_BYTES" "sidecar.limits.maxSseEventBytes" $l.maxSseEventBytes)
   (list "EPODE_SIDECAR_UPSTREAM_SESSIONS" "sidecar.limits.upstreamSessions" $l.upstreamSessions)
   (list "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE" "sidecar.limits.upstreamSessionIdle" $l.upstreamSessionIdle)
+  (list "EPODE_SIDECAR_HELD_CALLS" "sidecar.limits.heldCalls" $l.heldCalls)
+  (list "EPODE_SIDECAR_HELD_CALL_WAIT" "sidecar.limits.heldCallWait" $l.heldCallWait)
   (list "EPODE_SIDECAR_UPSTREAM_MAX_IDLE" "sidecar.limits.upstreamMaxIdle" $l.upstreamMaxIdle)
   (list "EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT" "sidecar.limits.upstreamIdleTimeout" $l.upstreamIdleTimeout)
   (list "EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS" "sidecar.limits.upstreamMaxConnections" $l.upstreamMaxConnections)

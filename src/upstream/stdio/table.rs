@@ -274,7 +274,7 @@ impl RequestTable {
         let mut group: Option<Group> = None;
         let mut newest: Option<(u64, Key)> = None;
         for (key, w) in &self.pending {
-            if w.generation != generation || w.relay != ServerRequests::Relayed {
+            if w.generation != generation || w.relay == ServerRequests::Withheld {
                 continue;
             }
             match group {

@@ -1,0 +1,358 @@
+//! A 2025-era upstream's questions asked of a 2026 client (MRTR, SEP-2322, bridged): while
+//! the upstream serves a 2026 client's `tools/call`, `prompts/get` or `resources/read`, an
+//! `elicitation/create`, `sampling/createMessage` or `roots/list` it sends on the call's
+//! stream ends the client's answer with an `input_required` result (the SSE reader,
+//! `mcp::sse`, takes the questions off the stream); the rest of the call is held
+//! (`held.rs`), and the client's retry, carrying `inputResponses` and the sealed
+//! `requestState`, continues it: each answer goes upstream as the JSON-RPC response to its
+//! question, and the retry's answer is the rest of the stream (the result, or the next round).
+//!
+//! A question the client's declared capabilities do not cover is never asked: the upstream
+//! gets the error a 2025 client without the capability sends, and the call goes on.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use serde_json::value::RawValue;
+use serde_json::{json, Value};
+
+use super::caller::{credential_hash, Caller, Client};
+use super::held::{HeldCall, HeldCalls, Reply};
+use super::Upstream;
+use crate::body::Body;
+use crate::budget::MemoryBudget;
+use crate::error::{code, Error, ErrorKind};
+use crate::mcp::method::Method;
+use crate::mcp::raw::{self, RawMap};
+use crate::mcp::sse::{self, Bridge, HeldStream, Question, Questions, StreamBounds};
+use crate::mcp::version::META_CLIENT_CAPABILITIES;
+
+/// Whether a request's bytes may hold a `requestState` of the sidecar's (a scan that costs a
+/// 2026 call no parse).
+pub(super) fn may_hold_state(bytes: &[u8]) -> bool {
+    let needle = super::held::STATE_PREFIX.as_bytes();
+    bytes.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The `requestState` of a retry, when it is one the sidecar issued.
+pub(super) fn held_state(bytes: &[u8]) -> Option<String> {
+    let msg = raw::parse_message(bytes)?;
+    let params = raw::open(msg.get("params")?)?;
+    let state = raw::as_str(params.get("requestState")?)?;
+    state
+        .starts_with(super::held::STATE_PREFIX)
+        .then(|| state.into_owned())
+}
+
+/// What a retry must repeat of the call it continues: the name (or URI) and the arguments.
+fn target_of(params: &Value) -> Value {
+    json!({
+        "name": params.get("name"),
+        "uri": params.get("uri"),
+        "arguments": params.get("arguments"),
+    })
+}
+
+/// The client's declared capabilities in a 2026 request.
+fn capabilities_of(request: &[u8]) -> Value {
+    serde_json::from_slice::<Value>(request)
+        .ok()
+        .and_then(|m| {
+            m.get("params")?
+                .get("_meta")?
+                .get(META_CLIENT_CAPABILITIES)
+                .cloned()
+        })
+        .unwrap_or(Value::Null)
+}
+
+/// Whether capabilities `caps` cover asking `question`.
+fn covers(caps: &Value, question: &Question) -> bool {
+    match question.method.as_str() {
+        "elicitation/create" => {
+            let Some(e) = caps.get("elicitation").filter(|e| e.is_object()) else {
+                return false;
+            };
+            let mode = question
+                .params
+                .as_deref()
+                .and_then(|p| serde_json::from_str::<Value>(p.get()).ok())
+                .and_then(|p| p.get("mode").and_then(Value::as_str).map(str::to_owned))
+                .unwrap_or_else(|| "form".to_owned());
+            // `elicitation: {}` declares form mode only (2025-11-25 §elicitation).
+            let empty = e.as_object().is_some_and(serde_json::Map::is_empty);
+            e.get(&mode).is_some() || (empty && mode == "form")
+        }
+        "sampling/createMessage" => caps.get("sampling").is_some_and(Value::is_object),
+        "roots/list" => caps.get("roots").is_some_and(Value::is_object),
+        _ => false,
+    }
+}
+
+/// A JSON-RPC response for question `id`.
+fn answer_message(id: &RawValue, result: &RawValue) -> Bytes {
+    let mut m = RawMap::default();
+    m.insert("jsonrpc".to_owned(), raw::raw("2.0"));
+    m.insert("id".to_owned(), id.to_owned());
+    m.insert("result".to_owned(), result.to_owned());
+    raw::to_bytes(&m)
+}
+
+/// The error a 2025 client without the capability sends for question `q`.
+fn declined_message(q: &Question) -> Bytes {
+    let msg = json!({"jsonrpc": "2.0", "id": &*q.id, "error": {
+        "code": code::METHOD_NOT_FOUND,
+        "message": format!("the client did not declare the capability {} takes", q.method),
+    }});
+    Bytes::from(msg.to_string())
+}
+
+/// One bridged call's side of the bridge: who asked, how the upstream is answered, where the
+/// call is held.
+pub(super) struct Asking {
+    pub(super) upstream: Arc<Upstream>,
+    pub(super) headers: HeaderMap,
+    pub(super) caller: Caller,
+    pub(super) method: Method,
+    /// The client's request (read for its capabilities and target only when a question
+    /// comes).
+    pub(super) request: Bytes,
+    pub(super) reply: Reply,
+    pub(super) upstream_id: Box<RawValue>,
+    pub(super) held: Arc<HeldCalls>,
+    pub(super) budget: Arc<MemoryBudget>,
+}
+
+impl Bridge for Asking {
+    fn covers(&self, question: &Question) -> bool {
+        covers(&capabilities_of(&self.request), question)
+    }
+
+    fn decline(
+        &self,
+        question: &Question,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
+        let upstream = self.upstream.clone();
+        let (headers, caller, reply) = (self.headers.clone(), self.caller, self.reply.clone());
+        let bytes = declined_message(question);
+        Box::pin(async move {
+            upstream.answer_question(&headers, caller, &reply, bytes).await;
+        })
+    }
+
+    fn hold(self: Box<Self>, stream: HeldStream, asked: Vec<Question>) -> Result<String, Error> {
+        let target = serde_json::from_slice::<Value>(&self.request)
+            .ok()
+            .and_then(|m| m.get("params").map(target_of))
+            .unwrap_or(Value::Null);
+        let mut held = self.budget.start();
+        let size = stream.held_bytes()
+            + self.request.len()
+            + asked
+                .iter()
+                .map(|q| q.params.as_ref().map_or(0, |p| p.get().len()) + q.method.len())
+                .sum::<usize>();
+        if !held.grow(size) {
+            return Err(Error::new(
+                ErrorKind::Overloaded { retry_after: 1 },
+                "its memory budget is spent",
+            ));
+        }
+        self.held.hold(HeldCall {
+            owner: credential_hash(&self.headers),
+            method: self.method,
+            target,
+            asked,
+            stream,
+            reply: self.reply,
+            upstream_id: self.upstream_id,
+            _bytes: held,
+        })
+    }
+}
+
+impl Upstream {
+    /// Sends the client's answer to one of the upstream's questions (or the error that says
+    /// it cannot answer) where the question came from.
+    pub(super) async fn answer_question(
+        &self,
+        headers: &HeaderMap,
+        caller: Caller,
+        reply: &Reply,
+        bytes: Bytes,
+    ) {
+        let mut h = self.link.base_headers(headers);
+        if let Reply::Http { session, version } = reply {
+            if let Some(s) = session {
+                h.insert(crate::mcp::headers::SESSION_ID, s.clone());
+            }
+            if let Ok(v) = HeaderValue::from_str(version) {
+                h.insert(crate::mcp::headers::PROTOCOL_VERSION, v);
+            }
+        }
+        match self
+            .link
+            .post(
+                &caller,
+                h,
+                bytes,
+                None,
+                super::caller::ServerRequests::Relayed,
+            )
+            .await
+        {
+            Ok(resp) if resp.status().is_success() => {}
+            Ok(resp) => tracing::info!(status = %resp.status(), "the upstream refused an answer to its question"),
+            Err(e) => tracing::info!(error = %e, "an answer to the upstream's question did not reach it"),
+        }
+    }
+
+    /// A 2026 client's retry of a held call (`state`: the sidecar's `requestState`): the
+    /// answers go upstream, and the answer is the rest of the call.
+    pub(super) async fn resume(
+        self: &Arc<Self>,
+        client: &Client<'_>,
+        bytes: &Bytes,
+        state: &str,
+        ctx: super::RequestContext<'_>,
+    ) -> Result<Response<Body>, Error> {
+        let held = self.known.held.clone();
+        let Some(method) = ctx.listed else {
+            return Err(ctx.fail(super::held::Refusal::OtherRequest.error()));
+        };
+        let params: Value = serde_json::from_slice::<Value>(bytes)
+            .ok()
+            .and_then(|m| m.get("params").cloned())
+            .unwrap_or(Value::Null);
+        let owner = credential_hash(client.headers);
+        let mut call = match held.take(state, owner, method, &target_of(&params)) {
+            Ok(call) => call,
+            Err(refusal) => {
+                self.metrics.held_call_refused(refusal.label());
+                return Err(ctx.fail(refusal.error()));
+            }
+        };
+        let responses = params.get("inputResponses");
+        let mut left = Vec::new();
+        for q in std::mem::take(&mut call.asked) {
+            let answer = responses
+                .and_then(|r| r.get(&q.key))
+                .and_then(|a| serde_json::value::to_raw_value(a).ok());
+            match answer {
+                Some(a) => {
+                    let bytes = answer_message(&q.id, &a);
+                    self.answer_question(client.headers, client.caller, &call.reply, bytes)
+                        .await;
+                }
+                None => left.push(q),
+            }
+        }
+        if !left.is_empty() {
+            // Asked again: the questions the retry left unanswered.
+            let requests: serde_json::Map<String, Value> = left
+                .iter()
+                .filter_map(|q| {
+                    let v = serde_json::from_str(q.input_request().get()).ok()?;
+                    Some((q.key.clone(), v))
+                })
+                .collect();
+            call.asked = left;
+            call.owner = owner;
+            let state = match held.hold(call) {
+                Ok(s) => s,
+                Err(e) => return Err(ctx.fail(e)),
+            };
+            return Ok(ctx.local_result(json!({
+                "resultType": "input_required",
+                "inputRequests": requests,
+                "requestState": state,
+            })));
+        }
+        let bounds = self.link.bounds();
+        let HeldCall {
+            stream,
+            reply,
+            upstream_id,
+            ..
+        } = call;
+        let asking = Asking {
+            upstream: self.clone(),
+            headers: client.headers.clone(),
+            caller: client.caller,
+            method,
+            request: bytes.clone(),
+            reply,
+            upstream_id,
+            held,
+            budget: bounds.budget.clone(),
+        };
+        let stream_bounds = StreamBounds {
+            max_event: bounds.max_event,
+            held: bounds.budget.start(),
+            cut: Some(ctx.cut),
+            on_limit: Some(bounds.on_limit.clone()),
+            questions: Questions::Bridged(Box::new(asking)),
+        };
+        let body = sse::resume_stream(stream, ctx.id.to_owned(), ctx.plan, stream_bounds)
+            .prime()
+            .await;
+        let mut resp = Response::new(body);
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        resp.headers_mut()
+            .insert("x-accel-buffering", HeaderValue::from_static("no"));
+        *resp.status_mut() = StatusCode::OK;
+        Ok(resp)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(method: &str, params: Option<&str>) -> Question {
+        Question {
+            key: "q1".into(),
+            id: raw::raw(&1),
+            method: method.into(),
+            params: params.map(|p| RawValue::from_string(p.to_owned()).unwrap()),
+        }
+    }
+
+    #[test]
+    fn a_question_is_asked_only_under_a_declared_capability() {
+        let form = q("elicitation/create", Some(r#"{"mode":"form","message":"?"}"#));
+        let no_mode = q("elicitation/create", Some(r#"{"message":"?"}"#));
+        let url = q("elicitation/create", Some(r#"{"mode":"url","url":"https://x"}"#));
+        let sampling = q("sampling/createMessage", Some("{}"));
+        let roots = q("roots/list", None);
+        let all = json!({"elicitation": {"form": {}, "url": {}}, "sampling": {}, "roots": {}});
+        for x in [&form, &no_mode, &url, &sampling, &roots] {
+            assert!(covers(&all, x), "{}", x.method);
+        }
+        // `elicitation: {}` is form mode only; nothing declared covers nothing.
+        let empty = json!({"elicitation": {}});
+        assert!(covers(&empty, &form) && covers(&empty, &no_mode));
+        assert!(!covers(&empty, &url) && !covers(&empty, &sampling) && !covers(&empty, &roots));
+        let form_only = json!({"elicitation": {"form": {}}});
+        assert!(!covers(&form_only, &url));
+        for x in [&form, &sampling, &roots, &q("other/thing", None)] {
+            assert!(!covers(&Value::Null, x) && !covers(&json!({}), x));
+        }
+    }
+
+    #[test]
+    fn the_sidecars_state_is_told_from_the_upstreams() {
+        let ours = format!(
+            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"t","requestState":"{}abc"}}}}"#,
+            super::super::held::STATE_PREFIX
+        );
+        assert!(held_state(ours.as_bytes()).is_some());
+        let theirs = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","requestState":"opaque"}}"#;
+        assert_eq!(held_state(theirs.as_bytes()), None);
+        assert_eq!(held_state(b"{}"), None);
+    }
+}
