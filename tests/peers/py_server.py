@@ -13,6 +13,7 @@ http://127.0.0.1:PORT/mcp, with three tools:
 Usage (run with the venv python from scripts/install-peers.sh):
   $D/py/bin/python tests/peers/py_server.py --port N [--json] [--require-token TOKEN] [--logging-completion] [--whoami]
   $D/py/bin/python tests/peers/py_server.py --stdio [--identity] [--extras]
+  $D/py/bin/python tests/peers/py_server.py --port N|--stdio --questions [--era 2025] [--stateless]
 
   --port N               port on 127.0.0.1; 0 picks a free port
   --stdio                speak MCP over stdin/stdout (newline-delimited JSON-RPC) instead
@@ -20,6 +21,34 @@ Usage (run with the venv python from scripts/install-peers.sh):
   --require-token TOKEN  every HTTP request must carry `Authorization: Bearer TOKEN`,
                          otherwise 401 + WWW-Authenticate + a JSON error body
   --tls-cert PEM --tls-key PEM  serve HTTPS (for the sidecar's https:// upstream tests)
+  --questions            also serve the tools that ask the client (server-initiated requests):
+                           ask_count        elicitation/create, form {count: integer};
+                                            "count N" / "declined" / "cancelled"
+                           ask_twice {together=false}  two elicitations ("Your name?" {name},
+                                            "Your age?" {age}), one after the other, or both at
+                                            once (together=true); "name=.. age=.."
+                           sample           sampling/createMessage (user text "Say hello",
+                                            maxTokens 50); "sampled: <text>"
+                           roots            roots/list, as with --extras (NOT related to the call:
+                                            over HTTP it goes on the standalone GET stream)
+                           roots_call       roots/list related to the call (rides its SSE stream)
+                           grow {name="grown", related=false}  adds tool NAME (answers "grown
+                                            NAME") and sends notifications/tools/list_changed:
+                                            session-wide (GET stream) or, related=true, on the
+                                            call's own stream; "grew NAME"
+                         Over HTTP --questions makes the server stateful (Mcp-Session-Id): the
+                         SDK's stateless 2025 path has no back-channel (can_send_request=False),
+                         so every server request fails there with -32600 "Cannot send
+                         'elicitation/create': this transport context has no back-channel ...".
+                         --stateless keeps it stateless anyway (to see that failure).
+  --stateful / --stateless  force the HTTP session mode (default: stateless, or stateful
+                         with --questions)
+  --era 2025             speak ONLY the handshake era (2025-11-25 and older). mcp 2.3.0 has no
+                         switch for it, so: over HTTP a request whose MCP-Protocol-Version
+                         header is not a handshake version gets 400 + a JSON-RPC error (as the
+                         TS SDK v1 answers it); over stdio the server runs the SDK's
+                         handshake-only loop (serve_loop) instead of the dual-era one.
+                         Default `both`: 2025-11-25 and 2026-07-28 on the same URL / pipe.
   --logging-completion   also handle logging/setLevel and completion/complete (a prompt
                          `greet {name}` whose name completes from Ada, Alan, Grace), so
                          both are advertised in either era, as FastMCP does; 2026-07-28
@@ -49,6 +78,9 @@ import uvicorn
 from pydantic import BaseModel
 
 import mcp.types as types
+import warnings
+from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from mcp.server.mcpserver import Context, MCPServer
 
 mcp = MCPServer(name="py-peer", version="0.0.1")
@@ -125,11 +157,7 @@ def add_stdio_tools() -> None:
     """Tools for the stdio transport's tests: a server request (roots/list, which a 2025
     session can make), a chatty stderr, and an answer of any size."""
 
-    @mcp.tool(structured_output=False)
-    async def roots(ctx: Context) -> str:
-        """Ask the client for its roots (a server-initiated request)."""
-        got = await ctx.session.list_roots()
-        return f"{len(got.roots)} roots: " + ",".join(str(r.uri) for r in got.roots)
+    add_roots_tool()
 
     @mcp.tool(structured_output=False)
     def shout(lines: int) -> str:
@@ -143,6 +171,172 @@ def add_stdio_tools() -> None:
     def big(size: int) -> str:
         """A text answer of `size` characters."""
         return "x" * size
+
+
+_roots_added = False
+
+
+def add_roots_tool() -> None:
+    """`roots`: ask the client for its roots (roots/list). The SDK's list_roots() takes no
+    related request, so over stateful HTTP the request goes on the standalone GET stream."""
+    global _roots_added
+    if _roots_added:
+        return
+    _roots_added = True
+
+    @mcp.tool(structured_output=False)
+    async def roots(ctx: Context) -> str:
+        """Ask the client for its roots (a server-initiated request)."""
+        got = await ctx.session.list_roots()
+        return f"{len(got.roots)} roots: " + ",".join(str(r.uri) for r in got.roots)
+
+
+class Count(BaseModel):
+    count: int
+
+
+class Name(BaseModel):
+    name: str
+
+
+class Age(BaseModel):
+    age: int
+
+
+def _said(result, field: str) -> str:
+    if result.action == "accept":
+        return str(getattr(result.data, field))
+    return "declined" if result.action == "decline" else "cancelled"
+
+
+def add_question_tools() -> None:
+    """Tools that ask the client things mid-call (server-initiated requests)."""
+    add_roots_tool()
+
+    @mcp.tool(structured_output=False)
+    async def ask_count(ctx: Context) -> str:
+        """Ask the user for a count (elicitation/create, form mode)."""
+        got = await ctx.elicit("How many?", schema=Count)
+        if got.action == "accept":
+            return f"count {got.data.count}"
+        return "declined" if got.action == "decline" else "cancelled"
+
+    @mcp.tool(structured_output=False)
+    async def ask_twice(ctx: Context, together: bool = False) -> str:
+        """Ask two questions: one after the other, or both at once (together=true)."""
+        if together:
+            answers: dict[str, object] = {}
+
+            async def one(key: str, message: str, schema) -> None:
+                answers[key] = await ctx.elicit(message, schema=schema)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "name", "Your name?", Name)
+                tg.start_soon(one, "age", "Your age?", Age)
+            name, age = answers["name"], answers["age"]
+        else:
+            name = await ctx.elicit("Your name?", schema=Name)
+            age = await ctx.elicit("Your age?", schema=Age)
+        return f"name={_said(name, 'name')} age={_said(age, 'age')}"
+
+    @mcp.tool(structured_output=False)
+    async def sample(ctx: Context) -> str:
+        """Ask the client's model to say hello (sampling/createMessage)."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = await ctx.session.create_message(
+                messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text="Say hello"))],
+                max_tokens=50,
+                related_request_id=ctx.request_id,
+            )
+        content = got.content
+        text = getattr(content, "text", None)
+        return f"sampled: {text if text is not None else content}"
+
+    @mcp.tool(structured_output=False)
+    async def roots_call(ctx: Context) -> str:
+        """Ask the client for its roots on the call's own stream (roots/list, related)."""
+        got = await ctx.session.send_request(
+            types.ListRootsRequest(),
+            types.ListRootsResult,
+            metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+        )
+        return f"{len(got.roots)} roots: " + ",".join(str(r.uri) for r in got.roots)
+
+    @mcp.tool(structured_output=False)
+    async def grow(ctx: Context, name: str = "grown", related: bool = False) -> str:
+        """Add a tool at run time and send notifications/tools/list_changed."""
+
+        def grown() -> str:
+            return f"grown {name}"
+
+        mcp.add_tool(grown, name=name, description=f"Added at run time by grow ({name}).", structured_output=False)
+        await ctx.session.send_notification(
+            types.ToolListChangedNotification(), related_request_id=ctx.request_id if related else None
+        )
+        return f"grew {name}"
+
+
+class Era2025Only:
+    """ASGI wrapper: a request naming a protocol version the handshake era does not have
+    (MCP-Protocol-Version: 2026-07-28, say) gets 400 + a JSON-RPC error, as a 2025-only
+    server (the TS SDK v1) answers it; everything else reaches the SDK's legacy path."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            got = [v for k, v in scope.get("headers", []) if k.lower() == b"mcp-protocol-version"]
+            if got and got[0].decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS:
+                supported = ", ".join(reversed(HANDSHAKE_PROTOCOL_VERSIONS))
+                body = json.dumps(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": None,
+                        "error": {
+                            "code": -32000,
+                            "message": f"Bad Request: Unsupported protocol version: {got[0].decode('latin-1')}"
+                            f" (supported versions: {supported})",
+                        },
+                    }
+                ).encode()
+                await receive_body(receive)
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 400,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+async def receive_body(receive) -> None:
+    """Drain the request body (so the connection can be reused)."""
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
+
+
+async def run_stdio_2025_only() -> None:
+    """stdio with the SDK's handshake-only loop (what the streamable-HTTP manager uses per
+    session) instead of Server.run's dual-era loop: no 2026-07-28 envelope is served."""
+    from mcp.server.runner import serve_loop
+    from mcp.server.stdio import stdio_server
+
+    low = mcp._lowlevel_server
+    async with stdio_server() as (read_stream, write_stream):
+        async with low.lifespan(low) as state:
+            await serve_loop(
+                low, read_stream, write_stream, lifespan_state=state, init_options=low.create_initialization_options()
+            )
 
 
 def add_logging_and_completion() -> None:
@@ -228,7 +422,14 @@ def main() -> None:
     p.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     p.add_argument("--logging-completion", action="store_true", help="also handle logging/setLevel and completion/complete")
     p.add_argument("--keep-alive", type=float, default=5, metavar="SECONDS", help="uvicorn's keep-alive timeout (its default: 5)")
+    p.add_argument("--questions", action="store_true", help="also serve ask_count, ask_twice, sample, roots, roots_call, grow (HTTP: stateful)")
+    p.add_argument("--era", choices=["both", "2025"], default="both", help="2025: speak only the handshake era (2025-11-25)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--stateful", action="store_true", help="HTTP sessions (Mcp-Session-Id)")
+    mode.add_argument("--stateless", action="store_true", help="no HTTP sessions (the default without --questions)")
     args = p.parse_args()
+    if args.questions:
+        add_question_tools()
     if args.identity:
         add_identity_tools()
     if args.whoami:
@@ -238,17 +439,22 @@ def main() -> None:
     if args.logging_completion:
         add_logging_and_completion()
     if args.stdio:
-        mcp.run("stdio")
+        if args.era == "2025":
+            anyio.run(run_stdio_2025_only)
+        else:
+            mcp.run("stdio")
         return
     if args.port is None:
         p.error("--port is required (or --stdio)")
 
+    stateless = not (args.stateful or (args.questions and not args.stateless))
     app = mcp.streamable_http_app(
-        stateless_http=True,
+        stateless_http=stateless,
         json_response=args.json,
         host="127.0.0.1",  # turns on the SDK's localhost Host/Origin checks
     )
-    asgi = RequireBearer(app, args.require_token) if args.require_token else app
+    asgi = Era2025Only(app) if args.era == "2025" else app
+    asgi = RequireBearer(asgi, args.require_token) if args.require_token else asgi
 
     # Bind ourselves so that --port 0 works and the port is known up front.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
