@@ -333,6 +333,9 @@ struct State<B> {
     saw_response: bool,
     /// The questions taken off the stream for a bridged client, not asked yet.
     asked: Vec<Question>,
+    /// The id the response goes back under, when it is not the one the upstream answers (a
+    /// held call continued by the client's retry).
+    reply_id: Option<Box<RawValue>>,
 }
 
 impl<B> Drop for State<B> {
@@ -370,6 +373,7 @@ where
         id,
         saw_response: false,
         asked: Vec::new(),
+        reply_id: None,
     };
     state.splitter.push(&read, &mut state.pending);
     stream_state(state)
@@ -390,6 +394,7 @@ pub(crate) fn resume_stream(
         plan,
         bounds,
         done: false,
+        reply_id: Some(id.clone()),
         id: Some(id),
         saw_response: false,
         asked: Vec::new(),
@@ -641,8 +646,20 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
         st.pending.clear();
         return Some(broken_event(st, error).unwrap_or_default());
     }
-    st.saw_response |= raw::is_response(&msg);
-    let rewritten = st.plan.rewrite(&mut msg)?;
+    let response = raw::is_response(&msg);
+    st.saw_response |= response;
+    let renamed = match (&st.reply_id, response) {
+        (Some(id), true) => {
+            msg.insert("id".to_owned(), id.clone());
+            true
+        }
+        _ => false,
+    };
+    let rewritten = match st.plan.rewrite(&mut msg) {
+        Some(bytes) => bytes,
+        None if renamed => raw::to_bytes(&msg),
+        None => return None,
+    };
     Some(replace_data(block, &rewritten))
 }
 

@@ -9,6 +9,7 @@ mod support;
 mod auth;
 mod auth_clients;
 mod auth_server;
+mod bridge;
 mod cli;
 mod conformance;
 mod deploy;

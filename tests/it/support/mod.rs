@@ -126,6 +126,9 @@ pub enum UpstreamKind {
     TypeScriptModernOnly,
     /// `@modelcontextprotocol/server-everything` (SDK v1): 2025 only, stateful sessions.
     Everything,
+    /// FastMCP 4.1.6 (`tests/peers/fastmcp_server.py`): both eras, stateful sessions; its
+    /// tools ask their client questions.
+    FastMcp,
 }
 
 pub struct Upstream {
@@ -162,6 +165,12 @@ impl Upstream {
                 if kind == UpstreamKind::PythonJson {
                     c.arg("--json");
                 }
+                c
+            }
+            UpstreamKind::FastMcp => {
+                let mut c = Command::new(python());
+                c.arg(repo_root().join("tests/peers/fastmcp_server.py"))
+                    .args(["--port", &port_s]);
                 c
             }
             UpstreamKind::Everything => {

@@ -1,0 +1,268 @@
+//! A 2025-era server's questions (elicitation, sampling, roots) asked of a 2026 client as
+//! `input_required` rounds (MRTR), by a raw client that does the rounds by hand: the server
+//! is FastMCP 4.1.6 or the Python `mcp` 2.3.0 SDK, over stdio and over HTTP, with no change
+//! to it (the sidecar speaks 2025 to it: `EPODE_SIDECAR_UPSTREAM_PROTOCOL=2025-11-25`).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::{
+    last_message, post_modern, python, repo_root, Sidecar, Upstream, UpstreamKind,
+};
+
+const PREFIX: &str = "epode-sidecar.held.v1.";
+const ERA_2025: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25");
+
+/// Every capability a question may need.
+fn all_capabilities() -> Value {
+    json!({"elicitation": {"form": {}}, "sampling": {}, "roots": {}})
+}
+
+/// A 2026 `tools/call` of `tool` declaring `caps`.
+fn call_body(id: u64, tool: &str, args: Value, caps: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": tool, "arguments": args,
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": caps,
+            "io.modelcontextprotocol/clientInfo": {"name": "raw-mrtr-client", "version": "0"}
+        }
+    }})
+}
+
+/// The retry of `first` under `id`: the same method and params, with `responses` and the
+/// `state` echoed.
+fn retry(first: &Value, id: u64, state: &str, responses: Value) -> Value {
+    let mut r = first.clone();
+    r["id"] = json!(id);
+    r["params"]["inputResponses"] = responses;
+    r["params"]["requestState"] = json!(state);
+    r
+}
+
+async fn call(sc: &Sidecar, body: &Value) -> Value {
+    let tool = body["params"]["name"].as_str().unwrap().to_owned();
+    let resp = post_modern(&sc.url(), "tools/call", Some(&tool), body).await;
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    last_message(&ct, &resp.text().await.unwrap())
+}
+
+/// The `input_required` result's questions, after checking its shape (2026-07-28 §MRTR).
+fn questions(msg: &Value) -> (&serde_json::Map<String, Value>, String) {
+    let r = &msg["result"];
+    assert_eq!(r["resultType"], "input_required", "{msg}");
+    let state = r["requestState"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    assert!(state.starts_with(PREFIX), "{msg}");
+    let asked = r["inputRequests"]
+        .as_object()
+        .unwrap_or_else(|| panic!("{msg}"));
+    for q in asked.values() {
+        assert!(q.get("id").is_none() && q.get("jsonrpc").is_none(), "{q}");
+    }
+    (asked, state.to_owned())
+}
+
+fn text_of(msg: &Value) -> String {
+    assert_eq!(msg["result"]["resultType"], "complete", "{msg}");
+    msg["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"))
+        .to_owned()
+}
+
+fn fastmcp_stdio() -> Sidecar {
+    let py = python();
+    let script = repo_root().join("tests/peers/fastmcp_server.py");
+    Sidecar::start_stdio(
+        &[py.to_str().unwrap(), script.to_str().unwrap(), "--stdio"],
+        &[ERA_2025],
+    )
+}
+
+fn py_stdio() -> Sidecar {
+    let py = python();
+    let script = repo_root().join("tests/peers/py_server.py");
+    Sidecar::start_stdio(
+        &[
+            py.to_str().unwrap(),
+            script.to_str().unwrap(),
+            "--stdio",
+            "--questions",
+            "--era",
+            "2025",
+        ],
+        &[ERA_2025],
+    )
+}
+
+/// FastMCP's `party` (`await ctx.elicit("How many people?", response_type=int)`): one
+/// `elicitation/create` round, then the result for the answer; the same state twice, or
+/// altered, is refused within seconds with an error that says to start again.
+async fn one_elicitation_round(sc: &Sidecar) {
+    let first = call_body(1, "party", json!({}), all_capabilities());
+    let msg = call(sc, &first).await;
+    assert_eq!(msg["id"], 1, "{msg}");
+    let (asked, state) = questions(&msg);
+    assert_eq!(asked.len(), 1, "{msg}");
+    let (key, q) = asked.iter().next().unwrap();
+    assert_eq!(q["method"], "elicitation/create", "{q}");
+    assert_eq!(q["params"]["message"], "How many people?", "{q}");
+    let answer = json!({key.clone(): {"action": "accept", "content": {"value": 7}}});
+    let again = retry(&first, 2, &state, answer.clone());
+    let msg = call(sc, &again).await;
+    assert_eq!(msg["id"], 2, "{msg}");
+    assert_eq!(text_of(&msg), "party for 7");
+
+    // The same state again: answered already.
+    let started = Instant::now();
+    let msg = call(sc, &retry(&first, 3, &state, answer.clone())).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(msg["id"], 3, "{msg}");
+    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    assert!(text.contains("answered already") && text.contains("start the call again"), "{text}");
+
+    // A forged state: a fresh question, its state altered in its last character.
+    let msg = call(sc, &call_body(4, "party", json!({}), all_capabilities())).await;
+    let (_, state) = questions(&msg);
+    let mut forged = state.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == 'A' { 'B' } else { 'A' });
+    let started = Instant::now();
+    let msg = call(sc, &retry(&first, 5, &forged, answer)).await;
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    assert_eq!(msg["error"]["code"], -32602, "{msg}");
+    assert!(text.contains("not one this sidecar issued"), "{text}");
+}
+
+#[tokio::test]
+async fn fastmcp_asks_a_2026_client_over_stdio_in_input_required_rounds() {
+    let sc = fastmcp_stdio();
+    one_elicitation_round(&sc).await;
+}
+
+#[tokio::test]
+async fn fastmcp_asks_a_2026_client_over_http_in_input_required_rounds() {
+    let up = Upstream::start(UpstreamKind::FastMcp);
+    let sc = Sidecar::start(&up.url(), &[ERA_2025]);
+    one_elicitation_round(&sc).await;
+}
+
+/// Two questions asked at once (FastMCP's `asyncio.gather`) become one `inputRequests` map;
+/// a retry that answers one is asked the other again; both answered, the result.
+#[tokio::test]
+async fn two_questions_at_once_are_one_round_and_an_unanswered_one_is_asked_again() {
+    let sc = fastmcp_stdio();
+    let first = call_body(1, "two_questions", json!({}), all_capabilities());
+    let msg = call(&sc, &first).await;
+    let (asked, state) = questions(&msg);
+    assert_eq!(asked.len(), 2, "{msg}");
+    let key_of = |message: &str| {
+        asked
+            .iter()
+            .find(|(_, q)| q["params"]["message"] == message)
+            .map(|(k, _)| k.clone())
+            .unwrap_or_else(|| panic!("{message} in {msg}"))
+    };
+    let (name, age) = (key_of("Your name?"), key_of("Your age?"));
+    let msg = call(
+        &sc,
+        &retry(&first, 2, &state, json!({name: {"action": "accept", "content": {"value": "Ada"}}})),
+    )
+    .await;
+    let (asked, state) = questions(&msg);
+    assert_eq!(asked.keys().collect::<Vec<_>>(), vec![&age], "{msg}");
+    let msg = call(
+        &sc,
+        &retry(&first, 3, &state, json!({age.clone(): {"action": "accept", "content": {"value": 7}}})),
+    )
+    .await;
+    assert_eq!(text_of(&msg), "name=Ada age=7");
+}
+
+/// A client that declared no elicitation capability is never asked: the server hears the
+/// error a 2025 client without it sends, and the call ends with the server's own answer.
+#[tokio::test]
+async fn a_client_without_the_capability_is_never_asked() {
+    let sc = fastmcp_stdio();
+    let started = Instant::now();
+    let msg = call(&sc, &call_body(1, "party", json!({}), json!({"sampling": {}}))).await;
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(msg["id"], 1, "{msg}");
+    assert_ne!(msg["result"]["resultType"], "input_required", "{msg}");
+    assert!(msg.to_string().contains("elicitation"), "{msg}");
+}
+
+/// The Python SDK's sampling (`ctx.session.create_message`) and its sequential questions,
+/// over stdio and over HTTP: each a round of its own, until the result.
+async fn sampling_and_sequential_rounds(sc: &Sidecar) {
+    let first = call_body(1, "sample", json!({}), all_capabilities());
+    let msg = call(sc, &first).await;
+    let (asked, state) = questions(&msg);
+    let (key, q) = asked.iter().next().unwrap();
+    assert_eq!(q["method"], "sampling/createMessage", "{q}");
+    assert_eq!(q["params"]["messages"][0]["content"]["text"], "Say hello", "{q}");
+    let answer = json!({key.clone(): {"role": "assistant", "content": {"type": "text", "text": "hi there"}, "model": "m", "stopReason": "endTurn"}});
+    let msg = call(sc, &retry(&first, 2, &state, answer)).await;
+    assert_eq!(text_of(&msg), "sampled: hi there");
+
+    let first = call_body(3, "ask_twice", json!({}), all_capabilities());
+    let mut msg = call(sc, &first).await;
+    for (id, (field, value)) in [(4, ("name", json!("Ada"))), (5, ("age", json!(7)))] {
+        let (asked, state) = questions(&msg);
+        assert_eq!(asked.len(), 1, "{msg}");
+        let key = asked.keys().next().unwrap().clone();
+        let answer = json!({key: {"action": "accept", "content": {field: value}}});
+        msg = call(sc, &retry(&first, id, &state, answer)).await;
+    }
+    assert_eq!(text_of(&msg), "name=Ada age=7");
+}
+
+#[tokio::test]
+async fn the_python_sdks_sampling_and_questions_over_stdio() {
+    let sc = py_stdio();
+    sampling_and_sequential_rounds(&sc).await;
+}
+
+#[tokio::test]
+async fn the_python_sdks_sampling_and_questions_over_http() {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--questions", "--era", "2025"]);
+    let sc = Sidecar::start(&up.url(), &[ERA_2025]);
+    sampling_and_sequential_rounds(&sc).await;
+}
+
+/// A retry from another caller (other credentials) is refused, and the call stays for its
+/// own caller.
+#[tokio::test]
+async fn a_state_answers_only_for_the_caller_it_was_issued_to() {
+    let sc = fastmcp_stdio();
+    let first = call_body(1, "party", json!({}), all_capabilities());
+    let post = |body: Value, token: &'static str| {
+        let url = sc.url();
+        async move {
+            let mut req = crate::support::http().post(url).body(body.to_string());
+            for (k, v) in crate::support::modern_headers("tools/call", Some("party")) {
+                req = req.header(k, v);
+            }
+            let resp = req.header("authorization", token).send().await.unwrap();
+            let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+            last_message(&ct, &resp.text().await.unwrap())
+        }
+    };
+    let msg = post(first.clone(), "Bearer alice").await;
+    let (asked, state) = questions(&msg);
+    let key = asked.keys().next().unwrap().clone();
+    let answer = json!({key: {"action": "accept", "content": {"value": 3}}});
+    let msg = post(retry(&first, 2, &state, answer.clone()), "Bearer mallory").await;
+    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    assert!(text.contains("another caller"), "{text}");
+    // Another target from the right caller is refused too.
+    let mut other = retry(&first, 3, &state, answer.clone());
+    other["params"]["arguments"] = json!({"x": 1});
+    let msg = post(other, "Bearer alice").await;
+    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    assert!(text.contains("another request"), "{text}");
+    let msg = post(retry(&first, 4, &state, answer), "Bearer alice").await;
+    assert_eq!(text_of(&msg), "party for 3");
+}
