@@ -539,9 +539,10 @@ async fn a_2025_clients_get_stream_is_counted_not_warned() {
 }
 
 /// A 2025-era HTTP server that asks its client a question in the middle of a call (a server
-/// request on the call's event stream) fails that call at once, with an error saying what
-/// works, for a client of either era; before, the call waited for an answer that could not
-/// come (the sidecar drops a 2025 client's answer over HTTP, and a 2026 client is never asked).
+/// request on the call's event stream) never leaves the call waiting: a 2026 client is asked
+/// at once, as `input_required` (the rounds themselves: `bridge.rs`), and a 2025 client's call
+/// fails at once with an error saying what works; before, the call waited for an answer that
+/// could not come (the sidecar drops a 2025 client's answer over HTTP).
 #[tokio::test]
 async fn a_2025_servers_question_over_http_fails_the_call_at_once_instead_of_hanging() {
     use crate::support::scripted::{Reply, ScriptedUpstream};
@@ -561,13 +562,15 @@ async fn a_2025_servers_question_over_http_fails_the_call_at_once_instead_of_han
         &up.url(),
         &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25")],
     );
-    // A 2026 client.
+    // A 2026 client that can answer.
     let started = std::time::Instant::now();
-    let body = modern_body(
+    let mut body = modern_body(
         json!(1),
         "tools/call",
         json!({"name": "book", "arguments": {}}),
     );
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+        json!({"elicitation": {}});
     let resp = post_modern(&sc.url(), "tools/call", Some("book"), &body).await;
     let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
     let msg = last_message(&ct, &resp.text().await.unwrap());
@@ -577,12 +580,10 @@ async fn a_2025_servers_question_over_http_fails_the_call_at_once_instead_of_han
         started.elapsed()
     );
     assert_eq!(msg["id"], 1, "{msg}");
-    let text = msg["error"]["message"]
-        .as_str()
-        .unwrap_or_else(|| panic!("{msg}"));
-    assert!(
-        text.contains("elicitation/create") && text.contains("stdio"),
-        "{text}"
+    assert_eq!(msg["result"]["resultType"], "input_required", "{msg}");
+    assert_eq!(
+        msg["result"]["inputRequests"]["qq-1"]["method"], "elicitation/create",
+        "{msg}"
     );
     // A 2025 client: the same, on its stream.
     let started = std::time::Instant::now();
