@@ -317,14 +317,27 @@ async fn a_2025_session_over_stdio_relays_server_requests_and_survives_a_restart
         "{text}"
     );
 
-    // A 2026 client cannot be asked: the server hears so at once (this one passes the error
-    // on as its answer) and nothing waits.
+    // A 2026 client that declared no roots capability is never asked: the server hears the
+    // error a 2025 client without it sends, at once (this one passes it on as its answer),
+    // and nothing waits.
     let modern = ts_call(&sc.url(), "pin", Some(("roots", &json!({}))), &[]);
-    assert_eq!(modern["error"]["code"], -32603, "{modern}");
-    let message = modern["error"]["message"].as_str().unwrap();
+    let message = modern["error"]["message"].as_str().unwrap_or_else(|| panic!("{modern}"));
     assert!(
-        message.contains("no client that can answer roots/list"),
+        message.contains("did not declare the capability roots/list takes"),
         "{message}"
+    );
+    // The official TypeScript client pinned to 2026-07-28 that declares it is asked as
+    // input_required, follows the round itself, and gets the result for its answer.
+    let modern = ts_call_roots(
+        &sc.url(),
+        "pin",
+        ("roots", &json!({})),
+        "file:///srv/ts",
+        &[],
+    );
+    assert_eq!(
+        modern["result"]["content"][0]["text"], "1 roots: file:///srv/ts",
+        "{modern}"
     );
 
     // After a restart, the session the sidecar kept names the old child: the new one answers
