@@ -473,7 +473,10 @@ impl Metrics {
     }
 
     pub(crate) fn held_call_refused(&self, reason: &'static str) {
-        self.held.refused.get_or_create(&SkipLabels { reason }).inc();
+        self.held
+            .refused
+            .get_or_create(&SkipLabels { reason })
+            .inc();
     }
 
     pub(crate) fn auth_refused(&self, reason: &'static str, by: u64) {

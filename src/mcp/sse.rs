@@ -432,9 +432,7 @@ where
             if let Some(why) = st.over_bounds() {
                 return st.end(upstream_broke(&why), None);
             }
-            let Some(body) = st.body.as_mut() else {
-                return None;
-            };
+            let body = st.body.as_mut()?;
             let gather = !st.asked.is_empty();
             let frame = match &mut st.bounds.cut {
                 Some(cut) => tokio::select! {
@@ -510,11 +508,11 @@ where
     /// Asks the client the questions taken off the stream: the rest of the call goes to a
     /// held call, and the stream ends with the `input_required` result.
     fn ask(mut self) -> Option<(Result<Frame<Bytes>, BoxError>, Self)> {
-        if self.id.is_none() {
-            return None;
-        }
+        self.id.as_ref()?;
         let asked = std::mem::take(&mut self.asked);
-        let Questions::Bridged(bridge) = std::mem::replace(&mut self.bounds.questions, Questions::Refused) else {
+        let Questions::Bridged(bridge) =
+            std::mem::replace(&mut self.bounds.questions, Questions::Refused)
+        else {
             return None;
         };
         let body = self.body.take()?;
@@ -529,9 +527,7 @@ where
         }
         match bridge.hold(held, asked) {
             Ok(state) => {
-                let Some(id) = self.id.take() else {
-                    return None;
-                };
+                let id = self.id.take()?;
                 self.done = true;
                 self.saw_response = true;
                 self.bounds.held.resize(0);

@@ -17,9 +17,10 @@ use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
+use super::answer::AnswerBounds;
 use super::caller::{credential_hash, Caller, Client};
+use super::context::RequestContext;
 use super::held::{HeldCall, HeldCalls, Reply};
-use super::Upstream;
 use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::error::{code, Error, ErrorKind};
@@ -27,6 +28,7 @@ use crate::mcp::method::Method;
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::sse::{self, Bridge, HeldStream, Question, Questions, StreamBounds};
 use crate::mcp::version::META_CLIENT_CAPABILITIES;
+use crate::metrics::Metrics;
 
 /// Whether a request's bytes may hold a `requestState` of the sidecar's (a scan that costs a
 /// 2026 call no parse).
@@ -111,7 +113,7 @@ fn declined_message(q: &Question) -> Bytes {
 /// One bridged call's side of the bridge: who asked, how the upstream is answered, where the
 /// call is held.
 pub(super) struct Asking {
-    pub(super) upstream: Arc<Upstream>,
+    pub(super) answers: Arc<dyn Answers>,
     pub(super) headers: HeaderMap,
     pub(super) caller: Caller,
     pub(super) method: Method,
@@ -133,12 +135,10 @@ impl Bridge for Asking {
         &self,
         question: &Question,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
-        let upstream = self.upstream.clone();
-        let (headers, caller, reply) = (self.headers.clone(), self.caller, self.reply.clone());
         let bytes = declined_message(question);
-        Box::pin(async move {
-            upstream.answer_question(&headers, caller, &reply, bytes).await;
-        })
+        self.answers
+            .clone()
+            .answer(self.headers.clone(), self.caller, self.reply.clone(), bytes)
     }
 
     fn hold(self: Box<Self>, stream: HeldStream, asked: Vec<Question>) -> Result<String, Error> {
@@ -172,141 +172,156 @@ impl Bridge for Asking {
     }
 }
 
-impl Upstream {
+/// What continuing a held call takes of the upstream.
+pub(super) struct Way {
+    pub(super) answers: Arc<dyn Answers>,
+    pub(super) held: Arc<HeldCalls>,
+    pub(super) bounds: AnswerBounds,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+/// How a bridged call's answers reach the upstream (the upstream implements it).
+pub(super) trait Answers: Send + Sync {
     /// Sends the client's answer to one of the upstream's questions (or the error that says
     /// it cannot answer) where the question came from.
-    pub(super) async fn answer_question(
-        &self,
-        headers: &HeaderMap,
+    fn answer(
+        self: Arc<Self>,
+        headers: HeaderMap,
         caller: Caller,
-        reply: &Reply,
+        reply: Reply,
         bytes: Bytes,
-    ) {
-        let mut h = self.link.base_headers(headers);
-        if let Reply::Http { session, version } = reply {
-            if let Some(s) = session {
-                h.insert(crate::mcp::headers::SESSION_ID, s.clone());
-            }
-            if let Ok(v) = HeaderValue::from_str(version) {
-                h.insert(crate::mcp::headers::PROTOCOL_VERSION, v);
-            }
-        }
-        match self
-            .link
-            .post(
-                &caller,
-                h,
-                bytes,
-                None,
-                super::caller::ServerRequests::Relayed,
-            )
-            .await
-        {
-            Ok(resp) if resp.status().is_success() => {}
-            Ok(resp) => tracing::info!(status = %resp.status(), "the upstream refused an answer to its question"),
-            Err(e) => tracing::info!(error = %e, "an answer to the upstream's question did not reach it"),
-        }
-    }
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+}
 
-    /// A 2026 client's retry of a held call (`state`: the sidecar's `requestState`): the
-    /// answers go upstream, and the answer is the rest of the call.
-    pub(super) async fn resume(
-        self: &Arc<Self>,
-        client: &Client<'_>,
-        bytes: &Bytes,
-        state: &str,
-        ctx: super::RequestContext<'_>,
-    ) -> Result<Response<Body>, Error> {
-        let held = self.known.held.clone();
-        let Some(method) = ctx.listed else {
-            return Err(ctx.fail(super::held::Refusal::OtherRequest.error()));
-        };
-        let params: Value = serde_json::from_slice::<Value>(bytes)
-            .ok()
-            .and_then(|m| m.get("params").cloned())
-            .unwrap_or(Value::Null);
-        let owner = credential_hash(client.headers);
-        let mut call = match held.take(state, owner, method, &target_of(&params)) {
-            Ok(call) => call,
-            Err(refusal) => {
-                self.metrics.held_call_refused(refusal.label());
-                return Err(ctx.fail(refusal.error()));
-            }
-        };
-        let responses = params.get("inputResponses");
-        let mut left = Vec::new();
-        for q in std::mem::take(&mut call.asked) {
-            let answer = responses
-                .and_then(|r| r.get(&q.key))
-                .and_then(|a| serde_json::value::to_raw_value(a).ok());
-            match answer {
-                Some(a) => {
-                    let bytes = answer_message(&q.id, &a);
-                    self.answer_question(client.headers, client.caller, &call.reply, bytes)
-                        .await;
-                }
-                None => left.push(q),
-            }
+/// A 2026 client's retry of a held call (`state`: the sidecar's `requestState`): the
+/// answers go upstream, and the answer is the rest of the call.
+pub(super) async fn resume(
+    way: Way,
+    client: &Client<'_>,
+    bytes: &Bytes,
+    state: &str,
+    ctx: RequestContext<'_>,
+) -> Result<Response<Body>, Error> {
+    let held = way.held.clone();
+    let Some(method) = ctx.listed else {
+        return Err(ctx.fail(super::held::Refusal::OtherRequest.error()));
+    };
+    let params: Value = serde_json::from_slice::<Value>(bytes)
+        .ok()
+        .and_then(|m| m.get("params").cloned())
+        .unwrap_or(Value::Null);
+    let owner = credential_hash(client.headers);
+    let mut call = match held.take(state, owner, method, &target_of(&params)) {
+        Ok(call) => call,
+        Err(refusal) => {
+            way.metrics.held_call_refused(refusal.label());
+            return Err(ctx.fail(refusal.error()));
         }
-        if !left.is_empty() {
-            // Asked again: the questions the retry left unanswered.
-            let requests: serde_json::Map<String, Value> = left
-                .iter()
-                .filter_map(|q| {
-                    let v = serde_json::from_str(q.input_request().get()).ok()?;
-                    Some((q.key.clone(), v))
-                })
-                .collect();
-            call.asked = left;
-            call.owner = owner;
-            let state = match held.hold(call) {
-                Ok(s) => s,
-                Err(e) => return Err(ctx.fail(e)),
-            };
-            return Ok(ctx.local_result(json!({
-                "resultType": "input_required",
-                "inputRequests": requests,
-                "requestState": state,
-            })));
-        }
-        let bounds = self.link.bounds();
-        let HeldCall {
-            stream,
-            reply,
-            upstream_id,
-            ..
-        } = call;
-        let asking = Asking {
-            upstream: self.clone(),
-            headers: client.headers.clone(),
-            caller: client.caller,
-            method,
-            request: bytes.clone(),
-            reply,
-            upstream_id,
-            held,
-            budget: bounds.budget.clone(),
+    };
+    let left = answer_all(&way, client, &mut call, params.get("inputResponses")).await;
+    if !left.is_empty() {
+        // Asked again: the questions the retry left unanswered.
+        let requests: serde_json::Map<String, Value> = left
+            .iter()
+            .filter_map(|q| {
+                let v = serde_json::from_str(q.input_request().get()).ok()?;
+                Some((q.key.clone(), v))
+            })
+            .collect();
+        call.asked = left;
+        call.owner = owner;
+        let state = match held.hold(call) {
+            Ok(s) => s,
+            Err(e) => return Err(ctx.fail(e)),
         };
-        let stream_bounds = StreamBounds {
-            max_event: bounds.max_event,
-            held: bounds.budget.start(),
-            cut: Some(ctx.cut),
-            on_limit: Some(bounds.on_limit.clone()),
-            questions: Questions::Bridged(Box::new(asking)),
-        };
-        let body = sse::resume_stream(stream, ctx.id.to_owned(), ctx.plan, stream_bounds)
-            .prime()
-            .await;
-        let mut resp = Response::new(body);
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/event-stream"),
-        );
-        resp.headers_mut()
-            .insert("x-accel-buffering", HeaderValue::from_static("no"));
-        *resp.status_mut() = StatusCode::OK;
-        Ok(resp)
+        return Ok(ctx.local_result(json!({
+            "resultType": "input_required",
+            "inputRequests": requests,
+            "requestState": state,
+        })));
     }
+    Ok(go_on(way, client, bytes, method, call, ctx).await)
+}
+
+/// Sends upstream each answer the retry brings for `call`'s questions; the questions it
+/// left unanswered.
+async fn answer_all(
+    way: &Way,
+    client: &Client<'_>,
+    call: &mut HeldCall,
+    responses: Option<&Value>,
+) -> Vec<Question> {
+    let mut left = Vec::new();
+    for q in std::mem::take(&mut call.asked) {
+        let answer = responses
+            .and_then(|r| r.get(&q.key))
+            .and_then(|a| serde_json::value::to_raw_value(a).ok());
+        match answer {
+            Some(a) => {
+                let bytes = answer_message(&q.id, &a);
+                way.answers
+                    .clone()
+                    .answer(
+                        client.headers.clone(),
+                        client.caller,
+                        call.reply.clone(),
+                        bytes,
+                    )
+                    .await;
+            }
+            None => left.push(q),
+        }
+    }
+    left
+}
+
+/// The rest of a held call's stream as the retry's answer (a 2026 client's: SSE), asking
+/// again should the upstream ask again.
+async fn go_on(
+    way: Way,
+    client: &Client<'_>,
+    bytes: &Bytes,
+    method: Method,
+    call: HeldCall,
+    ctx: RequestContext<'_>,
+) -> Response<Body> {
+    let bounds = &way.bounds;
+    let HeldCall {
+        stream,
+        reply,
+        upstream_id,
+        ..
+    } = call;
+    let asking = Asking {
+        answers: way.answers.clone(),
+        headers: client.headers.clone(),
+        caller: client.caller,
+        method,
+        request: bytes.clone(),
+        reply,
+        upstream_id,
+        held: way.held.clone(),
+        budget: bounds.budget.clone(),
+    };
+    let stream_bounds = StreamBounds {
+        max_event: bounds.max_event,
+        held: bounds.budget.start(),
+        cut: Some(ctx.cut),
+        on_limit: Some(bounds.on_limit.clone()),
+        questions: Questions::Bridged(Box::new(asking)),
+    };
+    let body = sse::resume_stream(stream, ctx.id.to_owned(), ctx.plan, stream_bounds)
+        .prime()
+        .await;
+    let mut resp = Response::new(body);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    *resp.status_mut() = StatusCode::OK;
+    resp
 }
 
 #[cfg(test)]
@@ -324,9 +339,15 @@ mod tests {
 
     #[test]
     fn a_question_is_asked_only_under_a_declared_capability() {
-        let form = q("elicitation/create", Some(r#"{"mode":"form","message":"?"}"#));
+        let form = q(
+            "elicitation/create",
+            Some(r#"{"mode":"form","message":"?"}"#),
+        );
         let no_mode = q("elicitation/create", Some(r#"{"message":"?"}"#));
-        let url = q("elicitation/create", Some(r#"{"mode":"url","url":"https://x"}"#));
+        let url = q(
+            "elicitation/create",
+            Some(r#"{"mode":"url","url":"https://x"}"#),
+        );
         let sampling = q("sampling/createMessage", Some("{}"));
         let roots = q("roots/list", None);
         let all = json!({"elicitation": {"form": {}, "url": {}}, "sampling": {}, "roots": {}});

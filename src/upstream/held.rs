@@ -149,7 +149,8 @@ impl HeldCalls {
             calls: Mutex::new(HashMap::new()),
             max,
             wait,
-            mac: <Hmac<Sha256> as Mac>::new_from_slice(&key).expect("HMAC takes a key of any length"),
+            mac: <Hmac<Sha256> as Mac>::new_from_slice(&key)
+                .expect("HMAC takes a key of any length"),
             replica: rand::random(),
             gauge: metrics.calls.clone(),
             expired: metrics.expired.clone(),
@@ -243,7 +244,9 @@ impl HeldCalls {
     fn open(&self, state: &str) -> Result<(u128, u64, u64, Option<u64>), Refusal> {
         let rest = state.strip_prefix(STATE_PREFIX).ok_or(Refusal::Forged)?;
         let (payload, tag) = rest.split_once('.').ok_or(Refusal::Forged)?;
-        let payload = URL_SAFE_NO_PAD.decode(payload).map_err(|_| Refusal::Forged)?;
+        let payload = URL_SAFE_NO_PAD
+            .decode(payload)
+            .map_err(|_| Refusal::Forged)?;
         let tag = URL_SAFE_NO_PAD.decode(tag).map_err(|_| Refusal::Forged)?;
         let mut mac = self.mac.clone();
         mac.update(&payload);
@@ -251,7 +254,8 @@ impl HeldCalls {
         if payload.len() != PAYLOAD {
             return Err(Refusal::Forged);
         }
-        let word = |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap_or_default());
+        let word =
+            |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap_or_default());
         let key = u128::from_le_bytes(payload[..16].try_into().unwrap_or_default());
         let owner = (payload[32] == 1).then(|| word(33));
         Ok((key, word(16), word(24), owner))
@@ -283,7 +287,10 @@ mod tests {
         let mut flipped = s.clone().into_bytes();
         let i = STATE_PREFIX.len() + 3;
         flipped[i] = if flipped[i] == b'A' { b'B' } else { b'A' };
-        assert_eq!(t.open(&String::from_utf8(flipped).unwrap()), Err(Refusal::Forged));
+        assert_eq!(
+            t.open(&String::from_utf8(flipped).unwrap()),
+            Err(Refusal::Forged)
+        );
         assert_eq!(t.open(&s[..s.len() - 2]), Err(Refusal::Forged));
         assert_eq!(t.open(&s[STATE_PREFIX.len()..]), Err(Refusal::Forged));
         assert_eq!(t.open("epode-sidecar.held.v1.x.y"), Err(Refusal::Forged));
@@ -292,6 +299,9 @@ mod tests {
         let (_, replica, _, _) = other_replica.open(&s).unwrap();
         assert_ne!(replica, other_replica.replica);
         // Without a product key every process has its own key.
-        assert_eq!(table(None).open(&table(None).seal(1, 0, None)), Err(Refusal::Forged));
+        assert_eq!(
+            table(None).open(&table(None).seal(1, 0, None)),
+            Err(Refusal::Forged)
+        );
     }
 }

@@ -321,7 +321,7 @@ impl Upstream {
         let asks = ctx.era == Era::Modern && ctx.listed.is_some_and(|m| m.entry().input_required);
         if asks && bridge::may_hold_state(bytes) {
             if let Some(state) = bridge::held_state(bytes) {
-                return self.resume(client, bytes, &state, ctx).await;
+                return bridge::resume(self.bridge_way(), client, bytes, &state, ctx).await;
             }
         }
         let sent = match self
@@ -363,7 +363,7 @@ impl Upstream {
                 };
                 let bounds = self.link.bounds();
                 Some(Box::new(bridge::Asking {
-                    upstream: self.clone(),
+                    answers: self.clone(),
                     headers: client.headers.clone(),
                     caller: client.caller,
                     method,
@@ -528,5 +528,64 @@ impl Upstream {
             }
         }
         tools
+    }
+}
+
+/// A bridged call's answers go upstream through the worker's link, in the call's 2025
+/// session when it has one (`bridge.rs`).
+impl bridge::Answers for Upstream {
+    fn answer(
+        self: Arc<Self>,
+        headers: ::http::HeaderMap,
+        caller: caller::Caller,
+        reply: held::Reply,
+        bytes: Bytes,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
+        Box::pin(async move { self.answer_question(&headers, caller, &reply, bytes).await })
+    }
+}
+
+impl Upstream {
+    /// What continuing a held call takes of this upstream.
+    fn bridge_way(self: &Arc<Self>) -> bridge::Way {
+        bridge::Way {
+            answers: self.clone(),
+            held: self.known.held.clone(),
+            bounds: self.link.bounds().clone(),
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    /// Sends the client's answer to one of the upstream's questions (or the error that says
+    /// it cannot answer) where the question came from.
+    async fn answer_question(
+        &self,
+        headers: &::http::HeaderMap,
+        caller: caller::Caller,
+        reply: &held::Reply,
+        bytes: Bytes,
+    ) {
+        let mut h = self.link.base_headers(headers);
+        if let held::Reply::Http { session, version } = reply {
+            if let Some(s) = session {
+                h.insert(crate::mcp::headers::SESSION_ID, s.clone());
+            }
+            if let Ok(v) = ::http::HeaderValue::from_str(version) {
+                h.insert(crate::mcp::headers::PROTOCOL_VERSION, v);
+            }
+        }
+        match self
+            .link
+            .post(&caller, h, bytes, None, ServerRequests::Relayed)
+            .await
+        {
+            Ok(resp) if resp.status().is_success() => {}
+            Ok(resp) => {
+                tracing::info!(status = %resp.status(), "the upstream refused an answer to its question")
+            }
+            Err(e) => {
+                tracing::info!(error = %e, "an answer to the upstream's question did not reach it")
+            }
+        }
     }
 }

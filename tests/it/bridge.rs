@@ -52,7 +52,9 @@ async fn call(sc: &Sidecar, body: &Value) -> Value {
 fn questions(msg: &Value) -> (&serde_json::Map<String, Value>, String) {
     let r = &msg["result"];
     assert_eq!(r["resultType"], "input_required", "{msg}");
-    let state = r["requestState"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    let state = r["requestState"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
     assert!(state.starts_with(PREFIX), "{msg}");
     let asked = r["inputRequests"]
         .as_object()
@@ -119,8 +121,13 @@ async fn one_elicitation_round(sc: &Sidecar) {
     let msg = call(sc, &retry(&first, 3, &state, answer.clone())).await;
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(msg["id"], 3, "{msg}");
-    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
-    assert!(text.contains("answered already") && text.contains("start the call again"), "{text}");
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
+    assert!(
+        text.contains("answered already") && text.contains("start the call again"),
+        "{text}"
+    );
 
     // A forged state: a fresh question, its state altered in its last character.
     let msg = call(sc, &call_body(4, "party", json!({}), all_capabilities())).await;
@@ -131,7 +138,9 @@ async fn one_elicitation_round(sc: &Sidecar) {
     let started = Instant::now();
     let msg = call(sc, &retry(&first, 5, &forged, answer)).await;
     assert!(started.elapsed() < Duration::from_secs(5));
-    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
     assert_eq!(msg["error"]["code"], -32602, "{msg}");
     assert!(text.contains("not one this sidecar issued"), "{text}");
 }
@@ -168,14 +177,24 @@ async fn two_questions_at_once_are_one_round_and_an_unanswered_one_is_asked_agai
     let (name, age) = (key_of("Your name?"), key_of("Your age?"));
     let msg = call(
         &sc,
-        &retry(&first, 2, &state, json!({name: {"action": "accept", "content": {"value": "Ada"}}})),
+        &retry(
+            &first,
+            2,
+            &state,
+            json!({name: {"action": "accept", "content": {"value": "Ada"}}}),
+        ),
     )
     .await;
     let (asked, state) = questions(&msg);
     assert_eq!(asked.keys().collect::<Vec<_>>(), vec![&age], "{msg}");
     let msg = call(
         &sc,
-        &retry(&first, 3, &state, json!({age.clone(): {"action": "accept", "content": {"value": 7}}})),
+        &retry(
+            &first,
+            3,
+            &state,
+            json!({age.clone(): {"action": "accept", "content": {"value": 7}}}),
+        ),
     )
     .await;
     assert_eq!(text_of(&msg), "name=Ada age=7");
@@ -187,7 +206,11 @@ async fn two_questions_at_once_are_one_round_and_an_unanswered_one_is_asked_agai
 async fn a_client_without_the_capability_is_never_asked() {
     let sc = fastmcp_stdio();
     let started = Instant::now();
-    let msg = call(&sc, &call_body(1, "party", json!({}), json!({"sampling": {}}))).await;
+    let msg = call(
+        &sc,
+        &call_body(1, "party", json!({}), json!({"sampling": {}})),
+    )
+    .await;
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(msg["id"], 1, "{msg}");
     assert_ne!(msg["result"]["resultType"], "input_required", "{msg}");
@@ -202,7 +225,10 @@ async fn sampling_and_sequential_rounds(sc: &Sidecar) {
     let (asked, state) = questions(&msg);
     let (key, q) = asked.iter().next().unwrap();
     assert_eq!(q["method"], "sampling/createMessage", "{q}");
-    assert_eq!(q["params"]["messages"][0]["content"]["text"], "Say hello", "{q}");
+    assert_eq!(
+        q["params"]["messages"][0]["content"]["text"], "Say hello",
+        "{q}"
+    );
     let answer = json!({key.clone(): {"role": "assistant", "content": {"type": "text", "text": "hi there"}, "model": "m", "stopReason": "endTurn"}});
     let msg = call(sc, &retry(&first, 2, &state, answer)).await;
     assert_eq!(text_of(&msg), "sampled: hi there");
@@ -255,13 +281,17 @@ async fn a_state_answers_only_for_the_caller_it_was_issued_to() {
     let key = asked.keys().next().unwrap().clone();
     let answer = json!({key: {"action": "accept", "content": {"value": 3}}});
     let msg = post(retry(&first, 2, &state, answer.clone()), "Bearer mallory").await;
-    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
     assert!(text.contains("another caller"), "{text}");
     // Another target from the right caller is refused too.
     let mut other = retry(&first, 3, &state, answer.clone());
     other["params"]["arguments"] = json!({"x": 1});
     let msg = post(other, "Bearer alice").await;
-    let text = msg["error"]["message"].as_str().unwrap_or_else(|| panic!("{msg}"));
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
     assert!(text.contains("another request"), "{text}");
     let msg = post(retry(&first, 4, &state, answer), "Bearer alice").await;
     assert_eq!(text_of(&msg), "party for 3");

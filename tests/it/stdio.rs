@@ -321,7 +321,9 @@ async fn a_2025_session_over_stdio_relays_server_requests_and_survives_a_restart
     // error a 2025 client without it sends, at once (this one passes it on as its answer),
     // and nothing waits.
     let modern = ts_call(&sc.url(), "pin", Some(("roots", &json!({}))), &[]);
-    let message = modern["error"]["message"].as_str().unwrap_or_else(|| panic!("{modern}"));
+    let message = modern["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{modern}"));
     assert!(
         message.contains("did not declare the capability roots/list takes"),
         "{message}"
