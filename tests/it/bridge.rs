@@ -296,3 +296,47 @@ async fn a_state_answers_only_for_the_caller_it_was_issued_to() {
     let msg = post(retry(&first, 4, &state, answer), "Bearer alice").await;
     assert_eq!(text_of(&msg), "party for 3");
 }
+
+/// A held call whose client never comes back is cancelled at its deadline and counted; the
+/// late retry is told to start again, and the gauge is back at 0.
+#[tokio::test]
+async fn a_call_whose_client_never_retries_is_cancelled_at_its_deadline_and_counted() {
+    let py = python();
+    let script = repo_root().join("tests/peers/fastmcp_server.py");
+    let sc = Sidecar::start_stdio(
+        &[py.to_str().unwrap(), script.to_str().unwrap(), "--stdio"],
+        &[ERA_2025, ("EPODE_SIDECAR_HELD_CALL_WAIT", "1s")],
+    );
+    let metrics = || crate::support::get_blocking(sc.addr, "/metrics");
+    let first = call_body(1, "party", json!({}), all_capabilities());
+    let msg = call(&sc, &first).await;
+    let (asked, state) = questions(&msg);
+    assert_eq!(
+        crate::support::metric_value(&metrics(), "epode_sidecar_held_calls "),
+        1
+    );
+    assert!(
+        crate::support::eventually(Duration::from_secs(20), || {
+            let m = metrics();
+            crate::support::metric_value(&m, "epode_sidecar_held_calls_expired_total") == 1
+                && crate::support::metric_value(&m, "epode_sidecar_held_calls ") == 0
+        }),
+        "{}",
+        metrics()
+    );
+    let key = asked.keys().next().unwrap().clone();
+    let late = retry(
+        &first,
+        2,
+        &state,
+        json!({key: {"action": "accept", "content": {"value": 2}}}),
+    );
+    let msg = call(&sc, &late).await;
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
+    assert!(text.contains("start the call again"), "{text}");
+    // The server lives on: a new call is asked afresh.
+    let msg = call(&sc, &call_body(3, "party", json!({}), all_capabilities())).await;
+    questions(&msg);
+}
