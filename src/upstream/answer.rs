@@ -244,6 +244,35 @@ pub(crate) async fn finish(
     Ok(Response::from_parts(parts, body::held(out, held)))
 }
 
+/// An answer already read whole (a JSON result the sidecar had to look into first) finished
+/// for the client as [`finish`] finishes a JSON one.
+pub(crate) async fn finish_read(
+    read: ReadAnswer,
+    ctx: RequestContext<'_>,
+    upstream: Era,
+) -> Result<Response<Body>, Error> {
+    let Buffered {
+        status,
+        mut headers,
+        bytes,
+    } = read.answer;
+    headers.remove(SESSION_ID);
+    headers.remove(header::CONTENT_LENGTH);
+    let plan = ctx.plan;
+    let (out, rewritten) = if bytes.len() >= OFF_WORKER_BYTES {
+        tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, upstream))
+            .await
+            .map_err(|e| Error::caused_by(ErrorKind::Internal, "rewriting the answer", e))?
+    } else {
+        rewrite_whole(bytes, plan, upstream)
+    };
+    let mut resp = body::json(rewritten.unwrap_or(status), out);
+    for (name, value) in &headers {
+        resp.headers_mut().insert(name, value.clone());
+    }
+    Ok(resp)
+}
+
 /// A successful SSE answer for the client, rewritten event by event (see [`finish`]).
 async fn finish_stream(
     mut parts: http::response::Parts,

@@ -17,6 +17,7 @@ mod hop;
 pub(crate) mod http;
 mod identity;
 mod link;
+mod mirror;
 mod pool;
 mod ready;
 mod session;
@@ -76,6 +77,10 @@ struct Known {
     sessions: Sessions,
     /// Calls held while a 2026 client answers their questions (`bridge.rs`).
     held: Arc<held::HeldCalls>,
+    /// Questions asked of 2025 clients for a 2026 upstream (`mirror.rs`).
+    asks: Arc<mirror::Asks>,
+    /// How long a question waits for its client.
+    wait: std::time::Duration,
 }
 
 /// One worker's view of the upstream: its own link (its own connection pool, or the shared
@@ -173,6 +178,8 @@ impl Upstream {
                     config.feedback.key.as_ref().map(|k| k.expose_secret()),
                     &metrics.held,
                 ),
+                asks: Arc::default(),
+                wait: config.limits.held_call_wait,
             }),
             metrics,
         })
@@ -241,6 +248,10 @@ impl Upstream {
     /// `notifications/cancelled`. A stdio child is told (the sidecar routes them); an HTTP
     /// upstream has no session of the client's to tell, so nothing goes.
     pub(crate) async fn tell(&self, client: &Client<'_>, bytes: &Bytes) {
+        // An answer to a question the sidecar asked for a 2026 upstream (`mirror.rs`).
+        if self.known.asks.answer(bytes, &client.caller) {
+            return;
+        }
         let hop = self.link.hop();
         if !hop.takes_client_notes() {
             return;
@@ -347,36 +358,89 @@ impl Upstream {
         if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
             ctx.plan.server_info = sent.server_info.clone();
         }
+        // A 2026 upstream's input_required for a 2025 client that takes a stream is asked of
+        // it as 2025 servers ask.
+        if ctx.era == Era::Legacy
+            && sent.era == Era::Modern
+            && ctx.listed.is_some_and(|m| m.entry().input_required)
+            && mirror::accepts_stream(client.headers)
+            && sent.response.status() == StatusCode::OK
+            && !answer::is_event_stream(sent.response.headers())
+        {
+            return self.answer_or_ask(client, bytes, sent, ctx).await;
+        }
         // A 2025-era upstream's questions in a 2026 client's call are asked of the client.
         let bridge = match (asks, sent.era, ctx.listed) {
             (true, Era::Legacy, Some(method)) => {
-                let reply = match (&sent.session, self.link.hop().takes_client_notes()) {
-                    (_, true) => held::Reply::Stdio,
-                    (Some(s), false) => held::Reply::Http {
-                        session: s.id.clone(),
-                        version: s.version.clone(),
-                    },
-                    (None, false) => held::Reply::Http {
-                        session: None,
-                        version: crate::mcp::version::LEGACY_LATEST.to_owned(),
-                    },
-                };
-                let bounds = self.link.bounds();
-                Some(Box::new(bridge::Asking {
-                    answers: self.clone(),
-                    headers: client.headers.clone(),
-                    caller: client.caller,
-                    method,
-                    request: bytes.clone(),
-                    reply,
-                    upstream_id: ctx.id.to_owned(),
-                    held: self.known.held.clone(),
-                    budget: bounds.budget.clone(),
-                }) as Box<dyn crate::mcp::sse::Bridge>)
+                Some(self.asking(client, bytes, method, &sent, &ctx))
             }
             _ => None,
         };
         answer::finish(sent.response, ctx, sent.era, self.link.bounds(), bridge).await
+    }
+
+    /// A 2026 upstream's JSON answer for a 2025 client: finished as it is, or, when it asks
+    /// for input, asked of the client on a stream (`mirror.rs`).
+    async fn answer_or_ask(
+        self: &Arc<Self>,
+        client: &Client<'_>,
+        bytes: &Bytes,
+        sent: Sent,
+        ctx: RequestContext<'_>,
+    ) -> Result<Response<Body>, Error> {
+        let read = match read_answer(sent.response, self.link.bounds()).await {
+            Ok(read) => read,
+            Err(e) => return Err(ctx.fail(e)),
+        };
+        if !mirror::is_input_required(read.result()) {
+            return answer::finish_read(read, ctx, sent.era).await;
+        }
+        let first = read.result().cloned().unwrap_or_default();
+        let m = mirror::Mirror {
+            upstream: self.clone(),
+            asks: self.known.asks.clone(),
+            headers: client.headers.clone(),
+            caller: client.caller,
+            method: ctx.method.to_owned(),
+            request: bytes.clone(),
+            id: ctx.id.to_owned(),
+            wait: self.known.wait,
+        };
+        Ok(mirror::answer_by_asking(m, ctx.plan, first))
+    }
+
+    /// The bridge that asks a 2026 client a 2025-era upstream's questions in its call
+    /// (`bridge.rs`): answered over the pipe, or in the call's 2025 session.
+    fn asking(
+        self: &Arc<Self>,
+        client: &Client<'_>,
+        bytes: &Bytes,
+        method: Method,
+        sent: &Sent,
+        ctx: &RequestContext<'_>,
+    ) -> Box<dyn crate::mcp::sse::Bridge> {
+        let reply = match (&sent.session, self.link.hop().takes_client_notes()) {
+            (_, true) => held::Reply::Stdio,
+            (Some(s), false) => held::Reply::Http {
+                session: s.id.clone(),
+                version: s.version.clone(),
+            },
+            (None, false) => held::Reply::Http {
+                session: None,
+                version: crate::mcp::version::LEGACY_LATEST.to_owned(),
+            },
+        };
+        Box::new(bridge::Asking {
+            answers: self.clone(),
+            headers: client.headers.clone(),
+            caller: client.caller,
+            method,
+            request: bytes.clone(),
+            reply,
+            upstream_id: ctx.id.to_owned(),
+            held: self.known.held.clone(),
+            budget: self.link.bounds().budget.clone(),
+        })
     }
 
     /// Sends a client's request in the upstream's era; when the upstream's refusal says it
@@ -528,6 +592,37 @@ impl Upstream {
             }
         }
         tools
+    }
+}
+
+/// A 2025 client's call goes again to the 2026 upstream with its answers (`mirror.rs`).
+impl mirror::AsksAgain for Upstream {
+    fn call_again(
+        self: Arc<Self>,
+        headers: ::http::HeaderMap,
+        caller: caller::Caller,
+        method: String,
+        body: Bytes,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, Error>> + Send>> {
+        Box::pin(async move {
+            let client = Client {
+                headers: &headers,
+                caller,
+            };
+            let sent = self
+                .send_with_retry(&client, None, &body, &method, Asker::Client(Era::Legacy))
+                .await?;
+            let read = read_answer(sent.response, self.link.bounds()).await?;
+            if !read.status().is_success() {
+                return Err(read.into_refusal());
+            }
+            read.message.ok_or_else(|| {
+                Error::new(
+                    ErrorKind::UpstreamFailed,
+                    "the upstream's answer held no result",
+                )
+            })
+        })
     }
 }
 

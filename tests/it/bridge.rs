@@ -340,3 +340,88 @@ async fn a_call_whose_client_never_retries_is_cancelled_at_its_deadline_and_coun
     let msg = call(&sc, &call_body(3, "party", json!({}), all_capabilities())).await;
     questions(&msg);
 }
+
+/// The other direction: a 2026 server's `input_required` (FastMCP's `party_mrtr`) for a 2025
+/// client that takes a stream becomes a server request on its call's stream, under the
+/// sidecar's own id; only the asked client's POSTed answer counts, and the call's result
+/// follows on the same stream.
+async fn a_2025_client_is_asked_as_2025_servers_ask(sc: &Sidecar) {
+    let legacy = |body: &Value, token: &str| {
+        crate::support::http()
+            .post(sc.url())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("authorization", token.to_owned())
+            .body(body.to_string())
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "party_mrtr", "arguments": {}}});
+    let mut resp = legacy(&call, "Bearer alice").send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    // Reads events until one holds a JSON-RPC message satisfying `want`.
+    let mut seen = String::new();
+    let mut next = async |want: &dyn Fn(&Value) -> bool| -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found = seen
+                .split("\n\n")
+                .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
+                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                .find(|m| want(m));
+            if let Some(m) = found {
+                return m;
+            }
+            assert!(Instant::now() < deadline, "nothing wanted in {seen}");
+            let chunk = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
+                .await
+                .expect("the stream went quiet")
+                .unwrap()
+                .unwrap_or_else(|| panic!("the stream ended: {seen}"));
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    let asked = next(&|m| m.get("method").is_some()).await;
+    assert_eq!(asked["method"], "elicitation/create", "{asked}");
+    let id = asked["id"].as_str().unwrap().to_owned();
+    assert!(
+        id.starts_with("epode-sidecar-ask-") && id.len() == 18 + 32,
+        "{id}"
+    );
+    let answer = |value: u64| json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept", "content": {"value": value}}});
+    // Another client's answer is taken (202) and counts for nothing.
+    let other = legacy(&answer(1), "Bearer mallory").send().await.unwrap();
+    assert_eq!(other.status(), 202);
+    let mine = legacy(&answer(5), "Bearer alice").send().await.unwrap();
+    assert_eq!(mine.status(), 202);
+    let last = next(&|m| m.get("result").is_some() || m.get("error").is_some()).await;
+    assert_eq!(last["id"], 7, "{last}");
+    assert!(last["result"].get("resultType").is_none(), "{last}");
+    assert_eq!(
+        last["result"]["content"][0]["text"], "party for 5",
+        "{last}"
+    );
+
+    // A client that takes JSON only cannot be asked: it is told so at once.
+    let json_only = crate::support::http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json")
+        .header("mcp-protocol-version", "2025-11-25")
+        .body(call.to_string())
+        .send()
+        .await
+        .unwrap();
+    let text = json_only.text().await.unwrap();
+    assert!(text.contains("2025-era client cannot handle"), "{text}");
+}
+
+#[tokio::test]
+async fn a_2026_servers_input_required_asks_a_2025_client_over_http() {
+    let up = Upstream::start(UpstreamKind::FastMcp);
+    let sc = Sidecar::start(&up.url(), &[]);
+    a_2025_client_is_asked_as_2025_servers_ask(&sc).await;
+}

@@ -1,0 +1,360 @@
+//! A 2026 upstream's `input_required` answer asked of a 2025 client the way 2025 servers ask
+//! (the other direction of `bridge.rs`): when a 2025 client's `tools/call`, `prompts/get` or
+//! `resources/read` gets a JSON `input_required` result from a 2026 upstream and the client
+//! accepts an event stream, its answer becomes one: each `inputRequests` entry is sent on it
+//! as a server request under an unguessable id of the sidecar's own, the client's POSTed
+//! answers are gathered (only from the client that was asked), and the upstream is asked
+//! again with `inputResponses` and its `requestState` untouched, as often as it asks, within
+//! a round limit. The final result goes out as the stream's last event, through the request's
+//! plan. A JSON-only client gets today's error, and so does an `input_required` that arrives
+//! as an SSE event (after progress): neither can be carried.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use serde_json::value::RawValue;
+use serde_json::{json, Map, Value};
+use tokio::sync::{mpsc, oneshot};
+
+use super::caller::Caller;
+use crate::body::{Body, BoxError};
+use crate::error::{Error, ErrorKind};
+use crate::mcp::raw;
+use crate::mcp::rewrite::ResultPlan;
+use crate::mcp::sse::message_event;
+
+/// How the sidecar's questions to a 2025 client are named: the client answers under this id.
+pub(super) const ASK_PREFIX: &str = "epode-sidecar-ask-";
+
+/// Rounds of `input_required` one call may go through before it fails.
+pub(super) const MAX_ROUNDS: usize = 8;
+
+/// Questions one round may ask.
+pub(super) const MAX_QUESTIONS: usize = 16;
+
+/// Questions asked of 2025 clients at once, across the process.
+const MAX_OPEN: usize = 4096;
+
+/// An answer the asked client POSTed: its JSON-RPC response.
+type Answered = Value;
+
+struct Ask {
+    owner: Caller,
+    answer: oneshot::Sender<Answered>,
+}
+
+/// The questions asked of 2025 clients and not answered yet, shared by every worker.
+#[derive(Default)]
+pub(crate) struct Asks {
+    open: Mutex<HashMap<u128, Ask>>,
+}
+
+impl Asks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, Ask>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new question for `owner`: its id (JSON string) and where its answer arrives.
+    fn ask(&self, owner: Caller) -> Result<(u128, String, oneshot::Receiver<Answered>), Error> {
+        let mut open = self.lock();
+        if open.len() >= MAX_OPEN {
+            return Err(Error::new(
+                ErrorKind::Overloaded { retry_after: 1 },
+                "too many questions are waiting for their clients' answers",
+            ));
+        }
+        let key: u128 = rand::random();
+        let (tx, rx) = oneshot::channel();
+        open.insert(key, Ask { owner, answer: tx });
+        let mut id = String::with_capacity(ASK_PREFIX.len() + 32);
+        let _ = write!(id, "{ASK_PREFIX}{key:032x}");
+        Ok((key, id, rx))
+    }
+
+    fn forget(&self, key: u128) {
+        self.lock().remove(&key);
+    }
+
+    /// A client's POSTed message, when it answers one of the sidecar's questions: delivered
+    /// when `caller` is the client that was asked. `false`: not an answer to one of them.
+    pub(super) fn answer(&self, bytes: &[u8], caller: &Caller) -> bool {
+        if !bytes
+            .windows(ASK_PREFIX.len())
+            .any(|w| w == ASK_PREFIX.as_bytes())
+        {
+            return false;
+        }
+        let Ok(msg) = serde_json::from_slice::<Value>(bytes) else {
+            return false;
+        };
+        let Some(key) = msg
+            .get("id")
+            .and_then(Value::as_str)
+            .and_then(|id| id.strip_prefix(ASK_PREFIX))
+            .filter(|hex| hex.len() == 32)
+            .and_then(|hex| u128::from_str_radix(hex, 16).ok())
+        else {
+            return false;
+        };
+        if msg.get("method").is_some() {
+            return false;
+        }
+        let mut open = self.lock();
+        match open.get(&key) {
+            Some(ask) if caller.may_answer_for(&ask.owner) => {
+                if let Some(ask) = open.remove(&key) {
+                    let _ = ask.answer.send(msg);
+                }
+            }
+            Some(_) => tracing::debug!("an answer from a client the question was not asked of"),
+            None => tracing::debug!("an answer to no open question"),
+        }
+        true
+    }
+}
+
+/// Whether a 2025 client accepts an event stream as its answer.
+pub(super) fn accepts_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+/// Whether a result asks for input.
+pub(super) fn is_input_required(result: Option<&Value>) -> bool {
+    result
+        .and_then(|r| r.get("resultType"))
+        .and_then(Value::as_str)
+        == Some("input_required")
+}
+
+/// What the round loop needs of the upstream: sending the call again with the answers.
+pub(super) trait AsksAgain: Send + Sync {
+    /// Sends `body` (the client's call in its own era, with `inputResponses` and
+    /// `requestState`) upstream as `headers`/`caller`; the JSON-RPC response it gets.
+    fn call_again(
+        self: Arc<Self>,
+        headers: HeaderMap,
+        caller: Caller,
+        method: String,
+        body: Bytes,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, Error>> + Send>>;
+}
+
+/// One mirrored call: who asked, what they asked, where its answers arrive.
+pub(super) struct Mirror {
+    pub(super) upstream: Arc<dyn AsksAgain>,
+    pub(super) asks: Arc<Asks>,
+    pub(super) headers: HeaderMap,
+    pub(super) caller: Caller,
+    pub(super) method: String,
+    /// The client's request as it sent it.
+    pub(super) request: Bytes,
+    pub(super) id: Box<RawValue>,
+    /// How long a question waits for its answer.
+    pub(super) wait: Duration,
+}
+
+/// The 2025 client's answer: an event stream that asks it the questions of `first` (the
+/// upstream's `input_required` result) and ends with the call's result.
+/// The final result passes through `plan`.
+pub(super) fn answer_by_asking(mirror: Mirror, plan: ResultPlan, first: Value) -> Response<Body> {
+    let (tx, rx) = mpsc::channel::<Bytes>(MAX_QUESTIONS + 2);
+    tokio::spawn(rounds(mirror, plan, first, tx));
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        let next = rx.recv().await?;
+        Some((Ok::<_, BoxError>(Frame::data(next)), rx))
+    });
+    let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
+    *resp.status_mut() = StatusCode::OK;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// Why a round could not go on, as the error the client's stream ends with.
+enum Stop {
+    /// The client went away.
+    Gone,
+    Failed(Error),
+}
+
+async fn rounds(m: Mirror, mut plan: ResultPlan, first: Value, tx: mpsc::Sender<Bytes>) {
+    let mut result = first;
+    let outcome = async {
+        for _ in 0..MAX_ROUNDS {
+            let responses = ask_round(&m, &result, &tx).await?;
+            let mut again: Value = serde_json::from_slice(&m.request)
+                .map_err(|e| Stop::Failed(Error::caused_by(ErrorKind::Internal, "", e)))?;
+            again["params"]["inputResponses"] = Value::Object(responses);
+            match result.get("requestState") {
+                Some(s) => again["params"]["requestState"] = s.clone(),
+                None => {
+                    if let Some(p) = again["params"].as_object_mut() {
+                        p.remove("requestState");
+                    }
+                }
+            }
+            let msg = m
+                .upstream
+                .clone()
+                .call_again(
+                    m.headers.clone(),
+                    m.caller,
+                    m.method.clone(),
+                    Bytes::from(again.to_string()),
+                )
+                .await
+                .map_err(Stop::Failed)?;
+            if !is_input_required(msg.get("result")) {
+                return Ok(msg);
+            }
+            result = msg["result"].clone();
+        }
+        Err(Stop::Failed(Error::new(
+            ErrorKind::UpstreamFailed,
+            format!("the upstream asked for input more than {MAX_ROUNDS} times in one call"),
+        )))
+    }
+    .await;
+    let last = match outcome {
+        Ok(mut msg) => {
+            msg["id"] = serde_json::from_str(m.id.get()).unwrap_or(Value::Null);
+            let mut raw_msg = raw::parse_message(msg.to_string().as_bytes()).unwrap_or_default();
+            plan.rewrite(&mut raw_msg)
+                .unwrap_or_else(|| raw::to_bytes(&raw_msg))
+        }
+        Err(Stop::Gone) => {
+            plan.abandon();
+            return;
+        }
+        Err(Stop::Failed(e)) => {
+            plan.fail();
+            e.body(Some(&m.id))
+        }
+    };
+    if tx.send(message_event(&last)).await.is_err() {
+        plan.abandon();
+    }
+}
+
+/// Asks one round's questions on the stream and gathers their answers.
+async fn ask_round(
+    m: &Mirror,
+    result: &Value,
+    tx: &mpsc::Sender<Bytes>,
+) -> Result<Map<String, Value>, Stop> {
+    let requests = result
+        .get("inputRequests")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    if requests.len() > MAX_QUESTIONS {
+        return Err(Stop::Failed(Error::new(
+            ErrorKind::UpstreamFailed,
+            format!(
+                "the upstream asked {} questions at once, more than the {MAX_QUESTIONS} the sidecar asks a 2025 client",
+                requests.len()
+            ),
+        )));
+    }
+    let mut waiting = Vec::with_capacity(requests.len());
+    for (key, request) in requests {
+        let (ask, id, rx) = m.asks.ask(m.caller).map_err(Stop::Failed)?;
+        let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": request.get("method")});
+        if let Some(p) = request.get("params") {
+            msg["params"] = p.clone();
+        }
+        if tx
+            .send(message_event(msg.to_string().as_bytes()))
+            .await
+            .is_err()
+        {
+            m.asks.forget(ask);
+            return Err(Stop::Gone);
+        }
+        waiting.push((key, ask, rx));
+    }
+    let mut responses = Map::new();
+    for (key, ask, rx) in waiting {
+        let got = tokio::select! {
+            got = tokio::time::timeout(m.wait, rx) => got,
+            () = tx.closed() => {
+                m.asks.forget(ask);
+                return Err(Stop::Gone);
+            }
+        };
+        m.asks.forget(ask);
+        let answer = match got {
+            Ok(Ok(answer)) => answer,
+            _ => {
+                return Err(Stop::Failed(Error::new(
+                    ErrorKind::UpstreamFailed,
+                    format!(
+                        "the client did not answer the upstream's question {key} within {} (EPODE_SIDECAR_HELD_CALL_WAIT)",
+                        humantime::format_duration(m.wait)
+                    ),
+                )))
+            }
+        };
+        match answer.get("result") {
+            Some(r) => {
+                responses.insert(key, r.clone());
+            }
+            None => {
+                let why = answer
+                    .pointer("/error/message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("no result");
+                return Err(Stop::Failed(Error::new(
+                    ErrorKind::UpstreamFailed,
+                    format!("the client could not answer the upstream's question {key}: {why}"),
+                )));
+            }
+        }
+    }
+    Ok(responses)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+
+    fn caller(token: &str) -> Caller {
+        let mut h = HeaderMap::new();
+        h.insert("authorization", HeaderValue::from_str(token).unwrap());
+        Caller::new("10.0.0.1:1".parse::<SocketAddr>().unwrap(), &h)
+    }
+
+    #[test]
+    fn an_answer_counts_only_from_the_client_asked_and_only_once() {
+        let asks = Asks::default();
+        let alice = caller("Bearer alice");
+        let (_, id, mut rx) = asks.ask(alice).unwrap();
+        let answer =
+            json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept"}}).to_string();
+        // Mallory's answer is taken as an answer to a question, but not delivered.
+        assert!(asks.answer(answer.as_bytes(), &caller("Bearer mallory")));
+        assert!(rx.try_recv().is_err());
+        assert!(asks.answer(answer.as_bytes(), &alice));
+        assert_eq!(rx.try_recv().unwrap()["result"]["action"], "accept");
+        // Not one of the sidecar's ids, a request, or garbage: not an answer of this kind.
+        assert!(!asks.answer(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#, &alice));
+        let request = json!({"jsonrpc": "2.0", "id": id, "method": "x"}).to_string();
+        assert!(!asks.answer(request.as_bytes(), &alice));
+        assert!(!asks.answer(b"epode-sidecar-ask-", &alice));
+    }
+}
