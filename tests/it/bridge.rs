@@ -425,3 +425,28 @@ async fn a_2026_servers_input_required_asks_a_2025_client_over_http() {
     let sc = Sidecar::start(&up.url(), &[]);
     a_2025_client_is_asked_as_2025_servers_ask(&sc).await;
 }
+
+/// The official Python client as a 2025-11-25 client (its elicitation callback answering) is
+/// asked the 2026 server's question through the sidecar and gets the result, with no code of
+/// its own for `input_required`.
+#[tokio::test]
+async fn the_python_client_in_2025_mode_answers_a_2026_servers_question() {
+    let up = Upstream::start(UpstreamKind::FastMcp);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let script = repo_root().join("tests/peers/py_asked.py");
+    let url = sc.url();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python())
+            .arg(script)
+            .args([url.as_str(), "party_mrtr", "--value", "6"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let got: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|_| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(got["text"], "party for 6", "{got}");
+    assert_eq!(got["asked"], json!(["elicitation/create"]), "{got}");
+}
