@@ -25,6 +25,7 @@ use crate::frontdoor::Request;
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::mcp::end::Abandoned;
 use crate::mcp::era::Era;
+use crate::mcp::headers;
 use crate::mcp::method::{Answer, Method};
 use crate::mcp::raw::{self, raw};
 use crate::mcp::version::{self, LEGACY_LATEST};
@@ -224,7 +225,18 @@ impl MethodTable {
             r.insert("instructions".into(), i.clone());
         }
         let msg = raw::result_message(req.id, raw(&r));
-        Ok(body::json(StatusCode::OK, raw::to_bytes(&msg)))
+        let mut resp = body::json(StatusCode::OK, raw::to_bytes(&msg));
+        // The client's capabilities travel in the session id it now sends on every request,
+        // so they reach the upstream with no state kept here: any replica reads them.
+        let caps = req
+            .rpc
+            .params_raw
+            .and_then(raw::open)
+            .and_then(|p| p.get("capabilities").map(|c| c.to_owned()));
+        if let Some(sid) = self.upstream.session_for(caps.as_deref()) {
+            resp.headers_mut().insert(headers::SESSION_ID, sid);
+        }
+        Ok(resp)
     }
 
     /// One of the two feedback tools, answered here.

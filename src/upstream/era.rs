@@ -135,7 +135,7 @@ impl EraResolver {
                 return Ok((Era::Modern, d));
             }
         }
-        match sessions.handshake(link, client).await {
+        match sessions.handshake(link, client, None).await {
             Ok(session) => {
                 self.decide(Era::Legacy);
                 let result = discover_from_init(&session.init);

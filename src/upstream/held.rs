@@ -32,6 +32,13 @@ use prometheus_client::metrics::gauge::Gauge;
 /// How the sidecar's states start: a state without it is the upstream's own, passed on.
 pub(crate) const STATE_PREFIX: &str = "epode-sidecar.held.v1.";
 
+/// How the session ids the sidecar gives 2025 clients start: the rest is the capabilities the
+/// client declared at `initialize`, sealed, so every replica with the same key reads them.
+pub(crate) const CAPS_PREFIX: &str = "epode-sidecar.caps.v1.";
+
+/// The longest capability set a session id carries (a header stays small).
+const MAX_CAPS: usize = 2048;
+
 /// Bytes of a sealed state's payload: key (16), replica (8), expiry (8), owner flag (1) and
 /// owner (8).
 const PAYLOAD: usize = 41;
@@ -224,6 +231,35 @@ impl HeldCalls {
         call
     }
 
+    /// A 2025 client's session id holding its declared capabilities `caps` (compact JSON);
+    /// `None` when they are too large to carry.
+    pub(crate) fn seal_capabilities(&self, caps: &str) -> Option<String> {
+        if caps.len() > MAX_CAPS {
+            return None;
+        }
+        let mut mac = self.mac.clone();
+        mac.update(CAPS_PREFIX.as_bytes());
+        mac.update(caps.as_bytes());
+        let tag = mac.finalize().into_bytes();
+        Some(format!(
+            "{CAPS_PREFIX}{}.{}",
+            URL_SAFE_NO_PAD.encode(caps),
+            URL_SAFE_NO_PAD.encode(tag)
+        ))
+    }
+
+    /// The capabilities a session id of the sidecar's holds, when it is one and unaltered.
+    pub(crate) fn open_capabilities(&self, id: &str) -> Option<String> {
+        let (caps, tag) = id.strip_prefix(CAPS_PREFIX)?.split_once('.')?;
+        let caps = URL_SAFE_NO_PAD.decode(caps).ok()?;
+        let tag = URL_SAFE_NO_PAD.decode(tag).ok()?;
+        let mut mac = self.mac.clone();
+        mac.update(CAPS_PREFIX.as_bytes());
+        mac.update(&caps);
+        mac.verify_slice(&tag).ok()?;
+        String::from_utf8(caps).ok()
+    }
+
     fn seal(&self, key: u128, expires: u64, owner: Option<u64>) -> String {
         let mut payload = Vec::with_capacity(PAYLOAD);
         payload.extend_from_slice(&key.to_le_bytes());
@@ -232,6 +268,7 @@ impl HeldCalls {
         payload.push(u8::from(owner.is_some()));
         payload.extend_from_slice(&owner.unwrap_or(0).to_le_bytes());
         let mut mac = self.mac.clone();
+        mac.update(STATE_PREFIX.as_bytes());
         mac.update(&payload);
         let tag = mac.finalize().into_bytes();
         format!(
@@ -249,6 +286,7 @@ impl HeldCalls {
             .map_err(|_| Refusal::Forged)?;
         let tag = URL_SAFE_NO_PAD.decode(tag).map_err(|_| Refusal::Forged)?;
         let mut mac = self.mac.clone();
+        mac.update(STATE_PREFIX.as_bytes());
         mac.update(&payload);
         mac.verify_slice(&tag).map_err(|_| Refusal::Forged)?;
         if payload.len() != PAYLOAD {
@@ -298,6 +336,16 @@ mod tests {
         let other_replica = table(Some("k"));
         let (_, replica, _, _) = other_replica.open(&s).unwrap();
         assert_ne!(replica, other_replica.replica);
+        // A session id's capabilities open with the same key only, unaltered.
+        let sid = t.seal_capabilities(r#"{"roots":{}}"#).unwrap();
+        assert_eq!(
+            t.open_capabilities(&sid).as_deref(),
+            Some(r#"{"roots":{}}"#)
+        );
+        assert_eq!(table(Some("other")).open_capabilities(&sid), None);
+        assert_eq!(t.open_capabilities(&sid.replace("eyJy", "eyJz")), None);
+        assert_eq!(t.open(&sid), Err(Refusal::Forged));
+        assert!(t.seal_capabilities(&"x".repeat(4096)).is_none());
         // Without a product key every process has its own key.
         assert_eq!(
             table(None).open(&table(None).seal(1, 0, None)),

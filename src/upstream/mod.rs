@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use ::http::{Response, StatusCode};
 use bytes::Bytes;
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use self::answer::{read_answer, AnswerBounds};
@@ -480,7 +481,8 @@ impl Upstream {
                 let (body, headers) = match asker.writes() {
                     Era::Modern => (bytes.clone(), link.base_headers_modern(client)),
                     Era::Legacy => {
-                        let (body, name) = translate::to_modern(bytes, method);
+                        let caps = self.client_capabilities(client.headers);
+                        let (body, name) = translate::to_modern(bytes, method, caps.as_deref());
                         let mut headers = link.base_headers(client);
                         set_modern_headers(&mut headers, method, name.as_deref());
                         (body, headers)
@@ -524,8 +526,22 @@ impl Upstream {
                     Asker::Sidecar => (bytes.clone(), ServerRequests::Withheld),
                 };
                 let started = std::time::Instant::now();
-                let (response, session) =
-                    self.known.sessions.send(link, client, body, relay).await?;
+                // A 2025 client's own capabilities are declared in its session's handshake.
+                let caps = match asker {
+                    Asker::Client(Era::Legacy) => self.client_capabilities(client.headers),
+                    _ => None,
+                };
+                let (response, session) = self
+                    .known
+                    .sessions
+                    .send(
+                        link,
+                        client,
+                        body,
+                        relay,
+                        caps.as_deref().map(RawValue::get),
+                    )
+                    .await?;
                 self.observe(method, started);
                 Ok(Sent {
                     response,
@@ -641,6 +657,29 @@ impl bridge::Answers for Upstream {
 }
 
 impl Upstream {
+    /// The session id a 2025 client's `initialize` answer carries: the capabilities it
+    /// declared, sealed (any replica with the same product key reads them back), so its later
+    /// requests reach the upstream with them although the sidecar keeps no session. `None`
+    /// when it declared none (or too many to carry).
+    pub(crate) fn session_for(&self, caps: Option<&RawValue>) -> Option<::http::HeaderValue> {
+        let caps: Value = serde_json::from_str(caps?.get()).ok()?;
+        if caps.as_object().is_none_or(serde_json::Map::is_empty) {
+            return None;
+        }
+        let sealed = self.known.held.seal_capabilities(&caps.to_string())?;
+        ::http::HeaderValue::from_str(&sealed).ok()
+    }
+
+    /// The capabilities a 2025 client's session id carries, when it is one of the sidecar's.
+    fn client_capabilities(&self, headers: &::http::HeaderMap) -> Option<Box<RawValue>> {
+        let id = headers
+            .get(crate::mcp::headers::SESSION_ID)?
+            .to_str()
+            .ok()?;
+        let caps = self.known.held.open_capabilities(id)?;
+        RawValue::from_string(caps).ok()
+    }
+
     /// What continuing a held call takes of this upstream.
     fn bridge_way(self: &Arc<Self>) -> bridge::Way {
         bridge::Way {

@@ -116,8 +116,9 @@ impl SessionTable {
         out
     }
 
-    fn key(&self, credentials: &HeaderMap) -> u64 {
-        self.hasher.hash_one(
+    /// A session is the credentials' and the capabilities' the sidecar declared for it.
+    fn key(&self, credentials: &HeaderMap, caps: Option<&str>) -> u64 {
+        self.hasher.hash_one((
             CREDENTIAL_HEADERS
                 .iter()
                 .map(|n| {
@@ -128,11 +129,17 @@ impl SessionTable {
                         .collect::<Vec<_>>()
                 })
                 .collect::<Vec<_>>(),
-        )
+            caps,
+        ))
     }
 
-    fn get(&self, client: &HeaderMap, now: Instant) -> Option<Arc<LegacySession>> {
-        let key = self.key(&Self::credentials(client));
+    fn get(
+        &self,
+        client: &HeaderMap,
+        caps: Option<&str>,
+        now: Instant,
+    ) -> Option<Arc<LegacySession>> {
+        let key = self.key(&Self::credentials(client), caps);
         let mut table = self.lock();
         let entry = table.get_mut(&key)?;
         if now.saturating_duration_since(entry.used) >= self.idle {
@@ -144,9 +151,15 @@ impl SessionTable {
 
     /// Keeps `session` for these credentials; returns the sessions it displaced (the one it
     /// replaces, idle ones, and the least recently used when the table is full).
-    fn insert(&self, client: &HeaderMap, session: Arc<LegacySession>, now: Instant) -> Vec<Closed> {
+    fn insert(
+        &self,
+        client: &HeaderMap,
+        caps: Option<&str>,
+        session: Arc<LegacySession>,
+        now: Instant,
+    ) -> Vec<Closed> {
         let credentials = Self::credentials(client);
-        let key = self.key(&credentials);
+        let key = self.key(&credentials, caps);
         let mut table = self.lock();
         let mut closed = Self::sweep_locked(&mut table, self.idle, now);
         if let Some(old) = table.pop(&key) {
@@ -287,20 +300,26 @@ impl Sessions {
         }
     }
 
-    /// A fresh `initialize` handshake with the client's credentials; the session it opens
-    /// replaces any kept for those credentials.
+    /// A fresh `initialize` handshake with the client's credentials, declaring `caps` (a 2025
+    /// client's own capabilities, when it declared any; else none); the session it opens
+    /// replaces any kept for those credentials and capabilities.
     pub(crate) async fn handshake(
         &self,
         link: &Link,
         client: &Client<'_>,
+        caps: Option<&str>,
     ) -> Result<Arc<LegacySession>, Error> {
+        let capabilities = caps
+            .and_then(|c| serde_json::from_str::<Value>(c).ok())
+            .filter(Value::is_object)
+            .unwrap_or_else(|| json!({}));
         let body = json!({
             "jsonrpc": "2.0",
             "id": link.next_id("initialize"),
             "method": "initialize",
             "params": {
                 "protocolVersion": LEGACY_LATEST,
-                "capabilities": {},
+                "capabilities": capabilities,
                 "clientInfo": sidecar_info(),
             },
         });
@@ -351,16 +370,23 @@ impl Sessions {
             }
             Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
         }
-        let closed = self.table.insert(client, session.clone(), Instant::now());
+        let closed = self
+            .table
+            .insert(client, caps, session.clone(), Instant::now());
         close_in_background(link.hop(), closed);
         Ok(session)
     }
 
     /// The kept session for these credentials, or a new one.
-    async fn session(&self, link: &Link, client: &Client<'_>) -> Result<Arc<LegacySession>, Error> {
-        match self.table.get(client, Instant::now()) {
+    async fn session(
+        &self,
+        link: &Link,
+        client: &Client<'_>,
+        caps: Option<&str>,
+    ) -> Result<Arc<LegacySession>, Error> {
+        match self.table.get(client, caps, Instant::now()) {
             Some(s) => Ok(s),
-            None => self.handshake(link, client).await,
+            None => self.handshake(link, client, caps).await,
         }
     }
 
@@ -372,8 +398,9 @@ impl Sessions {
         client: &Client<'_>,
         body: Bytes,
         relay: ServerRequests,
+        caps: Option<&str>,
     ) -> Result<(Response<UpstreamBody>, Arc<LegacySession>), Error> {
-        let mut session = self.session(link, client).await?;
+        let mut session = self.session(link, client, caps).await?;
         let mut retried = false;
         loop {
             let mut headers = link.base_headers(client);
@@ -397,7 +424,7 @@ impl Sessions {
                     tracing::info!("upstream refused its session; initialising again");
                 }
             }
-            session = self.handshake(link, client).await?;
+            session = self.handshake(link, client, caps).await?;
             retried = true;
         }
     }
@@ -425,11 +452,11 @@ mod tests {
     fn the_table_is_bounded_least_recently_used_first() {
         let t = SessionTable::new(2, Duration::from_secs(600));
         let t0 = Instant::now();
-        assert!(t.insert(&creds("a"), session("s1"), t0).is_empty());
-        assert!(t.insert(&creds("b"), session("s2"), t0).is_empty());
+        assert!(t.insert(&creds("a"), None, session("s1"), t0).is_empty());
+        assert!(t.insert(&creds("b"), None, session("s2"), t0).is_empty());
         let t1 = t0 + Duration::from_millis(5);
-        assert!(t.get(&creds("a"), t1).is_some()); // a is now the most recently used
-        let closed = t.insert(&creds("c"), session("s3"), t1);
+        assert!(t.get(&creds("a"), None, t1).is_some()); // a is now the most recently used
+        let closed = t.insert(&creds("c"), None, session("s3"), t1);
         assert_eq!(closed.len(), 1);
         assert_eq!(closed[0].session.id.as_ref().unwrap(), "s2");
         assert_eq!(
@@ -437,7 +464,7 @@ mod tests {
             "closed with its own credentials"
         );
         assert_eq!(t.len(), 2);
-        let replaced = t.insert(&creds("a"), session("s4"), t1);
+        let replaced = t.insert(&creds("a"), None, session("s4"), t1);
         assert_eq!(replaced[0].session.id.as_ref().unwrap(), "s1");
     }
 
@@ -449,7 +476,7 @@ mod tests {
         let fill = |from: usize, to: usize| {
             let started = Instant::now();
             for i in from..to {
-                t.insert(&creds(&format!("c{i}")), session("s"), now);
+                t.insert(&creds(&format!("c{i}")), None, session("s"), now);
             }
             started.elapsed()
         };
@@ -468,9 +495,9 @@ mod tests {
     fn idle_sessions_go() {
         let t = SessionTable::new(10, Duration::from_millis(1));
         let t0 = Instant::now();
-        t.insert(&creds("a"), session("s1"), t0);
+        t.insert(&creds("a"), None, session("s1"), t0);
         let later = t0 + Duration::from_millis(5);
-        assert!(t.get(&creds("a"), later).is_none());
+        assert!(t.get(&creds("a"), None, later).is_none());
         assert_eq!(t.sweep(later).len(), 1);
         assert_eq!(t.len(), 0);
     }
@@ -479,8 +506,10 @@ mod tests {
     fn a_session_in_use_is_not_idle() {
         let t = SessionTable::new(10, Duration::from_secs(60));
         let t0 = Instant::now();
-        t.insert(&creds("a"), session("s1"), t0);
-        assert!(t.get(&creds("a"), t0 + Duration::from_secs(50)).is_some());
+        t.insert(&creds("a"), None, session("s1"), t0);
+        assert!(t
+            .get(&creds("a"), None, t0 + Duration::from_secs(50))
+            .is_some());
         // Used at 50 s: still kept at 100 s, gone at 110 s.
         assert!(t.sweep(t0 + Duration::from_secs(100)).is_empty());
         assert_eq!(t.sweep(t0 + Duration::from_secs(110)).len(), 1);
@@ -490,8 +519,8 @@ mod tests {
     fn every_session_let_go_gets_its_delete() {
         let t = SessionTable::new(1, Duration::from_secs(600));
         let now = Instant::now();
-        t.insert(&creds("a"), session("s1"), now);
-        let evicted = t.insert(&creds("b"), session("s2"), now);
+        t.insert(&creds("a"), None, session("s1"), now);
+        let evicted = t.insert(&creds("b"), None, session("s2"), now);
         assert_eq!(evicted.len(), 1);
         let base = SessionTable::credentials(&evicted[0].credentials);
         let delete = evicted[0].delete_headers(base).unwrap();

@@ -9,6 +9,7 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::mcp::headers;
@@ -52,7 +53,13 @@ pub(crate) fn to_legacy(bytes: &Bytes) -> Bytes {
 /// A 2025-era request for a 2026-07-28 upstream: the `_meta` envelope added (the client's
 /// capabilities were told to `initialize`, which the sidecar does not keep: none are
 /// claimed), and the name the `Mcp-Name` header must mirror.
-pub(crate) fn to_modern(bytes: &Bytes, method: &str) -> (Bytes, Option<String>) {
+/// `caps`: the 2025 client's declared capabilities, when the sidecar knows them (its session
+/// id carries them); else it declares none.
+pub(crate) fn to_modern(
+    bytes: &Bytes,
+    method: &str,
+    caps: Option<&RawValue>,
+) -> (Bytes, Option<String>) {
     let Some(mut msg) = raw::parse_message(bytes) else {
         return (bytes.clone(), None);
     };
@@ -74,7 +81,7 @@ pub(crate) fn to_modern(bytes: &Bytes, method: &str) -> (Bytes, Option<String>) 
         .unwrap_or_default();
     meta.insert(version::META_PROTOCOL_VERSION.into(), raw::raw(MODERN));
     meta.entry(version::META_CLIENT_CAPABILITIES.into())
-        .or_insert_with(|| raw::raw(&json!({})));
+        .or_insert_with(|| caps.map_or_else(|| raw::raw(&json!({})), ToOwned::to_owned));
     meta.entry(version::META_CLIENT_INFO.into())
         .or_insert_with(|| raw::raw(&sidecar_info()));
     params.insert("_meta".into(), raw::raw(&meta));
@@ -240,7 +247,7 @@ mod tests {
         let body = Bytes::from_static(
             br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"h\u00e9","arguments":{"big":12345678901234567890},"_meta":{"progressToken":3}}}"#,
         );
-        let (out, name) = to_modern(&body, "tools/call");
+        let (out, name) = to_modern(&body, "tools/call", None);
         assert_eq!(name.as_deref(), Some("hé"));
         let text = std::str::from_utf8(&out).unwrap();
         assert!(text.contains(r#""name":"h\u00e9""#), "{text}");
@@ -259,10 +266,19 @@ mod tests {
         let (out, name) = to_modern(
             &Bytes::from_static(br#"{"id":1,"method":"tools/list"}"#),
             "tools/list",
+            None,
         );
         assert_eq!(name, None);
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert!(v["params"]["_meta"]["io.modelcontextprotocol/clientInfo"].is_object());
+        // The 2025 client's own capabilities, when its session id carries them.
+        let caps = RawValue::from_string(r#"{"roots":{"listChanged":true}}"#.to_owned()).unwrap();
+        let (out, _) = to_modern(&body, "tools/call", Some(&caps));
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"],
+            json!({"roots": {"listChanged": true}})
+        );
         let mut h = HeaderMap::new();
         set_modern_headers(&mut h, "tools/call", Some("hé"));
         assert_eq!(h["mcp-method"], "tools/call");

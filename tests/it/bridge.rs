@@ -453,3 +453,64 @@ async fn the_python_client_in_2025_mode_answers_a_2026_servers_question() {
     assert_eq!(got["text"], "party for 6", "{got}");
     assert_eq!(got["asked"], json!(["elicitation/create"]), "{got}");
 }
+
+/// A 2025 client's declared capabilities reach the upstream although the sidecar keeps no
+/// session: its `initialize` answer carries a session id that is the capabilities, sealed,
+/// and each later request is sent with them (here to `server-everything`, a 2025 server that
+/// lists `get-roots-list` only to a client that declares `roots`).
+#[tokio::test]
+async fn a_2025_clients_capabilities_reach_the_upstream_in_its_session_id() {
+    let up = Upstream::start(UpstreamKind::Everything);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let post = |body: Value, sid: Option<String>| {
+        let mut req = crate::support::http()
+            .post(sc.url())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .body(body.to_string());
+        if let Some(s) = sid {
+            req = req.header("mcp-session-id", s);
+        }
+        req.send()
+    };
+    let tools = async |caps: Value| -> (Option<String>, Vec<String>) {
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": caps,
+            "clientInfo": {"name": "inspector-like", "version": "0"}}});
+        let resp = post(init, None).await.unwrap();
+        let sid = resp
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {}});
+        let resp = post(list, sid.clone()).await.unwrap();
+        let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+        let msg = last_message(&ct, &resp.text().await.unwrap());
+        let names = msg["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{msg}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect();
+        (sid, names)
+    };
+    let (sid, with_roots) = tools(json!({"roots": {"listChanged": true}})).await;
+    let sid = sid.expect("a session id carrying the capabilities");
+    assert!(sid.starts_with("epode-sidecar.caps.v1."), "{sid}");
+    assert!(
+        with_roots.iter().any(|n| n == "get-roots-list"),
+        "{with_roots:?}"
+    );
+    let (none, without) = tools(json!({})).await;
+    assert_eq!(none, None, "no capabilities, no session id");
+    assert!(
+        !without.iter().any(|n| n == "get-roots-list"),
+        "{without:?}"
+    );
+    assert_eq!(
+        with_roots.len(),
+        without.len() + 1,
+        "{with_roots:?} {without:?}"
+    );
+}
