@@ -165,6 +165,7 @@ impl MethodTable {
             abandoned,
             self.cut.clone(),
         );
+        ctx.request_state = req.rpc.params.request_state;
         if req.era == Era::Modern {
             let shown = self.upstream.server_info(None);
             ctx.plan.server_info = shown.info;

@@ -54,6 +54,9 @@ pub(crate) struct Params<'a> {
     pub(crate) arguments: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "protocolVersion")]
     pub(crate) protocol_version: Option<&'a RawValue>,
+    /// An MRTR retry's `requestState` (the sidecar's own continues a held call).
+    #[serde(borrow, default, rename = "requestState")]
+    pub(crate) request_state: Option<&'a RawValue>,
 }
 
 /// The 2026-07-28 envelope keys of `params._meta`.

@@ -30,18 +30,9 @@ use crate::mcp::sse::{self, Bridge, HeldStream, Question, Questions, StreamBound
 use crate::mcp::version::META_CLIENT_CAPABILITIES;
 use crate::metrics::Metrics;
 
-/// Whether a request's bytes may hold a `requestState` of the sidecar's (a scan that costs a
-/// 2026 call no parse).
-pub(super) fn may_hold_state(bytes: &[u8]) -> bool {
-    let needle = super::held::STATE_PREFIX.as_bytes();
-    bytes.windows(needle.len()).any(|w| w == needle)
-}
-
-/// The `requestState` of a retry, when it is one the sidecar issued.
-pub(super) fn held_state(bytes: &[u8]) -> Option<String> {
-    let msg = raw::parse_message(bytes)?;
-    let params = raw::open(msg.get("params")?)?;
-    let state = raw::as_str(params.get("requestState")?)?;
+/// A retry's `requestState` (as the front door read it), when it is one the sidecar issued.
+pub(super) fn held_state(state: &RawValue) -> Option<String> {
+    let state = raw::as_str(state)?;
     state
         .starts_with(super::held::STATE_PREFIX)
         .then(|| state.into_owned())
@@ -367,13 +358,9 @@ mod tests {
 
     #[test]
     fn the_sidecars_state_is_told_from_the_upstreams() {
-        let ours = format!(
-            r#"{{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{{"name":"t","requestState":"{}abc"}}}}"#,
-            super::super::held::STATE_PREFIX
-        );
-        assert!(held_state(ours.as_bytes()).is_some());
-        let theirs = r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","requestState":"opaque"}}"#;
-        assert_eq!(held_state(theirs.as_bytes()), None);
-        assert_eq!(held_state(b"{}"), None);
+        let ours = raw::raw(&format!("{}abc", super::super::held::STATE_PREFIX));
+        assert!(held_state(&ours).is_some());
+        assert_eq!(held_state(&raw::raw("opaque")), None);
+        assert_eq!(held_state(&raw::raw(&7)), None);
     }
 }

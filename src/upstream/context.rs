@@ -25,6 +25,8 @@ pub(crate) struct RequestContext<'a> {
     pub(crate) listed: Option<Method>,
     /// The client's era: the answer goes back in it.
     pub(crate) era: Era,
+    /// An MRTR retry's `requestState`, as the client sent it.
+    pub(crate) request_state: Option<&'a RawValue>,
     /// What the answer passes through (hook, identity, cache hints).
     pub(crate) plan: ResultPlan,
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
@@ -45,6 +47,7 @@ impl<'a> RequestContext<'a> {
             method,
             listed,
             era,
+            request_state: None,
             plan: ResultPlan::new(listed, era, abandoned),
             cut,
         }

@@ -331,10 +331,12 @@ impl Upstream {
         mut ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
         let asks = ctx.era == Era::Modern && ctx.listed.is_some_and(|m| m.entry().input_required);
-        if asks && bridge::may_hold_state(bytes) {
-            if let Some(state) = bridge::held_state(bytes) {
-                return bridge::resume(self.bridge_way(), client, bytes, &state, ctx).await;
-            }
+        if let Some(state) = ctx
+            .request_state
+            .filter(|_| asks)
+            .and_then(bridge::held_state)
+        {
+            return bridge::resume(self.bridge_way(), client, bytes, &state, ctx).await;
         }
         let sent = match self
             .send_with_retry(client, query, bytes, ctx.method, Asker::Client(ctx.era))
