@@ -89,6 +89,10 @@ impl MethodTable {
         note: Option<&Arc<Note>>,
     ) -> Result<Response<Body>, Error> {
         let mut cut = self.cut.clone();
+        let mut client = client;
+        if req.era == Era::Modern {
+            client.meta = req.rpc.params.meta;
+        }
         tokio::select! {
             answered = self.answer(req, client, abandoned, note) => answered,
             _ = cut.wait_for(|c| *c) => Err(Error::new(ErrorKind::ShuttingDown, "")),
@@ -319,6 +323,7 @@ impl MethodTable {
         let client = Client {
             headers: &headers,
             caller: client.caller,
+            meta: client.meta,
         };
         self.upstream
             .forward(&client, req.parts.uri.query(), &bytes, ctx)

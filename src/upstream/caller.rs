@@ -41,6 +41,9 @@ pub(crate) fn credential_hash(client: &HeaderMap) -> Option<u64> {
 pub(crate) struct Client<'a> {
     pub(crate) headers: &'a HeaderMap,
     pub(crate) caller: Caller,
+    /// A 2026 request's `params._meta` (its declared capabilities are read from it only
+    /// where they are needed: the handshake of a 2025 session).
+    pub(crate) meta: Option<&'a serde_json::value::RawValue>,
 }
 
 impl<'a> Client<'a> {
@@ -48,7 +51,19 @@ impl<'a> Client<'a> {
         Client {
             headers,
             caller: Caller::new(peer, headers),
+            meta: None,
         }
+    }
+
+    /// The capabilities a 2026 request declares in its envelope.
+    pub(crate) fn declared_capabilities(&self) -> Option<Box<serde_json::value::RawValue>> {
+        #[derive(serde::Deserialize)]
+        struct Envelope<'m> {
+            #[serde(borrow, rename = "io.modelcontextprotocol/clientCapabilities")]
+            caps: Option<&'m serde_json::value::RawValue>,
+        }
+        let meta = serde_json::from_str::<Envelope<'_>>(self.meta?.get()).ok()?;
+        meta.caps.map(ToOwned::to_owned)
     }
 }
 

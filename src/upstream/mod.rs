@@ -529,9 +529,14 @@ impl Upstream {
                 };
                 let started = std::time::Instant::now();
                 // A 2025 client's own capabilities are declared in its session's handshake.
+                // So is a 2026 client's (its envelope's), for the servers that ask only
+                // clients that declared they can answer.
                 let caps = match asker {
                     Asker::Client(Era::Legacy) => self.client_capabilities(client.headers),
-                    _ => None,
+                    Asker::Client(Era::Modern) => {
+                        client.declared_capabilities().filter(|c| c.get() != "{}")
+                    }
+                    Asker::Sidecar => None,
                 };
                 let (response, session) = self
                     .known
@@ -626,6 +631,7 @@ impl mirror::AsksAgain for Upstream {
             let client = Client {
                 headers: &headers,
                 caller,
+                meta: None,
             };
             let sent = self
                 .send_with_retry(&client, None, &body, &method, Asker::Client(Era::Legacy))

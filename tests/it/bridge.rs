@@ -513,4 +513,26 @@ async fn a_2025_clients_capabilities_reach_the_upstream_in_its_session_id() {
         without.len() + 1,
         "{with_roots:?} {without:?}"
     );
+
+    // A 2026 client's declared capabilities reach it the same way (its 2025 session is the
+    // one for those capabilities).
+    let modern = async |caps: Value| -> Vec<String> {
+        let body = call_body(3, "x", json!({}), caps);
+        let mut list = body.clone();
+        list["method"] = json!("tools/list");
+        list["params"] = json!({"_meta": body["params"]["_meta"]});
+        let resp = post_modern(&sc.url(), "tools/list", None, &list).await;
+        let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+        let msg = last_message(&ct, &resp.text().await.unwrap());
+        msg["result"]["tools"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{msg}"))
+            .iter()
+            .map(|t| t["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let names = modern(json!({"roots": {}})).await;
+    assert!(names.iter().any(|n| n == "get-roots-list"), "{names:?}");
+    let names = modern(json!({})).await;
+    assert!(!names.iter().any(|n| n == "get-roots-list"), "{names:?}");
 }
