@@ -93,6 +93,15 @@ pub(crate) fn json(status: StatusCode, bytes: impl Into<Bytes>) -> Response<Body
     answer(status, Some(JSON), full(bytes))
 }
 
+/// An event stream the sidecar writes itself (a bridged call's rounds), 200, with no proxy
+/// buffering.
+pub(crate) fn event_stream(body: Body) -> Response<Body> {
+    let mut resp = answer(StatusCode::OK, Some("text/event-stream"), body);
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
 /// A refusal outside the MCP path (the operations' routes, the local trial's console and its
 /// Epode): `{"error": message}`. (A refusal of an MCP message is a JSON-RPC error:
 /// `Error::into_response`.)

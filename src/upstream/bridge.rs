@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{HeaderMap, Response};
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
@@ -304,15 +304,7 @@ async fn go_on(
     let body = sse::resume_stream(stream, ctx.id.to_owned(), ctx.plan, stream_bounds)
         .prime()
         .await;
-    let mut resp = Response::new(body);
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    resp.headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    *resp.status_mut() = StatusCode::OK;
-    resp
+    crate::body::event_stream(body)
 }
 
 #[cfg(test)]

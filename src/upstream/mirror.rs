@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{header, HeaderMap, HeaderValue, Response, StatusCode};
+use http::{header, HeaderMap, Response};
 use http_body::Frame;
 use http_body_util::{BodyExt, StreamBody};
 use serde_json::value::RawValue;
@@ -173,15 +173,7 @@ pub(super) fn answer_by_asking(mirror: Mirror, plan: ResultPlan, first: Value) -
         let next = rx.recv().await?;
         Some((Ok::<_, BoxError>(Frame::data(next)), rx))
     });
-    let mut resp = Response::new(StreamBody::new(stream).boxed_unsync());
-    *resp.status_mut() = StatusCode::OK;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    resp.headers_mut()
-        .insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
+    crate::body::event_stream(StreamBody::new(stream).boxed_unsync())
 }
 
 /// Why a round could not go on, as the error the client's stream ends with.
@@ -335,7 +327,7 @@ mod tests {
 
     fn caller(token: &str) -> Caller {
         let mut h = HeaderMap::new();
-        h.insert("authorization", HeaderValue::from_str(token).unwrap());
+        h.insert("authorization", http::HeaderValue::from_str(token).unwrap());
         Caller::new("10.0.0.1:1".parse::<SocketAddr>().unwrap(), &h)
     }
 
