@@ -217,7 +217,12 @@ async fn a_client_without_the_capability_is_never_asked() {
     assert!(started.elapsed() < Duration::from_secs(10));
     assert_eq!(msg["id"], 1, "{msg}");
     assert_ne!(msg["result"]["resultType"], "input_required", "{msg}");
-    assert!(msg.to_string().contains("elicitation"), "{msg}");
+    // The server heard the sidecar's decline, the error a client without the capability sends.
+    assert!(
+        msg.to_string()
+            .contains("did not declare the capability elicitation/create takes"),
+        "{msg}"
+    );
 }
 
 /// The Python SDK's sampling (`ctx.session.create_message`) and its sequential questions,
@@ -535,4 +540,39 @@ async fn a_2025_clients_capabilities_reach_the_upstream_in_its_session_id() {
     assert!(names.iter().any(|n| n == "get-roots-list"), "{names:?}");
     let names = modern(json!({})).await;
     assert!(!names.iter().any(|n| n == "get-roots-list"), "{names:?}");
+}
+
+/// Held calls are bounded (`EPODE_SIDECAR_HELD_CALLS`): past the bound a question fails its
+/// call with 503 and Retry-After, naming the setting; an answered call makes room again.
+#[tokio::test]
+async fn past_the_held_calls_bound_a_question_fails_its_call_with_503() {
+    let up = Upstream::start(UpstreamKind::FastMcp);
+    let sc = Sidecar::start(&up.url(), &[ERA_2025, ("EPODE_SIDECAR_HELD_CALLS", "1")]);
+    let first = call_body(1, "party", json!({}), all_capabilities());
+    let (asked, state) = {
+        let msg = call(&sc, &first).await;
+        let (a, s) = questions(&msg);
+        (a.clone(), s)
+    };
+    let second = call_body(2, "party", json!({}), all_capabilities());
+    let resp = post_modern(&sc.url(), "tools/call", Some("party"), &second).await;
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    let status = resp.status().as_u16();
+    let msg = last_message(&ct, &resp.text().await.unwrap());
+    let text = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{status} {msg}"));
+    assert!(text.contains("EPODE_SIDECAR_HELD_CALLS"), "{text}");
+    assert_eq!(msg["id"], 2, "{msg}");
+    // The first call still goes on, and once answered the bound has room again.
+    let key = asked.keys().next().unwrap().clone();
+    let answer = json!({key: {"action": "accept", "content": {"value": 3}}});
+    let msg = call(&sc, &retry(&first, 3, &state, answer)).await;
+    assert_eq!(text_of(&msg), "party for 3");
+    let msg = call(&sc, &call_body(4, "party", json!({}), all_capabilities())).await;
+    questions(&msg);
 }
