@@ -410,6 +410,14 @@ fn handles(
     };
     let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer)?;
     let upstream = Arc::new(Upstream::new(config, budget.clone(), metrics.clone())?);
+    // A tools/list_changed the sidecar hears (on a listen feed, or taken off a call's stream)
+    // makes the catalog learn the tools again.
+    let forget = Arc::downgrade(&binding);
+    upstream.on_tools_changed(Arc::new(move || {
+        if let Some(b) = forget.upgrade() {
+            b.tools_changed();
+        }
+    }));
     Ok(Handles {
         auth,
         metrics,

@@ -72,10 +72,11 @@ pub(crate) enum LimitKind {
     UpstreamStdin,
     StdioNotOwner,
     UpstreamConnections,
+    ListenStreams,
 }
 
 impl LimitKind {
-    pub(crate) const ALL: [LimitKind; 18] = [
+    pub(crate) const ALL: [LimitKind; 19] = [
         LimitKind::Connections,
         LimitKind::AdminConnections,
         LimitKind::DevEpodeConnections,
@@ -94,6 +95,7 @@ impl LimitKind {
         LimitKind::UpstreamStdin,
         LimitKind::StdioNotOwner,
         LimitKind::UpstreamConnections,
+        LimitKind::ListenStreams,
     ];
 
     /// The label value.
@@ -117,6 +119,7 @@ impl LimitKind {
             LimitKind::UpstreamStdin => "upstream_stdin",
             LimitKind::StdioNotOwner => "stdio_not_owner",
             LimitKind::UpstreamConnections => "upstream_connections",
+            LimitKind::ListenStreams => "listen_streams",
         }
     }
 }
@@ -243,6 +246,18 @@ pub(crate) struct Metrics {
     pub(crate) upstream_connections: Gauge,
     pub(crate) auth: AuthMetrics,
     pub(crate) held: HeldMetrics,
+    pub(crate) listen: ListenMetrics,
+}
+
+/// The `subscriptions/listen` streams the sidecar serves for a 2025-era upstream.
+#[derive(Default)]
+pub(crate) struct ListenMetrics {
+    /// Open now.
+    pub(crate) streams: Gauge,
+    /// Cut because they did not read their notices.
+    pub(crate) cut: Counter,
+    /// Times a feed's GET stream was reopened after it ended or broke.
+    pub(crate) reopened: Counter,
 }
 
 /// The calls held while a 2026 client answers a 2025-era upstream's questions.
@@ -300,6 +315,7 @@ impl Metrics {
             upstream_connections: Gauge::default(),
             auth: AuthMetrics::default(),
             held: HeldMetrics::default(),
+            listen: ListenMetrics::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -360,8 +376,13 @@ impl Metrics {
     }
 
     /// The gauges, with their names and help.
-    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 9] {
+    fn gauges(&self) -> [(&'static str, &'static str, Gauge); 10] {
         [
+            (
+                "listen_streams",
+                "subscriptions/listen streams the sidecar serves for a 2025-era upstream (at most listen_streams)",
+                self.listen.streams.clone(),
+            ),
             (
                 "held_calls",
                 "Calls of a 2025-era upstream held while a 2026 client answers their questions (at most held_calls)",
@@ -459,6 +480,16 @@ impl Metrics {
             "held_calls_expired",
             "Held calls cancelled upstream at their deadline (EPODE_SIDECAR_HELD_CALL_WAIT), their client never back with the answers",
             self.held.expired.clone(),
+        );
+        r.register(
+            "listeners_cut",
+            "subscriptions/listen streams cut because their client did not read the notices (it listens again)",
+            self.listen.cut.clone(),
+        );
+        r.register(
+            "listen_feed_reopened",
+            "Times the GET stream of a 2025-era upstream's session, feeding listen streams, was reopened after it ended or broke",
+            self.listen.reopened.clone(),
         );
         r.register(
             "held_call_refused",

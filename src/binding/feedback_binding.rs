@@ -201,6 +201,12 @@ impl FeedbackBinding {
         self.catalog.invalidate();
     }
 
+    /// The upstream said its tools changed, where no response hook heard it (a listen feed
+    /// of a 2025-era upstream's session, a notice taken off a 2026 client's call).
+    pub(crate) fn tools_changed(&self) {
+        self.forget_tools();
+    }
+
     /// Epode's origin, for the envelope's URLs and the discovery link.
     pub(crate) fn endpoint(&self) -> &str {
         self.config.api_url.as_str()

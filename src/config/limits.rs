@@ -35,6 +35,7 @@ pub(super) fn read(l: &Layers) -> Result<Limits, Refused> {
         upstream_session_idle: l.get(&UPSTREAM_SESSION_IDLE),
         held_calls: l.get(&HELD_CALLS),
         held_call_wait: l.get(&HELD_CALL_WAIT),
+        listen_streams: l.get(&LISTEN_STREAMS),
         upstream_max_idle: l.get(&UPSTREAM_MAX_IDLE),
         upstream_idle_timeout: l.get(&UPSTREAM_IDLE_TIMEOUT),
         upstream_max_connections: l.get(&UPSTREAM_MAX_CONNECTIONS),
@@ -222,6 +223,15 @@ settings! {
             "How long a held call waits for its client's retry with the answers (long enough for a person to fill in a form); then it is cancelled upstream and counted (`epode_sidecar_held_calls_expired_total`), and a late retry is told to start the call again.",
             a_duration,
             |c| duration(c.limits.held_call_wait),
+        ),
+        LISTEN_STREAMS: usize = bounded(
+            "listen_streams",
+            &["EPODE_SIDECAR_LISTEN_STREAMS"],
+            Some("1024"),
+            Accepts::whole("", 1, 100_000),
+            "Most `subscriptions/listen` streams the sidecar serves itself in front of a 2025-era upstream (whose sessions' GET streams feed them: one per caller's session, open while one of its listeners is); past it a listen gets 503 with Retry-After. A listener that does not read 16 notices is cut.",
+            number,
+            |c| c.limits.listen_streams.to_string(),
         ),
         UPSTREAM_MAX_IDLE: usize = bounded(
             "upstream_max_idle",

@@ -484,6 +484,8 @@ pub(crate) struct Limits {
     /// most, and how long each waits for the client's retry.
     pub(crate) held_calls: usize,
     pub(crate) held_call_wait: Duration,
+    /// Most listen streams served for a 2025-era upstream.
+    pub(crate) listen_streams: usize,
     /// Idle keep-alive connections to an HTTP upstream kept per worker, and for how long.
     pub(crate) upstream_max_idle: usize,
     pub(crate) upstream_idle_timeout: Duration,

@@ -9,16 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::stream;
-use http::{header, HeaderValue, Response, StatusCode};
-use http_body::Frame;
-use http_body_util::{BodyExt, StreamBody};
-use serde_json::value::RawValue;
+use http::{Response, StatusCode};
 use serde_json::{json, Map, Value};
 use tokio::sync::watch;
 
 use crate::binding::FeedbackBinding;
-use crate::body::{self, Body, BoxError};
+use crate::body::{self, Body};
 use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::frontdoor::Request;
@@ -32,9 +28,6 @@ use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::{LimitKind, Metrics};
 use crate::observe::Note;
 use crate::upstream::{translate, Client, RequestContext, Upstream};
-
-/// Comment lines on a listen stream the sidecar serves itself, so idle connections stay open.
-const LISTEN_KEEPALIVE: Duration = Duration::from_secs(15);
 
 /// The method table and what it answers with: the configuration, one worker's view of the
 /// upstream, the binding, the tools' rate limits.
@@ -142,7 +135,9 @@ impl MethodTable {
                 Ok(ctx.local_result(json!({})))
             }
             Route::Listen if self.upstream.era(client).await? == Era::Legacy => {
-                Ok(local_listen(req.id, self.cut.clone()))
+                self.upstream
+                    .listen(client, req.id, req.bytes, self.cut.clone())
+                    .await
             }
             Route::FeedbackTool => self.feedback_tool(req, ctx, note).await,
             Route::ToolCall => self.tool_call(req, client, ctx, note).await,
@@ -391,39 +386,6 @@ fn route(method: Option<Method>, client_era: Era, feedback_tool: bool) -> Route 
         Answer::ToolCall => Route::ToolCall,
         Answer::ToolList => Route::ToolList,
     }
-}
-
-/// A `subscriptions/listen` stream for a 2025-era upstream: acknowledged with no
-/// notification types honoured (the sidecar has no session stream to relay them from), then
-/// kept open with comments until the client leaves.
-fn local_listen(id: &RawValue, cut: tokio::sync::watch::Receiver<bool>) -> Response<Body> {
-    let ack = format!(
-        r#"{{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged","params":{{"notifications":{{}},"_meta":{{"io.modelcontextprotocol/subscriptionId":{}}}}}}}"#,
-        id.get()
-    );
-    let first = Bytes::from(format!("event: message\ndata: {ack}\n\n"));
-    let s = stream::unfold((Some(first), cut), |(first, mut cut)| async move {
-        match first {
-            Some(b) => Some((Ok::<_, BoxError>(Frame::data(b)), (None, cut))),
-            None => {
-                tokio::select! {
-                    () = tokio::time::sleep(LISTEN_KEEPALIVE) => {}
-                    // The sidecar is shutting down: the stream ends; the client listens again.
-                    _ = cut.wait_for(|c| *c) => return None,
-                }
-                Some((
-                    Ok(Frame::data(Bytes::from_static(b": keep-alive\n\n"))),
-                    (None, cut),
-                ))
-            }
-        }
-    });
-    let sse = Some("text/event-stream");
-    let mut resp = body::answer(StatusCode::OK, sse, StreamBody::new(s).boxed_unsync());
-    let h = resp.headers_mut();
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    resp
 }
 
 #[cfg(test)]

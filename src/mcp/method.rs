@@ -233,6 +233,21 @@ impl Method {
 
 /// The metric label of a wire name: its own when the catalogue lists it, else `other` (any
 /// client can invent method names; they must not become series).
+/// The change notices a server sends when its lists or a resource changed: 2025 sends them on
+/// a session's streams, 2026 only on `subscriptions/listen` streams, each opted into there
+/// (`toolsListChanged`, `promptsListChanged`, `resourcesListChanged`, `resourceSubscriptions`).
+pub(crate) const CHANGE_NOTICES: [&str; 4] = [
+    "notifications/tools/list_changed",
+    "notifications/prompts/list_changed",
+    "notifications/resources/list_changed",
+    "notifications/resources/updated",
+];
+
+/// Whether `method` is one of the [`CHANGE_NOTICES`].
+pub(crate) fn is_change_notice(method: &str) -> bool {
+    CHANGE_NOTICES.contains(&method)
+}
+
 pub(crate) fn label(method: Option<Method>) -> &'static str {
     method.map_or("other", Method::label)
 }

@@ -228,7 +228,17 @@ pub(crate) struct StreamBounds {
     /// What becomes of a question the upstream asks on this stream (a 2025-era server
     /// request: `elicitation/create`, `sampling/createMessage`, `roots/list`).
     pub(crate) questions: Questions,
+    /// Where the change notices on this stream go instead of the client (a 2025-era
+    /// upstream's `list_changed` on a 2026 client's call, which 2026 sends only on listen
+    /// streams).
+    pub(crate) notices: Option<Notices>,
 }
+
+/// Takes a change notice off a stream: its method and params.
+pub(crate) type Notices = std::sync::Arc<dyn Fn(&str, Option<&RawValue>) + Send + Sync>;
+
+/// The largest event read as a possible change notice (they are small).
+const NOTICE_MAX: usize = 4096;
 
 /// What becomes of the questions a 2025-era upstream asks in the middle of a call.
 pub(crate) enum Questions {
@@ -409,14 +419,7 @@ where
     let s = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(block) = st.pending.pop_front() {
-                if let Some(q) = st.bridged_question(&block) {
-                    if let Questions::Bridged(bridge) = &st.bounds.questions {
-                        if bridge.covers(&q) {
-                            st.asked.push(q);
-                        } else {
-                            bridge.decline(&q).await;
-                        }
-                    }
+                if st.taken_off(&block).await {
                     continue;
                 }
                 let mut block = transform(&block, &mut st).unwrap_or(block);
@@ -503,6 +506,46 @@ where
             return None;
         }
         Question::of(&raw::parse_message(event_data(block)?.as_bytes())?)
+    }
+
+    /// Whether `block` leaves the stream here: a question for a bridged client (asked, or
+    /// declined when the client cannot answer it), or a change notice for the listeners.
+    async fn taken_off(&mut self, block: &[u8]) -> bool {
+        if let Some(q) = self.bridged_question(block) {
+            if let Questions::Bridged(bridge) = &self.bounds.questions {
+                if bridge.covers(&q) {
+                    self.asked.push(q);
+                } else {
+                    bridge.decline(&q).await;
+                }
+            }
+            return true;
+        }
+        self.diverted(block)
+    }
+
+    /// Whether `block` is a change notice handed to [`StreamBounds::notices`].
+    fn diverted(&self, block: &[u8]) -> bool {
+        let Some(notices) = &self.bounds.notices else {
+            return false;
+        };
+        if block.len() > NOTICE_MAX {
+            return false;
+        }
+        let Some(msg) = event_data(block).and_then(|d| raw::parse_message(d.as_bytes())) else {
+            return false;
+        };
+        if msg.contains_key("id") {
+            return false;
+        }
+        let Some(method) = msg.get("method").and_then(|m| raw::as_str(m)) else {
+            return false;
+        };
+        if !crate::mcp::method::is_change_notice(&method) {
+            return false;
+        }
+        notices(&method, msg.get("params").map(|p| &**p));
+        true
     }
 
     /// Asks the client the questions taken off the stream: the rest of the call goes to a
@@ -741,6 +784,7 @@ mod tests {
             cut: None,
             on_limit: None,
             questions: Questions::Carried,
+            notices: None,
         };
         let out = rewrite_stream(Bytes::new(), body, None, plan, bounds).boxed_unsync();
         let bytes = out.collect().await.unwrap().to_bytes();

@@ -187,6 +187,7 @@ pub(crate) async fn finish(
     upstream: Era,
     bounds: &AnswerBounds,
     bridge: Option<Box<dyn sse::Bridge>>,
+    notices: Option<sse::Notices>,
 ) -> Result<Response<Body>, Error> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
@@ -205,7 +206,7 @@ pub(crate) async fn finish(
         return Ok(Response::from_parts(parts, body.boxed_unsync()));
     }
     if is_event_stream(&parts.headers) {
-        return finish_stream(parts, body, ctx, upstream, bounds, bridge).await;
+        return finish_stream(parts, body, ctx, upstream, bounds, bridge, notices).await;
     }
     let mut plan = ctx.plan;
     let (bytes, mut held) = match read_body(body, bounds).await {
@@ -281,6 +282,7 @@ async fn finish_stream(
     upstream: Era,
     bounds: &AnswerBounds,
     bridge: Option<Box<dyn sse::Bridge>>,
+    notices: Option<sse::Notices>,
 ) -> Result<Response<Body>, Error> {
     let RequestContext {
         id,
@@ -335,6 +337,7 @@ async fn finish_stream(
             None if matches!(body, UpstreamBody::Stdio(_)) => sse::Questions::Carried,
             None => sse::Questions::Refused,
         },
+        notices,
     };
     // The stream's end reports to the plan: its response event, or the error event that
     // ends a stream broken before it.

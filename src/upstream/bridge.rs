@@ -169,6 +169,8 @@ pub(super) struct Way {
     pub(super) held: Arc<HeldCalls>,
     pub(super) bounds: AnswerBounds,
     pub(super) metrics: Arc<Metrics>,
+    /// Where the change notices on the rest of the call go (`listen.rs`).
+    pub(super) notices: Option<crate::mcp::sse::Notices>,
 }
 
 /// How a bridged call's answers reach the upstream (the upstream implements it).
@@ -300,6 +302,7 @@ async fn go_on(
         cut: Some(ctx.cut),
         on_limit: Some(bounds.on_limit.clone()),
         questions: Questions::Bridged(Box::new(asking)),
+        notices: way.notices.clone(),
     };
     let body = sse::resume_stream(stream, ctx.id.to_owned(), ctx.plan, stream_bounds)
         .prime()

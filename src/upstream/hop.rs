@@ -107,6 +107,19 @@ impl Hop {
         }
     }
 
+    /// Opens a 2025-era session's notices: the GET stream of an HTTP upstream, or the
+    /// notices a stdio child writes that answer no request, as an SSE body.
+    pub(crate) async fn watch(
+        &self,
+        caller: &Caller,
+        headers: HeaderMap,
+    ) -> Result<Response<UpstreamBody>, Error> {
+        match self {
+            Hop::Http(h) => Ok(h.get(headers).await?.map(UpstreamBody::Http)),
+            Hop::Stdio(s) => Ok(s.watch(caller).await?.map(UpstreamBody::Stdio)),
+        }
+    }
+
     /// Closes a 2025-era session (a child's only session is its pipe: nothing to do).
     pub(crate) async fn delete(&self, headers: HeaderMap) -> Result<StatusCode, Error> {
         match self {

@@ -231,6 +231,16 @@ impl HttpUpstream {
         self.send(req).await
     }
 
+    /// GETs the upstream's session stream (a 2025-era upstream's notices). Its head must
+    /// arrive within the timeout; its body then streams for as long as both ends want.
+    pub(crate) async fn get(&self, headers: HeaderMap) -> Result<Response<PooledBody>, Error> {
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.method_mut() = http::Method::GET;
+        *req.uri_mut() = self.uri(None);
+        *req.headers_mut() = headers;
+        self.send(req).await
+    }
+
     /// DELETEs the upstream's session (a 2025-era upstream's way to close one).
     pub(crate) async fn delete(&self, headers: HeaderMap) -> Result<http::StatusCode, Error> {
         let mut req = Request::new(Full::new(Bytes::new()));

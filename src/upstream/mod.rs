@@ -17,6 +17,7 @@ mod hop;
 pub(crate) mod http;
 mod identity;
 mod link;
+mod listen;
 mod mirror;
 mod pool;
 mod ready;
@@ -82,6 +83,8 @@ struct Known {
     asks: Arc<mirror::Asks>,
     /// How long a question waits for its client.
     wait: std::time::Duration,
+    /// The listen streams served for a 2025-era upstream, and their feeds (`listen.rs`).
+    listeners: Arc<listen::Listeners>,
 }
 
 /// One worker's view of the upstream: its own link (its own connection pool, or the shared
@@ -181,6 +184,10 @@ impl Upstream {
                 ),
                 asks: Arc::default(),
                 wait: config.limits.held_call_wait,
+                listeners: Arc::new(listen::Listeners::new(
+                    config.limits.listen_streams,
+                    metrics.clone(),
+                )),
             }),
             metrics,
         })
@@ -336,7 +343,7 @@ impl Upstream {
             .filter(|_| asks)
             .and_then(bridge::held_state)
         {
-            return bridge::resume(self.bridge_way(), client, bytes, &state, ctx).await;
+            return bridge::resume(self.bridge_way(client), client, bytes, &state, ctx).await;
         }
         let sent = match self
             .send_with_retry(client, query, bytes, ctx.method, Asker::Client(ctx.era))
@@ -379,7 +386,54 @@ impl Upstream {
             }
             _ => None,
         };
-        answer::finish(sent.response, ctx, sent.era, self.link.bounds(), bridge).await
+        // 2026 sends change notices only on listen streams: a 2025 upstream's on a 2026
+        // client's call go to the listeners of its session.
+        let notices =
+            (ctx.era == Era::Modern && sent.era == Era::Legacy).then(|| self.notices_for(client));
+        answer::finish(
+            sent.response,
+            ctx,
+            sent.era,
+            self.link.bounds(),
+            bridge,
+            notices,
+        )
+        .await
+    }
+
+    /// A 2026 client's `subscriptions/listen` for a 2025-era upstream (which has none):
+    /// served from the session its requests use (`listen.rs`).
+    pub(crate) async fn listen(
+        self: &Arc<Self>,
+        client: &Client<'_>,
+        id: &RawValue,
+        bytes: &[u8],
+        cut: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Response<Body>, Error> {
+        let caps = Self::session_caps(client).map(|c| c.get().to_owned());
+        self.known
+            .listeners
+            .clone()
+            .listen(self.clone(), client, caps, id, bytes, cut)
+            .await
+    }
+
+    /// What is told when the upstream's tools changed (the binding forgets its catalog).
+    pub(crate) fn on_tools_changed(&self, f: Arc<dyn Fn() + Send + Sync>) {
+        self.known.listeners.on_tools_changed(f);
+    }
+
+    /// The capabilities a 2026 client's 2025 session is opened with (and keyed by).
+    fn session_caps(client: &Client<'_>) -> Option<Box<RawValue>> {
+        client.declared_capabilities().filter(|c| c.get() != "{}")
+    }
+
+    /// Where the change notices on a 2026 client's call go: its session's listeners.
+    fn notices_for(&self, client: &Client<'_>) -> crate::mcp::sse::Notices {
+        let caps = Self::session_caps(client);
+        let listeners = self.known.listeners.clone();
+        let key = listeners.key(client.headers, caps.as_deref().map(RawValue::get));
+        Arc::new(move |method, params| listeners.heard(key, method, params))
     }
 
     /// A 2026 upstream's JSON answer for a 2025 client: finished as it is, or, when it asks
@@ -533,9 +587,7 @@ impl Upstream {
                 // clients that declared they can answer.
                 let caps = match asker {
                     Asker::Client(Era::Legacy) => self.client_capabilities(client.headers),
-                    Asker::Client(Era::Modern) => {
-                        client.declared_capabilities().filter(|c| c.get() != "{}")
-                    }
+                    Asker::Client(Era::Modern) => Self::session_caps(client),
                     Asker::Sidecar => None,
                 };
                 let (response, session) = self
@@ -689,12 +741,13 @@ impl Upstream {
     }
 
     /// What continuing a held call takes of this upstream.
-    fn bridge_way(self: &Arc<Self>) -> bridge::Way {
+    fn bridge_way(self: &Arc<Self>, client: &Client<'_>) -> bridge::Way {
         bridge::Way {
             answers: self.clone(),
             held: self.known.held.clone(),
             bounds: self.link.bounds().clone(),
             metrics: self.metrics.clone(),
+            notices: Some(self.notices_for(client)),
         }
     }
 
@@ -729,5 +782,60 @@ impl Upstream {
                 tracing::info!(error = %e, "an answer to the upstream's question did not reach it")
             }
         }
+    }
+}
+
+/// A listen feed reaches the upstream through this worker's link, in the session its
+/// listeners' requests use (`listen.rs`).
+impl listen::Watched for Upstream {
+    async fn session_headers(
+        &self,
+        client: &Client<'_>,
+        caps: Option<&str>,
+        fresh: bool,
+    ) -> Result<(::http::HeaderMap, Value), Error> {
+        let sessions = &self.known.sessions;
+        let session = if fresh {
+            sessions.handshake(&self.link, client, caps).await?
+        } else {
+            sessions.session(&self.link, client, caps).await?
+        };
+        let mut headers = self.link.base_headers(client);
+        session.apply(&mut headers);
+        Ok((headers, session.init.clone()))
+    }
+
+    async fn watch(
+        &self,
+        caller: &caller::Caller,
+        headers: ::http::HeaderMap,
+    ) -> Result<Response<UpstreamBody>, Error> {
+        self.link.hop().watch(caller, headers).await
+    }
+
+    async fn post_in_session(
+        &self,
+        caller: &caller::Caller,
+        headers: ::http::HeaderMap,
+        body: Bytes,
+    ) -> Result<StatusCode, Error> {
+        let resp = self
+            .link
+            .post(caller, headers, body, None, ServerRequests::Withheld)
+            .await?;
+        let read = read_answer(resp, self.link.bounds()).await?;
+        Ok(read.status())
+    }
+
+    fn shares_notices(&self) -> bool {
+        self.link.hop().takes_client_notes()
+    }
+
+    fn max_event(&self) -> usize {
+        self.link.bounds().max_event
+    }
+
+    fn keep_every(&self) -> std::time::Duration {
+        (self.known.sessions.idle() / 2).min(std::time::Duration::from_secs(60))
     }
 }

@@ -34,7 +34,7 @@ pub(crate) struct LegacySession {
 
 impl LegacySession {
     /// Puts the session's id and protocol version on an upstream request.
-    fn apply(&self, headers: &mut HeaderMap) {
+    pub(super) fn apply(&self, headers: &mut HeaderMap) {
         if let Ok(v) = HeaderValue::from_str(&self.version) {
             headers.insert(headers::PROTOCOL_VERSION, v);
         }
@@ -272,6 +272,11 @@ impl Sessions {
         self.table.len()
     }
 
+    /// How long a session may go unused before it is closed.
+    pub(crate) fn idle(&self) -> Duration {
+        self.table.idle
+    }
+
     /// Closes upstream the sessions unused for the idle time (in the background).
     pub(crate) fn sweep(&self, link: &Link) {
         close_in_background(link.hop(), self.table.sweep(Instant::now()));
@@ -378,7 +383,7 @@ impl Sessions {
     }
 
     /// The kept session for these credentials, or a new one.
-    async fn session(
+    pub(crate) async fn session(
         &self,
         link: &Link,
         client: &Client<'_>,

@@ -36,6 +36,11 @@ Usage (run with the venv python from scripts/install-peers.sh):
                                             NAME") and sends notifications/tools/list_changed:
                                             session-wide (GET stream) or, related=true, on the
                                             call's own stream; "grew NAME"
+                           touch {uri}      sends notifications/resources/updated for URI
+                                            (session-wide: the GET stream over HTTP); says
+                                            "touched URI; subscribed: U1,U2" (the URIs any
+                                            resources/subscribe named). Resources
+                                            note://a and note://b, subscribable.
                          Over HTTP --questions makes the server stateful (Mcp-Session-Id): the
                          SDK's stateless 2025 path has no back-channel (can_send_request=False),
                          so every server request fails there with -32600 "Cannot send
@@ -277,6 +282,37 @@ def add_question_tools() -> None:
         return f"grew {name}"
 
 
+def add_subscription_tools() -> None:
+    """Resources a client may subscribe to, and a tool that changes one."""
+    subscribed: set[str] = set()
+
+    @mcp.resource("note://a", name="note-a")
+    def note_a() -> str:
+        return "note a"
+
+    @mcp.resource("note://b", name="note-b")
+    def note_b() -> str:
+        return "note b"
+
+    async def on_subscribe(ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        subscribed.add(str(params.uri))
+        return types.EmptyResult()
+
+    async def on_unsubscribe(ctx, params: types.UnsubscribeRequestParams) -> types.EmptyResult:
+        subscribed.discard(str(params.uri))
+        return types.EmptyResult()
+
+    low = mcp._lowlevel_server
+    low.add_request_handler("resources/subscribe", types.SubscribeRequestParams, on_subscribe)
+    low.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, on_unsubscribe)
+
+    @mcp.tool(structured_output=False)
+    async def touch(ctx: Context, uri: str) -> str:
+        """Send notifications/resources/updated for URI (session-wide); say who subscribed."""
+        await ctx.session.send_resource_updated(uri)
+        return f"touched {uri}; subscribed: " + ",".join(sorted(subscribed))
+
+
 class Era2025Only:
     """ASGI wrapper: a request naming a protocol version the handshake era does not have
     (MCP-Protocol-Version: 2026-07-28, say) gets 400 + a JSON-RPC error, as a 2025-only
@@ -430,6 +466,7 @@ def main() -> None:
     args = p.parse_args()
     if args.questions:
         add_question_tools()
+        add_subscription_tools()
     if args.identity:
         add_identity_tools()
     if args.whoami:

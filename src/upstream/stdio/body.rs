@@ -34,6 +34,18 @@ impl Drop for Waiter {
     }
 }
 
+/// A watcher's place in the table (`RequestTable::watch`), given up when it is dropped.
+pub(crate) struct Watching {
+    pub(super) pipe: Arc<Pipe>,
+    pub(super) key: Key,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.pipe.lock().unwatch(self.key);
+    }
+}
+
 /// A stream's parts: the notifications, the response, and the place in the table.
 pub(crate) struct Streamed {
     pub(super) notes: mpsc::Receiver<Held>,
@@ -48,6 +60,12 @@ pub(crate) enum StdioBody {
         parts: Option<Streamed>,
         /// The response, once it arrived, kept until the notifications before it are out.
         answer: Option<Result<Answer, oneshot::error::RecvError>>,
+    },
+    /// The child's change notices, as the GET stream of a 2025 session carries them; it
+    /// ends when the pipe is gone.
+    Watch {
+        notes: mpsc::Receiver<Held>,
+        _watching: Watching,
     },
 }
 
@@ -70,6 +88,9 @@ impl http_body::Body for StdioBody {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.get_mut() {
             StdioBody::Json(held) => Poll::Ready(held.take().map(|(b, _)| Ok(Frame::data(b)))),
+            StdioBody::Watch { notes, .. } => notes
+                .poll_recv(cx)
+                .map(|n| n.map(|(b, _)| Ok(Frame::data(event(&b))))),
             StdioBody::Stream {
                 first,
                 parts,
@@ -108,6 +129,7 @@ impl http_body::Body for StdioBody {
         match self {
             StdioBody::Json(held) => held.is_none(),
             StdioBody::Stream { first, parts, .. } => first.is_none() && parts.is_none(),
+            StdioBody::Watch { .. } => false,
         }
     }
 
@@ -116,7 +138,7 @@ impl http_body::Body for StdioBody {
             StdioBody::Json(held) => {
                 http_body::SizeHint::with_exact(held.as_ref().map_or(0, |(b, _)| b.len() as u64))
             }
-            StdioBody::Stream { .. } => http_body::SizeHint::default(),
+            StdioBody::Stream { .. } | StdioBody::Watch { .. } => http_body::SizeHint::default(),
         }
     }
 }

@@ -191,6 +191,23 @@ impl StdioUpstream {
         exec::kill_leftovers();
     }
 
+    /// The child's change notices for `caller` (its child, when each client has its own),
+    /// as an SSE stream, the way a 2025 server's session GET stream carries them.
+    pub(crate) async fn watch(&self, caller: &Caller) -> Result<Response<StdioBody>, Error> {
+        let pipe = self.pipe(caller).await?;
+        let _using = Using::new(&pipe);
+        generation(&pipe).await?;
+        let (key, notes) = pipe.lock().watch();
+        let body = StdioBody::Watch {
+            notes,
+            _watching: body::Watching {
+                pipe: pipe.clone(),
+                key,
+            },
+        };
+        Ok(answer(StatusCode::OK, Some("text/event-stream"), body))
+    }
+
     /// One JSON-RPC message to the child, answered as an HTTP upstream would: 202 for a
     /// notification or a client's answer, a response for a request. `relay`: whether the
     /// client may be sent the server's own requests (a 2025 client).

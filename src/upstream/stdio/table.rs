@@ -126,6 +126,9 @@ pub(super) enum FromClient {
 pub(super) struct RequestTable {
     pending: HashMap<Key, Waiting>,
     asked: HashMap<Key, Asked>,
+    /// Who hears the child's change notices (`upstream/listen.rs`'s feeds), by a key of
+    /// their own.
+    watchers: HashMap<Key, mpsc::Sender<Held>>,
 }
 
 fn error_reply(id: &RawValue, code: i64, message: &str) -> Bytes {
@@ -168,11 +171,14 @@ impl RequestTable {
 
     /// Whether any request is waiting on child `generation`.
     pub(super) fn busy(&self, generation: u64) -> bool {
-        self.pending.values().any(|w| w.generation == generation)
+        !self.watchers.is_empty() || self.pending.values().any(|w| w.generation == generation)
     }
 
     /// Fails every request written to child `generation` (it exited): each gets `error` now.
     pub(super) fn fail_generation(&mut self, generation: u64, error: impl Fn() -> Error) {
+        // Its watchers' streams end: they open again on the next child, and tell it again
+        // what they subscribe to.
+        self.watchers.clear();
         let keys: Vec<Key> = self
             .pending
             .iter()
@@ -352,13 +358,56 @@ impl RequestTable {
         Routed::Delivered
     }
 
+    /// A new watcher of the child's change notices: its key and what it hears.
+    pub(super) fn watch(&mut self) -> (Key, mpsc::Receiver<Held>) {
+        let (tx, rx) = mpsc::channel(NOTES);
+        let key = fresh_key();
+        self.watchers.insert(key, tx);
+        (key, rx)
+    }
+
+    pub(super) fn unwatch(&mut self, key: Key) {
+        self.watchers.remove(&key);
+    }
+
+    /// A change notice (it names no request: the child's lists changed) for every watcher.
+    fn change_notice(&mut self, msg: &RawMap, budget: &Arc<MemoryBudget>) -> Routed {
+        if self.watchers.is_empty() {
+            return Routed::Dropped("a change notice nobody listens for");
+        }
+        let bytes = raw::to_bytes(msg);
+        let mut delivered = false;
+        self.watchers.retain(|_, tx| {
+            match hold(bytes.clone(), budget).map(|h| tx.try_send(h)) {
+                Some(Ok(())) => delivered = true,
+                Some(Err(mpsc::error::TrySendError::Closed(_))) => return false,
+                _ => {}
+            }
+            true
+        });
+        if delivered {
+            Routed::Delivered
+        } else {
+            Routed::Dropped("a change notice its listeners had no room for")
+        }
+    }
+
     fn notification(
         &mut self,
         generation: u64,
         msg: &mut RawMap,
         budget: &Arc<MemoryBudget>,
     ) -> Routed {
+        // A change notice that names no request (2025 has no listen stream to name) is the
+        // watchers'.
+        let change = msg
+            .get("method")
+            .and_then(|m| raw::as_str(m))
+            .is_some_and(|m| crate::mcp::method::is_change_notice(&m));
         let Some(mut params) = msg.get("params").and_then(|p| raw::open(p)) else {
+            if change {
+                return self.change_notice(msg, budget);
+            }
             return Routed::Dropped("a notification that names no request");
         };
         let by_token = params.get("progressToken").and_then(|t| key_of(t));
@@ -372,6 +421,9 @@ impl RequestTable {
             .and_then(|k| Some((k, self.pending.get(&k)?)))
             .filter(|(_, w)| w.generation == generation);
         let Some((k, w)) = target else {
+            if change && by_subscription.is_none() {
+                return self.change_notice(msg, budget);
+            }
             return Routed::Dropped("a notification that names no waiting request");
         };
         if by_token == Some(k) {
