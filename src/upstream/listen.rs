@@ -293,12 +293,13 @@ fn notice(method: &str, uri: Option<&str>, id: &RawValue) -> Bytes {
 /// What a feed's task needs of the upstream (implemented by `Upstream`, in `mod.rs`).
 pub(crate) trait Watched: Send + Sync + 'static {
     /// The session the caller's requests use: its headers for a request in it, and the
-    /// upstream's `initialize` result. `fresh`: a new handshake (the upstream forgot it).
+    /// upstream's `initialize` result. `stale`: a session the upstream forgot; when the
+    /// table still holds it, a new handshake replaces it.
     fn session_headers(
         &self,
         client: &Client<'_>,
         caps: Option<&str>,
-        fresh: bool,
+        stale: Option<&HeaderValue>,
     ) -> impl std::future::Future<Output = Result<(HeaderMap, Value), Error>> + Send;
     /// Opens the session's notices (the GET stream; a stdio child's pipe).
     fn watch(
@@ -391,7 +392,7 @@ impl Listeners {
             Want::of_request(bytes).map_err(|why| Error::new(ErrorKind::InvalidParams, why))?;
         // The upstream's capabilities say what is honoured (a handshake if none is open).
         let (_, init) = upstream
-            .session_headers(client, caps.as_deref(), false)
+            .session_headers(client, caps.as_deref(), None)
             .await?;
         let want = want.honoured(init.get("capabilities"));
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.max {
@@ -568,6 +569,8 @@ fn listen_stream(
 enum Ended {
     /// It was open and then ended or broke: reopen after a pause.
     Dropped(String),
+    /// The upstream no longer knows the session (404): reopen in a new one.
+    Forgotten(Option<HeaderValue>),
     /// The upstream keeps no stream for the session (405): list changes on call streams
     /// are still fed; nothing more to open.
     NoStream,
@@ -584,11 +587,10 @@ async fn run_feed<W: Watched>(
     listeners: Arc<Listeners>,
 ) {
     let mut pause = BACKOFF_FIRST;
-    let mut fresh = false;
+    let mut stale = None;
     loop {
         let opened = Instant::now();
-        let ended = feed_once(&feed, &*upstream, &owner, &listeners, fresh).await;
-        fresh = false;
+        let ended = feed_once(&feed, &*upstream, &owner, &listeners, stale.take()).await;
         match ended {
             Ended::NoStream => {
                 tracing::info!("the upstream keeps no GET stream for its sessions (405): only the change notices it sends on calls' streams reach listeners");
@@ -602,9 +604,13 @@ async fn run_feed<W: Watched>(
             Ended::Dropped(why) => {
                 metrics.listen.reopened.inc();
                 tracing::debug!(why, "a listen feed's stream ended; reopening");
-                if why.contains("404") {
-                    fresh = true;
-                }
+            }
+            Ended::Forgotten(session) => {
+                metrics.listen.reopened.inc();
+                tracing::debug!(
+                    "the upstream forgot a listen feed's session; reopening in a new one"
+                );
+                stale = session;
             }
         }
         if opened.elapsed() >= HEALTHY {
@@ -623,7 +629,7 @@ async fn feed_once<W: Watched>(
     upstream: &W,
     owner: &Owner,
     listeners: &Listeners,
-    fresh: bool,
+    stale: Option<HeaderValue>,
 ) -> Ended {
     let client = Client {
         headers: &owner.headers,
@@ -631,7 +637,7 @@ async fn feed_once<W: Watched>(
         meta: None,
     };
     let (mut headers, _) = match upstream
-        .session_headers(&client, owner.caps.as_deref(), fresh)
+        .session_headers(&client, owner.caps.as_deref(), stale.as_ref())
         .await
     {
         Ok(s) => s,
@@ -648,6 +654,9 @@ async fn feed_once<W: Watched>(
     };
     match resp.status() {
         StatusCode::METHOD_NOT_ALLOWED => return Ended::NoStream,
+        StatusCode::NOT_FOUND => {
+            return Ended::Forgotten(headers.get(crate::mcp::headers::SESSION_ID).cloned())
+        }
         s @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => return Ended::Refused(s),
         s if !s.is_success() => return Ended::Dropped(format!("the upstream answered {s}")),
         _ => {}
@@ -690,7 +699,7 @@ async fn feed_once<W: Watched>(
             _ = keep.tick() => {
                 // Marks the session used; one that was replaced (evicted, or the upstream
                 // forgot it) means this stream is no longer its.
-                let now = upstream.session_headers(&client, owner.caps.as_deref(), false).await;
+                let now = upstream.session_headers(&client, owner.caps.as_deref(), None).await;
                 let ours = headers.get(crate::mcp::headers::SESSION_ID);
                 match now {
                     Ok((h, _)) if h.get(crate::mcp::headers::SESSION_ID) == ours => {}

@@ -792,14 +792,13 @@ impl listen::Watched for Upstream {
         &self,
         client: &Client<'_>,
         caps: Option<&str>,
-        fresh: bool,
+        stale: Option<&::http::HeaderValue>,
     ) -> Result<(::http::HeaderMap, Value), Error> {
         let sessions = &self.known.sessions;
-        let session = if fresh {
-            sessions.handshake(&self.link, client, caps).await?
-        } else {
-            sessions.session(&self.link, client, caps).await?
-        };
+        let mut session = sessions.session(&self.link, client, caps).await?;
+        if stale.is_some() && session.id.as_ref() == stale {
+            session = sessions.handshake(&self.link, client, caps).await?;
+        }
         let mut headers = self.link.base_headers(client);
         session.apply(&mut headers);
         Ok((headers, session.init.clone()))

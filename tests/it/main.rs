@@ -30,6 +30,7 @@ mod secrets;
 mod shutdown;
 mod soak;
 mod stdio;
+mod subscriptions;
 mod targets;
 mod telemetry;
 mod tls;
