@@ -306,7 +306,7 @@ pub(crate) trait Watched: Send + Sync + 'static {
         &self,
         caller: &Caller,
         headers: HeaderMap,
-    ) -> impl std::future::Future<Output = Result<http::Response<super::UpstreamBody>, Error>> + Send;
+    ) -> impl std::future::Future<Output = Result<http::Response<super::hop::UpstreamBody>, Error>> + Send;
     /// POSTs one message in the session, its answer read and dropped.
     fn post_in_session(
         &self,

@@ -200,6 +200,7 @@ README.
   (list "EPODE_SIDECAR_UPSTREAM_SESSION_IDLE" "sidecar.limits.upstreamSessionIdle" $l.upstreamSessionIdle)
   (list "EPODE_SIDECAR_HELD_CALLS" "sidecar.limits.heldCalls" $l.heldCalls)
   (list "EPODE_SIDECAR_HELD_CALL_WAIT" "sidecar.limits.heldCallWait" $l.heldCallWait)
+  (list "EPODE_SIDECAR_LISTEN_STREAMS" "sidecar.limits.listenStreams" $l.listenStreams)
   (list "EPODE_SIDECAR_UPSTREAM_MAX_IDLE" "sidecar.limits.upstreamMaxIdle" $l.upstreamMaxIdle)
   (list "EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT" "sidecar.limits.upstreamIdleTimeout" $l.upstreamIdleTimeout)
   (list "EPODE_SIDECAR_UPSTREAM_MAX_CONNECTIONS" "sidecar.limits.upstreamMaxConnections" $l.upstreamMaxConnections)
