@@ -309,16 +309,34 @@ impl HeldStream {
 /// A held stream's body, whatever carried it.
 pub(crate) type HeldBody = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
 
+/// Rounds of questions one call may ask its client, in either direction (a 2025 server's
+/// asked as `input_required`, a 2026 server's asked of a 2025 client); past them the call
+/// fails.
+pub(crate) const MAX_ROUNDS: usize = 8;
+
+/// Questions one round may ask; past them a 2025 server's question is declined.
+pub(crate) const MAX_QUESTIONS: usize = 16;
+
+/// Why a question is not asked of the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decline {
+    /// The client did not declare the capability answering it takes.
+    NotDeclared,
+    /// The round already holds [`MAX_QUESTIONS`].
+    TooMany,
+}
+
 /// How a 2026 client is asked a 2025-era upstream's questions (MRTR, SEP-2322): the
 /// upstream side of it (answering the upstream, holding the call) lives with the upstream.
 pub(crate) trait Bridge: Send {
     /// Whether the client declared the capability answering `question` takes.
     fn covers(&self, question: &Question) -> bool;
-    /// Tells the upstream the client cannot answer `question` (the error a 2025 client
-    /// without the capability sends); the call goes on.
+    /// Tells the upstream the client is not asked `question` (for a capability it did not
+    /// declare, the error a 2025 client without it sends); the call goes on.
     fn decline(
         &self,
         question: &Question,
+        why: Decline,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
     /// Holds the rest of the call (`stream`) with the questions the client is asked; the
     /// `requestState` its retry echoes, or why the call cannot be held.
@@ -513,10 +531,12 @@ where
     async fn taken_off(&mut self, block: &[u8]) -> bool {
         if let Some(q) = self.bridged_question(block) {
             if let Questions::Bridged(bridge) = &self.bounds.questions {
-                if bridge.covers(&q) {
-                    self.asked.push(q);
+                if !bridge.covers(&q) {
+                    bridge.decline(&q, Decline::NotDeclared).await;
+                } else if self.asked.len() >= MAX_QUESTIONS {
+                    bridge.decline(&q, Decline::TooMany).await;
                 } else {
-                    bridge.decline(&q).await;
+                    self.asked.push(q);
                 }
             }
             return true;

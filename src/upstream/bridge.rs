@@ -26,7 +26,9 @@ use crate::budget::MemoryBudget;
 use crate::error::{code, Error, ErrorKind};
 use crate::mcp::method::Method;
 use crate::mcp::raw::{self, RawMap};
-use crate::mcp::sse::{self, Bridge, HeldStream, Question, Questions, StreamBounds};
+use crate::mcp::sse::{
+    self, Bridge, Decline, HeldStream, Question, Questions, StreamBounds, MAX_QUESTIONS, MAX_ROUNDS,
+};
 use crate::mcp::version::META_CLIENT_CAPABILITIES;
 use crate::metrics::Metrics;
 
@@ -92,12 +94,20 @@ fn answer_message(id: &RawValue, result: &RawValue) -> Bytes {
     raw::to_bytes(&m)
 }
 
-/// The error a 2025 client without the capability sends for question `q`.
-fn declined_message(q: &Question) -> Bytes {
-    let msg = json!({"jsonrpc": "2.0", "id": &*q.id, "error": {
-        "code": code::METHOD_NOT_FOUND,
-        "message": format!("the client did not declare the capability {} takes", q.method),
-    }});
+/// The error the upstream gets for question `q`, not asked: the one a 2025 client without
+/// the capability sends, or one that says the round is full.
+fn declined_message(q: &Question, why: Decline) -> Bytes {
+    let (code, message) = match why {
+        Decline::NotDeclared => (
+            code::METHOD_NOT_FOUND,
+            format!("the client did not declare the capability {} takes", q.method),
+        ),
+        Decline::TooMany => (
+            code::INTERNAL_ERROR,
+            format!("epode-sidecar: this call already asks its client {MAX_QUESTIONS} questions at once, the most it asks; {} is not asked", q.method),
+        ),
+    };
+    let msg = json!({"jsonrpc": "2.0", "id": &*q.id, "error": {"code": code, "message": message}});
     Bytes::from(msg.to_string())
 }
 
@@ -115,6 +125,8 @@ pub(super) struct Asking {
     pub(super) upstream_id: Box<RawValue>,
     pub(super) held: Arc<HeldCalls>,
     pub(super) budget: Arc<MemoryBudget>,
+    /// Which round of questions this is (1: the call's first).
+    pub(super) round: usize,
 }
 
 impl Bridge for Asking {
@@ -125,14 +137,22 @@ impl Bridge for Asking {
     fn decline(
         &self,
         question: &Question,
+        why: Decline,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>> {
-        let bytes = declined_message(question);
+        let bytes = declined_message(question, why);
         self.answers
             .clone()
             .answer(self.headers.clone(), self.caller, self.reply.clone(), bytes)
     }
 
     fn hold(self: Box<Self>, stream: HeldStream, asked: Vec<Question>) -> Result<String, Error> {
+        if self.round > MAX_ROUNDS {
+            // Dropping the stream cancels the call upstream.
+            return Err(Error::new(
+                ErrorKind::UpstreamFailed,
+                format!("the upstream asked its client questions in more than {MAX_ROUNDS} rounds of one call, the most the sidecar asks; the call ends here"),
+            ));
+        }
         let target = serde_json::from_slice::<Value>(&self.request)
             .ok()
             .and_then(|m| m.get("params").map(target_of))
@@ -158,6 +178,7 @@ impl Bridge for Asking {
             stream,
             reply: self.reply,
             upstream_id: self.upstream_id,
+            round: self.round,
             _bytes: held,
         })
     }
@@ -283,6 +304,7 @@ async fn go_on(
         stream,
         reply,
         upstream_id,
+        round,
         ..
     } = call;
     let asking = Asking {
@@ -295,6 +317,7 @@ async fn go_on(
         upstream_id,
         held: way.held.clone(),
         budget: bounds.budget.clone(),
+        round: round + 1,
     };
     let stream_bounds = StreamBounds {
         max_event: bounds.max_event,

@@ -69,6 +69,8 @@ pub(crate) struct HeldCall {
     pub(crate) reply: Reply,
     /// The call's own id upstream (its cancellation names it).
     pub(crate) upstream_id: Box<RawValue>,
+    /// The round of questions it is held in (1: the call's first).
+    pub(crate) round: usize,
     /// Its bytes in the memory budget, given back when it ends.
     pub(crate) _bytes: Reservation,
 }

@@ -27,16 +27,10 @@ use crate::body::{Body, BoxError};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::raw;
 use crate::mcp::rewrite::ResultPlan;
-use crate::mcp::sse::message_event;
+use crate::mcp::sse::{message_event, MAX_QUESTIONS, MAX_ROUNDS};
 
 /// How the sidecar's questions to a 2025 client are named: the client answers under this id.
 pub(super) const ASK_PREFIX: &str = "epode-sidecar-ask-";
-
-/// Rounds of `input_required` one call may go through before it fails.
-pub(super) const MAX_ROUNDS: usize = 8;
-
-/// Questions one round may ask.
-pub(super) const MAX_QUESTIONS: usize = 16;
 
 /// Questions asked of 2025 clients at once, across the process.
 const MAX_OPEN: usize = 4096;

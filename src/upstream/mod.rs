@@ -497,6 +497,7 @@ impl Upstream {
             upstream_id: ctx.id.to_owned(),
             held: self.known.held.clone(),
             budget: self.link.bounds().budget.clone(),
+            round: 1,
         })
     }
 

@@ -581,3 +581,164 @@ async fn past_the_held_calls_bound_a_question_fails_its_call_with_503() {
     let msg = call(&sc, &call_body(4, "party", json!({}), all_capabilities())).await;
     questions(&msg);
 }
+
+/// Answers every question of an `input_required` result with a count.
+fn answer_counts(asked: &serde_json::Map<String, Value>) -> Value {
+    Value::Object(
+        asked
+            .keys()
+            .map(|k| {
+                (
+                    k.clone(),
+                    json!({"action": "accept", "content": {"count": 1}}),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// An upstream that asks 1,000 questions at once has 16 of them asked (one round) and the
+/// rest declined at once, so the call goes on; one that asks 1,000 times, one after the
+/// other, is asked 8 rounds and then its call ends with an error naming the bound. The
+/// server is not stuck after either.
+#[tokio::test]
+async fn an_upstream_that_asks_a_thousand_times_is_bounded() {
+    let up = Upstream::start_with(UpstreamKind::Python, &["--questions", "--era", "2025"]);
+    let sc = Sidecar::start(&up.url(), &[ERA_2025]);
+
+    let first = call_body(1, "ask_many", json!({"n": 1000}), all_capabilities());
+    let mut msg = call(&sc, &first).await;
+    let (asked, _) = questions(&msg);
+    assert_eq!(
+        asked.len(),
+        16,
+        "the first round asks the most a round holds"
+    );
+    let mut id = 2;
+    let mut rounds = 0;
+    while msg["result"]["resultType"] == "input_required" {
+        rounds += 1;
+        assert!(rounds <= 8, "{rounds} rounds");
+        let (asked, state) = questions(&msg);
+        assert!(asked.len() <= 16, "{}", asked.len());
+        msg = call(&sc, &retry(&first, id, &state, answer_counts(asked))).await;
+        id += 1;
+    }
+    let text = text_of(&msg);
+    let counts: Vec<u64> = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(counts.len(), 2, "{text}");
+    assert_eq!(counts[0] + counts[1], 1000, "{text}");
+    assert!(
+        counts[0] >= 16 && counts[0] <= 16 * rounds,
+        "{text} in {rounds} rounds"
+    );
+
+    let first = call_body(100, "ask_forever", json!({"n": 1000}), all_capabilities());
+    let mut msg = call(&sc, &first).await;
+    let mut rounds = 0;
+    let mut id = 101;
+    while msg["result"]["resultType"] == "input_required" {
+        rounds += 1;
+        assert!(rounds <= 8, "{rounds} rounds");
+        let (asked, state) = questions(&msg);
+        msg = call(&sc, &retry(&first, id, &state, answer_counts(asked))).await;
+        id += 1;
+    }
+    assert_eq!(rounds, 8, "{msg}");
+    let error = msg["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"));
+    assert!(error.contains("more than 8 rounds"), "{error}");
+    // The server still answers.
+    let msg = call(
+        &sc,
+        &call_body(200, "echo", json!({"text": "still here"}), json!({})),
+    )
+    .await;
+    assert_eq!(msg["result"]["resultType"], "complete", "{msg}");
+}
+
+/// 10,000 calls whose upstream asks a question in each: at most `EPODE_SIDECAR_HELD_CALLS`
+/// are held, every other one fails at once with 503 naming the setting (none hangs), and the
+/// sidecar answers other requests meanwhile within its memory. (Their deadline is
+/// `a_call_whose_client_never_retries_is_cancelled_at_its_deadline_and_counted`'s.)
+#[tokio::test]
+async fn ten_thousand_calls_that_ask_hold_at_most_the_bound() {
+    use crate::support::scripted::{Reply, ScriptedUpstream};
+    use futures_util::stream::StreamExt;
+    let ask = r#"{"jsonrpc":"2.0","id":"q1","method":"elicitation/create","params":{"mode":"form","message":"Count?","requestedSchema":{"type":"object","properties":{"count":{"type":"integer"}}}}}"#;
+    let up = ScriptedUpstream::new()
+        .when(|r| r.json.get("id").is_none(), Reply::empty(202))
+        .on(
+            "initialize",
+            Reply::result(json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}}, "serverInfo": {"name": "asks", "version": "1"}}))
+                .header("mcp-session-id", "s-1"),
+        )
+        .on("tools/call", Reply::sse().event(ask).then_hang())
+        .otherwise(Reply::result(json!({"tools": []})))
+        .start();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ERA_2025,
+            ("EPODE_SIDECAR_HELD_CALLS", "64"),
+            ("EPODE_SIDECAR_HELD_CALL_WAIT", "10m"),
+        ],
+    );
+    let rss_before = crate::support::rss_kib(sc.pid());
+    let started = Instant::now();
+    let outcomes: Vec<(u16, Value)> = futures_util::stream::iter(0..10_000u64)
+        .map(|i| {
+            let url = sc.url();
+            async move {
+                let body = call_body(i, "count", json!({}), all_capabilities());
+                let resp = post_modern(&url, "tools/call", Some("count"), &body).await;
+                let status = resp.status().as_u16();
+                let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
+                (status, last_message(&ct, &resp.text().await.unwrap()))
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let took = started.elapsed();
+    let mut held = 0;
+    let mut refused = 0;
+    for (status, msg) in &outcomes {
+        if msg["result"]["resultType"] == "input_required" {
+            held += 1;
+            continue;
+        }
+        let text = msg["error"]["message"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{status} {msg}"));
+        assert!(text.contains("EPODE_SIDECAR_HELD_CALLS"), "{status} {text}");
+        assert!(*status == 503 || *status == 200, "{status} {msg}");
+        refused += 1;
+    }
+    assert_eq!(held, 64, "held {held}, refused {refused}");
+    assert_eq!(refused, 10_000 - 64);
+    let rss_after = crate::support::rss_kib(sc.pid());
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "RSS grew from {rss_before} KiB to {rss_after} KiB"
+    );
+    // Meanwhile it answers at once.
+    let t = Instant::now();
+    let body = json!({"jsonrpc": "2.0", "id": "l", "method": "tools/list", "params": {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}}});
+    let resp = post_modern(&sc.url(), "tools/list", None, &body).await;
+    assert_eq!(resp.status(), 200);
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    eprintln!("10,000 asking calls in {took:?}; RSS {rss_before} -> {rss_after} KiB");
+    let m = crate::support::get_blocking(sc.addr, "/metrics");
+    assert_eq!(
+        crate::support::metric_value(&m, "epode_sidecar_held_calls "),
+        64
+    );
+}

@@ -27,6 +27,9 @@ Usage (run with the venv python from scripts/install-peers.sh):
                            ask_twice {together=false}  two elicitations ("Your name?" {name},
                                             "Your age?" {age}), one after the other, or both at
                                             once (together=true); "name=.. age=.."
+                           ask_many {n=1000} n elicitations at once; "answered A, refused R"
+                           ask_forever {n=1000} n elicitations one after the other;
+                                            "asked N times"
                            sample           sampling/createMessage (user text "Say hello",
                                             maxTokens 50); "sampled: <text>"
                            roots            roots/list, as with --extras (NOT related to the call:
@@ -243,6 +246,31 @@ def add_question_tools() -> None:
             name = await ctx.elicit("Your name?", schema=Name)
             age = await ctx.elicit("Your age?", schema=Age)
         return f"name={_said(name, 'name')} age={_said(age, 'age')}"
+
+    @mcp.tool(structured_output=False)
+    async def ask_many(ctx: Context, n: int = 1000) -> str:
+        """Ask N counts at once; say how many were answered and how many came back an error."""
+        results: list[object] = [None] * n
+
+        async def one(i: int) -> None:
+            try:
+                results[i] = await ctx.elicit(f"Count {i}?", schema=Count)
+            except Exception as e:  # the client (or the sidecar) refused to ask it
+                results[i] = e
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+        answered = sum(1 for r in results if getattr(r, "action", None) == "accept")
+        refused = sum(1 for r in results if isinstance(r, Exception))
+        return f"answered {answered}, refused {refused}"
+
+    @mcp.tool(structured_output=False)
+    async def ask_forever(ctx: Context, n: int = 1000) -> str:
+        """Ask a count N times, one after the other; "asked N times" if every one is answered."""
+        for i in range(n):
+            await ctx.elicit(f"Count {i}?", schema=Count)
+        return f"asked {n} times"
 
     @mcp.tool(structured_output=False)
     async def sample(ctx: Context) -> str:
