@@ -101,7 +101,7 @@ settings! {
             &["EPODE_SIDECAR_UPSTREAM_PROTOCOL"],
             Some("auto"),
             "auto, 2026-07-28 or 2025-11-25",
-            "The upstream's era: `auto` probes with `server/discover` (with the calling request's credentials) and falls back to the `initialize` handshake; `2026-07-28` or `2025-11-25` fix it.",
+            "The upstream's era: `auto` probes with `server/discover` (with the calling request's credentials) and falls back to the `initialize` handshake; `2026-07-28` or `2025-11-25` fix it. A stdio server that serves both eras takes the era of the first message it reads: the sidecar's readiness `ping` makes it 2025 unless this is `2026-07-28`; a server that asks its questions only in 2025 (FastMCP 4.1.6's `ctx.elicit`) needs `2025-11-25`.",
             upstream_protocol,
             |c| {
                 match c.upstream_protocol {

@@ -158,6 +158,7 @@ impl Upstream {
                     max_line: config.limits.max_upstream_answer,
                     on_limit: on_limit.clone(),
                     wait: config.limits.upstream_wait,
+                    modern: config.upstream_protocol == crate::config::UpstreamProtocol::Modern,
                 },
             )?),
         };

@@ -742,3 +742,18 @@ async fn ten_thousand_calls_that_ask_hold_at_most_the_bound() {
         64
     );
 }
+
+/// The same over stdio: FastMCP as a child spoken to in 2026
+/// (`EPODE_SIDECAR_UPSTREAM_PROTOCOL=2026-07-28`: its readiness probe is then a 2026
+/// `server/discover`, which does not pin the dual-era child to 2025 as a `ping` would), a 2025
+/// client asked its `input_required` question on the call's stream.
+#[tokio::test]
+async fn a_2026_servers_input_required_asks_a_2025_client_over_stdio() {
+    let py = python();
+    let script = repo_root().join("tests/peers/fastmcp_server.py");
+    let sc = Sidecar::start_stdio(
+        &[py.to_str().unwrap(), script.to_str().unwrap(), "--stdio"],
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28")],
+    );
+    a_2025_client_is_asked_as_2025_servers_ask(&sc).await;
+}

@@ -64,7 +64,13 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub(crate) struct StdioUpstream {
     children: Arc<Children>,
+    /// The readiness probe (see [`StdioBounds::modern`]).
+    probe: &'static [u8],
 }
+
+/// The readiness probes: any answer, an error included, says the child runs.
+const PING: &[u8] = br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#;
+const DISCOVER: &[u8] = br#"{"jsonrpc":"2.0","id":0,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"epode-sidecar","version":"readiness"}}}}"#;
 
 enum Children {
     Shared(Arc<Pipe>),
@@ -110,6 +116,7 @@ impl StdioUpstream {
     pub(crate) fn start(command: &StdioCommand, bounds: StdioBounds) -> Result<Self, Error> {
         exec::become_subreaper();
         spawn_reaper();
+        let probe = if bounds.modern { DISCOVER } else { PING };
         let children = match command.children {
             StdioChildren::Shared => Children::Shared(child::start(command, &bounds)?),
             StdioChildren::PerClient { max, idle } => {
@@ -119,6 +126,7 @@ impl StdioUpstream {
         };
         Ok(StdioUpstream {
             children: Arc::new(children),
+            probe,
         })
     }
 
@@ -152,12 +160,10 @@ impl StdioUpstream {
         if g.answered.load(Ordering::Relaxed) {
             return Ok(());
         }
-        let ping = raw::parse_message(br#"{"jsonrpc":"2.0","id":0,"method":"ping"}"#).ok_or_else(
-            || {
-                let why = "the readiness probe could not be built";
-                NotReady::lasting(why, why)
-            },
-        )?;
+        let ping = raw::parse_message(self.probe).ok_or_else(|| {
+            let why = "the readiness probe could not be built";
+            NotReady::lasting(why, why)
+        })?;
         let internal = Caller::internal();
         let probe = request_whole(&pipe, &g, ping, &internal);
         match tokio::time::timeout(PROBE_TIMEOUT, probe).await {

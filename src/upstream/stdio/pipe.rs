@@ -53,6 +53,10 @@ pub(crate) struct StdioBounds {
     pub(crate) on_limit: Arc<dyn Fn(LimitKind) + Send + Sync>,
     /// How long a request waits for room in the child's stdin queue before 503.
     pub(crate) wait: Duration,
+    /// The upstream is set to speak 2026-07-28: the readiness probe is a 2026
+    /// `server/discover`, not a `ping`, so it does not pin a child that serves both eras (the
+    /// first message decides) to 2025.
+    pub(crate) modern: bool,
 }
 
 /// One child process (through its restarts), and who waits for what on its pipe.
