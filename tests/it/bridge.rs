@@ -225,8 +225,8 @@ async fn a_client_without_the_capability_is_never_asked() {
     );
 }
 
-/// The Python SDK's sampling (`ctx.session.create_message`) and its sequential questions,
-/// over stdio and over HTTP: each a round of its own, until the result.
+/// The Python SDK's sampling (`ctx.session.create_message`), its sequential questions and
+/// its `roots/list`, over stdio and over HTTP: each a round of its own, until the result.
 async fn sampling_and_sequential_rounds(sc: &Sidecar) {
     let first = call_body(1, "sample", json!({}), all_capabilities());
     let msg = call(sc, &first).await;
@@ -251,6 +251,16 @@ async fn sampling_and_sequential_rounds(sc: &Sidecar) {
         msg = call(sc, &retry(&first, id, &state, answer)).await;
     }
     assert_eq!(text_of(&msg), "name=Ada age=7");
+
+    // roots/list, related to the call.
+    let first = call_body(6, "roots_call", json!({}), all_capabilities());
+    let msg = call(sc, &first).await;
+    let (asked, state) = questions(&msg);
+    let (key, q) = asked.iter().next().unwrap();
+    assert_eq!(q["method"], "roots/list", "{q}");
+    let answer = json!({key.clone(): {"roots": [{"uri": "file:///work", "name": "work"}]}});
+    let msg = call(sc, &retry(&first, 7, &state, answer)).await;
+    assert_eq!(text_of(&msg), "1 roots: file:///work");
 }
 
 #[tokio::test]
