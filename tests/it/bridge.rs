@@ -767,3 +767,106 @@ async fn a_2026_servers_input_required_asks_a_2025_client_over_stdio() {
     );
     a_2025_client_is_asked_as_2025_servers_ask(&sc).await;
 }
+
+/// A 2026 TypeScript server's `input_required` (the SDK's `inputRequired(...)`) asked of a raw
+/// 2025 client over two rounds: an elicitation and a `roots/list` at once, then a sampling;
+/// each answer goes to the question it answers, the call is sent again with the upstream's
+/// `requestState` untouched, and the result ends the stream.
+#[tokio::test]
+async fn a_2026_typescript_servers_rounds_are_asked_of_a_2025_client() {
+    let up = Upstream::start(UpstreamKind::TypeScript);
+    let sc = Sidecar::start(&up.url(), &[]);
+    // The client declares what it can answer at initialize (the server asks only then); the
+    // sidecar's session id carries it.
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"elicitation": {"form": {}}, "sampling": {}, "roots": {}},
+        "clientInfo": {"name": "raw-2025", "version": "0"}}});
+    let resp = crate::support::http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .body(init.to_string())
+        .send()
+        .await
+        .unwrap();
+    let sid = resp.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let legacy = |body: &Value| {
+        crate::support::http()
+            .post(sc.url())
+            .header("content-type", "application/json")
+            .header("accept", "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25")
+            .header("mcp-session-id", sid.clone())
+            .body(body.to_string())
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "deploy", "arguments": {"env": "prod"}}});
+    let mut resp = legacy(&call).send().await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut seen = String::new();
+    let mut taken = 0;
+    // The messages of the stream, one at a time.
+    let mut next = async || -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let msgs: Vec<Value> = seen
+                .split("\n\n")
+                .filter(|ev| ev.ends_with('}') || ev.contains("data:"))
+                .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
+                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                .collect();
+            if msgs.len() > taken {
+                taken += 1;
+                return msgs[taken - 1].clone();
+            }
+            assert!(Instant::now() < deadline, "nothing more in {seen}");
+            let chunk = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
+                .await
+                .expect("the stream went quiet")
+                .unwrap()
+                .unwrap_or_else(|| panic!("the stream ended: {seen}"));
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    };
+    let answer = |id: &Value, result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
+    // Round 1: two questions at once.
+    let (a, b) = (next().await, next().await);
+    let mut methods = [a["method"].as_str().unwrap(), b["method"].as_str().unwrap()];
+    methods.sort();
+    assert_eq!(methods, ["elicitation/create", "roots/list"], "{a} {b}");
+    for q in [&a, &b] {
+        let result = match q["method"].as_str().unwrap() {
+            "elicitation/create" => {
+                assert_eq!(q["params"]["message"], "Deploy to prod?", "{q}");
+                json!({"action": "accept", "content": {"confirm": true}})
+            }
+            _ => json!({"roots": [{"uri": "file:///a"}, {"uri": "file:///b"}]}),
+        };
+        let r = legacy(&answer(&q["id"], result)).send().await.unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    // Round 2: the sampling.
+    let c = next().await;
+    assert_eq!(c["method"], "sampling/createMessage", "{c}");
+    assert_eq!(
+        c["params"]["messages"][0]["content"]["text"], "Say deployed",
+        "{c}"
+    );
+    let r = legacy(&answer(
+        &c["id"],
+        json!({"role": "assistant", "content": {"type": "text", "text": "done!"}, "model": "m"}),
+    ))
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 202);
+    let last = next().await;
+    assert_eq!(last["id"], 9, "{last}");
+    assert_eq!(
+        last["result"]["content"][0]["text"], "deployed to prod (2 roots): done!",
+        "{last}"
+    );
+}

@@ -18,10 +18,14 @@
 // Tools (same behaviour as py_server.py):
 //   echo {text}    no outputSchema; text = JSON {"echoed","len"}
 //   add  {a,b}     outputSchema {sum,a,b}; structuredContent + JSON text
+//   deploy {env}   2026 MRTR (the SDK's inputRequired): round 1 asks `confirm`
+//                  (elicitation, {confirm: boolean}) and `roots` (roots/list) at once,
+//                  round 2 `say` (sampling); then "deployed to ENV (N roots): TEXT", or
+//                  "not deployed" when not confirmed. requestState is unsealed (a test peer).
 //   slow {steps=3} one notifications/progress every ~100 ms when the request
 //                  has _meta.progressToken, then text "done N"; no outputSchema
 import { createServer } from 'node:http';
-import { McpServer, createMcpHandler } from '@modelcontextprotocol/server';
+import { McpServer, createMcpHandler, inputRequired, acceptedContent } from '@modelcontextprotocol/server';
 import { toNodeHandler, localhostHostValidation, localhostOriginValidation } from '@modelcontextprotocol/node';
 import * as z from 'zod';
 
@@ -64,6 +68,48 @@ const factory = () => {
     async ({ a, b }) => {
       const out = { sum: a + b, a, b };
       return { content: [{ type: 'text', text: JSON.stringify(out) }], structuredContent: out };
+    },
+  );
+  s.registerTool(
+    'deploy',
+    {
+      description: 'Ask before deploying (2026 MRTR): round 1 asks confirm (elicitation) and roots at once, round 2 asks a sampling; then "deployed to ENV (N roots): TEXT", or "not deployed".',
+      inputSchema: z.object({ env: z.string() }),
+    },
+    async ({ env }, ctx) => {
+      const read = (v) => (typeof v === 'function' ? v.call(ctx.mcpReq) : v);
+      const state = read(ctx.mcpReq.requestState);
+      const responses = read(ctx.mcpReq.inputResponses);
+      if (state === undefined) {
+        return inputRequired({
+          inputRequests: {
+            confirm: inputRequired.elicit({
+              message: `Deploy to ${env}?`,
+              requestedSchema: z.object({ confirm: z.boolean() }),
+            }),
+            roots: inputRequired.listRoots(),
+          },
+          requestState: 'round-1',
+        });
+      }
+      if (state === 'round-1') {
+        if (acceptedContent(responses, 'confirm')?.confirm !== true) {
+          return { content: [{ type: 'text', text: 'not deployed' }] };
+        }
+        const n = responses?.roots?.roots?.length ?? 0;
+        return inputRequired({
+          inputRequests: {
+            say: inputRequired.createMessage({
+              messages: [{ role: 'user', content: { type: 'text', text: 'Say deployed' } }],
+              maxTokens: 20,
+            }),
+          },
+          requestState: `round-2:${n}`,
+        });
+      }
+      const n = state.split(':')[1];
+      const said = responses?.say?.content?.text ?? '?';
+      return { content: [{ type: 'text', text: `deployed to ${env} (${n} roots): ${said}` }] };
     },
   );
   s.registerTool(
