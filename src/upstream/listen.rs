@@ -390,11 +390,6 @@ impl Listeners {
     ) -> Result<http::Response<Body>, Error> {
         let want =
             Want::of_request(bytes).map_err(|why| Error::new(ErrorKind::InvalidParams, why))?;
-        // The upstream's capabilities say what is honoured (a handshake if none is open).
-        let (_, init) = upstream
-            .session_headers(client, caps.as_deref(), None)
-            .await?;
-        let want = want.honoured(init.get("capabilities"));
         if self.open.fetch_add(1, Ordering::AcqRel) >= self.max {
             self.open.fetch_sub(1, Ordering::AcqRel);
             self.metrics.limit(crate::metrics::LimitKind::ListenStreams);
@@ -406,6 +401,18 @@ impl Listeners {
                 ),
             ));
         }
+        // The upstream's capabilities say what is honoured (a handshake if none is open).
+        let init = match upstream
+            .session_headers(client, caps.as_deref(), None)
+            .await
+        {
+            Ok((_, init)) => init,
+            Err(e) => {
+                self.open.fetch_sub(1, Ordering::AcqRel);
+                return Err(e);
+            }
+        };
+        let want = want.honoured(init.get("capabilities"));
         self.metrics.listen.streams.inc();
         let key = self.key(client.headers, caps.as_deref());
         let (tx, rx) = mpsc::channel(LISTENER_QUEUE);
@@ -599,6 +606,8 @@ async fn run_feed<W: Watched>(
             Ended::Refused(status) => {
                 tracing::info!(%status, "the upstream refused a listen feed's credentials; its listeners' subscriptions end");
                 feed.close_all();
+                // A listener that joins later starts the feed again.
+                feed.lock().task = None;
                 return;
             }
             Ended::Dropped(why) => {

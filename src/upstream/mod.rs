@@ -388,9 +388,12 @@ impl Upstream {
             _ => None,
         };
         // 2026 sends change notices only on listen streams: a 2025 upstream's on a 2026
-        // client's call go to the listeners of its session.
-        let notices =
-            (ctx.era == Era::Modern && sent.era == Era::Legacy).then(|| self.notices_for(client));
+        // client's call (an event stream: a JSON answer holds none) go to the listeners of
+        // its session.
+        let notices = (ctx.era == Era::Modern
+            && sent.era == Era::Legacy
+            && answer::is_event_stream(sent.response.headers()))
+        .then(|| self.notices_for(client));
         answer::finish(
             sent.response,
             ctx,

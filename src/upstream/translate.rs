@@ -194,11 +194,19 @@ pub(crate) fn for_legacy_client(caps: &Value) -> Value {
     caps
 }
 
-/// Capabilities a stateless 2026 front cannot deliver for a 2025-era upstream: change
-/// notifications would need the upstream's session stream, and so would its tasks.
-fn without_push_capabilities(caps: &Value) -> Value {
-    let mut caps = for_legacy_client(caps);
+/// A 2025-era upstream's capabilities as a 2026 client sees them through the sidecar: the
+/// change notices of every kind it serves are delivered on listen streams (`listen.rs`, fed
+/// from its session; many 2025 servers send them without declaring `listChanged`), and
+/// resource updates when it takes `resources/subscribe`; its tasks would need its session
+/// stream, so they are not offered.
+fn for_modern_client(caps: &Value) -> Value {
+    let mut caps = caps.clone();
     if let Some(obj) = caps.as_object_mut() {
+        for key in ["tools", "prompts", "resources"] {
+            if let Some(Value::Object(c)) = obj.get_mut(key) {
+                c.insert("listChanged".into(), Value::Bool(true));
+            }
+        }
         obj.remove("tasks");
     }
     caps
@@ -211,7 +219,7 @@ pub(crate) fn discover_from_init(init: &Value) -> Value {
     r.insert("supportedVersions".into(), json!([MODERN]));
     r.insert(
         "capabilities".into(),
-        without_push_capabilities(init.get("capabilities").unwrap_or(&json!({}))),
+        for_modern_client(init.get("capabilities").unwrap_or(&json!({}))),
     );
     if let Some(i) = init.get("instructions").filter(|i| i.is_string()) {
         r.insert("instructions".into(), i.clone());
@@ -340,12 +348,15 @@ mod tests {
     fn discovery_from_a_2025_handshake() {
         let d = discover_from_init(&json!({
             "protocolVersion": "2025-11-25",
-            "capabilities": {"tools": {"listChanged": true}, "tasks": {}},
+            "capabilities": {"tools": {}, "resources": {"subscribe": true}, "logging": {}, "tasks": {}},
             "serverInfo": {"name": "s", "version": "1"},
             "instructions": "hi",
         }));
         assert_eq!(d["supportedVersions"], json!(["2026-07-28"]));
-        assert_eq!(d["capabilities"], json!({"tools": {}}));
+        assert_eq!(
+            d["capabilities"],
+            json!({"tools": {"listChanged": true}, "resources": {"subscribe": true, "listChanged": true}, "logging": {}})
+        );
         assert_eq!(
             d["_meta"]["io.modelcontextprotocol/serverInfo"]["name"],
             "s"

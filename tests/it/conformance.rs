@@ -199,7 +199,15 @@ fn everything_through_the_sidecar_is_a_2026_server() {
     // The suite calls its fixture tool `test_missing_capability`; server-everything lacks it
     // and, like the Python SDK directly, answers an unknown tool with an `isError` result,
     // which this check reads as "executed" instead of "untestable".
-    const FIXTURE_DEPENDENT: [&str; 1] = ["sep-2575-server-rejects-undeclared-capability"];
+    // So are the list-changed checks (applicable since the sidecar advertises `listChanged`
+    // for a 2025 upstream's kinds): they call `test_trigger_tool_change` and
+    // `test_trigger_prompt_change`, which server-everything lacks, so nothing changes; they
+    // pass against a 2025 server that has the hooks (`python_2025_only_...` below).
+    const FIXTURE_DEPENDENT: [&str; 3] = [
+        "sep-2575-server-rejects-undeclared-capability",
+        "sep-2575-server-sends-tools-list-changed-on-subscription",
+        "sep-2575-server-sends-prompts-list-changed-on-subscription",
+    ];
     let failed: Vec<String> = rows
         .iter()
         .filter(|r| r.2 != "SUCCESS" && r.2 != "SKIPPED" && !r.4)
@@ -218,4 +226,43 @@ fn everything_through_the_sidecar_is_a_2026_server() {
     let _ = std::fs::write(base.with_extension("summary.txt"), &summary);
     assert!(failed.is_empty(), "failing checks:\n{}", failed.join("\n"));
     assert!(passed >= 20, "suspiciously few checks passed: {passed}");
+}
+
+/// A 2025-only Python server (mcp 2.3.0, `--era 2025`) with the suite's list-change hooks:
+/// through the sidecar, the 2026 suite's listen checks pass, the list-changed ones included
+/// (the server tells its session on the session's GET stream; the sidecar's listen stream
+/// hears it), and no check of `server-stateless` fails that does not need a missing fixture.
+#[test]
+fn python_2025_only_through_the_sidecar_hears_list_changes() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let up = Upstream::start_with(UpstreamKind::Python, &["--questions", "--era", "2025"]);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25")],
+    );
+    let base = repo_root().join("target/conformance/Python2025only-2026-07-28");
+    run_suite(&sc.url(), "2026-07-28", &base.join("sidecar"));
+    let rows = detailed(&base.join("sidecar"), &["server-stateless"]);
+    let status = |id: &str| {
+        rows.iter()
+            .find(|r| r.1 == id)
+            .map(|r| format!("{} {}", r.2, r.3))
+            .unwrap_or_else(|| panic!("no check {id} in {rows:?}"))
+    };
+    for id in [
+        "sep-2575-server-sends-subscription-ack",
+        "sep-2575-server-tags-subscription-id",
+        "sep-2575-server-honors-notification-filter",
+        "sep-2575-server-sends-tools-list-changed-on-subscription",
+        "sep-2575-server-sends-prompts-list-changed-on-subscription",
+    ] {
+        assert!(status(id).starts_with("SUCCESS"), "{id}: {}", status(id));
+    }
+    let failed: Vec<String> = rows
+        .iter()
+        .filter(|r| r.2 != "SUCCESS" && r.2 != "SKIPPED" && !r.4)
+        .filter(|r| r.1 != "sep-2575-server-rejects-undeclared-capability")
+        .map(|r| format!("{}/{} {}: {}", r.0, r.1, r.2, r.3))
+        .collect();
+    assert!(failed.is_empty(), "failing checks:\n{}", failed.join("\n"));
 }

@@ -39,6 +39,10 @@ Usage (run with the venv python from scripts/install-peers.sh):
                                             NAME") and sends notifications/tools/list_changed:
                                             session-wide (GET stream) or, related=true, on the
                                             call's own stream; "grew NAME"
+                           test_trigger_tool_change, test_trigger_prompt_change  the
+                                            conformance suite's hooks: add a tool (a prompt)
+                                            and send tools/ (prompts/) list_changed
+                                            session-wide
                            touch {uri}      sends notifications/resources/updated for URI
                                             (session-wide: the GET stream over HTTP); says
                                             "touched URI; subscribed: U1,U2" (the URIs any
@@ -333,6 +337,34 @@ def add_subscription_tools() -> None:
     low = mcp._lowlevel_server
     low.add_request_handler("resources/subscribe", types.SubscribeRequestParams, on_subscribe)
     low.add_request_handler("resources/unsubscribe", types.UnsubscribeRequestParams, on_unsubscribe)
+
+    changes = {"tool": 0, "prompt": 0}
+
+    @mcp.tool(structured_output=False)
+    async def test_trigger_tool_change(ctx: Context) -> str:
+        """The conformance suite's hook: add a tool, tell the session (session-wide)."""
+        changes["tool"] += 1
+        n = changes["tool"]
+
+        def changed() -> str:
+            return f"changed {n}"
+
+        mcp.add_tool(changed, name=f"changed_{n}", structured_output=False)
+        await ctx.session.send_tool_list_changed()
+        return f"tool list changed ({n})"
+
+    @mcp.tool(structured_output=False)
+    async def test_trigger_prompt_change(ctx: Context) -> str:
+        """The conformance suite's hook: add a prompt, tell the session (session-wide)."""
+        changes["prompt"] += 1
+        n = changes["prompt"]
+
+        def prompt() -> str:
+            return f"prompt {n}"
+
+        mcp.prompt(name=f"prompt_{n}")(prompt)
+        await ctx.session.send_prompt_list_changed()
+        return f"prompt list changed ({n})"
 
     @mcp.tool(structured_output=False)
     async def touch(ctx: Context, uri: str) -> str:
