@@ -645,7 +645,7 @@ async fn feed_once<W: Watched>(
         caller: owner.caller,
         meta: None,
     };
-    let (mut headers, _) = match upstream
+    let (headers, _) = match upstream
         .session_headers(&client, owner.caps.as_deref(), stale.as_ref())
         .await
     {
@@ -670,15 +670,6 @@ async fn feed_once<W: Watched>(
         s if !s.is_success() => return Ended::Dropped(format!("the upstream answered {s}")),
         _ => {}
     }
-    headers.remove(header::ACCEPT);
-    headers.insert(
-        header::ACCEPT,
-        HeaderValue::from_static("application/json, text/event-stream"),
-    );
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
     // A new stream (perhaps a new session): what it was told is told again.
     feed.lock().subscribed.clear();
     let mut body = resp.into_body();

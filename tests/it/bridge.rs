@@ -359,6 +359,47 @@ async fn a_call_whose_client_never_retries_is_cancelled_at_its_deadline_and_coun
     questions(&msg);
 }
 
+/// The JSON-RPC messages of an SSE answer, read as they come.
+struct Events {
+    resp: reqwest::Response,
+    seen: String,
+    taken: usize,
+}
+
+impl Events {
+    fn new(resp: reqwest::Response) -> Self {
+        Events {
+            resp,
+            seen: String::new(),
+            taken: 0,
+        }
+    }
+
+    /// The next message (after the last one returned) satisfying `want`, within 20 s.
+    async fn next(&mut self, want: &dyn Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let msgs: Vec<Value> = self
+                .seen
+                .split("\n\n")
+                .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
+                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+                .collect();
+            if let Some(i) = (self.taken..msgs.len()).find(|i| want(&msgs[*i])) {
+                self.taken = i + 1;
+                return msgs[i].clone();
+            }
+            assert!(Instant::now() < deadline, "nothing wanted in {}", self.seen);
+            let chunk = tokio::time::timeout(Duration::from_secs(20), self.resp.chunk())
+                .await
+                .expect("the stream went quiet")
+                .unwrap()
+                .unwrap_or_else(|| panic!("the stream ended: {}", self.seen));
+            self.seen.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    }
+}
+
 /// The other direction: a 2026 server's `input_required` (FastMCP's `party_mrtr`) for a 2025
 /// client that takes a stream becomes a server request on its call's stream, under the
 /// sidecar's own id; only the asked client's POSTed answer counts, and the call's result
@@ -374,34 +415,14 @@ async fn a_2025_client_is_asked_as_2025_servers_ask(sc: &Sidecar) {
             .body(body.to_string())
     };
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "party_mrtr", "arguments": {}}});
-    let mut resp = legacy(&call, "Bearer alice").send().await.unwrap();
+    let resp = legacy(&call, "Bearer alice").send().await.unwrap();
     assert_eq!(resp.status(), 200);
     assert!(resp.headers()["content-type"]
         .to_str()
         .unwrap()
         .starts_with("text/event-stream"));
-    // Reads events until one holds a JSON-RPC message satisfying `want`.
-    let mut seen = String::new();
-    let mut next = async |want: &dyn Fn(&Value) -> bool| -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let found = seen
-                .split("\n\n")
-                .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
-                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-                .find(|m| want(m));
-            if let Some(m) = found {
-                return m;
-            }
-            assert!(Instant::now() < deadline, "nothing wanted in {seen}");
-            let chunk = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
-                .await
-                .expect("the stream went quiet")
-                .unwrap()
-                .unwrap_or_else(|| panic!("the stream ended: {seen}"));
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    };
+    let mut events = Events::new(resp);
+    let mut next = async |want: &dyn Fn(&Value) -> bool| events.next(want).await;
     let asked = next(&|m| m.get("method").is_some()).await;
     assert_eq!(asked["method"], "elicitation/create", "{asked}");
     let id = asked["id"].as_str().unwrap().to_owned();
@@ -804,33 +825,10 @@ async fn a_2026_typescript_servers_rounds_are_asked_of_a_2025_client() {
             .body(body.to_string())
     };
     let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call", "params": {"name": "deploy", "arguments": {"env": "prod"}}});
-    let mut resp = legacy(&call).send().await.unwrap();
+    let resp = legacy(&call).send().await.unwrap();
     assert_eq!(resp.status(), 200);
-    let mut seen = String::new();
-    let mut taken = 0;
-    // The messages of the stream, one at a time.
-    let mut next = async || -> Value {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let msgs: Vec<Value> = seen
-                .split("\n\n")
-                .filter(|ev| ev.ends_with('}') || ev.contains("data:"))
-                .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("data:")))
-                .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-                .collect();
-            if msgs.len() > taken {
-                taken += 1;
-                return msgs[taken - 1].clone();
-            }
-            assert!(Instant::now() < deadline, "nothing more in {seen}");
-            let chunk = tokio::time::timeout(Duration::from_secs(20), resp.chunk())
-                .await
-                .expect("the stream went quiet")
-                .unwrap()
-                .unwrap_or_else(|| panic!("the stream ended: {seen}"));
-            seen.push_str(&String::from_utf8_lossy(&chunk));
-        }
-    };
+    let mut events = Events::new(resp);
+    let mut next = async || events.next(&|_| true).await;
     let answer = |id: &Value, result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
     // Round 1: two questions at once.
     let (a, b) = (next().await, next().await);

@@ -175,6 +175,16 @@ impl Listening {
         }
     }
 
+    /// The next message, within 1 s: the notice `method`.
+    async fn heard(&mut self, method: &str) -> Value {
+        let heard = self
+            .next(Duration::from_secs(1))
+            .await
+            .unwrap_or_else(|| panic!("no {method} within 1 s"));
+        assert_eq!(heard["method"], method, "{heard}");
+        heard
+    }
+
     /// The next JSON-RPC message within `within`, skipping keep-alives.
     async fn next(&mut self, within: Duration) -> Option<Value> {
         let deadline = Instant::now() + within;
@@ -287,14 +297,7 @@ async fn each_listener_hears_what_it_opted_into_and_no_other_callers_notices() {
     // Session-wide (the GET stream).
     let (_, msg) = call(&sc, 1, "grow", json!({"name": "g_get"}), alice).await;
     assert_eq!(msg["result"]["content"][0]["text"], "grew g_get", "{msg}");
-    let heard = tools
-        .next(Duration::from_secs(1))
-        .await
-        .expect("heard within 1 s");
-    assert_eq!(
-        heard["method"], "notifications/tools/list_changed",
-        "{heard}"
-    );
+    let heard = tools.heard("notifications/tools/list_changed").await;
     assert_eq!(sub_id(&heard), "tools-1");
     // Related to the call: taken off its stream, heard on the listen stream.
     let (text, msg) = call(
@@ -310,14 +313,7 @@ async fn each_listener_hears_what_it_opted_into_and_no_other_callers_notices() {
         !text.contains("list_changed"),
         "the call's own stream carried it: {text}"
     );
-    let heard = tools
-        .next(Duration::from_secs(1))
-        .await
-        .expect("heard within 1 s");
-    assert_eq!(
-        heard["method"], "notifications/tools/list_changed",
-        "{heard}"
-    );
+    tools.heard("notifications/tools/list_changed").await;
 
     // resources/updated: only for the URI named, and the upstream was told of it.
     let (_, msg) = call(&sc, 3, "touch", json!({"uri": "note://b"}), alice).await;
@@ -330,14 +326,7 @@ async fn each_listener_hears_what_it_opted_into_and_no_other_callers_notices() {
         msg["result"]["content"][0]["text"], "touched note://a; subscribed: note://a",
         "{msg}"
     );
-    let heard = notes
-        .next(Duration::from_secs(1))
-        .await
-        .expect("heard within 1 s");
-    assert_eq!(
-        heard["method"], "notifications/resources/updated",
-        "{heard}"
-    );
+    let heard = notes.heard("notifications/resources/updated").await;
     assert_eq!(heard["params"]["uri"], "note://a", "{heard} (not note://b)");
     assert_eq!(sub_id(&heard), 7);
     // Neither listener heard what it did not ask for; bob heard nothing of alice's session.
