@@ -28,6 +28,7 @@ EVERYTHING_VERSION="2026.8.31"         # npm `@modelcontextprotocol/server-every
 SDK1_VERSION="1.32.2"                  # npm `@modelcontextprotocol/sdk` (the 2025-era client most clients run)
 FASTAPI_VERSION="0.165.0"              # PyPI `fastapi` (the HTTP-surface test app; keeps mcp's starlette)
 FASTMCP_VERSION="4.1.6"                # PyPI `fastmcp` (tests/peers/fastmcp_server.py; sits on mcp 2.3.0)
+OTEL_PY_VERSION="1.45.2"               # PyPI `opentelemetry-sdk`, `-proto`, `-exporter-otlp-proto-http` (the OTLP receiver, py_server.py --otlp; the api fastmcp brought)
 # The TS SDK versions live in tests/peers/package.json.
 
 log() { printf 'install-peers: %s\n' "$*" >&2; }
@@ -133,6 +134,25 @@ if ! stamp_ok "$D/py/fastmcp" "$FASTMCP_KEY"; then
   mkdir -p "$D/py/fastmcp"
   write_stamp "$D/py/fastmcp" "$FASTMCP_KEY"
   log "py/fastmcp: done in $((SECONDS - t0)) s"
+fi
+
+# ---- 1d. OpenTelemetry in the same venv (tests/peers/otlp_receiver.py, py_server.py --otlp)
+# The official packages at the version of the opentelemetry-api fastmcp already brought; its
+# own stamp, and the same check that nothing installed changed version.
+OTEL_KEY="opentelemetry==$OTEL_PY_VERSION"
+if ! stamp_ok "$D/py/otel" "$OTEL_KEY"; then
+  log "py/otel: installing ($OTEL_KEY)"
+  before="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
+  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "opentelemetry-sdk==$OTEL_PY_VERSION" "opentelemetry-proto==$OTEL_PY_VERSION" \
+    "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" >&2
+  after="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
+  moved="$(comm -23 <(printf '%s\n' "$before") <(printf '%s\n' "$after"))"
+  [[ -z "$moved" ]] || die "py/otel: the OpenTelemetry packages changed packages the venv had: $(echo $moved)"
+  "$D/py/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter' \
+    || die "py/otel: import failed"
+  mkdir -p "$D/py/otel"
+  write_stamp "$D/py/otel" "$OTEL_KEY"
 fi
 
 # Everything below needs Node (the tests' peers); the Python venv above does not.

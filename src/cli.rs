@@ -436,6 +436,8 @@ struct Kept {
     upstream: Arc<Upstream>,
     rates: Arc<RateLimits>,
     binding: Arc<FeedbackBinding>,
+    /// OpenTelemetry, when on: its queued spans and last metrics sent before the exit.
+    otel: Option<Arc<crate::otel::Otel>>,
 }
 
 /// Everything bound and built before serving starts.
@@ -452,6 +454,19 @@ struct Prepared {
 fn failed(what: &str, e: impl std::fmt::Display) -> ExitCode {
     eprintln!("epode-sidecar: {what}: {e}");
     ExitCode::FAILURE
+}
+
+/// OpenTelemetry, when an OTLP endpoint is set; a failure is reported and ends the process.
+fn start_otel(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<Arc<crate::otel::Otel>>, ExitCode> {
+    config
+        .otel
+        .as_ref()
+        .map(|c| crate::otel::Otel::start(c, &config.upstream, metrics.clone()))
+        .transpose()
+        .map_err(|e| failed("cannot start OpenTelemetry", e))
 }
 
 /// Binds the listeners and builds the request path (with `trial`, observed by its console and
@@ -476,6 +491,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         in_flight,
         auth,
     } = handles(config, observer.clone(), epode).map_err(|e| failed("cannot start", e))?;
+    let otel = start_otel(config, &metrics)?;
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
     let shared = server::Serving::new(
         config.clone(),
@@ -516,6 +532,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         cut: cut_rx,
         observer,
         auth,
+        otel: otel.clone(),
     });
     Ok(Prepared {
         listeners,
@@ -527,6 +544,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
             upstream,
             rates,
             binding,
+            otel,
         },
         cut,
     })
@@ -606,6 +624,9 @@ async fn run(config: Config) -> ExitCode {
     kept.upstream.shutdown().await;
     // Queued telemetry is delivered within its own deadline before the process exits.
     kept.binding.shutdown().await;
+    if let Some(otel) = &kept.otel {
+        otel.shutdown().await;
+    }
     if cut_short || !drained {
         tracing::warn!("requests were cut short at shutdown; exiting with status 3");
         return ExitCode::from(3);

@@ -34,6 +34,7 @@ mod log_summary;
 mod mcp;
 mod metrics;
 mod observe;
+mod otel;
 mod server;
 mod surface;
 mod tls;

@@ -247,6 +247,23 @@ pub(crate) struct Metrics {
     pub(crate) auth: AuthMetrics,
     pub(crate) held: HeldMetrics,
     pub(crate) listen: ListenMetrics,
+    pub(crate) otlp: OtlpMetrics,
+}
+
+/// The OpenTelemetry export (`EPODE_SIDECAR_OTLP_ENDPOINT`), by signal (`traces`, `metrics`).
+#[derive(Default)]
+pub(crate) struct OtlpMetrics {
+    /// Spans (or metric exports) sent and accepted.
+    pub(crate) exported: Family<SignalLabels, Counter>,
+    /// Spans dropped: the queue full, or their batch's export failed.
+    pub(crate) dropped: Family<SignalLabels, Counter>,
+    /// Exports that failed (refused, timed out, unreachable).
+    pub(crate) failed: Family<SignalLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SignalLabels {
+    pub(crate) signal: &'static str,
 }
 
 /// The `subscriptions/listen` streams the sidecar serves for a 2025-era upstream.
@@ -316,6 +333,7 @@ impl Metrics {
             auth: AuthMetrics::default(),
             held: HeldMetrics::default(),
             listen: ListenMetrics::default(),
+            otlp: OtlpMetrics::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -490,6 +508,21 @@ impl Metrics {
             "listen_feed_reopened",
             "Times the GET stream of a 2025-era upstream's session, feeding listen streams, was reopened after it ended or broke",
             self.listen.reopened.clone(),
+        );
+        r.register(
+            "otlp_exported",
+            "OpenTelemetry items the collector accepted, by signal (traces: spans; metrics: exports)",
+            self.otlp.exported.clone(),
+        );
+        r.register(
+            "otlp_dropped",
+            "Spans never delivered to the collector (the queue EPODE_SIDECAR_OTLP_QUEUE full, or their export failed), by signal",
+            self.otlp.dropped.clone(),
+        );
+        r.register(
+            "otlp_export_failed",
+            "OTLP exports that failed (refused, timed out, unreachable), by signal",
+            self.otlp.failed.clone(),
         );
         r.register(
             "held_call_refused",

@@ -28,6 +28,7 @@ mod dev;
 mod feedback;
 mod http;
 mod limits;
+mod otel;
 mod setting;
 mod stdio;
 #[cfg(test)]
@@ -40,8 +41,8 @@ pub(crate) use self::setting::{ConfigError, ConfigErrors};
 pub(crate) use self::types::{
     redact_url, AuthConfig, AuthMode, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues,
     HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OperationKind,
-    OriginPolicy, Rate, RouteTemplate, RunAs, StdioChildren, StdioCommand, UpstreamProtocol,
-    UpstreamTarget, UpstreamTls, UpstreamTransport,
+    OriginPolicy, OtelConfig, Rate, RouteTemplate, RunAs, Sampling, StdioChildren, StdioCommand,
+    UpstreamProtocol, UpstreamTarget, UpstreamTls, UpstreamTransport,
 };
 
 /// An `auth_operation_scopes` value read, for other modules' tests.
@@ -74,6 +75,7 @@ const GROUPS: &[(&str, &[&Doc])] = &[
     ("Epode feedback", feedback::FEEDBACK),
     ("The HTTP surface", http::HTTP),
     ("Authorization (the MCP front door)", auth::AUTH_GROUP),
+    ("OpenTelemetry (traces and metrics over OTLP)", otel::OTEL),
     ("The local trial (--dev)", dev::TRIAL),
 ];
 
@@ -367,6 +369,7 @@ impl Config {
         let limits = limits::read(l);
         let http = http::read(l);
         let auth = auth::read(l);
+        let otel = otel::read(l);
         let upstream = transport(l, argv);
         let upstream = match (&http, upstream) {
             (Ok(Some(_)), Ok(mut upstream)) => bare_origin(l, &mut upstream).map(|()| upstream),
@@ -430,6 +433,7 @@ impl Config {
             dev,
             http,
             auth,
+            otel,
             log: l.get(&core::LOG),
             log_format: l.get(&core::LOG_FORMAT),
             access_log: l.get(&core::ACCESS_LOG),
@@ -586,6 +590,13 @@ fn did_you_mean(name: &str, known: &[&str]) -> String {
 /// The beginnings of the sidecar's environment variables (every setting's has one of them): a
 /// variable with one that is no setting is the operator's mistake, and is reported.
 const PREFIXES: [&str; 3] = ["EPODE_SIDECAR_", "EPODE_API_", "AGENT_FEEDBACK_"];
+
+/// The OpenTelemetry specification's variables (`OTEL_SERVICE_NAME`, …): the sidecar reads a
+/// few of them as every OpenTelemetry component does, but a pod carries many others meant for
+/// other components (the OpenTelemetry Operator injects them), so an unknown one is nobody's
+/// mistake and is not reported.
+#[cfg(test)]
+const STANDARD_PREFIXES: [&str; 1] = ["OTEL_"];
 
 /// What follows a prefix in the names Kubernetes puts in a pod's environment for a Service
 /// named after it (`epode-sidecar`, `epode-api`: service links): not settings, never refused.

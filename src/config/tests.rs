@@ -760,7 +760,10 @@ fn misspelt_variables_of_every_prefix_are_caught() {
     // Every variable the sidecar reads has one of the prefixes, so its typos are caught.
     for name in all().flat_map(|s| s.env.iter()).chain([&CONFIG_FILE_ENV]) {
         assert!(
-            PREFIXES.iter().any(|p| name.starts_with(p)),
+            PREFIXES
+                .iter()
+                .chain(&STANDARD_PREFIXES)
+                .any(|p| name.starts_with(p)),
             "{name} has none of the prefixes {PREFIXES:?}: add its prefix there"
         );
     }
@@ -779,6 +782,7 @@ fn bounds_are_checked_and_stated_from_one_place() {
         ("EPODE_SIDECAR_AUTH", "jwt"),
         ("EPODE_SIDECAR_AUTH_ISSUER", "https://as.example.com"),
         ("EPODE_SIDECAR_AUTH_RESOURCE", "https://mcp.example.com/mcp"),
+        ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://127.0.0.1:4318"),
     ];
     let stdio = [
         ("EPODE_SIDECAR_UPSTREAM_COMMAND", "server"),

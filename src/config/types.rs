@@ -118,6 +118,66 @@ pub(crate) struct Config {
     pub(crate) http: Option<HttpSurface>,
     /// The authorization front door, when on.
     pub(crate) auth: Option<AuthConfig>,
+    /// OpenTelemetry export, when an OTLP endpoint is set.
+    pub(crate) otel: Option<OtelConfig>,
+}
+
+/// OpenTelemetry export (`config/otel.rs`).
+#[derive(Debug, Clone)]
+pub(crate) struct OtelConfig {
+    /// The OTLP/HTTP receiver's base URL (`/v1/traces`, `/v1/metrics` are appended).
+    pub(crate) endpoint: url::Url,
+    /// Finished spans waiting for export.
+    pub(crate) queue: usize,
+    pub(crate) timeout: Duration,
+    /// How often metrics are exported; `None`: traces only.
+    pub(crate) metrics_every: Option<Duration>,
+    /// Sent with every export (secret).
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) service_name: Option<String>,
+    pub(crate) resource: Vec<(String, String)>,
+    pub(crate) sampling: Sampling,
+}
+
+/// The samplers the OpenTelemetry specification names (`OTEL_TRACES_SAMPLER`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Sampling {
+    AlwaysOn,
+    AlwaysOff,
+    Ratio(f64),
+    ParentOn,
+    ParentOff,
+    ParentRatio(f64),
+}
+
+impl Sampling {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Sampling::AlwaysOn => "always_on",
+            Sampling::AlwaysOff => "always_off",
+            Sampling::Ratio(_) => "traceidratio",
+            Sampling::ParentOn => "parentbased_always_on",
+            Sampling::ParentOff => "parentbased_always_off",
+            Sampling::ParentRatio(_) => "parentbased_traceidratio",
+        }
+    }
+
+    /// The ratio, for the ratio samplers.
+    pub(crate) fn ratio(self) -> Option<f64> {
+        match self {
+            Sampling::Ratio(r) | Sampling::ParentRatio(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The same sampler with its ratio (others ignore it).
+    pub(crate) fn with_ratio(self, r: f64) -> Sampling {
+        match self {
+            Sampling::Ratio(_) => Sampling::Ratio(r),
+            Sampling::ParentRatio(_) => Sampling::ParentRatio(r),
+            other => other,
+        }
+    }
 }
 
 /// Whether `url` names this machine (`localhost` or a loopback address): where `http://` is
@@ -503,7 +563,14 @@ pub(crate) struct Limits {
 }
 
 /// Variables a child never sees, whatever the allowlist says: the sidecar's own secrets.
-const NEVER_PASSED: [&str; 3] = ["EPODE_API_KEY", "AGENT_FEEDBACK_KEY", "EPODE_SIDECAR_*"];
+const NEVER_PASSED: [&str; 5] = [
+    "EPODE_API_KEY",
+    "AGENT_FEEDBACK_KEY",
+    "EPODE_SIDECAR_*",
+    // The sidecar's own collector credentials.
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_*_HEADERS",
+];
 
 /// The MCP server to run as a child process.
 #[derive(Clone)]

@@ -22,10 +22,11 @@ use crate::error::{Error, ErrorKind, Level};
 use crate::frontdoor;
 use crate::gate::Gate;
 use crate::limits::{retry_after_secs, RateLimits};
-use crate::mcp::end::Abandoned;
+use crate::mcp::end::{Abandoned, Failure};
 use crate::mcp::method::{self, Method};
 use crate::metrics::{HeadRefusal, LimitKind, MethodLabels, Metrics, RequestLabels};
 use crate::observe::{McpServed, Millis, Note, Observer, ACCESS_TARGET};
+use crate::otel::{self, Otel, ServerSpan};
 use crate::upstream::{Client, Upstream};
 
 use self::table::MethodTable;
@@ -47,6 +48,8 @@ pub(crate) struct Dispatcher {
     observer: Option<Arc<dyn Observer>>,
     /// The authorization front door, when on.
     auth: Option<Arc<Authorizer>>,
+    /// OpenTelemetry, when on.
+    otel: Option<Arc<Otel>>,
 }
 
 /// What is known of a request for its accounting, as it travels.
@@ -55,8 +58,15 @@ struct Seen {
     era: &'static str,
     /// The tool of a `tools/call`, noted only for an observer.
     tool: Option<String>,
-    /// What the binding notes for an observer (only when there is one).
+    /// What the binding notes for an observer (only when there is one), or for a sampled
+    /// span.
     note: Option<Arc<Note>>,
+    /// Its server span, once the front door admitted it (with OpenTelemetry on).
+    span: Option<ServerSpan>,
+    /// The sidecar's own error answer, when it made one.
+    failure: Option<Failure>,
+    /// When it arrived (with OpenTelemetry on: its span's start).
+    arrived: Option<std::time::SystemTime>,
 }
 
 /// What a request path is made of: the pieces it shares with the routes and the shutdown
@@ -76,6 +86,7 @@ pub(crate) struct Parts {
     pub(crate) cut: watch::Receiver<bool>,
     pub(crate) observer: Option<Arc<dyn Observer>>,
     pub(crate) auth: Option<Arc<Authorizer>>,
+    pub(crate) otel: Option<Arc<Otel>>,
 }
 
 impl Dispatcher {
@@ -93,6 +104,7 @@ impl Dispatcher {
             cut,
             observer,
             auth,
+            otel,
         } = parts;
         Dispatcher {
             table: MethodTable::new(
@@ -102,6 +114,7 @@ impl Dispatcher {
                 metrics.clone(),
                 rates.clone(),
                 cut,
+                otel.clone(),
             ),
             config,
             metrics,
@@ -110,6 +123,7 @@ impl Dispatcher {
             in_flight,
             observer,
             auth,
+            otel,
         }
     }
 
@@ -125,6 +139,7 @@ impl Dispatcher {
             in_flight: self.in_flight.clone(),
             observer: self.observer.clone(),
             auth: self.auth.clone(),
+            otel: self.otel.clone(),
         }
     }
 
@@ -142,6 +157,9 @@ impl Dispatcher {
             era: "-",
             tool: None,
             note: self.observer.as_ref().map(|_| Arc::new(Note::at_start())),
+            span: None,
+            failure: None,
+            arrived: self.otel.as_ref().map(|_| std::time::SystemTime::now()),
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned.clone(), &mut seen).await;
@@ -153,6 +171,18 @@ impl Dispatcher {
             frontdoor::cors::allow(origin, resp.headers_mut());
         }
         let status = resp.status();
+        if let Some(span) = seen.span.take() {
+            resp = otel::end_with_body(
+                resp,
+                SpanEnd {
+                    span: Some(span),
+                    status: status.as_u16(),
+                    failure: seen.failure,
+                    abandoned: abandoned.clone(),
+                    note: seen.note.clone(),
+                },
+            );
+        }
         let elapsed = started.elapsed();
         self.metrics
             .requests
@@ -249,6 +279,48 @@ impl Dispatcher {
         seen.era = request.era.label();
     }
 
+    /// The request's server span; a sampled one has its binding's doings noted.
+    fn start_span(
+        &self,
+        otel: &Arc<Otel>,
+        seen: &mut Seen,
+        request: &frontdoor::Request<'_>,
+        peer: SocketAddr,
+    ) {
+        let name = request.rpc.name();
+        let uri = request
+            .rpc
+            .params
+            .uri
+            .and_then(|u| serde_json::from_str::<std::borrow::Cow<'_, str>>(u.get()).ok());
+        let protocol_version = match request.era {
+            crate::mcp::era::Era::Modern => crate::mcp::version::MODERN,
+            crate::mcp::era::Era::Legacy => request
+                .parts
+                .headers
+                .get(crate::mcp::headers::PROTOCOL_VERSION)
+                .and_then(|v| v.to_str().ok())
+                .filter(|v| crate::mcp::version::LEGACY_VERSIONS.contains(v))
+                .unwrap_or(crate::mcp::version::LEGACY_LATEST),
+        };
+        let span = otel.server_span(&otel::Call {
+            method: request.method(),
+            name: name.as_deref(),
+            uri: uri.as_deref(),
+            id: request.id,
+            protocol_version,
+            headers: &request.parts.headers,
+            meta: request.rpc.params.meta,
+            peer,
+            http_version: request.parts.version,
+            started: seen.arrived.unwrap_or_else(std::time::SystemTime::now),
+        });
+        if span.recording() && seen.note.is_none() {
+            seen.note = Some(Arc::new(Note::at_start()));
+        }
+        seen.span = Some(span);
+    }
+
     /// A request refused by its head: counted by reason, and a warning unless it is what
     /// well-behaved clients send (a 2025 client's GET stream).
     fn refuse_head(&self, e: Error, method: &http::Method) -> Response<Body> {
@@ -328,12 +400,34 @@ impl Dispatcher {
             }
         };
         self.note(seen, &request);
-        let caller = Client::new(&parts.headers, peer);
+        if let Some(otel) = &self.otel {
+            self.start_span(otel, seen, &request, peer);
+        }
+        self.answer(&request, peer, abandoned, seen).await
+    }
+
+    /// An admitted request's answer from the method table; the sidecar's own error answer
+    /// carries the request's id.
+    async fn answer(
+        &self,
+        request: &frontdoor::Request<'_>,
+        peer: SocketAddr,
+        abandoned: Abandoned,
+        seen: &mut Seen,
+    ) -> Response<Body> {
+        let caller = Client::new(&request.parts.headers, peer);
         let answered = self
             .table
-            .dispatch(&request, caller, abandoned, seen.note.as_ref())
+            .dispatch(
+                request,
+                caller,
+                abandoned,
+                seen.note.as_ref(),
+                seen.span.as_ref(),
+            )
             .await;
         answered.unwrap_or_else(|e| {
+            seen.failure = Some(Failure::Code(e.code()));
             let side = e.side().as_str();
             match e.level() {
                 Level::Debug => tracing::debug!(error = %e, side, "request refused"),
@@ -343,6 +437,26 @@ impl Dispatcher {
             }
             e.into_response(Some(request.id))
         })
+    }
+}
+
+/// A request's server span, ended when its answer's body is over (a stream's end, or its
+/// client gone), with what the answer showed and what the binding did.
+struct SpanEnd {
+    span: Option<ServerSpan>,
+    status: u16,
+    failure: Option<Failure>,
+    abandoned: Abandoned,
+    note: Option<Arc<Note>>,
+}
+
+impl Drop for SpanEnd {
+    fn drop(&mut self) {
+        if let Some(span) = self.span.take() {
+            let noted = self.note.as_ref().map(|n| n.noted()).unwrap_or_default();
+            let failure = self.failure.or_else(|| self.abandoned.failure());
+            span.end(self.status, failure, &noted);
+        }
     }
 }
 

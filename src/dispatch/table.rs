@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::error::{Error, ErrorKind};
 use crate::frontdoor::Request;
 use crate::limits::{retry_after_secs, RateLimits};
-use crate::mcp::end::Abandoned;
+use crate::mcp::end::{Abandoned, Failure};
 use crate::mcp::era::Era;
 use crate::mcp::headers;
 use crate::mcp::method::{Answer, Method};
@@ -27,6 +27,7 @@ use crate::mcp::raw::{self, raw};
 use crate::mcp::version::{self, LEGACY_LATEST};
 use crate::metrics::{LimitKind, Metrics};
 use crate::observe::Note;
+use crate::otel::{self, HopSpan, Otel, ServerSpan};
 use crate::upstream::{translate, Client, RequestContext, Upstream};
 
 /// The method table and what it answers with: the configuration, one worker's view of the
@@ -39,6 +40,8 @@ pub(super) struct MethodTable {
     rates: Arc<RateLimits>,
     /// Turns true when the sidecar cuts in-flight requests short at shutdown.
     cut: watch::Receiver<bool>,
+    /// OpenTelemetry, when on (the upstream hop's span).
+    otel: Option<Arc<Otel>>,
 }
 
 impl MethodTable {
@@ -49,6 +52,7 @@ impl MethodTable {
         metrics: Arc<Metrics>,
         rates: Arc<RateLimits>,
         cut: watch::Receiver<bool>,
+        otel: Option<Arc<Otel>>,
     ) -> Self {
         MethodTable {
             config,
@@ -57,6 +61,7 @@ impl MethodTable {
             metrics,
             rates,
             cut,
+            otel,
         }
     }
 
@@ -69,6 +74,7 @@ impl MethodTable {
             metrics: self.metrics.clone(),
             rates: self.rates.clone(),
             cut: self.cut.clone(),
+            otel: self.otel.clone(),
         }
     }
 
@@ -80,6 +86,7 @@ impl MethodTable {
         client: Client<'_>,
         abandoned: Abandoned,
         note: Option<&Arc<Note>>,
+        span: Option<&ServerSpan>,
     ) -> Result<Response<Body>, Error> {
         let mut cut = self.cut.clone();
         let mut client = client;
@@ -87,7 +94,7 @@ impl MethodTable {
             client.meta = req.rpc.params.meta;
         }
         tokio::select! {
-            answered = self.answer(req, client, abandoned, note) => answered,
+            answered = self.answer(req, client, abandoned, note, span) => answered,
             _ = cut.wait_for(|c| *c) => Err(Error::new(ErrorKind::ShuttingDown, "")),
         }
     }
@@ -106,6 +113,7 @@ impl MethodTable {
         client: Client<'_>,
         abandoned: Abandoned,
         note: Option<&Arc<Note>>,
+        span: Option<&ServerSpan>,
     ) -> Result<Response<Body>, Error> {
         let client = &client;
         let tool_call = req.listed == Some(Method::ToolsCall);
@@ -114,6 +122,10 @@ impl MethodTable {
                 .rpc
                 .name()
                 .is_some_and(|n| self.binding.is_local_tool(&n));
+        let hop = Hop {
+            span,
+            abandoned: abandoned.clone(),
+        };
         let ctx = self.context(req, abandoned);
         if tool_call {
             let name = req.rpc.name().unwrap_or_default();
@@ -140,14 +152,14 @@ impl MethodTable {
                     .await
             }
             Route::FeedbackTool => self.feedback_tool(req, ctx, note).await,
-            Route::ToolCall => self.tool_call(req, client, ctx, note).await,
+            Route::ToolCall => self.tool_call(req, client, ctx, note, hop).await,
             Route::ToolList => {
                 let mut ctx = ctx;
                 ctx.plan.set_hook(self.binding.list_hook());
-                self.forward(req, client, ctx).await
+                self.forward(req, client, ctx, hop).await
             }
             Route::Ping | Route::SetLevel | Route::Listen | Route::Forward => {
-                self.forward(req, client, ctx).await
+                self.forward(req, client, ctx, hop).await
             }
         }
     }
@@ -290,6 +302,7 @@ impl MethodTable {
         client: &Client<'_>,
         mut ctx: RequestContext<'_>,
         note: Option<&Arc<Note>>,
+        hop: Hop<'_>,
     ) -> Result<Response<Body>, Error> {
         let name = req.rpc.name().unwrap_or_default();
         if self.binding.needs_listing(&name) {
@@ -302,27 +315,81 @@ impl MethodTable {
             req.principal.as_ref().map(|p| &p.refs),
             note.cloned(),
         )));
-        self.forward(req, client, ctx).await
+        self.forward(req, client, ctx, hop).await
     }
 
-    /// Sends the request upstream, which answers it finished for the client. A W3C
-    /// `traceparent` the client sent in one place (header or `params._meta`) goes upstream in
-    /// both.
+    /// Sends the request upstream, which answers it finished for the client. With
+    /// OpenTelemetry on, the hop is a client span whose context goes upstream in the headers
+    /// and `params._meta`; off, a W3C `traceparent` the client sent in one place goes
+    /// upstream in both.
     async fn forward(
         &self,
         req: &Request<'_>,
         client: &Client<'_>,
         ctx: RequestContext<'_>,
+        hop: Hop<'_>,
     ) -> Result<Response<Body>, Error> {
-        let (headers, bytes) = translate::with_traceparent(&req.parts.headers, req.bytes);
+        let span = match (&self.otel, hop.span) {
+            (Some(otel), Some(server)) => Some(otel.hop_span(server)),
+            _ => None,
+        };
+        let (headers, bytes) = match &span {
+            Some(span) => {
+                translate::with_trace_fields(&req.parts.headers, req.bytes, &span.fields().0)
+            }
+            None => translate::with_traceparent(&req.parts.headers, req.bytes),
+        };
         let client = Client {
             headers: &headers,
             caller: client.caller,
             meta: client.meta,
         };
-        self.upstream
+        let answered = self
+            .upstream
             .forward(&client, req.parts.uri.query(), &bytes, ctx)
-            .await
+            .await;
+        let Some(span) = span else {
+            return answered;
+        };
+        match answered {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                Ok(otel::end_with_body(
+                    resp,
+                    HopEnd {
+                        span: Some(span),
+                        status,
+                        abandoned: hop.abandoned,
+                    },
+                ))
+            }
+            Err(e) => {
+                span.end(e.status().as_u16(), Some(Failure::Code(e.code())));
+                Err(e)
+            }
+        }
+    }
+}
+
+/// What the upstream hop's span needs: the request's server span, and where its answer's
+/// outcome is recorded.
+struct Hop<'a> {
+    span: Option<&'a ServerSpan>,
+    abandoned: Abandoned,
+}
+
+/// The hop's span, ended when the upstream's answer is over.
+struct HopEnd {
+    span: Option<HopSpan>,
+    status: u16,
+    abandoned: Abandoned,
+}
+
+impl Drop for HopEnd {
+    fn drop(&mut self) {
+        if let Some(span) = self.span.take() {
+            span.end(self.status, self.abandoned.failure());
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 //! the dispatcher's end-of-request step ends it (the client's departure is an ending that
 //! records nothing). No destructor decides or writes an outcome.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::method::{self, Method};
@@ -96,8 +96,20 @@ impl RequestEnd {
             return;
         }
         self.ended = Some(ending);
+        if ending.failed() {
+            self.slot.0.failed.store(true, Ordering::Relaxed);
+        }
         if let Some(hook) = self.hook.as_mut() {
             hook.end(ending);
+        }
+    }
+
+    /// The JSON-RPC error code the answer carried (for the request's span), or that its
+    /// tool result says `isError` (`code` none).
+    pub(crate) fn error_seen(&self, code: Option<i64>) {
+        match code {
+            Some(code) => self.slot.0.code.store(code, Ordering::Relaxed),
+            None => self.slot.0.tool_error.store(true, Ordering::Relaxed),
         }
     }
 
@@ -133,6 +145,23 @@ struct Slot {
     /// The client went away before its answer was complete.
     gone: AtomicBool,
     left: Mutex<Option<Left>>,
+    /// It ended failed.
+    failed: AtomicBool,
+    /// The JSON-RPC error code its answer carried (0: none).
+    code: AtomicI64,
+    /// Its tool result said `isError`.
+    tool_error: AtomicBool,
+}
+
+/// How a request ended, as its span records it (`error.type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failure {
+    /// A JSON-RPC error with this code.
+    Code(i64),
+    /// A tool result with `isError`.
+    ToolError,
+    /// Failed with no code seen (an error status, a broken stream).
+    Other,
 }
 
 /// One request's hand-over point between the drops that signal its end and its end step:
@@ -152,6 +181,21 @@ pub(crate) fn unreported() -> u64 {
 }
 
 impl Abandoned {
+    /// How the request failed, if it did, as far as its answer showed.
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        let code = self.0.code.load(Ordering::Relaxed);
+        if code != 0 {
+            return Some(Failure::Code(code));
+        }
+        if self.0.tool_error.load(Ordering::Relaxed) {
+            return Some(Failure::ToolError);
+        }
+        self.0
+            .failed
+            .load(Ordering::Relaxed)
+            .then_some(Failure::Other)
+    }
+
     /// The client went away.
     pub(crate) fn set(&self) {
         self.0.gone.store(true, Ordering::Relaxed);

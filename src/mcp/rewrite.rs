@@ -146,11 +146,17 @@ impl ResultPlan {
             return Outcome::Same;
         }
         let Some(mut result) = msg.get("result").and_then(|r| open(r)) else {
-            if msg.contains_key("error") {
+            if let Some(error) = msg.get("error") {
+                let code = open(error)
+                    .and_then(|e| e.get("code").and_then(|c| c.get().parse::<i64>().ok()));
+                self.end.error_seen(Some(code.unwrap_or(-32603)));
                 self.fail();
             }
             return Outcome::Same;
         };
+        if result.get("isError").is_some_and(|v| v.get() == "true") {
+            self.end.error_seen(None);
+        }
         let mut changed = false;
         if self.end.ended().is_none() {
             if let Some(hook) = self.end.open_hook() {

@@ -90,6 +90,7 @@ pub(crate) fn to_modern(
 }
 
 const TRACEPARENT: &str = "traceparent";
+const TRACESTATE: &str = "tracestate";
 
 /// Whether a value is a W3C `traceparent`: `version-traceid-parentid-flags` in lowercase hex,
 /// version not `ff`, neither id all zeros.
@@ -165,6 +166,46 @@ pub(crate) fn with_traceparent<'a>(
         }
         _ => (Cow::Borrowed(headers), Cow::Borrowed(bytes)),
     }
+}
+
+/// The sidecar's own trace context (its upstream span's `traceparent`, and `tracestate`) in
+/// both places the upstream may read it, over whatever the client sent: the headers and
+/// `params._meta`. A body that is not a JSON-RPC object is left as it is.
+pub(crate) fn with_trace_fields<'a>(
+    headers: &'a HeaderMap,
+    bytes: &'a Bytes,
+    fields: &[(&'static str, String)],
+) -> (Cow<'a, HeaderMap>, Cow<'a, Bytes>) {
+    if fields.is_empty() {
+        return (Cow::Borrowed(headers), Cow::Borrowed(bytes));
+    }
+    let mut h = headers.clone();
+    h.remove(TRACESTATE);
+    for (k, v) in fields {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            h.insert(*k, v);
+        }
+    }
+    let Some(mut msg) = raw::parse_message(bytes) else {
+        return (Cow::Owned(h), Cow::Borrowed(bytes));
+    };
+    let Some(mut params) = msg
+        .get("params")
+        .map_or(Some(RawMap::default()), |p| raw::open(p))
+    else {
+        return (Cow::Owned(h), Cow::Borrowed(bytes));
+    };
+    let mut meta = params
+        .get("_meta")
+        .and_then(|m| raw::open(m))
+        .unwrap_or_default();
+    meta.shift_remove(TRACESTATE);
+    for (k, v) in fields {
+        meta.insert((*k).into(), raw::raw(v));
+    }
+    params.insert("_meta".into(), raw::raw(&meta));
+    msg.insert("params".into(), raw::raw(&params));
+    (Cow::Owned(h), Cow::Owned(raw::to_bytes(&msg)))
 }
 
 /// Sets the 2026-07-28 routing headers for `method` (and `Mcp-Name` when given).

@@ -413,6 +413,24 @@ fn newly_mapped_values_render_as_settings_the_sidecar_accepts() {
             "epode.httpSurface.operationsPrefix=/_ops",
             "operations_prefix = \"/_ops\"",
         ),
+        (
+            "observability.otlp.endpoint=http://otel-collector.observability:4318",
+            "otlp_endpoint = \"http://otel-collector.observability:4318/\"",
+        ),
+        ("observability.otlp.queue=4096", "otlp_queue = \"4096\""),
+        ("observability.otlp.metrics=false", "otlp_metrics = \"off\""),
+        (
+            "observability.otlp.resourceAttributes.deployment\\.environment=prod",
+            "otel_resource_attributes = \"deployment.environment=prod\"",
+        ),
+        (
+            "observability.otlp.sampler=parentbased_traceidratio",
+            "otel_traces_sampler = \"parentbased_traceidratio\"",
+        ),
+        (
+            "observability.otlp.samplerArg=0.25",
+            "otel_traces_sampler_arg = \"0.25\"",
+        ),
     ];
     let mut args = vec!["--set", "epode.httpSurface.enabled=true"];
     for (set, _) in &sets {

@@ -25,6 +25,7 @@ mod isolation;
 mod limits;
 mod listeners;
 mod operations;
+mod otel;
 mod rate_limits;
 mod secrets;
 mod shutdown;

@@ -55,6 +55,8 @@ Usage (run with the venv python from scripts/install-peers.sh):
                          --stateless keeps it stateless anyway (to see that failure).
   --stateful / --stateless  force the HTTP session mode (default: stateless, or stateful
                          with --questions)
+  --otlp URL             export the SDK's own spans (one per request, by the MCP semantic
+                         conventions, parented from params._meta) to an OTLP/HTTP receiver
   --era 2025             speak ONLY the handshake era (2025-11-25 and older). mcp 2.3.0 has no
                          switch for it, so: over HTTP a request whose MCP-Protocol-Version
                          header is not a handshake version gets 400 + a JSON-RPC error (as the
@@ -520,10 +522,23 @@ def main() -> None:
     p.add_argument("--keep-alive", type=float, default=5, metavar="SECONDS", help="uvicorn's keep-alive timeout (its default: 5)")
     p.add_argument("--questions", action="store_true", help="also serve ask_count, ask_twice, sample, roots, roots_call, grow (HTTP: stateful)")
     p.add_argument("--era", choices=["both", "2025"], default="both", help="2025: speak only the handshake era (2025-11-25)")
+    p.add_argument("--otlp", metavar="URL", help="export the SDK's own OpenTelemetry spans (mcp 2.3.0 makes one per request) to URL/v1/traces with the official opentelemetry-sdk and OTLP/HTTP exporter, one by one")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--stateful", action="store_true", help="HTTP sessions (Mcp-Session-Id)")
     mode.add_argument("--stateless", action="store_true", help="no HTTP sessions (the default without --questions)")
     args = p.parse_args()
+    if args.otlp:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        provider = TracerProvider(resource=Resource.create({"service.name": "py-upstream"}))
+        provider.add_span_processor(
+            SimpleSpanProcessor(OTLPSpanExporter(endpoint=args.otlp.rstrip("/") + "/v1/traces"))
+        )
+        trace.set_tracer_provider(provider)
     if args.questions:
         add_question_tools()
         add_subscription_tools()

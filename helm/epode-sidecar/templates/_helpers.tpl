@@ -167,6 +167,9 @@ README.
 {{- range $a.operationScopes -}}{{- $opScopes = append $opScopes (printf "%s:%s=%s" .kind .match (join " " .scopes)) -}}{{- end -}}
 {{- $implies := list -}}
 {{- range $k, $v := $a.scopeImplies -}}{{- $implies = append $implies (printf "%s=%s" $k (join " " $v)) -}}{{- end -}}
+{{- $o := .Values.observability.otlp -}}
+{{- $resAttrs := list -}}
+{{- range $k, $v := $o.resourceAttributes -}}{{- $resAttrs = append $resAttrs (printf "%s=%s" $k (toString $v)) -}}{{- end -}}
 {{- $rows := list
   (list "EPODE_SIDECAR_UPSTREAM" "sidecar.upstreamUrl (or upstream.scheme/port/path)" $upstream)
   (list "EPODE_SIDECAR_LISTEN" "sidecar.listenAddress and sidecar.port" (printf "%s:%v" $s.listenAddress ($s.port | int)))
@@ -258,6 +261,17 @@ README.
   (list "EPODE_SIDECAR_AUTH_OPERATION_SCOPES" "auth.operationScopes" (join "; " $opScopes))
   (list "EPODE_SIDECAR_AUTH_SCOPE_IMPLIES" "auth.scopeImplies" (join "; " $implies))
   (list "EPODE_SIDECAR_AUTH_CLIENT_SECRET" "auth.clientSecret.existingSecret and auth.clientSecret.existingSecretKey" "")
+  (list "EPODE_SIDECAR_OTLP_ENDPOINT" "observability.otlp.endpoint" $o.endpoint)
+  (list "OTEL_EXPORTER_OTLP_ENDPOINT" "observability.otlp.endpoint" "")
+  (list "OTEL_EXPORTER_OTLP_HEADERS" "observability.otlp.headers.existingSecret and observability.otlp.headers.existingSecretKey" "")
+  (list "EPODE_SIDECAR_OTLP_QUEUE" "observability.otlp.queue" $o.queue)
+  (list "EPODE_SIDECAR_OTLP_TIMEOUT" "observability.otlp.timeout" $o.timeout)
+  (list "EPODE_SIDECAR_OTLP_METRICS" "observability.otlp.metrics" (ternary "" (toString $o.metrics) (kindIs "invalid" $o.metrics)))
+  (list "EPODE_SIDECAR_OTLP_METRICS_INTERVAL" "observability.otlp.metricsInterval" $o.metricsInterval)
+  (list "OTEL_SERVICE_NAME" "observability.otlp.serviceName" $o.serviceName)
+  (list "OTEL_RESOURCE_ATTRIBUTES" "observability.otlp.resourceAttributes" (join "," $resAttrs))
+  (list "OTEL_TRACES_SAMPLER" "observability.otlp.sampler" $o.sampler)
+  (list "OTEL_TRACES_SAMPLER_ARG" "observability.otlp.samplerArg" $o.samplerArg)
   (list "EPODE_API_KEY" "epode.existingSecret and epode.existingSecretKey" "")
   (list "AGENT_FEEDBACK_KEY" "epode.existingSecret and epode.existingSecretKey" "")
   (list "AGENT_FEEDBACK_URL" "epode.apiUrl" "")
@@ -395,6 +409,13 @@ authorization client secret (auth.clientSecret), and auth on needs what the side
     secretKeyRef:
       name: {{ .Values.epode.existingSecret | quote }}
       key: {{ .Values.epode.existingSecretKey | quote }}
+{{- end -}}
+{{- if and .Values.observability.otlp.endpoint .Values.observability.otlp.headers.existingSecret }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.observability.otlp.headers.existingSecret | quote }}
+      key: {{ .Values.observability.otlp.headers.existingSecretKey | quote }}
 {{- end -}}
 {{- if eq (include "epode-sidecar.authMode" .) "introspect" }}
 - name: EPODE_SIDECAR_AUTH_CLIENT_SECRET

@@ -1,0 +1,216 @@
+//! OpenTelemetry export: where spans and metrics go over OTLP, and the standard `OTEL_*`
+//! variables a user sets for every other OpenTelemetry component, read here so a bad value is
+//! refused at start with the others (the SDK would fall back silently). Off unless an endpoint
+//! is set.
+
+use std::time::Duration;
+
+use url::Url;
+
+use super::setting::{
+    a_duration, boolean, bounded, duration, number, read_all, setting, settings, split_list,
+    Accepts, Bad, Layers, Refused,
+};
+use super::types::{redact_url, OtelConfig, Sampling};
+
+/// The OpenTelemetry settings, when an endpoint is set.
+pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
+    let Some(endpoint) = l.optional(&OTLP_ENDPOINT)? else {
+        return Ok(None);
+    };
+    let sampler = l.get(&TRACES_SAMPLER);
+    let arg = l.optional(&TRACES_SAMPLER_ARG);
+    let sampling = match (sampler, arg) {
+        (Ok(s), Ok(arg)) => Ok(s.with_ratio(arg.unwrap_or(1.0))),
+        (Err(r), _) | (_, Err(r)) => Err(r),
+    };
+    read_all!(OtelConfig {
+        endpoint: Ok(endpoint),
+        queue: l.get(&OTLP_QUEUE),
+        timeout: l.get(&OTLP_TIMEOUT),
+        metrics_every: match (l.get(&OTLP_METRICS), l.get(&OTLP_METRICS_INTERVAL)) {
+            (Ok(true), every) => every.map(Some),
+            (Ok(false), _) => Ok(None),
+            (Err(r), _) => Err(r),
+        },
+        headers: l.optional(&OTLP_HEADERS).map(Option::unwrap_or_default),
+        service_name: l.optional(&SERVICE_NAME),
+        resource: l
+            .optional(&RESOURCE_ATTRIBUTES)
+            .map(Option::unwrap_or_default),
+        sampling,
+    })
+    .map(Some)
+}
+
+fn endpoint(v: &str) -> Result<Url, Bad> {
+    let url = Url::parse(v).map_err(|_| Bad::Whole)?;
+    if !matches!(url.scheme(), "http" | "https")
+        || url.host_str().is_none()
+        || url.query().is_some()
+        || url.fragment().is_some()
+    {
+        return Err(Bad::Whole);
+    }
+    Ok(url)
+}
+
+/// `key=value` pairs separated by commas, as the OpenTelemetry specification writes headers
+/// and resource attributes (values percent-decoded).
+fn pairs(v: &str) -> Result<Vec<(String, String)>, Bad> {
+    let mut out = Vec::new();
+    for entry in split_list(v) {
+        let Some((k, val)) = entry.split_once('=') else {
+            return Err(Bad::Described("each entry must be key=value"));
+        };
+        let k = k.trim();
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic() && b != b'"') {
+            return Err(Bad::Described(
+                "each entry must be key=value, the key printable ASCII",
+            ));
+        }
+        let val = percent_decode(val.trim())
+            .ok_or(Bad::Described("a value is not valid percent-encoded UTF-8"))?;
+        out.push((k.to_owned(), val));
+    }
+    Ok(out)
+}
+
+fn percent_decode(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = v.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn sampler(v: &str) -> Result<Sampling, Bad> {
+    Ok(match v {
+        "always_on" => Sampling::AlwaysOn,
+        "always_off" => Sampling::AlwaysOff,
+        "traceidratio" => Sampling::Ratio(1.0),
+        "parentbased_always_on" => Sampling::ParentOn,
+        "parentbased_always_off" => Sampling::ParentOff,
+        "parentbased_traceidratio" => Sampling::ParentRatio(1.0),
+        _ => return Err(Bad::Whole),
+    })
+}
+
+fn ratio(v: &str) -> Result<f64, Bad> {
+    match v.trim().parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(Bad::Whole),
+    }
+}
+
+fn shown<T>(c: &super::types::Config, f: impl Fn(&OtelConfig) -> T) -> Option<T> {
+    c.otel.as_ref().map(f)
+}
+
+const OFF: &str = "<not used: no OTLP endpoint>";
+
+settings! {
+    /// OpenTelemetry export.
+    pub(super) OTEL {
+        OTLP_ENDPOINT: Url = setting(
+            "otlp_endpoint",
+            &["EPODE_SIDECAR_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
+            None,
+            "an http:// or https:// URL of an OTLP/HTTP receiver, such as http://otel-collector:4318",
+            "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf. Unset: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
+            endpoint,
+            |c| shown(c, |o| redact_url(o.endpoint.as_str()).into_owned()).unwrap_or_else(|| "<unset: off>".to_owned()),
+        ),
+        OTLP_HEADERS: Vec<(String, String)> = setting(
+            "otlp_headers",
+            &["OTEL_EXPORTER_OTLP_HEADERS"],
+            None,
+            "comma-separated key=value pairs, values percent-encoded",
+            "Headers sent with every export (an API key for a hosted collector). Never passed to a stdio child.",
+            pairs,
+            |c| shown(c, |o| if o.headers.is_empty() { "<unset>" } else { "<set>" }.to_owned()).unwrap_or_else(|| OFF.to_owned()),
+        )
+        .secret(),
+        OTLP_QUEUE: usize = bounded(
+            "otlp_queue",
+            &["EPODE_SIDECAR_OTLP_QUEUE"],
+            Some("2048"),
+            Accepts::whole("spans", 16, 1_000_000),
+            "Finished spans waiting for export. Past it a span is dropped (`epode_sidecar_otlp_dropped_total{signal=\"traces\"}`), never waited for: a collector that is down or slow never slows a call. About 1 KiB each.",
+            number,
+            |c| shown(c, |o| o.queue.to_string()).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_TIMEOUT: Duration = bounded(
+            "otlp_timeout",
+            &["EPODE_SIDECAR_OTLP_TIMEOUT"],
+            Some("10s"),
+            Accepts::duration(Duration::from_millis(100), Duration::from_secs(300), "10s or 500ms"),
+            "How long one export may take before it counts as failed (`epode_sidecar_otlp_export_failed_total`). A failed batch is not retried: its spans are counted as dropped.",
+            a_duration,
+            |c| shown(c, |o| duration(o.timeout)).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_METRICS: bool = setting(
+            "otlp_metrics",
+            &["EPODE_SIDECAR_OTLP_METRICS"],
+            Some("on"),
+            "on or off (also true, false, 1, 0)",
+            "Whether metrics (`mcp.server.operation.duration`, `mcp.client.operation.duration`) are exported over OTLP too; off, traces only.",
+            boolean,
+            |c| shown(c, |o| if o.metrics_every.is_some() { "on" } else { "off" }.to_owned()).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_METRICS_INTERVAL: Duration = bounded(
+            "otlp_metrics_interval",
+            &["EPODE_SIDECAR_OTLP_METRICS_INTERVAL"],
+            Some("60s"),
+            Accepts::duration(Duration::from_secs(1), Duration::from_secs(3600), "60s or 10s"),
+            "How often the metrics are exported over OTLP.",
+            a_duration,
+            |c| shown(c, |o| o.metrics_every.map_or("<not used: otlp_metrics off>".to_owned(), duration)).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        SERVICE_NAME: String = setting(
+            "otel_service_name",
+            &["OTEL_SERVICE_NAME"],
+            None,
+            "a name",
+            "The resource's `service.name` (unset: the one in `OTEL_RESOURCE_ATTRIBUTES`, else `epode-sidecar`).",
+            |v| if v.trim().is_empty() { Err(Bad::Whole) } else { Ok(v.trim().to_owned()) },
+            |c| shown(c, |o| o.service_name.clone().unwrap_or_else(|| "<unset>".to_owned())).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        RESOURCE_ATTRIBUTES: Vec<(String, String)> = setting(
+            "otel_resource_attributes",
+            &["OTEL_RESOURCE_ATTRIBUTES"],
+            None,
+            "comma-separated key=value pairs, values percent-encoded",
+            "More resource attributes (`k8s.pod.name=…,deployment.environment=prod`); a `service.name` here yields to `OTEL_SERVICE_NAME`.",
+            pairs,
+            |c| shown(c, |o| o.resource.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        TRACES_SAMPLER: Sampling = setting(
+            "otel_traces_sampler",
+            &["OTEL_TRACES_SAMPLER"],
+            Some("parentbased_always_on"),
+            "always_on, always_off, traceidratio, parentbased_always_on, parentbased_always_off or parentbased_traceidratio",
+            "Which requests are traced, as the OpenTelemetry specification names samplers: by default every request whose client's trace is sampled, or that has no parent.",
+            sampler,
+            |c| shown(c, |o| o.sampling.name().to_owned()).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        TRACES_SAMPLER_ARG: f64 = setting(
+            "otel_traces_sampler_arg",
+            &["OTEL_TRACES_SAMPLER_ARG"],
+            None,
+            "a ratio such as 0.25 (0 keeps no trace, 1 every trace; nothing outside them)",
+            "The ratio of the `traceidratio` samplers (unset: 1).",
+            ratio,
+            |c| shown(c, |o| o.sampling.ratio().map_or("<not used>".to_owned(), |r| r.to_string())).unwrap_or_else(|| OFF.to_owned()),
+        ),
+    }
+}

@@ -1,0 +1,276 @@
+//! OpenTelemetry, on when an OTLP endpoint is set (`EPODE_SIDECAR_OTLP_ENDPOINT`): the
+//! tracer and the meter every request path shares ([`Otel`]), the spans of one request
+//! (`span.rs`, by the MCP semantic conventions), and their delivery (`export.rs`: a bounded
+//! queue and the official OTLP/HTTP exporter, `http.rs` its client). Off, nothing here is
+//! built and a request pays one `Option` check.
+
+mod export;
+mod http;
+mod shared;
+mod span;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use opentelemetry::metrics::{Histogram, MeterProvider as _};
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
+use opentelemetry_sdk::Resource;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::config::{OtelConfig, Sampling, UpstreamTransport};
+use crate::metrics::Metrics;
+
+use self::shared::{HopTarget, Shared};
+pub(crate) use self::span::{Call, HopSpan, ServerSpan};
+
+/// A response whose span ends when its body does: a stream's at its end (or when its client
+/// leaves), any other's now.
+pub(crate) fn end_with_body<G: Send + 'static>(
+    resp: ::http::Response<crate::body::Body>,
+    guard: G,
+) -> ::http::Response<crate::body::Body> {
+    let streamed = resp
+        .headers()
+        .get(::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streamed {
+        drop(guard);
+        return resp;
+    }
+    resp.map(|body| {
+        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(body, move |f| {
+            let _alive = &guard;
+            f
+        }))
+    })
+}
+
+/// The tracer and the instruments, shared by every worker; the delivery tasks run on the
+/// main loop until [`Otel::shutdown`].
+pub(crate) struct Otel {
+    shared: Arc<Shared>,
+    provider: SdkTracerProvider,
+    meters: Option<SdkMeterProvider>,
+    stop: watch::Sender<bool>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+    timeout: Duration,
+}
+
+/// The conventions' duration buckets (seconds).
+const BUCKETS: [f64; 14] = [
+    0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
+fn sampler(s: Sampling) -> Sampler {
+    match s {
+        Sampling::AlwaysOn => Sampler::AlwaysOn,
+        Sampling::AlwaysOff => Sampler::AlwaysOff,
+        Sampling::Ratio(r) => Sampler::TraceIdRatioBased(r),
+        Sampling::ParentOn => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        Sampling::ParentOff => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        Sampling::ParentRatio(r) => Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(r))),
+    }
+}
+
+fn resource(config: &OtelConfig) -> Resource {
+    let mut attributes: Vec<KeyValue> = config
+        .resource
+        .iter()
+        .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+        .collect();
+    let named = config.resource.iter().any(|(k, _)| k == "service.name");
+    let service = match (&config.service_name, named) {
+        (Some(s), _) => Some(s.clone()),
+        (None, true) => None,
+        (None, false) => Some("epode-sidecar".to_owned()),
+    };
+    attributes.retain(|kv| service.is_none() || kv.key.as_str() != "service.name");
+    if let Some(s) = service {
+        attributes.push(KeyValue::new("service.name", s));
+    }
+    if !config.resource.iter().any(|(k, _)| k == "service.version") {
+        attributes.push(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")));
+    }
+    attributes.push(KeyValue::new("telemetry.sdk.name", "opentelemetry"));
+    attributes.push(KeyValue::new("telemetry.sdk.language", "rust"));
+    Resource::builder_empty()
+        .with_attributes(attributes)
+        .build()
+}
+
+fn hop_target(upstream: &UpstreamTransport) -> HopTarget {
+    match upstream {
+        UpstreamTransport::Http(t) => HopTarget {
+            transport: "tcp",
+            address: t.url.host_str().map(str::to_owned),
+            port: t.url.port_or_known_default().map(i64::from),
+        },
+        UpstreamTransport::Stdio(_) => HopTarget {
+            transport: "pipe",
+            address: None,
+            port: None,
+        },
+    }
+}
+
+/// The meter, its two histograms, and the task that exports them every `every`.
+#[allow(clippy::type_complexity)]
+fn meter(
+    config: &OtelConfig,
+    every: Duration,
+    client: http::Client,
+    headers: std::collections::HashMap<String, String>,
+    resource: Resource,
+    metrics: Arc<Metrics>,
+    stopped: watch::Receiver<bool>,
+) -> Result<
+    (
+        SdkMeterProvider,
+        Histogram<f64>,
+        Histogram<f64>,
+        JoinHandle<()>,
+    ),
+    String,
+> {
+    let exporter = opentelemetry_otlp::MetricExporter::builder()
+        .with_http()
+        .with_http_client(client)
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(signal_url(&config.endpoint, "metrics"))
+        .with_timeout(config.timeout)
+        .with_headers(headers)
+        .build()
+        .map_err(|e| format!("cannot build the OTLP metric exporter: {e}"))?;
+    let reader = export::SharedReader(Arc::new(ManualReader::builder().build()));
+    let provider = SdkMeterProvider::builder()
+        .with_reader(reader.clone())
+        .with_resource(resource)
+        .build();
+    let meter = provider.meter("epode-sidecar");
+    let server = meter
+        .f64_histogram("mcp.server.operation.duration")
+        .with_unit("s")
+        .with_description("MCP request duration as observed on the receiver from the time it was received until the result or ack is sent.")
+        .with_boundaries(BUCKETS.to_vec())
+        .build();
+    let client = meter
+        .f64_histogram("mcp.client.operation.duration")
+        .with_unit("s")
+        .with_description("The duration of the MCP request or notification as observed on the sender from the time it was sent until the response or ack is received.")
+        .with_boundaries(BUCKETS.to_vec())
+        .build();
+    let task = tokio::spawn(export::ship_metrics(
+        reader,
+        exporter,
+        metrics,
+        every,
+        config.timeout,
+        stopped,
+    ));
+    Ok((provider, server, client, task))
+}
+
+/// `<base>/v1/<signal>`.
+fn signal_url(base: &url::Url, signal: &str) -> String {
+    format!("{}/v1/{signal}", base.as_str().trim_end_matches('/'))
+}
+
+impl Otel {
+    /// Builds the tracer and the meter and starts their delivery (on the current loop).
+    pub(crate) fn start(
+        config: &OtelConfig,
+        upstream: &UpstreamTransport,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Otel>, String> {
+        let resource = resource(config);
+        let headers: std::collections::HashMap<String, String> =
+            config.headers.iter().cloned().collect();
+        let client = http::Client::new(config.timeout)?;
+        let mut spans = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client.clone())
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(signal_url(&config.endpoint, "traces"))
+            .with_timeout(config.timeout)
+            .with_headers(headers.clone())
+            .build()
+            .map_err(|e| format!("cannot build the OTLP span exporter: {e}"))?;
+        spans.set_resource(&resource);
+        for s in [export::TRACES, export::METRICS] {
+            let _ = metrics.otlp.exported.get_or_create(&s);
+            let _ = metrics.otlp.failed.get_or_create(&s);
+        }
+        let _ = metrics.otlp.dropped.get_or_create(&export::TRACES);
+        let (queue, rx) = export::SpanQueue::new(config.queue, metrics.clone());
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(queue)
+            .with_sampler(sampler(config.sampling))
+            .with_resource(resource.clone())
+            .with_max_events_per_span(32)
+            .with_max_attributes_per_span(32)
+            .build();
+        let tracer = provider.tracer("epode-sidecar");
+        let (stop, stopped) = watch::channel(false);
+        let mut tasks = vec![tokio::spawn(export::ship_spans(
+            rx,
+            spans,
+            metrics.clone(),
+            config.timeout,
+            stopped.clone(),
+        ))];
+        let (meters, server_duration, client_duration) = match config.metrics_every {
+            None => (None, None, None),
+            Some(every) => {
+                let (provider, server, client, task) =
+                    meter(config, every, client, headers, resource, metrics, stopped)?;
+                tasks.push(task);
+                (Some(provider), Some(server), Some(client))
+            }
+        };
+        Ok(Arc::new(Otel {
+            shared: Arc::new(Shared {
+                tracer,
+                server_duration,
+                client_duration,
+                hop: hop_target(upstream),
+            }),
+            provider,
+            meters,
+            stop,
+            tasks: Mutex::new(tasks),
+            timeout: config.timeout,
+        }))
+    }
+
+    /// A request's server span.
+    pub(crate) fn server_span(&self, call: &Call<'_>) -> ServerSpan {
+        ServerSpan::start(&self.shared, call)
+    }
+
+    /// The upstream hop's client span, under `server`.
+    pub(crate) fn hop_span(&self, server: &ServerSpan) -> HopSpan {
+        HopSpan::start(&self.shared, server)
+    }
+
+    /// Sends what is queued (spans, the last metrics) within the export timeout, then stops.
+    pub(crate) async fn shutdown(&self) {
+        let _ = self.stop.send(true);
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        let all = futures_util::future::join_all(tasks);
+        if tokio::time::timeout(self.timeout + Duration::from_secs(1), all)
+            .await
+            .is_err()
+        {
+            tracing::warn!("OpenTelemetry export did not finish within its timeout at shutdown");
+        }
+        let _ = self.provider.shutdown();
+        if let Some(m) = &self.meters {
+            let _ = m.shutdown();
+        }
+    }
+}

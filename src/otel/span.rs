@@ -1,0 +1,418 @@
+//! The spans of one MCP request, named and attributed by the OpenTelemetry MCP semantic
+//! conventions: the server span (from the request's arrival to its answer's end, its parent
+//! the client's context from `params._meta` or the `traceparent` header) and the client span
+//! of the upstream hop (whose context goes upstream in both places).
+
+use std::net::SocketAddr;
+use std::time::{Instant, SystemTime};
+
+use http::HeaderMap;
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use sha2::{Digest, Sha256};
+
+use super::shared::Shared;
+use crate::mcp::end::Failure;
+use crate::observe::Noted;
+
+/// What the server span says of a request, as the front door read it.
+pub(crate) struct Call<'a> {
+    pub(crate) method: &'a str,
+    /// A `tools/call`'s tool, a `prompts/get`'s prompt.
+    pub(crate) name: Option<&'a str>,
+    /// A resource request's URI.
+    pub(crate) uri: Option<&'a str>,
+    /// The request's id as it was written (a string keeps its quotes).
+    pub(crate) id: &'a RawValue,
+    /// The client's MCP version.
+    pub(crate) protocol_version: &'a str,
+    pub(crate) headers: &'a HeaderMap,
+    /// The request's `params._meta`, where the conventions put the trace context.
+    pub(crate) meta: Option<&'a RawValue>,
+    pub(crate) peer: SocketAddr,
+    pub(crate) http_version: http::Version,
+    /// When the request arrived.
+    pub(crate) started: SystemTime,
+}
+
+const TRACEPARENT: &str = "traceparent";
+const TRACESTATE: &str = "tracestate";
+
+/// The trace context keys of `params._meta`.
+#[derive(Deserialize, Default)]
+struct MetaContext<'a> {
+    #[serde(borrow, default)]
+    traceparent: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tracestate: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl Extractor for MetaContext<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            TRACEPARENT => self.traceparent.as_deref(),
+            TRACESTATE => self.tracestate.as_deref(),
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec![TRACEPARENT, TRACESTATE]
+    }
+}
+
+/// The client's context: `params._meta` first (the conventions' place), else the headers.
+fn parent(call: &Call<'_>) -> Context {
+    let propagator = TraceContextPropagator::new();
+    let meta: MetaContext<'_> = call
+        .meta
+        .filter(|m| m.get().contains(TRACEPARENT))
+        .and_then(|m| serde_json::from_str(m.get()).ok())
+        .unwrap_or_default();
+    if meta.traceparent.is_some() {
+        let cx = propagator.extract(&meta);
+        if cx.span().span_context().is_valid() {
+            return cx;
+        }
+    }
+    if call.headers.contains_key(TRACEPARENT) {
+        return propagator.extract(&opentelemetry_http::HeaderExtractor(call.headers));
+    }
+    Context::new()
+}
+
+/// A request id as the conventions write it: a string without its quotes, a number as is;
+/// none for `null`.
+fn request_id(id: &RawValue) -> Option<String> {
+    let raw = id.get();
+    if raw == "null" {
+        return None;
+    }
+    match serde_json::from_str::<String>(raw) {
+        Ok(s) => Some(s),
+        Err(_) => Some(raw.to_owned()),
+    }
+}
+
+/// A 2025 client's `Mcp-Session-Id`, as the span names it: the first 16 bytes of its SHA-256
+/// in hex (the id the sidecar mints seals the client's capabilities; it is never shown).
+pub(crate) fn session_ref(id: &str) -> String {
+    let digest = Sha256::digest(id.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn http_version(v: http::Version) -> &'static str {
+    match v {
+        http::Version::HTTP_09 => "0.9",
+        http::Version::HTTP_10 => "1.0",
+        http::Version::HTTP_2 => "2",
+        http::Version::HTTP_3 => "3",
+        _ => "1.1",
+    }
+}
+
+/// `{mcp.method.name} {target}`, the target the tool or prompt (never a URI).
+fn span_name(method: &str, name: Option<&str>) -> String {
+    match name {
+        Some(n) if matches!(method, "tools/call" | "prompts/get") => format!("{method} {n}"),
+        _ => method.to_owned(),
+    }
+}
+
+/// The attributes the conventions name for the request itself, the server's and the hop's
+/// alike.
+fn request_attributes(call: &Call<'_>, out: &mut Vec<KeyValue>) {
+    out.push(KeyValue::new("mcp.method.name", call.method.to_owned()));
+    out.push(KeyValue::new(
+        "mcp.protocol.version",
+        call.protocol_version.to_owned(),
+    ));
+    if let Some(id) = request_id(call.id) {
+        out.push(KeyValue::new("jsonrpc.request.id", id));
+    }
+    match (call.method, call.name) {
+        ("tools/call", Some(n)) => {
+            out.push(KeyValue::new("gen_ai.tool.name", n.to_owned()));
+            out.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+        }
+        ("prompts/get", Some(n)) => out.push(KeyValue::new("gen_ai.prompt.name", n.to_owned())),
+        _ => {}
+    }
+    if let Some(uri) = call.uri {
+        out.push(KeyValue::new("mcp.resource.uri", uri.to_owned()));
+    }
+    if let Some(session) = call
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        out.push(KeyValue::new("mcp.session.id", session_ref(session)));
+    }
+}
+
+/// The attributes of the duration histograms: low cardinality only.
+fn metric_attributes(call: &Call<'_>, transport: &'static str) -> Vec<KeyValue> {
+    let mut out = vec![
+        KeyValue::new("mcp.method.name", call.method.to_owned()),
+        KeyValue::new("mcp.protocol.version", call.protocol_version.to_owned()),
+        KeyValue::new("network.transport", transport),
+    ];
+    match (call.method, call.name) {
+        ("tools/call", Some(n)) => {
+            out.push(KeyValue::new("gen_ai.tool.name", n.to_owned()));
+            out.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+        }
+        ("prompts/get", Some(n)) => out.push(KeyValue::new("gen_ai.prompt.name", n.to_owned())),
+        _ => {}
+    }
+    out
+}
+
+fn error_type(f: Failure) -> String {
+    match f {
+        Failure::Code(c) => c.to_string(),
+        Failure::ToolError => "tool_error".to_owned(),
+        Failure::Other => "_OTHER".to_owned(),
+    }
+}
+
+/// How a span ends: the answer's HTTP status and what its answer showed.
+fn finish(
+    span: &opentelemetry::trace::SpanRef<'_>,
+    status: u16,
+    failure: Option<Failure>,
+) -> Option<String> {
+    let error = match failure {
+        Some(f) => Some(error_type(f)),
+        None if status >= 400 => Some(status.to_string()),
+        None => None,
+    };
+    if let Some(e) = &error {
+        span.set_attribute(KeyValue::new("error.type", e.clone()));
+        if let Some(Failure::Code(c)) = failure {
+            span.set_attribute(KeyValue::new("rpc.response.status_code", c.to_string()));
+        }
+        span.set_status(Status::error(match failure {
+            Some(Failure::ToolError) => "the tool's result says isError",
+            Some(Failure::Code(_)) => "the answer is a JSON-RPC error",
+            _ => "the request failed",
+        }));
+    }
+    error
+}
+
+/// One request's server span, ended by [`ServerSpan::end`] (or, when its answer is a stream
+/// the client leaves, when dropped).
+pub(crate) struct ServerSpan {
+    cx: Context,
+    name: String,
+    /// The request's own attributes, for the hop's span (empty when not recording).
+    call: Vec<KeyValue>,
+    /// The duration histogram's attributes (empty when metrics are off).
+    metric: Vec<KeyValue>,
+    started: Instant,
+    otel: std::sync::Arc<Shared>,
+    ended: bool,
+}
+
+impl ServerSpan {
+    pub(super) fn start(otel: &std::sync::Arc<Shared>, call: &Call<'_>) -> ServerSpan {
+        let parent = parent(call);
+        let name = span_name(call.method, call.name);
+        let span = otel
+            .tracer
+            .span_builder(name.clone())
+            .with_kind(SpanKind::Server)
+            .with_start_time(call.started)
+            .start_with_context(&otel.tracer, &parent);
+        let mut attributes = Vec::new();
+        if span.is_recording() {
+            attributes.reserve(12);
+            request_attributes(call, &mut attributes);
+            let mut own = attributes.clone();
+            own.push(KeyValue::new("network.transport", "tcp"));
+            own.push(KeyValue::new("network.protocol.name", "http"));
+            own.push(KeyValue::new(
+                "network.protocol.version",
+                http_version(call.http_version),
+            ));
+            own.push(KeyValue::new("client.address", call.peer.ip().to_string()));
+            own.push(KeyValue::new("client.port", i64::from(call.peer.port())));
+            let mut span = span;
+            span.set_attributes(own);
+            return ServerSpan::with(otel, parent.with_span(span), name, attributes, call);
+        }
+        ServerSpan::with(otel, parent.with_span(span), name, attributes, call)
+    }
+
+    fn with(
+        otel: &std::sync::Arc<Shared>,
+        cx: Context,
+        name: String,
+        call_attributes: Vec<KeyValue>,
+        call: &Call<'_>,
+    ) -> ServerSpan {
+        let metric = match otel.server_duration {
+            Some(_) => metric_attributes(call, "tcp"),
+            None => Vec::new(),
+        };
+        ServerSpan {
+            cx,
+            name,
+            call: call_attributes,
+            metric,
+            started: Instant::now(),
+            otel: otel.clone(),
+            ended: false,
+        }
+    }
+
+    /// Whether it is sampled (its events are worth noting).
+    pub(crate) fn recording(&self) -> bool {
+        self.cx.span().is_recording()
+    }
+
+    /// Ends it: `status` the answer's HTTP status, `failure` what the answer showed, `noted`
+    /// what the binding did (span events).
+    pub(crate) fn end(mut self, status: u16, failure: Option<Failure>, noted: &[Noted]) {
+        self.close(status, failure, noted);
+    }
+
+    fn close(&mut self, status: u16, failure: Option<Failure>, noted: &[Noted]) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let span = self.cx.span();
+        for n in noted {
+            match n {
+                Noted::InteractionId(i) => span.add_event(
+                    "epode.interaction",
+                    vec![KeyValue::new("epode.interaction.id", i.clone())],
+                ),
+                Noted::Outcome(o) => span.add_event(
+                    "epode.feedback",
+                    vec![KeyValue::new("epode.feedback.outcome", *o)],
+                ),
+                Noted::IsError(_) => {}
+            }
+        }
+        let error = finish(&span, status, failure);
+        span.end();
+        if let Some(h) = &self.otel.server_duration {
+            if let Some(e) = error {
+                self.metric.push(KeyValue::new("error.type", e));
+            }
+            h.record(self.started.elapsed().as_secs_f64(), &self.metric);
+        }
+    }
+}
+
+impl Drop for ServerSpan {
+    fn drop(&mut self) {
+        // A stream whose client left: the answer never ended.
+        self.close(499, None, &[]);
+    }
+}
+
+/// The upstream hop's client span; its context is what goes upstream.
+pub(crate) struct HopSpan {
+    cx: Context,
+    metric: Vec<KeyValue>,
+    started: Instant,
+    otel: std::sync::Arc<Shared>,
+    ended: bool,
+}
+
+/// The W3C fields of a context, for the upstream's headers and `params._meta`.
+#[derive(Default)]
+pub(crate) struct Fields(pub(crate) Vec<(&'static str, String)>);
+
+impl Injector for Fields {
+    fn set(&mut self, key: &str, value: String) {
+        let key = match key {
+            TRACEPARENT => TRACEPARENT,
+            TRACESTATE => TRACESTATE,
+            _ => return,
+        };
+        self.0.push((key, value));
+    }
+}
+
+impl HopSpan {
+    pub(super) fn start(otel: &std::sync::Arc<Shared>, server: &ServerSpan) -> HopSpan {
+        let hop = &otel.hop;
+        let mut span = otel
+            .tracer
+            .span_builder(server.name.clone())
+            .with_kind(SpanKind::Client)
+            .start_with_context(&otel.tracer, &server.cx);
+        if span.is_recording() {
+            let mut attributes = server.call.clone();
+            attributes.push(KeyValue::new("network.transport", hop.transport));
+            if let Some(a) = &hop.address {
+                attributes.push(KeyValue::new("server.address", a.clone()));
+            }
+            if let Some(p) = hop.port {
+                attributes.push(KeyValue::new("server.port", p));
+            }
+            if hop.transport == "tcp" {
+                attributes.push(KeyValue::new("network.protocol.name", "http"));
+            }
+            span.set_attributes(attributes);
+        }
+        let mut metric = Vec::new();
+        if otel.client_duration.is_some() {
+            metric = server.metric.clone();
+            for kv in &mut metric {
+                if kv.key.as_str() == "network.transport" {
+                    *kv = KeyValue::new("network.transport", hop.transport);
+                }
+            }
+        }
+        HopSpan {
+            cx: server.cx.with_span(span),
+            metric,
+            started: Instant::now(),
+            otel: otel.clone(),
+            ended: false,
+        }
+    }
+
+    /// `traceparent` (and `tracestate`) of this span, for the upstream.
+    pub(crate) fn fields(&self) -> Fields {
+        let mut f = Fields::default();
+        TraceContextPropagator::new().inject_context(&self.cx, &mut f);
+        f
+    }
+
+    pub(crate) fn end(mut self, status: u16, failure: Option<Failure>) {
+        self.close(status, failure);
+    }
+
+    fn close(&mut self, status: u16, failure: Option<Failure>) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let span = self.cx.span();
+        let error = finish(&span, status, failure);
+        span.end();
+        if let Some(h) = &self.otel.client_duration {
+            if let Some(e) = error {
+                self.metric.push(KeyValue::new("error.type", e));
+            }
+            h.record(self.started.elapsed().as_secs_f64(), &self.metric);
+        }
+    }
+}
+
+impl Drop for HopSpan {
+    fn drop(&mut self) {
+        self.close(499, None);
+    }
+}

@@ -1,0 +1,486 @@
+//! OpenTelemetry: the sidecar's spans and metrics, received over OTLP/HTTP by a receiver that
+//! decodes them with the official schema (`tests/peers/otlp_receiver.py`, the
+//! `opentelemetry-proto` package), and checked attribute by attribute against the MCP
+//! semantic conventions. The upstream is the Python `mcp` 2.3.0 SDK, which makes its own
+//! server span per request (parented from `params._meta`), exported with the official
+//! `opentelemetry-sdk` and OTLP/HTTP exporter to the same receiver: one trace from the
+//! client's parent to the Python server's span, with the sidecar's server and upstream spans
+//! between them. Then the collector down, hanging, answering 500 or 429: calls go on, the
+//! queue stays bounded, drops are counted.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::support::fake_epode::{FakeConfig, FakeEpode};
+use crate::support::{
+    eventually_async, http, last_message, metric, modern_body, modern_headers, python, repo_root,
+    Proc, Sidecar, Upstream, UpstreamKind,
+};
+
+/// The receiver, on a port it picked.
+struct Receiver {
+    port: u16,
+    _proc: Proc,
+}
+
+impl Receiver {
+    fn start() -> Receiver {
+        let mut child = Command::new(python())
+            .arg(repo_root().join("tests/peers/otlp_receiver.py"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the OTLP receiver");
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).expect("the receiver's READY line");
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        let port = line
+            .trim()
+            .strip_prefix("READY ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the OTLP receiver did not start: {line:?}"));
+        Receiver {
+            port,
+            _proc: Proc {
+                child,
+                name: "otlp_receiver".into(),
+            },
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn spans(&self) -> Vec<Value> {
+        let v: Value = http()
+            .get(format!("{}/spans", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    async fn metrics(&self) -> Vec<Value> {
+        let v: Value = http()
+            .get(format!("{}/metrics", self.url()))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v.as_array().cloned().unwrap_or_default()
+    }
+
+    async fn mode(&self, m: &str) {
+        http()
+            .post(format!("{}/mode/{m}", self.url()))
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// The spans of one trace, once `n` of them (at least) have arrived.
+    async fn trace(&self, trace_id: &str, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let found: Vec<Value> = self
+                .spans()
+                .await
+                .into_iter()
+                .filter(|s| s["traceId"] == trace_id)
+                .collect();
+            if found.len() >= n {
+                return found;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "trace {trace_id}: {} spans arrived, {n} expected: {found:#?}",
+                found.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+const SECRET_ARGUMENT: &str = "argument-value-9f3c1e";
+const SECRET_TOKEN: &str = "bearer-token-7d2a55";
+
+fn one<'a>(spans: &'a [Value], what: &str, pred: impl Fn(&Value) -> bool) -> &'a Value {
+    let found: Vec<&Value> = spans.iter().filter(|s| pred(s)).collect();
+    assert_eq!(found.len(), 1, "{what}: {found:#?}\nall: {spans:#?}");
+    found[0]
+}
+
+fn sidecar_span<'a>(spans: &'a [Value], kind: &str) -> &'a Value {
+    one(spans, &format!("the sidecar's {kind} span"), |s| {
+        s["resource"]["service.name"] == "epode-sidecar" && s["kind"] == kind
+    })
+}
+
+fn python_span(spans: &[Value]) -> &Value {
+    one(spans, "the Python server's span", |s| {
+        s["resource"]["service.name"] == "py-upstream" && s["kind"] == "SPAN_KIND_SERVER"
+    })
+}
+
+/// The attributes every span of a `tools/call echo` carries, by the conventions.
+fn assert_call_attributes(span: &Value, protocol: &str, id: &str, what: &str) {
+    let a = &span["attributes"];
+    assert_eq!(span["name"], "tools/call echo", "{what}: {span:#}");
+    assert_eq!(a["mcp.method.name"], "tools/call", "{what}: {span:#}");
+    assert_eq!(a["mcp.protocol.version"], protocol, "{what}: {span:#}");
+    assert_eq!(a["jsonrpc.request.id"], id, "{what}: {span:#}");
+    assert_eq!(a["gen_ai.tool.name"], "echo", "{what}: {span:#}");
+    assert_eq!(
+        a["gen_ai.operation.name"], "execute_tool",
+        "{what}: {span:#}"
+    );
+    assert!(a.get("error.type").is_none(), "{what}: {span:#}");
+}
+
+/// The chain client parent → sidecar server span → upstream client span → Python span.
+fn assert_chain(spans: &[Value], parent: &str, transport: &str) -> (Value, Value) {
+    let server = sidecar_span(spans, "SPAN_KIND_SERVER").clone();
+    let hop = sidecar_span(spans, "SPAN_KIND_CLIENT").clone();
+    let py = python_span(spans);
+    assert_eq!(server["parentSpanId"], parent, "server span: {server:#}");
+    assert_eq!(hop["parentSpanId"], server["spanId"], "hop span: {hop:#}");
+    assert_eq!(py["parentSpanId"], hop["spanId"], "python span: {py:#}");
+    assert_eq!(
+        server["attributes"]["network.transport"], "tcp",
+        "{server:#}"
+    );
+    assert_eq!(
+        server["attributes"]["network.protocol.name"], "http",
+        "{server:#}"
+    );
+    assert_eq!(
+        server["attributes"]["client.address"], "127.0.0.1",
+        "{server:#}"
+    );
+    assert_eq!(hop["attributes"]["network.transport"], transport, "{hop:#}");
+    // The Python SDK's own span names the request as the sidecar sent it upstream.
+    assert_eq!(py["name"], "tools/call echo", "{py:#}");
+    assert_eq!(py["attributes"]["gen_ai.tool.name"], "echo", "{py:#}");
+    assert!(
+        hop["startNs"].as_u64() >= server["startNs"].as_u64()
+            && hop["endNs"].as_u64() <= server["endNs"].as_u64(),
+        "the hop lies within the server span: {server:#} {hop:#}"
+    );
+    (server, hop)
+}
+
+fn trace_ids(n: u8) -> (String, String) {
+    (
+        format!("{:032x}", 0x4bf9_2f35_77b3_4da6_u128 * 1000 + u128::from(n)),
+        format!("{:016x}", 0x00f0_67aa_0ba9_0200_u64 + u64::from(n)),
+    )
+}
+
+async fn call(sc: &Sidecar, id: u64, header: Option<&str>, meta: Option<&str>) -> Value {
+    let mut body = modern_body(
+        json!(id),
+        "tools/call",
+        json!({"name": "echo", "arguments": {"text": SECRET_ARGUMENT}}),
+    );
+    if let Some(tp) = meta {
+        body["params"]["_meta"]["traceparent"] = json!(tp);
+        body["params"]["_meta"]["tracestate"] = json!("vendor=abc");
+    }
+    let mut req = http().post(sc.url()).body(body.to_string());
+    for (k, v) in modern_headers("tools/call", Some("echo")) {
+        req = req.header(k, v);
+    }
+    req = req.header("authorization", format!("Bearer {SECRET_TOKEN}"));
+    if let Some(tp) = header {
+        req = req.header("traceparent", tp);
+    }
+    let resp = req.send().await.unwrap();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let status = resp.status();
+    let text = resp.text().await.unwrap();
+    assert_eq!(status, 200, "{text}");
+    last_message(&ct, &text)
+}
+
+async fn legacy_call(sc: &Sidecar, id: u64, tp: &str) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "echo", "arguments": {"text": SECRET_ARGUMENT}}});
+    let resp = http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header("traceparent", tp)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let text = resp.text().await.unwrap();
+    last_message(&ct, &text)
+}
+
+fn otel_env<'a>(receiver: &'a str, epode: &'a FakeEpode) -> Vec<(&'static str, String)> {
+    vec![
+        ("EPODE_SIDECAR_OTLP_ENDPOINT", receiver.to_owned()),
+        ("EPODE_SIDECAR_OTLP_METRICS_INTERVAL", "1s".to_owned()),
+        ("EPODE_API_KEY", epode.product_key().to_owned()),
+        ("EPODE_API_URL", epode.url()),
+        ("AGENT_FEEDBACK_MODE", "never_ask".to_owned()),
+    ]
+}
+
+fn refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// No span carries what the client sent as a secret or an argument, nor the product key.
+async fn assert_nothing_leaked(receiver: &Receiver, product_key: &str) {
+    let spans = receiver.spans().await;
+    for secret in [SECRET_ARGUMENT, SECRET_TOKEN, product_key, "feedbackHandle"] {
+        let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
+        let sidecar_raw: Vec<&Value> = spans
+            .iter()
+            .filter(|s| s["resource"]["service.name"] == "epode-sidecar")
+            .collect();
+        for s in &sidecar_raw {
+            assert!(
+                !s["raw"].as_str().unwrap_or_default().contains(&hex),
+                "{secret} in an export of the sidecar's: {s:#}"
+            );
+            let mut shown = (*s).clone();
+            shown["raw"] = Value::Null;
+            assert!(!shown.to_string().contains(secret), "{secret} in {shown:#}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_python_server() {
+    let receiver = Receiver::start();
+    let epode = FakeEpode::start(FakeConfig::default());
+    let up = Upstream::start_with(UpstreamKind::Python, &["--otlp", &receiver.url()]);
+    let env = otel_env(&receiver.url(), &epode);
+    let sc = Sidecar::start(&up.url(), &refs(&env));
+
+    // traceparent in the header.
+    let (trace, parent) = trace_ids(1);
+    let tp = format!("00-{trace}-{parent}-01");
+    let answer = call(&sc, 7, Some(&tp), None).await;
+    assert!(
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains(SECRET_ARGUMENT),
+        "{answer}"
+    );
+    let spans = receiver.trace(&trace, 3).await;
+    let (server, hop) = assert_chain(&spans, &parent, "tcp");
+    assert_call_attributes(&server, "2026-07-28", "7", "server span");
+    assert_call_attributes(&hop, "2026-07-28", "7", "hop span");
+    assert_eq!(hop["attributes"]["server.address"], "127.0.0.1", "{hop:#}");
+    assert_eq!(hop["attributes"]["server.port"], up.port as i64, "{hop:#}");
+    assert!(
+        server["attributes"].get("mcp.session.id").is_none(),
+        "a 2026 request has no session: {server:#}"
+    );
+    // What the binding did: the decorated call's interaction, as a span event.
+    let events: Vec<&str> = server["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(events, ["epode.interaction"], "{server:#}");
+    assert_eq!(server["status"]["code"], "STATUS_CODE_UNSET", "{server:#}");
+
+    // traceparent (and tracestate) in params._meta, the conventions' place.
+    let (trace, parent) = trace_ids(2);
+    let tp = format!("00-{trace}-{parent}-01");
+    call(&sc, 8, None, Some(&tp)).await;
+    let spans = receiver.trace(&trace, 3).await;
+    let (server, _) = assert_chain(&spans, &parent, "tcp");
+    assert_call_attributes(&server, "2026-07-28", "8", "server span (_meta)");
+
+    // A 2025 client, its request translated upstream: the same chain, in its era.
+    let (trace, parent) = trace_ids(3);
+    let tp = format!("00-{trace}-{parent}-01");
+    let answer = legacy_call(&sc, 9, &tp).await;
+    assert!(answer.get("result").is_some(), "{answer}");
+    let spans = receiver.trace(&trace, 3).await;
+    let (server, hop) = assert_chain(&spans, &parent, "tcp");
+    assert_call_attributes(&server, "2025-11-25", "9", "server span (2025)");
+    assert_call_attributes(&hop, "2025-11-25", "9", "hop span (2025)");
+
+    // A client whose trace is not sampled: the sidecar makes no span of its own either.
+    let (trace, parent) = trace_ids(4);
+    call(&sc, 10, Some(&format!("00-{trace}-{parent}-00")), None).await;
+
+    // The conventions' duration histograms, over OTLP.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let metrics = receiver.metrics().await;
+        let names: Vec<String> = metrics
+            .iter()
+            .filter(|m| {
+                m["points"].as_array().is_some_and(|p| {
+                    p.iter().any(|p| {
+                        p["attributes"]["mcp.method.name"] == "tools/call"
+                            && p["attributes"]["gen_ai.tool.name"] == "echo"
+                            && p["attributes"]["mcp.protocol.version"] == "2026-07-28"
+                            // Three 2026 calls, the unsampled one counted too.
+                            && p["count"].as_u64() >= Some(3)
+                    })
+                })
+            })
+            .map(|m| m["name"].as_str().unwrap().to_owned())
+            .collect();
+        if names.iter().any(|n| n == "mcp.server.operation.duration")
+            && names.iter().any(|n| n == "mcp.client.operation.duration")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "histograms received: {names:?} of {metrics:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let unsampled = receiver
+        .spans()
+        .await
+        .into_iter()
+        .filter(|s| s["traceId"] == trace && s["resource"]["service.name"] == "epode-sidecar")
+        .count();
+    assert_eq!(unsampled, 0, "an unsampled trace got the sidecar's spans");
+    assert_nothing_leaked(&receiver, epode.product_key()).await;
+    assert!(metric(&sc, "epode_sidecar_otlp_exported_total{signal=\"traces\"}").await >= 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_child_continues_the_trace_over_its_pipe() {
+    let receiver = Receiver::start();
+    let py = python();
+    let server = repo_root().join("tests/peers/py_server.py");
+    let url = receiver.url();
+    let sc = Sidecar::start_stdio(
+        &[
+            py.to_str().unwrap(),
+            server.to_str().unwrap(),
+            "--stdio",
+            "--otlp",
+            &url,
+        ],
+        &[
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+        ],
+    );
+    let (trace, parent) = trace_ids(5);
+    call(&sc, 11, Some(&format!("00-{trace}-{parent}-01")), None).await;
+    let spans = receiver.trace(&trace, 3).await;
+    let server = sidecar_span(&spans, "SPAN_KIND_SERVER");
+    let hop = sidecar_span(&spans, "SPAN_KIND_CLIENT");
+    let py = python_span(&spans);
+    assert_eq!(server["parentSpanId"], parent.as_str());
+    assert_eq!(hop["parentSpanId"], server["spanId"]);
+    assert_eq!(py["parentSpanId"], hop["spanId"], "{py:#}");
+    assert_call_attributes(server, "2026-07-28", "11", "server span (stdio)");
+    assert_eq!(hop["attributes"]["network.transport"], "pipe", "{hop:#}");
+    assert!(hop["attributes"].get("server.address").is_none(), "{hop:#}");
+}
+
+/// 200 calls, each checked; how long they took.
+async fn calls(sc: &Sidecar, n: u64) -> Duration {
+    let t = Instant::now();
+    for i in 0..n {
+        let (trace, parent) = trace_ids((i % 200) as u8);
+        let answer = call(sc, 1000 + i, Some(&format!("00-{trace}-{parent}-01")), None).await;
+        assert!(answer.get("result").is_some(), "{answer}");
+    }
+    t.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_down_hanging_or_refusing_never_touches_a_call() {
+    let receiver = Receiver::start();
+    let up = Upstream::start(UpstreamKind::PythonJson);
+    let url = receiver.url();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("EPODE_SIDECAR_OTLP_QUEUE", "16"),
+            ("EPODE_SIDECAR_OTLP_TIMEOUT", "300ms"),
+            ("EPODE_SIDECAR_OTLP_METRICS_INTERVAL", "1s"),
+        ],
+    );
+    let healthy = calls(&sc, 100).await;
+    assert!(
+        eventually_async(Duration::from_secs(10), || async {
+            metric(&sc, "epode_sidecar_otlp_exported_total{signal=\"traces\"}").await >= 200
+        })
+        .await
+    );
+    for mode in ["hang", "500", "429", "drop"] {
+        receiver.mode(mode).await;
+        let failed_before = metric(
+            &sc,
+            "epode_sidecar_otlp_export_failed_total{signal=\"traces\"}",
+        )
+        .await;
+        let took = calls(&sc, 100).await;
+        assert!(
+            took < healthy * 3 + Duration::from_secs(2),
+            "{mode}: 100 calls took {took:?}, {healthy:?} with a healthy collector"
+        );
+        let grew = eventually_async(Duration::from_secs(10), || async {
+            metric(
+                &sc,
+                "epode_sidecar_otlp_export_failed_total{signal=\"traces\"}",
+            )
+            .await
+                > failed_before
+        })
+        .await;
+        assert!(grew, "{mode}: no failed export counted");
+    }
+    // 500 spans made while the collector failed; the queue held at most 16 of them at a time.
+    let dropped = metric(&sc, "epode_sidecar_otlp_dropped_total{signal=\"traces\"}").await;
+    assert!(dropped >= 100, "dropped {dropped}");
+    // The collector gone altogether.
+    drop(receiver);
+    let took = calls(&sc, 100).await;
+    assert!(
+        took < healthy * 3 + Duration::from_secs(2),
+        "down: {took:?} vs {healthy:?}"
+    );
+}
+
+#[tokio::test]
+async fn off_by_default_no_span_is_made() {
+    let up = Upstream::start(UpstreamKind::PythonJson);
+    let sc = Sidecar::start(&up.url(), &[]);
+    let (trace, parent) = trace_ids(9);
+    call(&sc, 1, Some(&format!("00-{trace}-{parent}-01")), None).await;
+    let text = crate::support::metrics_text(&sc).await;
+    assert!(!text.contains("otlp_exported_total{"), "{text}");
+}
