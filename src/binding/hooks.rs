@@ -158,6 +158,8 @@ struct CallHook {
     note: Option<Arc<Note>>,
     /// The result's telemetry event, recorded by the request's end step.
     answered: Option<McpCompletion>,
+    /// The request's span (OpenTelemetry on, sampled), for its event's delivery to link to.
+    link: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -188,6 +190,7 @@ impl CallHook {
             started: Instant::now(),
             note,
             answered: None,
+            link: crate::otel::current_link(),
         }
     }
 
@@ -212,6 +215,7 @@ impl CallHook {
             duration: Some(self.started.elapsed()),
             refs,
             runtime_hint: hint,
+            link: self.link.clone(),
         }
     }
 

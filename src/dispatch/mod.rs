@@ -416,16 +416,18 @@ impl Dispatcher {
         seen: &mut Seen,
     ) -> Response<Body> {
         let caller = Client::new(&request.parts.headers, peer);
-        let answered = self
-            .table
-            .dispatch(
+        // The request's work (the calls to Epode it makes) runs with its span as the context.
+        let answered = otel::within(
+            seen.span.as_ref(),
+            self.table.dispatch(
                 request,
                 caller,
                 abandoned,
                 seen.note.as_ref(),
                 seen.span.as_ref(),
-            )
-            .await;
+            ),
+        )
+        .await;
         answered.unwrap_or_else(|e| {
             seen.failure = Some(Failure::Code(e.code()));
             let side = e.side().as_str();

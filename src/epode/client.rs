@@ -33,6 +33,17 @@ pub(crate) enum EpodeError {
     TooLarge,
 }
 
+impl EpodeError {
+    /// The failure's `error.type`.
+    fn kind(&self) -> &'static str {
+        match self {
+            EpodeError::Timeout(_) => "timeout",
+            EpodeError::Network(_) => "network",
+            EpodeError::TooLarge => "answer_too_large",
+        }
+    }
+}
+
 /// An HTTP answer from Epode.
 #[derive(Debug)]
 pub(crate) struct Answer {
@@ -73,6 +84,49 @@ impl EpodeClient {
     }
 
     async fn post(
+        &self,
+        path: &str,
+        bearer: &str,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        let span = crate::otel::child(operation_span(path), || self.span_attributes(path));
+        let answered = self.send(path, bearer, body, timeout).await;
+        if let Some(span) = &span {
+            match &answered {
+                Ok(a) => {
+                    span.set(opentelemetry::KeyValue::new(
+                        "http.response.status_code",
+                        i64::from(a.status),
+                    ));
+                    if a.status >= 400 {
+                        span.failed(&a.status.to_string());
+                    }
+                }
+                Err(e) => span.failed(e.kind()),
+            }
+        }
+        answered
+    }
+
+    /// The attributes of a call's span, by the HTTP client conventions (no credential).
+    fn span_attributes(&self, path: &str) -> Vec<opentelemetry::KeyValue> {
+        use opentelemetry::KeyValue;
+        let mut out = vec![
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("url.full", self.url(path)),
+            KeyValue::new("epode.operation", operation(path)),
+        ];
+        if let Some(h) = self.base.host_str() {
+            out.push(KeyValue::new("server.address", h.to_owned()));
+        }
+        if let Some(p) = self.base.port_or_known_default() {
+            out.push(KeyValue::new("server.port", i64::from(p)));
+        }
+        out
+    }
+
+    async fn send(
         &self,
         path: &str,
         bearer: &str,
@@ -156,6 +210,28 @@ impl EpodeClient {
     ) -> Result<Answer, EpodeError> {
         self.post(BATCHES_PATH, self.key.expose_secret(), body, timeout)
             .await
+    }
+}
+
+/// What a call to Epode is, by its path (`epode.operation`).
+fn operation(path: &str) -> &'static str {
+    match path {
+        DECISIONS_PATH => "consent_decision",
+        REPORTS_PATH => "report",
+        STATE_PATH => "consent_state",
+        BATCHES_PATH => "telemetry_batch",
+        _ => "other",
+    }
+}
+
+/// A call's span name: `POST` and its route, as the HTTP client conventions write it.
+fn operation_span(path: &str) -> &'static str {
+    match path {
+        DECISIONS_PATH => "POST /api/v2/consent/decisions",
+        REPORTS_PATH => "POST /api/v2/reports",
+        STATE_PATH => "POST /api/v2/consent/state",
+        BATCHES_PATH => "POST /api/v2/telemetry/batches",
+        _ => "POST",
     }
 }
 

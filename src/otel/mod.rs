@@ -9,15 +9,17 @@ mod http;
 mod shared;
 mod span;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::metrics::{Histogram, MeterProvider as _};
-use opentelemetry::trace::TracerProvider as _;
-use opentelemetry::KeyValue;
+use opentelemetry::trace::{
+    Link, SpanContext, SpanKind, Status, TraceContextExt as _, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::metrics::{ManualReader, SdkMeterProvider};
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, SpanExporter as _};
+use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider, SpanExporter as _};
 use opentelemetry_sdk::Resource;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -59,6 +61,102 @@ pub(crate) struct Otel {
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     timeout: Duration,
+}
+
+/// The tracer for the spans made below a request or beside it (the calls to Epode, the
+/// telemetry deliveries); set once, when OpenTelemetry starts. Unset, [`child`] and [`linked`]
+/// return at once.
+static TRACER: OnceLock<SdkTracer> = OnceLock::new();
+
+/// A span below the request path's (a call to Epode), or a delivery's linked to the calls it
+/// carries; ended when dropped.
+pub(crate) struct Child {
+    cx: Context,
+}
+
+impl Child {
+    /// Records an attribute.
+    pub(crate) fn set(&self, kv: KeyValue) {
+        self.cx.span().set_attribute(kv);
+    }
+
+    /// Records a failure: `error.type` and the error status.
+    pub(crate) fn failed(&self, error_type: &str) {
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new("error.type", error_type.to_owned()));
+        span.set_status(Status::error(error_type.to_owned()));
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.cx.span().end();
+    }
+}
+
+/// A client span under the current context's span (the request's, while the method table
+/// serves it), when OpenTelemetry is on and that span is sampled.
+pub(crate) fn child(
+    name: &'static str,
+    attributes: impl FnOnce() -> Vec<KeyValue>,
+) -> Option<Child> {
+    let tracer = TRACER.get()?;
+    Context::map_current(|cx| {
+        if !cx.span().span_context().is_sampled() {
+            return None;
+        }
+        let span = tracer
+            .span_builder(name)
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes())
+            .start_with_context(tracer, cx);
+        Some(Child {
+            cx: cx.with_span(span),
+        })
+    })
+}
+
+/// The current request's span context, to link to from work done later for it (its
+/// telemetry event's delivery); none when OpenTelemetry is off or the span is not sampled.
+pub(crate) fn current_link() -> Option<SpanContext> {
+    TRACER.get()?;
+    Context::map_current(|cx| {
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_sampled().then(|| sc.clone())
+    })
+}
+
+/// A root span linked to the requests whose work it does (a telemetry batch), when any of
+/// them was sampled.
+pub(crate) fn linked(
+    name: &'static str,
+    links: Vec<SpanContext>,
+    attributes: Vec<KeyValue>,
+) -> Option<Child> {
+    let tracer = TRACER.get()?;
+    if links.is_empty() {
+        return None;
+    }
+    let span = tracer
+        .span_builder(name)
+        .with_kind(SpanKind::Client)
+        .with_attributes(attributes)
+        .with_links(links.into_iter().map(Link::with_context).collect())
+        .start_with_context(tracer, &Context::new());
+    Some(Child {
+        cx: Context::new().with_span(span),
+    })
+}
+
+/// Runs `fut` with `span` as the current context (the spans its work makes hang below it).
+pub(crate) async fn within<F: std::future::Future>(span: Option<&ServerSpan>, fut: F) -> F::Output {
+    match span {
+        Some(span) => {
+            opentelemetry::trace::FutureExt::with_context(fut, span.context().clone()).await
+        }
+        None => fut.await,
+    }
 }
 
 /// The conventions' duration buckets (seconds).
@@ -215,6 +313,9 @@ impl Otel {
             .with_max_attributes_per_span(32)
             .build();
         let tracer = provider.tracer("epode-sidecar");
+        // One provider per process: a second start (tests build several in one process) keeps
+        // the first tracer for the spans made beside the request path.
+        let _ = TRACER.set(tracer.clone());
         let (stop, stopped) = watch::channel(false);
         let mut tasks = vec![tokio::spawn(export::ship_spans(
             rx,

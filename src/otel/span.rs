@@ -271,6 +271,11 @@ impl ServerSpan {
         }
     }
 
+    /// Its context (the parent of what the request's work makes).
+    pub(crate) fn context(&self) -> &Context {
+        &self.cx
+    }
+
     /// Whether it is sampled (its events are worth noting).
     pub(crate) fn recording(&self) -> bool {
         self.cx.span().is_recording()

@@ -188,17 +188,36 @@ fn trace_ids(n: u8) -> (String, String) {
 }
 
 async fn call(sc: &Sidecar, id: u64, header: Option<&str>, meta: Option<&str>) -> Value {
+    call_tool(
+        sc,
+        id,
+        "echo",
+        json!({"text": SECRET_ARGUMENT}),
+        header,
+        meta,
+    )
+    .await
+}
+
+async fn call_tool(
+    sc: &Sidecar,
+    id: u64,
+    tool: &str,
+    arguments: Value,
+    header: Option<&str>,
+    meta: Option<&str>,
+) -> Value {
     let mut body = modern_body(
         json!(id),
         "tools/call",
-        json!({"name": "echo", "arguments": {"text": SECRET_ARGUMENT}}),
+        json!({"name": tool, "arguments": arguments}),
     );
     if let Some(tp) = meta {
         body["params"]["_meta"]["traceparent"] = json!(tp);
         body["params"]["_meta"]["tracestate"] = json!("vendor=abc");
     }
     let mut req = http().post(sc.url()).body(body.to_string());
-    for (k, v) in modern_headers("tools/call", Some("echo")) {
+    for (k, v) in modern_headers("tools/call", Some(tool)) {
         req = req.header(k, v);
     }
     req = req.header("authorization", format!("Bearer {SECRET_TOKEN}"));
@@ -245,6 +264,7 @@ fn otel_env<'a>(receiver: &'a str, epode: &'a FakeEpode) -> Vec<(&'static str, S
         ("EPODE_API_KEY", epode.product_key().to_owned()),
         ("EPODE_API_URL", epode.url()),
         ("AGENT_FEEDBACK_MODE", "never_ask".to_owned()),
+        ("EPODE_SIDECAR_TELEMETRY_FLUSH", "200ms".to_owned()),
     ]
 }
 
@@ -253,9 +273,15 @@ fn refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
 }
 
 /// No span carries what the client sent as a secret or an argument, nor the product key.
-async fn assert_nothing_leaked(receiver: &Receiver, product_key: &str) {
+async fn assert_nothing_leaked(receiver: &Receiver, product_key: &str, handle: &str) {
     let spans = receiver.spans().await;
-    for secret in [SECRET_ARGUMENT, SECRET_TOKEN, product_key, "feedbackHandle"] {
+    for secret in [
+        SECRET_ARGUMENT,
+        SECRET_TOKEN,
+        product_key,
+        handle,
+        "feedbackHandle",
+    ] {
         let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
         let sidecar_raw: Vec<&Value> = spans
             .iter()
@@ -311,6 +337,85 @@ async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_pyt
         .collect();
     assert_eq!(events, ["epode.interaction"], "{server:#}");
     assert_eq!(server["status"]["code"], "STATUS_CODE_UNSET", "{server:#}");
+    let first_call = server["spanId"].as_str().unwrap().to_owned();
+    let handle = answer["result"]["structuredContent"]["_agentFeedback"]["feedbackHandle"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no handle in {answer}"))
+        .to_owned();
+
+    // The report, answered by the sidecar: its span, and the call to Epode below it.
+    let (trace, parent) = trace_ids(6);
+    let report = call_tool(
+        &sc,
+        12,
+        "report_product_feedback",
+        json!({"feedbackHandle": handle, "summary": "Echo answered exactly.", "impact": "helped"}),
+        Some(&format!("00-{trace}-{parent}-01")),
+        None,
+    )
+    .await;
+    assert_eq!(
+        report["result"]["structuredContent"]["accepted"], true,
+        "{report}"
+    );
+    let spans = receiver.trace(&trace, 2).await;
+    let server = sidecar_span(&spans, "SPAN_KIND_SERVER");
+    assert_eq!(
+        server["name"], "tools/call report_product_feedback",
+        "{server:#}"
+    );
+    assert_eq!(server["parentSpanId"], parent.as_str(), "{server:#}");
+    let epode_call = sidecar_span(&spans, "SPAN_KIND_CLIENT");
+    assert_eq!(epode_call["name"], "POST /api/v2/reports", "{epode_call:#}");
+    assert_eq!(
+        epode_call["parentSpanId"], server["spanId"],
+        "{epode_call:#}"
+    );
+    assert_eq!(
+        epode_call["attributes"]["epode.operation"], "report",
+        "{epode_call:#}"
+    );
+    assert_eq!(
+        epode_call["attributes"]["http.request.method"], "POST",
+        "{epode_call:#}"
+    );
+    let status = epode_call["attributes"]["http.response.status_code"]
+        .as_i64()
+        .unwrap_or_default();
+    assert!((200..300).contains(&status), "{epode_call:#}");
+    let outcomes: Vec<&Value> = server["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "epode.feedback")
+        .map(|e| &e["attributes"]["epode.feedback.outcome"])
+        .collect();
+    assert_eq!(outcomes, [&json!("accepted")], "{server:#}");
+
+    // The telemetry batch that carried the first call's event: its own span, linked to it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let delivery = loop {
+        let found = receiver.spans().await.into_iter().find(|s| {
+            s["name"] == "epode telemetry delivery"
+                && s["links"]
+                    .as_array()
+                    .is_some_and(|l| l.iter().any(|l| l["spanId"] == first_call.as_str()))
+        });
+        if let Some(d) = found {
+            break d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no delivery span linked to {first_call}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(delivery["kind"], "SPAN_KIND_CLIENT", "{delivery:#}");
+    assert_eq!(delivery["parentSpanId"], "", "a root span: {delivery:#}");
+    assert!(
+        delivery["attributes"]["epode.telemetry.events"].as_i64() >= Some(1),
+        "{delivery:#}"
+    );
 
     // traceparent (and tracestate) in params._meta, the conventions' place.
     let (trace, parent) = trace_ids(2);
@@ -371,7 +476,7 @@ async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_pyt
         .filter(|s| s["traceId"] == trace && s["resource"]["service.name"] == "epode-sidecar")
         .count();
     assert_eq!(unsampled, 0, "an unsampled trace got the sidecar's spans");
-    assert_nothing_leaked(&receiver, epode.product_key()).await;
+    assert_nothing_leaked(&receiver, epode.product_key(), &handle).await;
     assert!(metric(&sc, "epode_sidecar_otlp_exported_total{signal=\"traces\"}").await >= 6);
 }
 

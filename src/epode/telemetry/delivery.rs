@@ -57,16 +57,38 @@ fn bodies(batch: Vec<Map<String, Value>>) -> Vec<(usize, Bytes)> {
 }
 
 /// Delivers one batch (in parts when its body would be too large), holding its slot.
-pub(super) async fn deliver(slot: Slot, batch: Vec<Map<String, Value>>) {
+pub(super) async fn deliver(
+    slot: Slot,
+    batch: Vec<Map<String, Value>>,
+    links: Vec<opentelemetry::trace::SpanContext>,
+) {
+    // With OpenTelemetry on, the delivery is a span of its own, linked to the calls whose
+    // events it carries (their traces ended long ago, so it is no child of theirs).
+    let span = crate::otel::linked(
+        "epode telemetry delivery",
+        links,
+        vec![opentelemetry::KeyValue::new(
+            "epode.telemetry.events",
+            i64::try_from(batch.len()).unwrap_or(i64::MAX),
+        )],
+    );
+    let mut delivered = 0;
     for (n, body) in bodies(batch) {
-        deliver_part(&slot.shared, n, body).await;
+        delivered += deliver_part(&slot.shared, n, body).await;
+    }
+    if let Some(span) = &span {
+        span.set(opentelemetry::KeyValue::new(
+            "epode.telemetry.delivered",
+            i64::try_from(delivered).unwrap_or(i64::MAX),
+        ));
     }
     drop(slot);
 }
 
 /// Delivers one request body of `n` events, retrying what may be retried, and counts the
-/// outcome.
-async fn deliver_part(shared: &TelemetryCore, n: usize, body: Bytes) {
+/// outcome; returns how many events Epode accepted.
+async fn deliver_part(shared: &TelemetryCore, n: usize, body: Bytes) -> u64 {
+    let mut accepted_events = 0;
     let mut delays = ExponentialBuilder::new()
         .with_min_delay(shared.settings.backoff_base)
         .with_factor(2.0)
@@ -78,6 +100,7 @@ async fn deliver_part(shared: &TelemetryCore, n: usize, body: Bytes) {
         let round = shared.with_limiter(|l| l.round());
         match attempt_once(shared, body.clone(), n).await {
             Delivery::Receipt { accepted, dropped } => {
+                accepted_events = accepted;
                 shared.with_limiter(Limiter::delivered);
                 counted(shared, n, accepted, dropped, attempt);
                 break;
@@ -122,6 +145,7 @@ async fn deliver_part(shared: &TelemetryCore, n: usize, body: Bytes) {
         }
     }
     shared.counters.depth.dec_by(n as i64);
+    accepted_events
 }
 
 /// Counts a batch's receipt: its accepted events are delivered, its dropped ones lost.

@@ -26,6 +26,8 @@ pub(crate) struct McpCompletion {
     /// The identity references, the mode's customerRef rule already applied.
     pub(crate) refs: IdentityRefs,
     pub(crate) runtime_hint: Option<String>,
+    /// The request's span, for the delivery's span to link to (OpenTelemetry on, sampled).
+    pub(crate) link: Option<opentelemetry::trace::SpanContext>,
 }
 
 /// Where an HTTP response carried its envelope: the telemetry `surface`.
@@ -240,6 +242,7 @@ mod tests {
             duration: None,
             refs: IdentityRefs::from_meta(input),
             runtime_hint: s("runtimeHint"),
+            link: None,
         }
     }
 

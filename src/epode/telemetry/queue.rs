@@ -3,6 +3,7 @@
 //! forms batches (keeping the customers they name out of lock cycles, see
 //! [`super::customers`]) and starts a delivery for each as the limit allows.
 
+use opentelemetry::trace::SpanContext;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,9 @@ use crate::log_summary::LogSummary;
 const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
 
 /// An event on its way to the dispatcher, with the sequence number it was given.
-type Queued = (u64, Map<String, Value>);
+/// Its third part is the span of the request it came from, for the delivery's span to link
+/// to (with OpenTelemetry on and that span sampled).
+type Queued = (u64, Map<String, Value>, Option<SpanContext>);
 
 /// The handle the request path holds: enqueueing is a `try_send` on a bounded channel.
 pub(crate) struct Telemetry {
@@ -109,15 +112,19 @@ impl Telemetry {
     /// completions and a full queue are counted and summarised in the log, not errors for
     /// the caller.
     pub(crate) fn record(&self, c: McpCompletion) {
-        self.enqueue(build_event(&c, SystemTime::now()));
+        self.enqueue(build_event(&c, SystemTime::now()), c.link);
     }
 
     /// The same for an instrumented HTTP response, through the same queue.
     pub(crate) fn record_http(&self, c: &HttpCompletion) {
-        self.enqueue(build_http_event(c, SystemTime::now()));
+        self.enqueue(build_http_event(c, SystemTime::now()), None);
     }
 
-    fn enqueue(&self, event: Result<Map<String, Value>, InvalidCompletion>) {
+    fn enqueue(
+        &self,
+        event: Result<Map<String, Value>, InvalidCompletion>,
+        link: Option<SpanContext>,
+    ) {
         let event = match event {
             Ok(e) => e,
             Err(e) => {
@@ -128,7 +135,7 @@ impl Telemetry {
         };
         let sent = {
             let mut last = self.sequence.lock();
-            let sent = self.tx.try_send((*last + 1, event));
+            let sent = self.tx.try_send((*last + 1, event, link));
             if sent.is_ok() {
                 *last += 1;
             }
@@ -257,18 +264,20 @@ impl BatchDispatcher {
                 break;
             }
             // Deferred events may have joined after newer ones: a batch goes in sequence order.
-            batch.sort_unstable_by_key(|(sequence, _)| *sequence);
+            batch.sort_unstable_by_key(|(sequence, _, _)| *sequence);
+            let mut links = Vec::new();
             let events = batch
                 .into_iter()
-                .map(|(sequence, mut event)| {
+                .map(|(sequence, mut event, link)| {
                     event.insert("sequence".into(), Value::from(sequence));
+                    links.extend(link);
                     event
                 })
                 .collect();
             let slot = Slot {
                 shared: self.shared.clone(),
             };
-            let id = self.deliveries.spawn(deliver(slot, events)).id();
+            let id = self.deliveries.spawn(deliver(slot, events, links)).id();
             self.customers.started(id, keys);
         }
         // What is in flight ends on its own by the deadline; a delivery still running shortly
