@@ -204,6 +204,16 @@ fn start_sidecar(port: u16, upstream: u16, http_surface: bool, extra: &[(&str, &
         .envs(std::env::var("EPODE_SIDECAR_WORKERS").map(|v| ("EPODE_SIDECAR_WORKERS", v)))
         // The access line costs CPU per request: on or off, to measure it.
         .envs(std::env::var("EPODE_SIDECAR_ACCESS_LOG").map(|v| ("EPODE_SIDECAR_ACCESS_LOG", v)))
+        // OpenTelemetry on or off, and which requests are sampled, to measure their cost.
+        .envs(
+            [
+                "EPODE_SIDECAR_OTLP_ENDPOINT",
+                "OTEL_TRACES_SAMPLER",
+                "EPODE_SIDECAR_OTLP_QUEUE",
+            ]
+            .into_iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| (k, v))),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()

@@ -300,7 +300,12 @@ impl Dispatcher {
                 .headers
                 .get(crate::mcp::headers::PROTOCOL_VERSION)
                 .and_then(|v| v.to_str().ok())
-                .filter(|v| crate::mcp::version::LEGACY_VERSIONS.contains(v))
+                .and_then(|v| {
+                    crate::mcp::version::LEGACY_VERSIONS
+                        .iter()
+                        .copied()
+                        .find(|known| *known == v)
+                })
                 .unwrap_or(crate::mcp::version::LEGACY_LATEST),
         };
         let span = otel.server_span(&otel::Call {

@@ -334,9 +334,13 @@ impl MethodTable {
             _ => None,
         };
         let (headers, bytes) = match &span {
-            Some(span) => {
-                translate::with_trace_fields(&req.parts.headers, req.bytes, &span.fields().0)
-            }
+            Some(span) => translate::with_trace_fields_at(
+                &req.parts.headers,
+                req.bytes,
+                &span.fields().0,
+                req.rpc.params.meta,
+                req.rpc.params_raw,
+            ),
             None => translate::with_traceparent(&req.parts.headers, req.bytes),
         };
         let client = Client {

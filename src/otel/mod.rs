@@ -375,3 +375,6 @@ impl Otel {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

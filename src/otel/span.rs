@@ -9,7 +9,7 @@ use std::time::{Instant, SystemTime};
 use http::HeaderMap;
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
-use opentelemetry::{Context, KeyValue};
+use opentelemetry::{Context, KeyValue, Value};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -29,7 +29,7 @@ pub(crate) struct Call<'a> {
     /// The request's id as it was written (a string keeps its quotes).
     pub(crate) id: &'a RawValue,
     /// The client's MCP version.
-    pub(crate) protocol_version: &'a str,
+    pub(crate) protocol_version: &'static str,
     pub(crate) headers: &'a HeaderMap,
     /// The request's `params._meta`, where the conventions put the trace context.
     pub(crate) meta: Option<&'a RawValue>,
@@ -124,23 +124,17 @@ fn span_name(method: &str, name: Option<&str>) -> String {
 }
 
 /// The attributes the conventions name for the request itself, the server's and the hop's
-/// alike.
-fn request_attributes(call: &Call<'_>, out: &mut Vec<KeyValue>) {
-    out.push(KeyValue::new("mcp.method.name", call.method.to_owned()));
-    out.push(KeyValue::new(
-        "mcp.protocol.version",
-        call.protocol_version.to_owned(),
-    ));
+/// alike: the low-cardinality ones (shared with the histograms, their strings counted
+/// references), then the request's own.
+fn request_attributes(call: &Call<'_>, metric: &[KeyValue], out: &mut Vec<KeyValue>) {
+    out.extend(
+        metric
+            .iter()
+            .filter(|kv| kv.key.as_str() != "network.transport")
+            .cloned(),
+    );
     if let Some(id) = request_id(call.id) {
         out.push(KeyValue::new("jsonrpc.request.id", id));
-    }
-    match (call.method, call.name) {
-        ("tools/call", Some(n)) => {
-            out.push(KeyValue::new("gen_ai.tool.name", n.to_owned()));
-            out.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
-        }
-        ("prompts/get", Some(n)) => out.push(KeyValue::new("gen_ai.prompt.name", n.to_owned())),
-        _ => {}
     }
     if let Some(uri) = call.uri {
         out.push(KeyValue::new("mcp.resource.uri", uri.to_owned()));
@@ -154,19 +148,20 @@ fn request_attributes(call: &Call<'_>, out: &mut Vec<KeyValue>) {
     }
 }
 
-/// The attributes of the duration histograms: low cardinality only.
+/// The attributes of the duration histograms: low cardinality only. Each string is made
+/// once, as a counted reference the spans share.
 fn metric_attributes(call: &Call<'_>, transport: &'static str) -> Vec<KeyValue> {
-    let mut out = vec![
-        KeyValue::new("mcp.method.name", call.method.to_owned()),
-        KeyValue::new("mcp.protocol.version", call.protocol_version.to_owned()),
-        KeyValue::new("network.transport", transport),
-    ];
+    let shared = |s: &str| Value::from(std::sync::Arc::<str>::from(s));
+    let mut out = Vec::with_capacity(6);
+    out.push(KeyValue::new("mcp.method.name", shared(call.method)));
+    out.push(KeyValue::new("mcp.protocol.version", call.protocol_version));
+    out.push(KeyValue::new("network.transport", transport));
     match (call.method, call.name) {
         ("tools/call", Some(n)) => {
-            out.push(KeyValue::new("gen_ai.tool.name", n.to_owned()));
+            out.push(KeyValue::new("gen_ai.tool.name", shared(n)));
             out.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
         }
-        ("prompts/get", Some(n)) => out.push(KeyValue::new("gen_ai.prompt.name", n.to_owned())),
+        ("prompts/get", Some(n)) => out.push(KeyValue::new("gen_ai.prompt.name", shared(n))),
         _ => {}
     }
     out
@@ -223,16 +218,23 @@ impl ServerSpan {
     pub(super) fn start(otel: &std::sync::Arc<Shared>, call: &Call<'_>) -> ServerSpan {
         let parent = parent(call);
         let name = span_name(call.method, call.name);
-        let span = otel
+        let mut span = otel
             .tracer
             .span_builder(name.clone())
             .with_kind(SpanKind::Server)
             .with_start_time(call.started)
             .start_with_context(&otel.tracer, &parent);
+        let recording = span.is_recording();
+        let metrics = otel.server_duration.is_some();
+        let base = if recording || metrics {
+            metric_attributes(call, "tcp")
+        } else {
+            Vec::new()
+        };
         let mut attributes = Vec::new();
-        if span.is_recording() {
+        if recording {
             attributes.reserve(12);
-            request_attributes(call, &mut attributes);
+            request_attributes(call, &base, &mut attributes);
             let mut own = attributes.clone();
             own.push(KeyValue::new("network.transport", "tcp"));
             own.push(KeyValue::new("network.protocol.name", "http"));
@@ -242,29 +244,13 @@ impl ServerSpan {
             ));
             own.push(KeyValue::new("client.address", call.peer.ip().to_string()));
             own.push(KeyValue::new("client.port", i64::from(call.peer.port())));
-            let mut span = span;
             span.set_attributes(own);
-            return ServerSpan::with(otel, parent.with_span(span), name, attributes, call);
         }
-        ServerSpan::with(otel, parent.with_span(span), name, attributes, call)
-    }
-
-    fn with(
-        otel: &std::sync::Arc<Shared>,
-        cx: Context,
-        name: String,
-        call_attributes: Vec<KeyValue>,
-        call: &Call<'_>,
-    ) -> ServerSpan {
-        let metric = match otel.server_duration {
-            Some(_) => metric_attributes(call, "tcp"),
-            None => Vec::new(),
-        };
         ServerSpan {
-            cx,
+            cx: parent.with_span(span),
             name,
-            call: call_attributes,
-            metric,
+            call: attributes,
+            metric: if metrics { base } else { Vec::new() },
             started: Instant::now(),
             otel: otel.clone(),
             ended: false,

@@ -168,6 +168,73 @@ pub(crate) fn with_traceparent<'a>(
     }
 }
 
+/// [`with_trace_fields`] without parsing the message when it can: the fields written into the
+/// request's `params._meta` (or a new `_meta` in its `params`) where the front door found it,
+/// the rest of the bytes as they were. `meta` and `params` are the front door's views of
+/// `bytes`; a `_meta` that already names a trace context, or a message without `params`, takes
+/// the parsing path.
+pub(crate) fn with_trace_fields_at<'a>(
+    headers: &'a HeaderMap,
+    bytes: &'a Bytes,
+    fields: &[(&'static str, String)],
+    meta: Option<&RawValue>,
+    params: Option<&RawValue>,
+) -> (Cow<'a, HeaderMap>, Cow<'a, Bytes>) {
+    let offset = |v: &RawValue| {
+        let start = (v.get().as_ptr() as usize).checked_sub(bytes.as_ptr() as usize)?;
+        (start + v.get().len() <= bytes.len() && v.get().starts_with('{')).then_some(start)
+    };
+    let (at, open_meta, empty) = match (meta, params) {
+        (Some(m), _) if !m.get().contains(TRACEPARENT) && !m.get().contains(TRACESTATE) => {
+            match offset(m) {
+                Some(at) => (at, false, is_empty_object(m.get())),
+                None => return with_trace_fields(headers, bytes, fields),
+            }
+        }
+        (None, Some(p)) => match offset(p) {
+            Some(at) => (at, true, is_empty_object(p.get())),
+            None => return with_trace_fields(headers, bytes, fields),
+        },
+        _ => return with_trace_fields(headers, bytes, fields),
+    };
+    let mut h = headers.clone();
+    h.remove(TRACESTATE);
+    let mut inserted = String::with_capacity(128);
+    if open_meta {
+        inserted.push_str("\"_meta\":{");
+    }
+    for (i, (k, v)) in fields.iter().enumerate() {
+        if let Ok(hv) = HeaderValue::from_str(v) {
+            h.insert(*k, hv);
+        }
+        if i > 0 {
+            inserted.push(',');
+        }
+        inserted.push('"');
+        inserted.push_str(k);
+        inserted.push_str("\":");
+        inserted.push_str(&serde_json::to_string(v).unwrap_or_else(|_| "\"\"".into()));
+    }
+    if open_meta {
+        inserted.push('}');
+    }
+    if !empty {
+        inserted.push(',');
+    }
+    let mut out = Vec::with_capacity(bytes.len() + inserted.len());
+    out.extend_from_slice(&bytes[..=at]);
+    out.extend_from_slice(inserted.as_bytes());
+    out.extend_from_slice(&bytes[at + 1..]);
+    (Cow::Owned(h), Cow::Owned(Bytes::from(out)))
+}
+
+/// `{}`, with any whitespace inside.
+fn is_empty_object(v: &str) -> bool {
+    v.strip_prefix('{')
+        .and_then(|r| r.strip_suffix('}'))
+        .is_some_and(|inner| inner.trim().is_empty())
+}
+
 /// The sidecar's own trace context (its upstream span's `traceparent`, and `tracestate`) in
 /// both places the upstream may read it, over whatever the client sent: the headers and
 /// `params._meta`. A body that is not a JSON-RPC object is left as it is.
@@ -332,6 +399,47 @@ mod tests {
         set_modern_headers(&mut h, "tools/call", Some("hé"));
         assert_eq!(h["mcp-method"], "tools/call");
         assert!(h["mcp-name"].to_str().unwrap().starts_with("=?base64?"));
+    }
+
+    #[test]
+    fn trace_fields_are_spliced_into_meta_or_params_and_the_rest_keeps_its_bytes() {
+        let fields = [
+            (
+                TRACEPARENT,
+                "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned(),
+            ),
+            (TRACESTATE, r#"a=1,b="q""#.to_owned()),
+        ];
+        let h = HeaderMap::new();
+        for body in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"k":1}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{ },"name":"x"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"_meta":{"traceparent":"00-1-2-01"}}}"#,
+        ] {
+            let bytes = Bytes::from(body);
+            let Ok(crate::mcp::message::Inbound::Single(msg)) = crate::mcp::message::parse(&bytes)
+            else {
+                panic!("{body}")
+            };
+            let (headers, out) =
+                with_trace_fields_at(&h, &bytes, &fields, msg.params.meta, msg.params_raw);
+            let v: Value = serde_json::from_slice(&out).unwrap_or_else(|e| panic!("{body}: {e}"));
+            let meta = &v["params"]["_meta"];
+            assert_eq!(meta["traceparent"], fields[0].1.as_str(), "{body}");
+            assert_eq!(meta["tracestate"], fields[1].1.as_str(), "{body}");
+            assert_eq!(headers["traceparent"], fields[0].1.as_str());
+            let before: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(
+                v["params"].get("name"),
+                before["params"].get("name"),
+                "{body}"
+            );
+            if before["params"]["_meta"]["k"] == 1 {
+                assert_eq!(meta["k"], 1, "{body}");
+            }
+        }
     }
 
     #[test]

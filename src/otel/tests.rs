@@ -1,0 +1,122 @@
+//! What a request pays for OpenTelemetry on the request path (`cost_per_request`, run by hand
+//! in release: `cargo test --release --lib otel::tests -- --ignored --nocapture`), and the
+//! pieces' rules.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant, SystemTime};
+
+use ::http::HeaderMap;
+use bytes::Bytes;
+use serde_json::value::RawValue;
+
+use super::*;
+use crate::config::{OtelConfig, Sampling, UpstreamTarget, UpstreamTransport};
+use crate::upstream::translate;
+
+fn config(sampling: Sampling) -> OtelConfig {
+    config_with(sampling, Some(Duration::from_secs(3600)))
+}
+
+fn config_with(sampling: Sampling, metrics_every: Option<Duration>) -> OtelConfig {
+    OtelConfig {
+        // Nothing listens there: the spans are queued, then dropped; the request path's cost
+        // is what is measured.
+        endpoint: url::Url::parse("http://127.0.0.1:9").unwrap(),
+        queue: 2048,
+        timeout: Duration::from_millis(100),
+        metrics_every,
+        headers: Vec::new(),
+        service_name: None,
+        resource: Vec::new(),
+        sampling,
+    }
+}
+
+fn upstream() -> UpstreamTransport {
+    let url = url::Url::parse("http://127.0.0.1:8000/mcp").unwrap();
+    UpstreamTransport::Http(UpstreamTarget {
+        authority: "127.0.0.1:8000".into(),
+        url,
+    })
+}
+
+const BODY: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hello"},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},"io.modelcontextprotocol/clientInfo":{"name":"bench","version":"0"}}}}"#;
+
+fn call<'a>(headers: &'a HeaderMap, id: &'a RawValue, meta: Option<&'a RawValue>) -> Call<'a> {
+    Call {
+        method: "tools/call",
+        name: Some("echo"),
+        uri: None,
+        id,
+        protocol_version: "2026-07-28",
+        headers,
+        meta,
+        peer: SocketAddr::from(([127, 0, 0, 1], 40000)),
+        http_version: ::http::Version::HTTP_11,
+        started: SystemTime::now(),
+    }
+}
+
+/// One request's OpenTelemetry work, as the request path does it.
+fn one(otel: &Otel, headers: &HeaderMap, body: &Bytes, id: &RawValue, meta: Option<&RawValue>) {
+    let server = otel.server_span(&call(headers, id, meta));
+    let hop = otel.hop_span(&server);
+    let (h, b) = translate::with_trace_fields_at(headers, body, &hop.fields().0, meta, None);
+    std::hint::black_box((&h, &b));
+    hop.end(200, None);
+    server.end(200, None, &[]);
+}
+
+fn per_request(n: u32, f: impl Fn()) -> Duration {
+    for _ in 0..n / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..n {
+        f();
+    }
+    t.elapsed() / n
+}
+
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "a measurement: run it by hand in release"]
+async fn cost_per_request() {
+    let metrics = Arc::new(Metrics::new(|_| {}));
+    let headers = HeaderMap::new();
+    let body = Bytes::from_static(BODY.as_bytes());
+    let id = RawValue::from_string("7".into()).unwrap();
+    let Ok(crate::mcp::message::Inbound::Single(msg)) = crate::mcp::message::parse(&body) else {
+        panic!("the body parses")
+    };
+    let meta = msg.params.meta;
+    let n = 200_000;
+    let off = per_request(n, || {
+        let (h, b) = translate::with_traceparent(&headers, &body);
+        std::hint::black_box((&h, &b));
+    });
+    let unsampled =
+        Otel::start(&config(Sampling::AlwaysOff), &upstream(), metrics.clone()).unwrap();
+    let not_sampled = per_request(n, || one(&unsampled, &headers, &body, &id, meta));
+    let sampled_otel =
+        Otel::start(&config(Sampling::AlwaysOn), &upstream(), metrics.clone()).unwrap();
+    let sampled = per_request(n / 4, || one(&sampled_otel, &headers, &body, &id, meta));
+    let no_metrics = Otel::start(
+        &config_with(Sampling::AlwaysOff, None),
+        &upstream(),
+        metrics.clone(),
+    )
+    .unwrap();
+    let spans_only = per_request(n, || one(&no_metrics, &headers, &body, &id, meta));
+    let inject = per_request(n, || {
+        let server = no_metrics.server_span(&call(&headers, &id, None));
+        let hop = no_metrics.hop_span(&server);
+        let f = hop.fields();
+        std::hint::black_box(&f);
+    });
+    println!("not sampled, no metrics: {spans_only:?}; spans and fields, no body: {inject:?}");
+    println!(
+        "per request: off {off:?}, not sampled {not_sampled:?} (+{:?}), sampled {sampled:?} (+{:?})",
+        not_sampled.saturating_sub(off),
+        sampled.saturating_sub(off)
+    );
+}
