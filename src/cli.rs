@@ -509,6 +509,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
             budget.clone(),
             rates.clone(),
             observer.clone(),
+            otel.clone(),
         )
         .map_err(|e| failed("cannot start the HTTP surface", e))?,
     )

@@ -55,6 +55,8 @@ pub(crate) struct McpServed {
     pub(crate) status: u16,
     /// From arrival to the response head.
     pub(crate) duration: Duration,
+    /// Its trace, when OpenTelemetry is on and the request's span is sampled (hex).
+    pub(crate) trace_id: Option<String>,
 }
 
 /// One thing learned of a request while it travels.

@@ -67,6 +67,8 @@ struct Seen {
     failure: Option<Failure>,
     /// When it arrived (with OpenTelemetry on: its span's start).
     arrived: Option<std::time::SystemTime>,
+    /// Its trace, for an observer (OpenTelemetry on, the span sampled).
+    trace_id: Option<String>,
 }
 
 /// What a request path is made of: the pieces it shares with the routes and the shutdown
@@ -160,6 +162,7 @@ impl Dispatcher {
             span: None,
             failure: None,
             arrived: self.otel.as_ref().map(|_| std::time::SystemTime::now()),
+            trace_id: None,
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned.clone(), &mut seen).await;
@@ -322,6 +325,9 @@ impl Dispatcher {
         });
         if span.recording() && seen.note.is_none() {
             seen.note = Some(Arc::new(Note::at_start()));
+        }
+        if self.observer.is_some() {
+            seen.trace_id = span.trace_id();
         }
         seen.span = Some(span);
     }
@@ -504,6 +510,7 @@ impl Shown {
             era: seen.era,
             status: self.status.as_u16(),
             duration: self.elapsed,
+            trace_id: seen.trace_id,
         });
     }
 }

@@ -28,7 +28,7 @@ use crate::config::{OtelConfig, Sampling, UpstreamTransport};
 use crate::metrics::Metrics;
 
 use self::shared::{HopTarget, Shared};
-pub(crate) use self::span::{Call, HopSpan, ServerSpan};
+pub(crate) use self::span::{Call, HopSpan, HttpCall, HttpSpan, ServerSpan};
 
 /// A response whose span ends when its body does: a stream's at its end (or when its client
 /// leaves), any other's now.
@@ -40,6 +40,23 @@ pub(crate) fn end_with_body<G: Send + 'static>(
         .headers()
         .get(::http::header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    end_with(resp, guard, streamed)
+}
+
+/// A response whose span ends when its body is over (any body: the HTTP surface's may be
+/// streamed whatever its type).
+pub(crate) fn end_with_any_body<G: Send + 'static>(
+    resp: ::http::Response<crate::body::Body>,
+    guard: G,
+) -> ::http::Response<crate::body::Body> {
+    end_with(resp, guard, true)
+}
+
+fn end_with<G: Send + 'static>(
+    resp: ::http::Response<crate::body::Body>,
+    guard: G,
+    streamed: bool,
+) -> ::http::Response<crate::body::Body> {
     if !streamed {
         drop(guard);
         return resp;
@@ -351,6 +368,11 @@ impl Otel {
     /// A request's server span.
     pub(crate) fn server_span(&self, call: &Call<'_>) -> ServerSpan {
         ServerSpan::start(&self.shared, call)
+    }
+
+    /// A request to the HTTP surface's server span.
+    pub(crate) fn http_span(&self, call: &HttpCall<'_>) -> HttpSpan {
+        HttpSpan::start(&self.shared, call)
     }
 
     /// The upstream hop's client span, under `server`.

@@ -262,6 +262,13 @@ impl ServerSpan {
         &self.cx
     }
 
+    /// Its trace id (hex), when it is sampled.
+    pub(crate) fn trace_id(&self) -> Option<String> {
+        let span = self.cx.span();
+        let sc = span.span_context();
+        sc.is_sampled().then(|| sc.trace_id().to_string())
+    }
+
     /// Whether it is sampled (its events are worth noting).
     pub(crate) fn recording(&self) -> bool {
         self.cx.span().is_recording()
@@ -405,5 +412,105 @@ impl HopSpan {
 impl Drop for HopSpan {
     fn drop(&mut self) {
         self.close(499, None);
+    }
+}
+
+/// A request to the HTTP surface (a product route that is not MCP): an HTTP server span by
+/// the HTTP conventions, its parent the client's `traceparent`; its context goes upstream in
+/// the same header.
+pub(crate) struct HttpSpan {
+    cx: Context,
+    ended: bool,
+}
+
+/// What the HTTP server span says of a request.
+pub(crate) struct HttpCall<'a> {
+    pub(crate) method: &'a http::Method,
+    /// The path as the route matched it (no query).
+    pub(crate) path: &'a str,
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) peer: SocketAddr,
+    pub(crate) http_version: http::Version,
+}
+
+impl HttpSpan {
+    pub(super) fn start(otel: &Shared, call: &HttpCall<'_>) -> HttpSpan {
+        let parent = if call.headers.contains_key(TRACEPARENT) {
+            TraceContextPropagator::new()
+                .extract(&opentelemetry_http::HeaderExtractor(call.headers))
+        } else {
+            Context::new()
+        };
+        let method = http_method(call.method);
+        let mut span = otel
+            .tracer
+            .span_builder(method)
+            .with_kind(SpanKind::Server)
+            .start_with_context(&otel.tracer, &parent);
+        if span.is_recording() {
+            span.set_attributes([
+                KeyValue::new("http.request.method", method),
+                KeyValue::new("url.path", call.path.to_owned()),
+                KeyValue::new("network.protocol.name", "http"),
+                KeyValue::new("network.protocol.version", http_version(call.http_version)),
+                KeyValue::new("client.address", call.peer.ip().to_string()),
+                KeyValue::new("client.port", i64::from(call.peer.port())),
+            ]);
+        }
+        HttpSpan {
+            cx: parent.with_span(span),
+            ended: false,
+        }
+    }
+
+    /// Sets this span's context as the request's `traceparent` (and `tracestate`) upstream.
+    pub(crate) fn inject(&self, headers: &mut HeaderMap) {
+        headers.remove(TRACESTATE);
+        TraceContextPropagator::new()
+            .inject_context(&self.cx, &mut opentelemetry_http::HeaderInjector(headers));
+    }
+
+    pub(crate) fn end(mut self, status: u16) {
+        self.close(status);
+    }
+
+    fn close(&mut self, status: u16) {
+        if self.ended {
+            return;
+        }
+        self.ended = true;
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+            span.set_status(Status::error(""));
+        }
+        span.end();
+    }
+}
+
+impl Drop for HttpSpan {
+    fn drop(&mut self) {
+        // The client left before the answer's end.
+        self.close(499);
+    }
+}
+
+/// The method as the HTTP conventions name it (`_OTHER` for one they do not know).
+fn http_method(m: &http::Method) -> &'static str {
+    match m.as_str() {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "PATCH" => "PATCH",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        "CONNECT" => "CONNECT",
+        "TRACE" => "TRACE",
+        _ => "_OTHER",
     }
 }

@@ -120,3 +120,72 @@ async fn cost_per_request() {
         sampled.saturating_sub(off)
     );
 }
+
+/// This process's CPU time (user and system), from `/proc/self/stat`.
+fn cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .rsplit(')')
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    // utime and stime are fields 14 and 15 of stat; 12 and 13 after the name and the state.
+    let ticks = fields.get(10).copied().unwrap_or(0) + fields.get(11).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
+/// A sampled request's whole cost, export included: `n` requests' spans sent to a collector
+/// that answers at once (`EPODE_OTEL_SINK`, such as an nginx `return 200` on :4318), in CPU
+/// time of this process, against the same loop with OpenTelemetry off.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "a measurement: run it by hand in release, with a sink"]
+async fn cost_per_sampled_request_with_export() {
+    let Ok(sink) = std::env::var("EPODE_OTEL_SINK") else {
+        println!("EPODE_OTEL_SINK is unset: nothing measured");
+        return;
+    };
+    let metrics = Arc::new(Metrics::new(|_| {}));
+    let headers = HeaderMap::new();
+    let body = Bytes::from_static(BODY.as_bytes());
+    let id = RawValue::from_string("7".into()).unwrap();
+    let Ok(crate::mcp::message::Inbound::Single(msg)) = crate::mcp::message::parse(&body) else {
+        panic!("the body parses")
+    };
+    let meta = msg.params.meta;
+    let n: u64 = 100_000;
+    let mut c = config(Sampling::AlwaysOn);
+    c.endpoint = url::Url::parse(&sink).unwrap();
+    c.queue = 1_000_000;
+    let otel = Otel::start(&c, &upstream(), metrics.clone()).unwrap();
+    let t = cpu();
+    for i in 0..n {
+        one(&otel, &headers, &body, &id, meta);
+        if i % 256 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let exported = || metrics.otlp.exported.get_or_create(&export::TRACES).get();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while exported() < 2 * n && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let with = cpu() - t;
+    let dropped = metrics.otlp.dropped.get_or_create(&export::TRACES).get();
+    let t = cpu();
+    for i in 0..n {
+        let (h, b) = translate::with_traceparent(&headers, &body);
+        std::hint::black_box((&h, &b));
+        if i % 256 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let without = cpu() - t;
+    println!(
+        "sampled, exported: {:?} per request (exported {} spans, dropped {dropped}); off: {:?}",
+        with / n as u32,
+        exported(),
+        without / n as u32
+    );
+}

@@ -91,6 +91,19 @@ pub(crate) struct HttpSurfaceRoute {
     observer: Option<Arc<dyn Observer>>,
     /// Invalid `Epode-Identity` headers, logged as a counted summary.
     invalid_identity: LogSummary,
+    /// OpenTelemetry, when on: an HTTP server span per request.
+    otel: Option<Arc<crate::otel::Otel>>,
+}
+
+/// A surface request's span, ended when its answer's body is over.
+struct SurfaceSpanEnd(Option<(crate::otel::HttpSpan, u16)>);
+
+impl Drop for SurfaceSpanEnd {
+    fn drop(&mut self) {
+        if let Some((span, status)) = self.0.take() {
+            span.end(status);
+        }
+    }
 }
 
 /// What an answered request is, for the metrics and the console.
@@ -114,6 +127,7 @@ impl HttpSurfaceRoute {
         budget: Arc<MemoryBudget>,
         rates: Arc<RateLimits>,
         observer: Option<Arc<dyn Observer>>,
+        otel: Option<Arc<crate::otel::Otel>>,
     ) -> Result<Option<Arc<Self>>, String> {
         let Some(settings) = config.http.clone() else {
             return Ok(None);
@@ -148,6 +162,7 @@ impl HttpSurfaceRoute {
                 "Epode-Identity response headers that are not a compact JSON object of valid refs (accountRef, userRef, anonymousRef, customerRef, sessionRef: 1-160 of A-Z a-z 0-9 _ . : -); removed, and the responses instrumented without identity",
                 Duration::from_secs(60),
             ),
+            otel,
         })))
     }
 
@@ -164,11 +179,30 @@ impl HttpSurfaceRoute {
     ) -> Response<Body> {
         let started = Instant::now();
         let started_at = SystemTime::now();
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         let path = respelled.as_deref().unwrap_or(parts.uri.path());
+        let span = self.otel.as_ref().map(|o| {
+            o.http_span(&crate::otel::HttpCall {
+                method: &parts.method,
+                path,
+                headers: &parts.headers,
+                peer,
+                http_version: parts.version,
+            })
+        });
+        if let Some(span) = &span {
+            span.inject(&mut parts.headers);
+        }
         let (resp, served) = self
             .proxy(upstream, (&parts, path), body, peer, started)
             .await;
+        let resp = match span {
+            Some(span) => {
+                let status = resp.status().as_u16();
+                crate::otel::end_with_any_body(resp, SurfaceSpanEnd(Some((span, status))))
+            }
+            None => resp,
+        };
         self.count(&served);
         if let Some(observer) = &self.observer {
             let (surface, state, skipped, interaction_id) = match &served {

@@ -106,6 +106,9 @@ impl Observer for Bus {
         event.insert("era".into(), served.era.into());
         event.insert("status".into(), served.status.into());
         event.insert("durationMs".into(), millis(served.duration).into());
+        if let Some(t) = served.trace_id {
+            event.insert("traceId".into(), t.into());
+        }
         self.publish("call", Value::Object(event));
     }
 
@@ -196,6 +199,7 @@ mod tests {
             era: "2025",
             status: 200,
             duration: std::time::Duration::from_micros(2_750),
+            trace_id: None,
         });
         let (history, _) = bus.follow();
         let event: Value = serde_json::from_str(&history[0]).unwrap();

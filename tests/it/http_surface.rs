@@ -64,13 +64,13 @@ const SKIP_LABELS: [&str; 14] = [
 ];
 
 /// The FastAPI product, on a port it picked itself.
-struct App {
+pub(crate) struct App {
     port: u16,
     _proc: Proc,
 }
 
 impl App {
-    fn start(with_mcp: bool) -> App {
+    pub(crate) fn start(with_mcp: bool) -> App {
         let mut cmd = Command::new(python());
         cmd.arg(repo_root().join("tests/peers/http_app.py"))
             .args(["--port", "0"]);
@@ -105,7 +105,7 @@ impl App {
     }
 
     /// The bare origin: the surface proxies every non-MCP path to it.
-    fn origin(&self) -> String {
+    pub(crate) fn origin(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 }

@@ -114,6 +114,9 @@ impl Receiver {
 
 const SECRET_ARGUMENT: &str = "argument-value-9f3c1e";
 const SECRET_TOKEN: &str = "bearer-token-7d2a55";
+/// An identity ref a trusted gateway sets (`EPODE_SIDECAR_IDENTITY_HEADERS`), which goes to
+/// Epode with the telemetry event and into no span.
+const SECRET_USER_REF: &str = "user-ref-51c0de";
 
 fn one<'a>(spans: &'a [Value], what: &str, pred: impl Fn(&Value) -> bool) -> &'a Value {
     let found: Vec<&Value> = spans.iter().filter(|s| pred(s)).collect();
@@ -220,7 +223,9 @@ async fn call_tool(
     for (k, v) in modern_headers("tools/call", Some(tool)) {
         req = req.header(k, v);
     }
-    req = req.header("authorization", format!("Bearer {SECRET_TOKEN}"));
+    req = req
+        .header("authorization", format!("Bearer {SECRET_TOKEN}"))
+        .header("x-user", SECRET_USER_REF);
     if let Some(tp) = header {
         req = req.header("traceparent", tp);
     }
@@ -265,6 +270,10 @@ fn otel_env<'a>(receiver: &'a str, epode: &'a FakeEpode) -> Vec<(&'static str, S
         ("EPODE_API_URL", epode.url()),
         ("AGENT_FEEDBACK_MODE", "never_ask".to_owned()),
         ("EPODE_SIDECAR_TELEMETRY_FLUSH", "200ms".to_owned()),
+        (
+            "EPODE_SIDECAR_IDENTITY_HEADERS",
+            "userRef=X-User".to_owned(),
+        ),
     ]
 }
 
@@ -278,6 +287,7 @@ async fn assert_nothing_leaked(receiver: &Receiver, product_key: &str, handle: &
     for secret in [
         SECRET_ARGUMENT,
         SECRET_TOKEN,
+        SECRET_USER_REF,
         product_key,
         handle,
         "feedbackHandle",
@@ -476,6 +486,14 @@ async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_pyt
         .filter(|s| s["traceId"] == trace && s["resource"]["service.name"] == "epode-sidecar")
         .count();
     assert_eq!(unsampled, 0, "an unsampled trace got the sidecar's spans");
+    // The ref did travel, to Epode, where it belongs.
+    let events = epode.events();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.to_string().contains(SECRET_USER_REF)),
+        "the identity ref reached Epode: {events:?}"
+    );
     assert_nothing_leaked(&receiver, epode.product_key(), &handle).await;
     assert!(metric(&sc, "epode_sidecar_otlp_exported_total{signal=\"traces\"}").await >= 6);
 }
@@ -588,4 +606,46 @@ async fn off_by_default_no_span_is_made() {
     call(&sc, 1, Some(&format!("00-{trace}-{parent}-01")), None).await;
     let text = crate::support::metrics_text(&sc).await;
     assert!(!text.contains("otlp_exported_total{"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_surface_route_is_an_http_server_span_whose_context_reaches_the_app() {
+    let receiver = Receiver::start();
+    let app = crate::http_surface::App::start(false);
+    let url = receiver.url();
+    let sc = Sidecar::start(
+        &app.origin(),
+        &[
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+        ],
+    );
+    let (trace, parent) = trace_ids(20);
+    let resp = http()
+        .get(format!("{}/echo?q={SECRET_ARGUMENT}", sc.base()))
+        .header("traceparent", format!("00-{trace}-{parent}-01"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let echo: Value = resp.json().await.unwrap();
+    let spans = receiver.trace(&trace, 1).await;
+    let span = sidecar_span(&spans, "SPAN_KIND_SERVER");
+    assert_eq!(span["name"], "GET", "{span:#}");
+    assert_eq!(span["parentSpanId"], parent.as_str(), "{span:#}");
+    let a = &span["attributes"];
+    assert_eq!(a["http.request.method"], "GET", "{span:#}");
+    assert_eq!(a["url.path"], "/echo", "{span:#}");
+    assert_eq!(a["http.response.status_code"], 200, "{span:#}");
+    assert!(
+        !span.to_string().contains(SECRET_ARGUMENT),
+        "the query in a span: {span:#}"
+    );
+    // The app got the sidecar's span as its parent.
+    let sent = echo["headers"]["traceparent"].as_str().unwrap_or_default();
+    assert_eq!(
+        sent,
+        format!("00-{trace}-{}-01", span["spanId"].as_str().unwrap()),
+        "{echo}"
+    );
 }

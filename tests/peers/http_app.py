@@ -266,7 +266,7 @@ def build(with_mcp: bool) -> FastAPI:
     @app.api_route("/echo", methods=["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "TRACE"])
     async def echo(request: Request):
         body = await request.body()
-        wanted = ["content-type", "x-custom", "authorization", "epode-identity", "x-customer-ref", "accept"]
+        wanted = ["content-type", "x-custom", "authorization", "epode-identity", "x-customer-ref", "accept", "traceparent", "tracestate"]
         out = {
             "method": request.method,
             "body": body.decode("utf-8", "replace"),
