@@ -200,6 +200,22 @@ fn finish(
     error
 }
 
+/// A span's duration in its histogram (when metrics are on), `error.type` among the
+/// attributes when it failed.
+fn record(
+    histogram: Option<&opentelemetry::metrics::Histogram<f64>>,
+    started: Instant,
+    attributes: &mut Vec<KeyValue>,
+    error: Option<String>,
+) {
+    if let Some(h) = histogram {
+        if let Some(e) = error {
+            attributes.push(KeyValue::new("error.type", e));
+        }
+        h.record(started.elapsed().as_secs_f64(), attributes);
+    }
+}
+
 /// One request's server span, ended by [`ServerSpan::end`] (or, when its answer is a stream
 /// the client leaves, when dropped).
 pub(crate) struct ServerSpan {
@@ -301,12 +317,12 @@ impl ServerSpan {
         }
         let error = finish(&span, status, failure);
         span.end();
-        if let Some(h) = &self.otel.server_duration {
-            if let Some(e) = error {
-                self.metric.push(KeyValue::new("error.type", e));
-            }
-            h.record(self.started.elapsed().as_secs_f64(), &self.metric);
-        }
+        record(
+            self.otel.server_duration.as_ref(),
+            self.started,
+            &mut self.metric,
+            error,
+        );
     }
 }
 
@@ -400,12 +416,12 @@ impl HopSpan {
         let span = self.cx.span();
         let error = finish(&span, status, failure);
         span.end();
-        if let Some(h) = &self.otel.client_duration {
-            if let Some(e) = error {
-                self.metric.push(KeyValue::new("error.type", e));
-            }
-            h.record(self.started.elapsed().as_secs_f64(), &self.metric);
-        }
+        record(
+            self.otel.client_duration.as_ref(),
+            self.started,
+            &mut self.metric,
+            error,
+        );
     }
 }
 

@@ -67,6 +67,23 @@ fn one(otel: &Otel, headers: &HeaderMap, body: &Bytes, id: &RawValue, meta: Opti
     server.end(200, None, &[]);
 }
 
+/// The measured request: no headers, [`BODY`], its id.
+fn request() -> (HeaderMap, Bytes, Box<RawValue>) {
+    (
+        HeaderMap::new(),
+        Bytes::from_static(BODY.as_bytes()),
+        RawValue::from_string("7".into()).unwrap(),
+    )
+}
+
+/// The body's `params._meta`, as the front door finds it.
+fn meta_of(body: &Bytes) -> Option<&RawValue> {
+    match crate::mcp::message::parse(body) {
+        Ok(crate::mcp::message::Inbound::Single(msg)) => msg.params.meta,
+        _ => panic!("the body parses"),
+    }
+}
+
 fn per_request(n: u32, f: impl Fn()) -> Duration {
     for _ in 0..n / 10 {
         f();
@@ -82,13 +99,8 @@ fn per_request(n: u32, f: impl Fn()) -> Duration {
 #[ignore = "a measurement: run it by hand in release"]
 async fn cost_per_request() {
     let metrics = Arc::new(Metrics::new(|_| {}));
-    let headers = HeaderMap::new();
-    let body = Bytes::from_static(BODY.as_bytes());
-    let id = RawValue::from_string("7".into()).unwrap();
-    let Ok(crate::mcp::message::Inbound::Single(msg)) = crate::mcp::message::parse(&body) else {
-        panic!("the body parses")
-    };
-    let meta = msg.params.meta;
+    let (headers, body, id) = request();
+    let meta = meta_of(&body);
     let n = 200_000;
     let off = per_request(n, || {
         let (h, b) = translate::with_traceparent(&headers, &body);
@@ -147,13 +159,8 @@ async fn cost_per_sampled_request_with_export() {
         return;
     };
     let metrics = Arc::new(Metrics::new(|_| {}));
-    let headers = HeaderMap::new();
-    let body = Bytes::from_static(BODY.as_bytes());
-    let id = RawValue::from_string("7".into()).unwrap();
-    let Ok(crate::mcp::message::Inbound::Single(msg)) = crate::mcp::message::parse(&body) else {
-        panic!("the body parses")
-    };
-    let meta = msg.params.meta;
+    let (headers, body, id) = request();
+    let meta = meta_of(&body);
     let n: u64 = 100_000;
     let mut c = config(Sampling::AlwaysOn);
     c.endpoint = url::Url::parse(&sink).unwrap();

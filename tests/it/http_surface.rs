@@ -16,8 +16,7 @@ use crate::support::fake_epode::{
 };
 use crate::support::*;
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -77,31 +76,12 @@ impl App {
         if with_mcp {
             cmd.arg("--mcp");
         }
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tests/peers/http_app.py");
-        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line).expect("read the app's READY line");
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        let port = line
-            .trim()
-            .strip_prefix("READY ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| {
-                panic!("http_app.py did not start (is fastapi installed? run scripts/install-peers.sh): {line:?}")
-            });
-        wait_for_port(port, &mut child, "http_app.py");
-        App {
-            port,
-            _proc: Proc {
-                child,
-                name: "http_app".into(),
-            },
-        }
+        let (proc, port) = spawn_ready(
+            cmd,
+            "http_app.py",
+            "is fastapi installed? run scripts/install-peers.sh",
+        );
+        App { port, _proc: proc }
     }
 
     /// The bare origin: the surface proxies every non-MCP path to it.

@@ -8,8 +8,7 @@
 //! between them. Then the collector down, hanging, answering 500 or 429: calls go on, the
 //! queue stays bounded, drops are counted.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -17,7 +16,7 @@ use serde_json::{json, Value};
 use crate::support::fake_epode::{FakeConfig, FakeEpode};
 use crate::support::{
     eventually_async, http, last_message, metric, modern_body, modern_headers, python, repo_root,
-    Proc, Sidecar, Upstream, UpstreamKind,
+    spawn_ready, Proc, Sidecar, Upstream, UpstreamKind,
 };
 
 /// The receiver, on a port it picked.
@@ -28,38 +27,24 @@ struct Receiver {
 
 impl Receiver {
     fn start() -> Receiver {
-        let mut child = Command::new(python())
-            .arg(repo_root().join("tests/peers/otlp_receiver.py"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the OTLP receiver");
-        let mut out = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        out.read_line(&mut line).expect("the receiver's READY line");
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        let port = line
-            .trim()
-            .strip_prefix("READY ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the OTLP receiver did not start: {line:?}"));
-        Receiver {
-            port,
-            _proc: Proc {
-                child,
-                name: "otlp_receiver".into(),
-            },
-        }
+        let mut cmd = Command::new(python());
+        cmd.arg(repo_root().join("tests/peers/otlp_receiver.py"));
+        let (proc, port) = spawn_ready(
+            cmd,
+            "otlp_receiver.py",
+            "is opentelemetry-proto installed? run scripts/install-peers.sh",
+        );
+        Receiver { port, _proc: proc }
     }
 
     fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    async fn spans(&self) -> Vec<Value> {
+    /// What the receiver shows at `path` (`/spans`, `/metrics`): a JSON list.
+    async fn list(&self, path: &str) -> Vec<Value> {
         let v: Value = http()
-            .get(format!("{}/spans", self.url()))
+            .get(format!("{}{path}", self.url()))
             .send()
             .await
             .unwrap()
@@ -69,16 +54,12 @@ impl Receiver {
         v.as_array().cloned().unwrap_or_default()
     }
 
+    async fn spans(&self) -> Vec<Value> {
+        self.list("/spans").await
+    }
+
     async fn metrics(&self) -> Vec<Value> {
-        let v: Value = http()
-            .get(format!("{}/metrics", self.url()))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        v.as_array().cloned().unwrap_or_default()
+        self.list("/metrics").await
     }
 
     async fn mode(&self, m: &str) {
@@ -154,7 +135,14 @@ fn assert_call_attributes(span: &Value, protocol: &str, id: &str, what: &str) {
 /// The chain client parent → sidecar server span → upstream client span → Python span.
 fn assert_chain(spans: &[Value], parent: &str, transport: &str) -> (Value, Value) {
     let server = sidecar_span(spans, "SPAN_KIND_SERVER").clone();
-    let hop = sidecar_span(spans, "SPAN_KIND_CLIENT").clone();
+    // The upstream hop (the catalog's own tools/list, when the first call made one, is
+    // another client span).
+    let hop = one(spans, "the sidecar's hop span", |s| {
+        s["resource"]["service.name"] == "epode-sidecar"
+            && s["kind"] == "SPAN_KIND_CLIENT"
+            && s["name"] == server["name"]
+    })
+    .clone();
     let py = python_span(spans);
     assert_eq!(server["parentSpanId"], parent, "server span: {server:#}");
     assert_eq!(hop["parentSpanId"], server["spanId"], "hop span: {hop:#}");
@@ -332,6 +320,15 @@ async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_pyt
     let (server, hop) = assert_chain(&spans, &parent, "tcp");
     assert_call_attributes(&server, "2026-07-28", "7", "server span");
     assert_call_attributes(&hop, "2026-07-28", "7", "hop span");
+    // The first call made the catalog learn the tools: that tools/list is a span of the call.
+    let catalog = one(&spans, "the catalog's tools/list", |s| {
+        s["name"] == "tools/list"
+    });
+    assert_eq!(catalog["parentSpanId"], server["spanId"], "{catalog:#}");
+    assert_eq!(
+        catalog["attributes"]["epode.reason"], "catalog",
+        "{catalog:#}"
+    );
     assert_eq!(hop["attributes"]["server.address"], "127.0.0.1", "{hop:#}");
     assert_eq!(hop["attributes"]["server.port"], up.port as i64, "{hop:#}");
     assert!(

@@ -64,6 +64,36 @@ pub fn wait_for_port(port: u16, child: &mut Child, what: &str) {
     panic!("{what} did not listen on {port} within 30 s");
 }
 
+/// Starts a peer that binds a port itself and prints `READY <port>` first: its process (killed
+/// when dropped) and the port; whatever it prints after is drained. `hint` says what to do when
+/// it does not start.
+pub fn spawn_ready(mut cmd: Command, name: &str, hint: &str) -> (Proc, u16) {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {name}: {e}"));
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line)
+        .unwrap_or_else(|e| panic!("read {name}'s READY line: {e}"));
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let port = line
+        .trim()
+        .strip_prefix("READY ")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{name} did not start ({hint}): {line:?}"));
+    wait_for_port(port, &mut child, name);
+    (
+        Proc {
+            child,
+            name: name.to_owned(),
+        },
+        port,
+    )
+}
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,
