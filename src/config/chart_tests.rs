@@ -30,6 +30,8 @@ const LEFT_OUT: &[&str] = &[
     "EPODE_SIDECAR_STDIO_CHILDREN",
     "EPODE_SIDECAR_STDIO_MAX_CHILDREN",
     "EPODE_SIDECAR_STDIO_CHILD_IDLE",
+    // OpenTelemetry is off in the chart while observability.otlp.endpoint is empty.
+    "OTEL_SDK_DISABLED",
     // The local trial: it refuses a non-loopback listener, which a pod's sidecar is not.
     "EPODE_SIDECAR_DEV",
     "EPODE_SIDECAR_DEV_LOG",

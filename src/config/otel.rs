@@ -15,9 +15,13 @@ use super::types::{redact_url, OtelConfig, Sampling};
 
 /// The OpenTelemetry settings, when an endpoint is set.
 pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
+    let disabled = l.get(&SDK_DISABLED)?;
     let Some(endpoint) = l.optional(&OTLP_ENDPOINT)? else {
         return Ok(None);
     };
+    if disabled {
+        return Ok(None);
+    }
     let sampler = l.get(&TRACES_SAMPLER);
     let arg = l.optional(&TRACES_SAMPLER_ARG);
     let sampling = match (sampler, arg) {
@@ -121,12 +125,21 @@ const OFF: &str = "<not used: no OTLP endpoint>";
 settings! {
     /// OpenTelemetry export.
     pub(super) OTEL {
+        SDK_DISABLED: bool = setting(
+            "otel_sdk_disabled",
+            &["OTEL_SDK_DISABLED"],
+            Some("false"),
+            "true or false (also on, off, 1, 0)",
+            "`true` turns OpenTelemetry off even with an endpoint set, as for every OpenTelemetry component.",
+            boolean,
+            |c| if c.otel.is_some() { "false" } else { "<off>" }.to_owned(),
+        ),
         OTLP_ENDPOINT: Url = setting(
             "otlp_endpoint",
             &["EPODE_SIDECAR_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
             None,
             "an http:// or https:// URL of an OTLP/HTTP receiver, such as http://otel-collector:4318",
-            "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf. Unset: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
+            "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf (the per-signal `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and `…_METRICS_ENDPOINT`, and gRPC, are not read). Unset: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
             endpoint,
             |c| shown(c, |o| redact_url(o.endpoint.as_str()).into_owned()).unwrap_or_else(|| "<unset: off>".to_owned()),
         ),

@@ -1042,3 +1042,68 @@ fn the_authorization_front_door_names_every_setting_it_lacks_and_keeps_its_secre
         "{shown}"
     );
 }
+
+/// OpenTelemetry: off without an endpoint or with `OTEL_SDK_DISABLED`; the standard variables
+/// read and checked (a sampler the specification does not name is refused, not replaced); the
+/// headers never shown.
+#[test]
+fn otel_settings_are_read_checked_and_the_headers_never_shown() {
+    let read = |extra: &[(&str, &str)]| {
+        let mut pairs = vec![UP, OFF];
+        pairs.extend_from_slice(extra);
+        Config::from_layers(env(&pairs), &FlagValues::default())
+    };
+    assert!(read(&[("OTEL_SERVICE_NAME", "x")]).unwrap().otel.is_none());
+    let ep = ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://collector:4318");
+    assert!(read(&[ep, ("OTEL_SDK_DISABLED", "true")])
+        .unwrap()
+        .otel
+        .is_none());
+    let alias = read(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")]).unwrap();
+    assert_eq!(
+        alias.otel.unwrap().endpoint.as_str(),
+        "http://collector:4318/"
+    );
+    let c = read(&[
+        ep,
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        (
+            "OTEL_RESOURCE_ATTRIBUTES",
+            "deployment.environment=prod,team=a%2Cb",
+        ),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret-4f1d"),
+        ("EPODE_SIDECAR_OTLP_METRICS", "off"),
+    ])
+    .unwrap();
+    let o = c.otel.as_ref().unwrap();
+    assert_eq!(o.sampling, Sampling::ParentRatio(0.25));
+    assert_eq!(
+        o.resource,
+        [
+            ("deployment.environment".to_owned(), "prod".to_owned()),
+            ("team".to_owned(), "a,b".to_owned())
+        ]
+    );
+    assert_eq!(
+        o.headers,
+        [("api-key".to_owned(), "secret-4f1d".to_owned())]
+    );
+    assert_eq!(o.metrics_every, None);
+    assert!(!c.describe().contains("secret-4f1d"), "{}", c.describe());
+    for (name, bad) in [
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
+        ("OTEL_RESOURCE_ATTRIBUTES", "novalue"),
+        ("EPODE_SIDECAR_OTLP_ENDPOINT", "grpc://collector:4317"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret-4f1d,broken"),
+    ] {
+        let mut pairs = vec![(name, bad)];
+        if name != ep.0 {
+            pairs.push(ep);
+        }
+        let err = read(&pairs).unwrap_err().to_string();
+        assert!(err.contains(name), "{name}={bad}: {err}");
+        assert!(!err.contains("secret-4f1d"), "{err}");
+    }
+}

@@ -114,7 +114,7 @@ impl EpodeClient {
         use opentelemetry::KeyValue;
         let mut out = vec![
             KeyValue::new("http.request.method", "POST"),
-            KeyValue::new("url.full", self.url(path)),
+            KeyValue::new("url.full", self.shown_url(path)),
             KeyValue::new("epode.operation", operation(path)),
         ];
         if let Some(h) = self.base.host_str() {
@@ -124,6 +124,16 @@ impl EpodeClient {
             out.push(KeyValue::new("server.port", i64::from(p)));
         }
         out
+    }
+
+    /// `<base>/api/v2/…` as a span shows it: no user information, query or fragment.
+    fn shown_url(&self, path: &str) -> String {
+        let mut base = self.base.clone();
+        let _ = base.set_username("");
+        let _ = base.set_password(None);
+        base.set_query(None);
+        base.set_fragment(None);
+        format!("{}{path}", base.as_str().trim_end_matches('/'))
     }
 
     async fn send(

