@@ -125,7 +125,9 @@ if ! stamp_ok "$D/py/fastmcp" "$FASTMCP_KEY"; then
   log "py/fastmcp: installing ($FASTMCP_KEY)"
   t0=$SECONDS
   before="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
-  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "fastmcp==$FASTMCP_VERSION" >&2
+  # fastmcp asks for any opentelemetry-api; the one the OpenTelemetry peers below match.
+  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "fastmcp==$FASTMCP_VERSION" \
+    "opentelemetry-api==$OTEL_PY_VERSION" >&2
   after="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
   moved="$(comm -23 <(printf '%s\n' "$before") <(printf '%s\n' "$after"))"
   [[ -z "$moved" ]] || die "py/fastmcp: fastmcp changed packages the venv had: $(echo $moved)"
@@ -137,17 +139,20 @@ if ! stamp_ok "$D/py/fastmcp" "$FASTMCP_KEY"; then
 fi
 
 # ---- 1d. OpenTelemetry in the same venv (tests/peers/otlp_receiver.py, py_server.py --otlp)
-# The official packages at the version of the opentelemetry-api fastmcp already brought; its
-# own stamp, and the same check that nothing installed changed version.
+# The official packages, at one version with the opentelemetry-api fastmcp brought; its own
+# stamp, and the same check that nothing else installed changed version.
 OTEL_KEY="opentelemetry==$OTEL_PY_VERSION"
 if ! stamp_ok "$D/py/otel" "$OTEL_KEY"; then
   log "py/otel: installing ($OTEL_KEY)"
   before="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
   "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "opentelemetry-api==$OTEL_PY_VERSION" \
     "opentelemetry-sdk==$OTEL_PY_VERSION" "opentelemetry-proto==$OTEL_PY_VERSION" \
     "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" >&2
   after="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
-  moved="$(comm -23 <(printf '%s\n' "$before") <(printf '%s\n' "$after"))"
+  # The api is the SDK's own version (a venv made before fastmcp pinned it may hold a newer
+  # patch release, which has no SDK yet); nothing else may move.
+  moved="$(comm -23 <(printf '%s\n' "$before" | grep -v '^opentelemetry-api==') <(printf '%s\n' "$after"))"
   [[ -z "$moved" ]] || die "py/otel: the OpenTelemetry packages changed packages the venv had: $(echo $moved)"
   "$D/py/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter' \
     || die "py/otel: import failed"

@@ -111,6 +111,12 @@ impl FeedbackBinding {
             .decorations
             .get_or_create(&DecorationLabels { mode, state })
             .inc();
+        crate::otel::event("epode.decorated", || {
+            vec![
+                opentelemetry::KeyValue::new("epode.feedback.state", state),
+                opentelemetry::KeyValue::new("epode.feedback.mode", mode),
+            ]
+        });
         if let Some(observer) = &self.observer {
             observer.decorated(Decorated {
                 tool,

@@ -133,6 +133,20 @@ pub(crate) fn child(
     })
 }
 
+/// An event on the current context's span (the request's, while the method table serves it),
+/// when OpenTelemetry is on and that span is sampled.
+pub(crate) fn event(name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {
+    if TRACER.get().is_none() {
+        return;
+    }
+    Context::map_current(|cx| {
+        let span = cx.span();
+        if span.span_context().is_sampled() {
+            span.add_event(name, attributes());
+        }
+    });
+}
+
 /// The current request's span context, to link to from work done later for it (its
 /// telemetry event's delivery); none when OpenTelemetry is off or the span is not sampled.
 pub(crate) fn current_link() -> Option<SpanContext> {

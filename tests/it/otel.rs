@@ -342,7 +342,17 @@ async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_pyt
         .iter()
         .map(|e| e["name"].as_str().unwrap())
         .collect();
-    assert_eq!(events, ["epode.interaction"], "{server:#}");
+    assert_eq!(
+        events,
+        ["epode.decorated", "epode.interaction"],
+        "{server:#}"
+    );
+    let decorated = &server["events"][0]["attributes"];
+    assert_eq!(
+        decorated["epode.feedback.state"], "feedback_ready",
+        "{server:#}"
+    );
+    assert_eq!(decorated["epode.feedback.mode"], "never_ask", "{server:#}");
     assert_eq!(server["status"]["code"], "STATUS_CODE_UNSET", "{server:#}");
     let first_call = server["spanId"].as_str().unwrap().to_owned();
     let handle = answer["result"]["structuredContent"]["_agentFeedback"]["feedbackHandle"]
