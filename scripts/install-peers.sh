@@ -28,7 +28,7 @@ EVERYTHING_VERSION="2026.8.31"         # npm `@modelcontextprotocol/server-every
 SDK1_VERSION="1.32.2"                  # npm `@modelcontextprotocol/sdk` (the 2025-era client most clients run)
 FASTAPI_VERSION="0.165.0"              # PyPI `fastapi` (the HTTP-surface test app; keeps mcp's starlette)
 FASTMCP_VERSION="4.1.6"                # PyPI `fastmcp` (tests/peers/fastmcp_server.py; sits on mcp 2.3.0)
-OTEL_PY_VERSION="1.45.2"               # PyPI `opentelemetry-sdk`, `-proto`, `-exporter-otlp-proto-http` (the OTLP receiver, py_server.py --otlp; the api fastmcp brought)
+OTEL_PY_VERSION="1.45.2"               # PyPI `opentelemetry-sdk`, `-proto`, `-exporter-otlp-proto-http` (the OTLP receiver, py_server.py --otlp); the api mcp and fastmcp ask for is pinned to it
 # The TS SDK versions live in tests/peers/package.json.
 
 log() { printf 'install-peers: %s\n' "$*" >&2; }
@@ -81,13 +81,16 @@ refresh_scripts() {
 
 # ---- 1. Python venv with mcp -------------------------------------------------
 PY_BASE_VERSION="$(python3 -c 'import sys; print(".".join(map(str, sys.version_info[:3])))')"
-PY_KEY="mcp==$MCP_PY_VERSION python=$PY_BASE_VERSION"
+PY_KEY="mcp==$MCP_PY_VERSION opentelemetry-api==$OTEL_PY_VERSION python=$PY_BASE_VERSION"
 if ! stamp_ok "$D/py" "$PY_KEY" "$D/py/bin/python"; then
   log "py: installing ($PY_KEY)"
   t0=$SECONDS
   rm -rf "$D/py"
   python3 -m venv "$D/py"
-  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PY_VERSION" >&2
+  # mcp asks for any opentelemetry-api (it makes its own spans); pinned to the version the
+  # OpenTelemetry SDK peers below exist at, so no later step has to move it.
+  "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "mcp==$MCP_PY_VERSION" \
+    "opentelemetry-api==$OTEL_PY_VERSION" >&2
   "$D/py/bin/python" -c 'import mcp.server.mcpserver, uvicorn' || die "py: mcp import failed"
   write_stamp "$D/py" "$PY_KEY"
   log "py: done in $((SECONDS - t0)) s"
@@ -125,7 +128,6 @@ if ! stamp_ok "$D/py/fastmcp" "$FASTMCP_KEY"; then
   log "py/fastmcp: installing ($FASTMCP_KEY)"
   t0=$SECONDS
   before="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
-  # fastmcp asks for any opentelemetry-api; the one the OpenTelemetry peers below match.
   "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check "fastmcp==$FASTMCP_VERSION" \
     "opentelemetry-api==$OTEL_PY_VERSION" >&2
   after="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
