@@ -51,6 +51,10 @@ fn endpoint(v: &str) -> Result<Url, Bad> {
     let url = Url::parse(v).map_err(|_| Bad::Whole)?;
     if !matches!(url.scheme(), "http" | "https")
         || url.host_str().is_none()
+        // A credential goes in OTEL_EXPORTER_OTLP_HEADERS (a secret), never in the URL, which
+        // errors and logs may show.
+        || !url.username().is_empty()
+        || url.password().is_some()
         || url.query().is_some()
         || url.fragment().is_some()
     {
@@ -138,7 +142,7 @@ settings! {
             "otlp_endpoint",
             &["EPODE_SIDECAR_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
             None,
-            "an http:// or https:// URL of an OTLP/HTTP receiver, such as http://otel-collector:4318",
+            "an http:// or https:// URL of an OTLP/HTTP receiver with no user information or query, such as http://otel-collector:4318",
             "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf (the per-signal `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and `…_METRICS_ENDPOINT`, and gRPC, are not read). Unset: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
             endpoint,
             |c| shown(c, |o| redact_url(o.endpoint.as_str()).into_owned()).unwrap_or_else(|| "<unset: off>".to_owned()),

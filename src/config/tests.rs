@@ -1096,6 +1096,10 @@ fn otel_settings_are_read_checked_and_the_headers_never_shown() {
         ("OTEL_TRACES_SAMPLER_ARG", "1.5"),
         ("OTEL_RESOURCE_ATTRIBUTES", "novalue"),
         ("EPODE_SIDECAR_OTLP_ENDPOINT", "grpc://collector:4317"),
+        (
+            "EPODE_SIDECAR_OTLP_ENDPOINT",
+            "http://user:secret-4f1d@collector:4318",
+        ),
         ("OTEL_EXPORTER_OTLP_HEADERS", "api-key=secret-4f1d,broken"),
     ] {
         let mut pairs = vec![(name, bad)];

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::support::fake_epode::{FakeConfig, FakeEpode};
 use crate::support::{
-    eventually_async, http, last_message, metric, modern_body, modern_headers, python, repo_root,
+    eventually_async, http, message_of, metric, modern_body, modern_headers, python, repo_root,
     spawn_ready, Proc, Sidecar, Upstream, UpstreamKind,
 };
 
@@ -218,15 +218,8 @@ async fn call_tool(
         req = req.header("traceparent", tp);
     }
     let resp = req.send().await.unwrap();
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let status = resp.status();
-    let text = resp.text().await.unwrap();
-    assert_eq!(status, 200, "{text}");
-    last_message(&ct, &text)
+    assert_eq!(resp.status(), 200);
+    message_of(resp).await
 }
 
 async fn legacy_call(sc: &Sidecar, id: u64, tp: &str) -> Value {
@@ -241,13 +234,7 @@ async fn legacy_call(sc: &Sidecar, id: u64, tp: &str) -> Value {
         .send()
         .await
         .unwrap();
-    let ct = resp
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let text = resp.text().await.unwrap();
-    last_message(&ct, &text)
+    message_of(resp).await
 }
 
 fn otel_env<'a>(receiver: &'a str, epode: &'a FakeEpode) -> Vec<(&'static str, String)> {

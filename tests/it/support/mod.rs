@@ -663,6 +663,17 @@ pub async fn post_modern(
     req.send().await.unwrap()
 }
 
+/// The JSON-RPC message a response carries (its body read whole; see [`last_message`]).
+pub async fn message_of(resp: reqwest::Response) -> Value {
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    let text = resp.text().await.unwrap();
+    last_message(&ct, &text)
+}
+
 /// The JSON-RPC message in a response body, whether JSON or the last `data:` of an SSE stream.
 pub fn last_message(content_type: &str, body: &str) -> Value {
     if content_type.starts_with("text/event-stream") {
