@@ -460,11 +460,15 @@ fn failed(what: &str, e: impl std::fmt::Display) -> ExitCode {
 fn start_otel(
     config: &Config,
     metrics: &Arc<Metrics>,
+    gauges: server::GaugeReader,
 ) -> Result<Option<Arc<crate::otel::Otel>>, ExitCode> {
     config
         .otel
         .as_ref()
-        .map(|c| crate::otel::Otel::start(c, &config.upstream, metrics.clone()))
+        .map(|c| {
+            let read = Box::new(move || gauges.read());
+            crate::otel::Otel::start(c, &config.upstream, metrics.clone(), read)
+        })
         .transpose()
         .map_err(|e| failed("cannot start OpenTelemetry", e))
 }
@@ -491,7 +495,15 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         in_flight,
         auth,
     } = handles(config, observer.clone(), epode).map_err(|e| failed("cannot start", e))?;
-    let otel = start_otel(config, &metrics)?;
+    let operations = server::Operations::new(
+        upstream.clone(),
+        metrics.clone(),
+        in_flight.clone(),
+        budget.clone(),
+        rates.clone(),
+        auth.clone(),
+    );
+    let otel = start_otel(config, &metrics, operations.gauges())?;
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
     let shared = server::Serving::new(
         config.clone(),
@@ -514,14 +526,6 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         .map_err(|e| failed("cannot start the HTTP surface", e))?,
     )
     .with_auth(auth.clone());
-    let operations = server::Operations::new(
-        upstream.clone(),
-        metrics.clone(),
-        in_flight.clone(),
-        budget.clone(),
-        rates.clone(),
-        auth.clone(),
-    );
     let dispatcher = Dispatcher::new(dispatch::Parts {
         config: config.clone(),
         upstream: upstream.clone(),

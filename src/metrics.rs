@@ -1,15 +1,32 @@
 //! What an operator sees on `/metrics`: the sidecar's metric families (prometheus-client), in
-//! the Prometheus text format with `HELP` lines. Label values come from fixed sets (method
+//! the Prometheus text format with `HELP` lines, or OpenMetrics (with the request duration's
+//! exemplars: a sampled request's trace) for a scraper that asks for it; the same families as
+//! data ([`Metrics::snapshot`]) for the OTLP export. Label values come from fixed sets (method
 //! names the sidecar knows, statuses, modes), so no client can grow the number of series.
 
+use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model::MetricFamily;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 pub(crate) use prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+/// OpenMetrics 1.0, the text format that carries exemplars.
+pub(crate) const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// A sampled request's trace, the exemplar of the request duration's bucket it fell in
+/// (OpenMetrics' and OpenTelemetry's names for it; 60 characters of the 128 an exemplar may
+/// hold).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct TraceLabels {
+    pub(crate) trace_id: String,
+    pub(crate) span_id: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct RequestLabels {
@@ -216,16 +233,31 @@ impl FeedbackOutcome {
     }
 }
 
+/// 100 µs to about 26 s.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0001, 2.0, 19)
+}
+
 fn latency() -> Histogram {
-    // 100 µs to about 26 s.
-    Histogram::new(exponential_buckets(0.0001, 2.0, 19))
+    Histogram::new(latency_buckets())
+}
+
+fn latency_traced() -> HistogramWithExemplars<TraceLabels> {
+    HistogramWithExemplars::new(latency_buckets())
 }
 
 /// Every metric family of the sidecar.
 pub(crate) struct Metrics {
     registry: Registry,
+    /// When the families were made (what their cumulative values count from).
+    created: std::time::SystemTime,
     pub(crate) requests: Family<RequestLabels, Counter>,
-    pub(crate) request_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
+    /// Each bucket's exemplar the last sampled request that fell in it (OpenTelemetry on).
+    pub(crate) request_seconds: Family<
+        MethodLabels,
+        HistogramWithExemplars<TraceLabels>,
+        fn() -> HistogramWithExemplars<TraceLabels>,
+    >,
     pub(crate) upstream_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     pub(crate) decorations: Family<DecorationLabels, Counter>,
     pub(crate) feedback_calls: Family<FeedbackCallLabels, Counter>,
@@ -314,8 +346,9 @@ impl Metrics {
     pub(crate) fn new(telemetry: impl FnOnce(&mut Registry)) -> Self {
         let mut m = Metrics {
             registry: Registry::with_prefix("epode_sidecar"),
+            created: std::time::SystemTime::now(),
             requests: Family::default(),
-            request_seconds: Family::new_with_constructor(latency),
+            request_seconds: Family::new_with_constructor(latency_traced),
             upstream_seconds: Family::new_with_constructor(latency),
             decorations: Family::default(),
             feedback_calls: Family::default(),
@@ -571,6 +604,24 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// The exposition in OpenMetrics 1.0 (exemplars included).
+    pub(crate) fn render_openmetrics(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// When the families were made (the start of every cumulative value).
+    pub(crate) fn created(&self) -> std::time::SystemTime {
+        self.created
+    }
+
+    /// Every family's values now, as data (for the OTLP export); `None` if a family cannot be
+    /// written as Prometheus data (none of the sidecar's kinds fails).
+    pub(crate) fn snapshot(&self) -> Option<Vec<MetricFamily>> {
+        prometheus_client::encoding::prometheus_protobuf::encode(&self.registry).ok()
     }
 }
 

@@ -33,10 +33,11 @@ pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
         queue: l.get(&OTLP_QUEUE),
         timeout: l.get(&OTLP_TIMEOUT),
         metrics_every: match (l.get(&OTLP_METRICS), l.get(&OTLP_METRICS_INTERVAL)) {
-            (Ok(true), every) => every.map(Some),
-            (Ok(false), _) => Ok(None),
+            (Ok(MetricsExport::Off), _) => Ok(None),
+            (Ok(_), every) => every.map(Some),
             (Err(r), _) => Err(r),
         },
+        metrics_families: l.get(&OTLP_METRICS).map(|m| m == MetricsExport::All),
         headers: l.optional(&OTLP_HEADERS).map(Option::unwrap_or_default),
         service_name: l.optional(&SERVICE_NAME),
         resource: l
@@ -45,6 +46,30 @@ pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
         sampling,
     })
     .map(Some)
+}
+
+/// Which metrics go over OTLP (`EPODE_SIDECAR_OTLP_METRICS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MetricsExport {
+    /// The conventions' histograms and the `/metrics` families.
+    All,
+    /// The conventions' histograms only.
+    Conventions,
+    Off,
+}
+
+fn metrics_export(v: &str) -> Result<MetricsExport, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "all" => Ok(MetricsExport::All),
+        "conventions" => Ok(MetricsExport::Conventions),
+        other => boolean(other).map(|on| {
+            if on {
+                MetricsExport::All
+            } else {
+                MetricsExport::Off
+            }
+        }),
+    }
 }
 
 fn endpoint(v: &str) -> Result<Url, Bad> {
@@ -175,14 +200,14 @@ settings! {
             a_duration,
             |c| shown(c, |o| duration(o.timeout)).unwrap_or_else(|| OFF.to_owned()),
         ),
-        OTLP_METRICS: bool = setting(
+        OTLP_METRICS: MetricsExport = setting(
             "otlp_metrics",
             &["EPODE_SIDECAR_OTLP_METRICS"],
-            Some("on"),
-            "on or off (also true, false, 1, 0)",
-            "Whether metrics (`mcp.server.operation.duration`, `mcp.client.operation.duration`) are exported over OTLP too; off, traces only.",
-            boolean,
-            |c| shown(c, |o| if o.metrics_every.is_some() { "on" } else { "off" }.to_owned()).unwrap_or_else(|| OFF.to_owned()),
+            Some("all"),
+            "all, conventions or off (on and true mean all; false means off)",
+            "Which metrics are exported over OTLP beside the traces. `all`: the MCP semantic conventions' `mcp.server.operation.duration` and `mcp.client.operation.duration`, and every family of `/metrics` under its `/metrics` name (a counter as a monotonic cumulative sum; the request duration with exemplars: sampled requests' trace ids), read when an export is due, at no cost to a request. `conventions`: the two histograms only (for an operator whose Prometheus scrapes `/metrics` already). `off`: traces only.",
+            metrics_export,
+            |c| shown(c, |o| match (o.metrics_every, o.metrics_families) { (None, _) => "off", (Some(_), true) => "all", (Some(_), false) => "conventions" }.to_owned()).unwrap_or_else(|| OFF.to_owned()),
         ),
         OTLP_METRICS_INTERVAL: Duration = bounded(
             "otlp_metrics_interval",

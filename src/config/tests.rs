@@ -1111,3 +1111,37 @@ fn otel_settings_are_read_checked_and_the_headers_never_shown() {
         assert!(!err.contains("secret-4f1d"), "{err}");
     }
 }
+
+/// `EPODE_SIDECAR_OTLP_METRICS`: all (the default, and what on and true mean), conventions (the
+/// MCP histograms only), off; anything else refused, naming what it accepts.
+#[test]
+fn otlp_metrics_says_which_metrics_go() {
+    let read = |extra: &[(&str, &str)]| {
+        let mut pairs = vec![UP, OFF];
+        pairs.extend_from_slice(extra);
+        Config::from_layers(env(&pairs), &FlagValues::default())
+    };
+    let ep = ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://collector:4318");
+    for (value, families) in [
+        (None, true),
+        (Some("on"), true),
+        (Some("all"), true),
+        (Some("conventions"), false),
+    ] {
+        let mut extra = vec![ep];
+        extra.extend(value.map(|v| ("EPODE_SIDECAR_OTLP_METRICS", v)));
+        let c = read(&extra).unwrap();
+        let o = c.otel.as_ref().unwrap();
+        assert_eq!(o.metrics_every, Some(Duration::from_secs(60)), "{value:?}");
+        assert_eq!(o.metrics_families, families, "{value:?}");
+    }
+    let bad = read(&[ep, ("EPODE_SIDECAR_OTLP_METRICS", "some")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        bad.contains("EPODE_SIDECAR_OTLP_METRICS") && bad.contains("all, conventions or off"),
+        "{bad}"
+    );
+    let off = read(&[ep, ("EPODE_SIDECAR_OTLP_METRICS", "false")]).unwrap();
+    assert_eq!(off.otel.unwrap().metrics_every, None);
+}

@@ -132,6 +132,8 @@ pub(crate) struct OtelConfig {
     pub(crate) timeout: Duration,
     /// How often metrics are exported; `None`: traces only.
     pub(crate) metrics_every: Option<Duration>,
+    /// Whether the `/metrics` families go with the conventions' histograms.
+    pub(crate) metrics_families: bool,
     /// Sent with every export (secret).
     pub(crate) headers: Vec<(String, String)>,
     pub(crate) service_name: Option<String>,

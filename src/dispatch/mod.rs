@@ -174,6 +174,7 @@ impl Dispatcher {
             frontdoor::cors::allow(origin, resp.headers_mut());
         }
         let status = resp.status();
+        let exemplar = seen.span.as_ref().and_then(ServerSpan::exemplar);
         if let Some(span) = seen.span.take() {
             resp = otel::end_with_body(
                 resp,
@@ -200,7 +201,7 @@ impl Dispatcher {
             .get_or_create(&MethodLabels {
                 method: seen.method,
             })
-            .observe(elapsed.as_secs_f64());
+            .observe(elapsed.as_secs_f64(), exemplar, None);
         if self.config.access_log {
             tracing::info!(
                 target: ACCESS_TARGET,

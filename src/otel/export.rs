@@ -4,6 +4,12 @@
 //! within its timeout; metrics are collected and sent by the same kind of task at their
 //! interval. Failures are counted and logged as summaries, never one line per failure.
 //!
+//! A metrics export is one OTLP request: the SDK's collection written by OTLP's own transform
+//! (`opentelemetry-proto`, what the official exporter uses), and the `/metrics` families
+//! (`mirror.rs`) as a second scope of the same resource. The official metric exporter takes
+//! only the SDK's data, whose types cannot be made outside the SDK, so the request is encoded
+//! here and posted through the same client as the spans.
+//!
 //! The SDK's own `BatchSpanProcessor` runs its own thread and reports the spans it drops only
 //! in its internal log at shutdown; this queue is the one piece written here, so the drops are
 //! a metric an operator can alert on and delivery shares the main loop's reqwest client.
@@ -12,9 +18,9 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use opentelemetry::Context;
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
-use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, Temporality};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
@@ -174,10 +180,65 @@ impl MetricReader for SharedReader {
     }
 }
 
+/// What one metrics export sends, and where: the SDK's instruments (the conventions'
+/// histograms) and, with `families`, the `/metrics` families, in one OTLP request.
+pub(super) struct MetricsExport {
+    pub(super) reader: SharedReader,
+    pub(super) client: super::http::Client,
+    /// `<endpoint>/v1/metrics`.
+    pub(super) url: http::Uri,
+    /// `OTEL_EXPORTER_OTLP_HEADERS`, with the content type.
+    pub(super) headers: http::HeaderMap,
+    /// Reads the gauges that are read when shown, then the families are taken from
+    /// `metrics`; `None`: the conventions' histograms only.
+    pub(super) families: Option<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl MetricsExport {
+    /// The request: the SDK's collection as OTLP's own transform writes it, the families as
+    /// one more scope of the same resource.
+    fn request(&self, metrics: &Metrics) -> Option<Vec<u8>> {
+        let mut rm = ResourceMetrics::default();
+        self.reader.collect(&mut rm).ok()?;
+        let mut request = ExportMetricsServiceRequest::from(&rm);
+        if let (Some(read_gauges), Some(resource)) =
+            (&self.families, request.resource_metrics.first_mut())
+        {
+            read_gauges();
+            if let Some(set) = metrics.snapshot() {
+                let now = super::mirror::unix_nanos(std::time::SystemTime::now());
+                let start = super::mirror::unix_nanos(metrics.created());
+                resource
+                    .scope_metrics
+                    .push(super::mirror::scope_metrics(set, start, now));
+            }
+        }
+        Some(prost::Message::encode_to_vec(&request))
+    }
+
+    /// Sends `body`; a status other than 2xx is a failure.
+    async fn send(&self, body: Vec<u8>) -> OTelSdkResult {
+        let mut request = http::Request::new(bytes::Bytes::from(body));
+        *request.method_mut() = http::Method::POST;
+        *request.uri_mut() = self.url.clone();
+        *request.headers_mut() = self.headers.clone();
+        let answer = opentelemetry_http::HttpClient::send_bytes(&self.client, request)
+            .await
+            .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
+        if answer.status().is_success() {
+            Ok(())
+        } else {
+            Err(OTelSdkError::InternalFailure(format!(
+                "the collector answered {}",
+                answer.status()
+            )))
+        }
+    }
+}
+
 /// Collects and sends the metrics every `every` until `stop`, then once more.
-pub(super) async fn ship_metrics<E: PushMetricExporter>(
-    reader: SharedReader,
-    exporter: E,
+pub(super) async fn ship_metrics(
+    export: MetricsExport,
     metrics: Arc<Metrics>,
     every: Duration,
     timeout: Duration,
@@ -192,9 +253,8 @@ pub(super) async fn ship_metrics<E: PushMetricExporter>(
             _ = tick.tick() => false,
             _ = stop.wait_for(|s| *s) => true,
         };
-        let mut rm = ResourceMetrics::default();
-        if reader.collect(&mut rm).is_ok() {
-            let sent = tokio::time::timeout(timeout, exporter.export(&rm)).await;
+        if let Some(body) = export.request(&metrics) {
+            let sent = tokio::time::timeout(timeout, export.send(body)).await;
             counted(&metrics, &METRICS, &failures, 1, sent);
         }
         failures.flush_if_due();

@@ -6,6 +6,7 @@
 
 mod export;
 mod http;
+mod mirror;
 mod shared;
 mod span;
 
@@ -247,15 +248,17 @@ fn hop_target(upstream: &UpstreamTransport) -> HopTarget {
     }
 }
 
-/// The meter, its two histograms, and the task that exports them every `every`.
-#[allow(clippy::type_complexity)]
+/// The meter, its two histograms, and the task that exports them (and, with
+/// `families`, the `/metrics` families) every `every`.
+#[allow(clippy::type_complexity, clippy::too_many_arguments)]
 fn meter(
     config: &OtelConfig,
     every: Duration,
     client: http::Client,
-    headers: std::collections::HashMap<String, String>,
+    headers: ::http::HeaderMap,
     resource: Resource,
     metrics: Arc<Metrics>,
+    families: Option<Box<dyn Fn() + Send + Sync>>,
     stopped: watch::Receiver<bool>,
 ) -> Result<
     (
@@ -266,15 +269,9 @@ fn meter(
     ),
     String,
 > {
-    let exporter = opentelemetry_otlp::MetricExporter::builder()
-        .with_http()
-        .with_http_client(client)
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(signal_url(&config.endpoint, "metrics"))
-        .with_timeout(config.timeout)
-        .with_headers(headers)
-        .build()
-        .map_err(|e| format!("cannot build the OTLP metric exporter: {e}"))?;
+    let url = signal_url(&config.endpoint, "metrics")
+        .parse::<::http::Uri>()
+        .map_err(|e| format!("the OTLP metrics URL is not a URI: {e}"))?;
     let reader = export::SharedReader(Arc::new(ManualReader::builder().build()));
     let provider = SdkMeterProvider::builder()
         .with_reader(reader.clone())
@@ -287,21 +284,48 @@ fn meter(
         .with_description("MCP request duration as observed on the receiver from the time it was received until the result or ack is sent.")
         .with_boundaries(BUCKETS.to_vec())
         .build();
-    let client = meter
+    let client_duration = meter
         .f64_histogram("mcp.client.operation.duration")
         .with_unit("s")
         .with_description("The duration of the MCP request or notification as observed on the sender from the time it was sent until the response or ack is received.")
         .with_boundaries(BUCKETS.to_vec())
         .build();
-    let task = tokio::spawn(export::ship_metrics(
+    let export = export::MetricsExport {
         reader,
-        exporter,
+        client,
+        url,
+        headers,
+        families,
+    };
+    let task = tokio::spawn(export::ship_metrics(
+        export,
         metrics,
         every,
         config.timeout,
         stopped,
     ));
-    Ok((provider, server, client, task))
+    Ok((provider, server, client_duration, task))
+}
+
+/// The headers of every metrics export: the operator's (`OTEL_EXPORTER_OTLP_HEADERS`), and
+/// the protobuf content type.
+fn metric_headers(headers: &[(String, String)]) -> Result<::http::HeaderMap, String> {
+    let mut out = ::http::HeaderMap::new();
+    for (k, v) in headers {
+        let name = ::http::HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+            format!("OTEL_EXPORTER_OTLP_HEADERS names a header that is not a header name: {k}")
+        })?;
+        // The value is a secret: never shown.
+        let value = ::http::HeaderValue::from_str(v).map_err(|_| {
+            format!("OTEL_EXPORTER_OTLP_HEADERS gives {k} a value that cannot be a header value")
+        })?;
+        out.append(name, value);
+    }
+    out.insert(
+        ::http::header::CONTENT_TYPE,
+        ::http::HeaderValue::from_static("application/x-protobuf"),
+    );
+    Ok(out)
 }
 
 /// `<base>/v1/<signal>`.
@@ -311,10 +335,13 @@ fn signal_url(base: &url::Url, signal: &str) -> String {
 
 impl Otel {
     /// Builds the tracer and the meter and starts their delivery (on the current loop).
+    /// `read_gauges` reads the gauges that are read when shown, before each export of the
+    /// `/metrics` families.
     pub(crate) fn start(
         config: &OtelConfig,
         upstream: &UpstreamTransport,
         metrics: Arc<Metrics>,
+        read_gauges: Box<dyn Fn() + Send + Sync>,
     ) -> Result<Arc<Otel>, String> {
         let resource = resource(config);
         let headers: std::collections::HashMap<String, String> =
@@ -326,7 +353,7 @@ impl Otel {
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(signal_url(&config.endpoint, "traces"))
             .with_timeout(config.timeout)
-            .with_headers(headers.clone())
+            .with_headers(headers)
             .build()
             .map_err(|e| format!("cannot build the OTLP span exporter: {e}"))?;
         spans.set_resource(&resource);
@@ -358,8 +385,17 @@ impl Otel {
         let (meters, server_duration, client_duration) = match config.metrics_every {
             None => (None, None, None),
             Some(every) => {
-                let (provider, server, client, task) =
-                    meter(config, every, client, headers, resource, metrics, stopped)?;
+                let families = config.metrics_families.then_some(read_gauges);
+                let (provider, server, client, task) = meter(
+                    config,
+                    every,
+                    client,
+                    metric_headers(&config.headers)?,
+                    resource,
+                    metrics,
+                    families,
+                    stopped,
+                )?;
                 tasks.push(task);
                 (Some(provider), Some(server), Some(client))
             }

@@ -285,6 +285,16 @@ impl ServerSpan {
         sc.is_sampled().then(|| sc.trace_id().to_string())
     }
 
+    /// Its trace and span ids, when it is sampled: the exemplar of the duration it is counted in.
+    pub(crate) fn exemplar(&self) -> Option<crate::metrics::TraceLabels> {
+        let span = self.cx.span();
+        let sc = span.span_context();
+        sc.is_sampled().then(|| crate::metrics::TraceLabels {
+            trace_id: sc.trace_id().to_string(),
+            span_id: sc.span_id().to_string(),
+        })
+    }
+
     /// Whether it is sampled (its events are worth noting).
     pub(crate) fn recording(&self) -> bool {
         self.cx.span().is_recording()

@@ -25,6 +25,7 @@ fn config_with(sampling: Sampling, metrics_every: Option<Duration>) -> OtelConfi
         queue: 2048,
         timeout: Duration::from_millis(100),
         metrics_every,
+        metrics_families: true,
         headers: Vec::new(),
         service_name: None,
         resource: Vec::new(),
@@ -106,16 +107,27 @@ async fn cost_per_request() {
         let (h, b) = translate::with_traceparent(&headers, &body);
         std::hint::black_box((&h, &b));
     });
-    let unsampled =
-        Otel::start(&config(Sampling::AlwaysOff), &upstream(), metrics.clone()).unwrap();
+    let unsampled = Otel::start(
+        &config(Sampling::AlwaysOff),
+        &upstream(),
+        metrics.clone(),
+        Box::new(|| {}),
+    )
+    .unwrap();
     let not_sampled = per_request(n, || one(&unsampled, &headers, &body, &id, meta));
-    let sampled_otel =
-        Otel::start(&config(Sampling::AlwaysOn), &upstream(), metrics.clone()).unwrap();
+    let sampled_otel = Otel::start(
+        &config(Sampling::AlwaysOn),
+        &upstream(),
+        metrics.clone(),
+        Box::new(|| {}),
+    )
+    .unwrap();
     let sampled = per_request(n / 4, || one(&sampled_otel, &headers, &body, &id, meta));
     let no_metrics = Otel::start(
         &config_with(Sampling::AlwaysOff, None),
         &upstream(),
         metrics.clone(),
+        Box::new(|| {}),
     )
     .unwrap();
     let spans_only = per_request(n, || one(&no_metrics, &headers, &body, &id, meta));
@@ -165,7 +177,7 @@ async fn cost_per_sampled_request_with_export() {
     let mut c = config(Sampling::AlwaysOn);
     c.endpoint = url::Url::parse(&sink).unwrap();
     c.queue = 1_000_000;
-    let otel = Otel::start(&c, &upstream(), metrics.clone()).unwrap();
+    let otel = Otel::start(&c, &upstream(), metrics.clone(), Box::new(|| {})).unwrap();
     let t = cpu();
     for i in 0..n {
         one(&otel, &headers, &body, &id, meta);

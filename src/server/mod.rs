@@ -242,14 +242,48 @@ impl Operations {
         self.upstream.ready().await
     }
 
-    /// `/metrics`, with the gauges read now.
-    fn render_metrics(&self) -> String {
+    /// `/metrics`, with the gauges read now: OpenMetrics (with exemplars) or the Prometheus
+    /// text format, and its content type.
+    fn render_metrics(&self, openmetrics: bool) -> (String, &'static str) {
+        self.gauges().read();
+        if openmetrics {
+            (
+                self.metrics.render_openmetrics(),
+                metrics::OPENMETRICS_CONTENT_TYPE,
+            )
+        } else {
+            (self.metrics.render(), metrics::CONTENT_TYPE)
+        }
+    }
+
+    /// What reads the sampled gauges (for the OTLP export too).
+    pub(crate) fn gauges(&self) -> GaugeReader {
+        GaugeReader {
+            metrics: self.metrics.clone(),
+            in_flight: self.in_flight.clone(),
+            budget: self.budget.clone(),
+            rates: self.rates.clone(),
+        }
+    }
+}
+
+/// The gauges that are read when shown, not kept up to date (requests in flight, bytes
+/// buffered, clients tracked for their rate): read before `/metrics` renders and before each
+/// OTLP metrics export.
+pub(crate) struct GaugeReader {
+    metrics: Arc<Metrics>,
+    in_flight: Gate,
+    budget: Arc<MemoryBudget>,
+    rates: Arc<RateLimits>,
+}
+
+impl GaugeReader {
+    pub(crate) fn read(&self) {
         self.metrics.in_flight.set(self.in_flight.held() as i64);
         self.metrics.buffered_bytes.set(self.budget.used() as i64);
         self.metrics
             .rate_limit_clients
             .set(self.rates.tracked_clients() as i64);
-        self.metrics.render()
     }
 }
 
@@ -491,7 +525,7 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
         }
         Owner::Mounted(_) => {
             let Some(mounted) = routes.mounted.as_deref() else {
-                return operations(&routes.operations, req.method(), routed.key(), false).await;
+                return operations(&routes.operations, req.method(), routed.key(), None).await;
             };
             let path = format!("{}{}", mounted.prefix(), routed.rest());
             let (parts, _) = req.into_parts();
@@ -501,16 +535,11 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
             if let Some(resp) = mounted.route(&parts.method, &path) {
                 return resp;
             }
-            operations(&routes.operations, &parts.method, &path, false).await
+            operations(&routes.operations, &parts.method, &path, None).await
         }
         Owner::Operations(_) => {
-            operations(
-                &routes.operations,
-                req.method(),
-                routed.rest(),
-                metrics_here,
-            )
-            .await
+            let metrics = metrics_here.then(|| req.headers());
+            operations(&routes.operations, req.method(), routed.rest(), metrics).await
         }
         Owner::Other => match &routes.surface {
             Some(surface) => {
@@ -533,7 +562,10 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
                     .serve(&routes.operations.upstream, req, peer, respelled)
                     .await
             }
-            None => operations(&routes.operations, req.method(), routed.key(), metrics_here).await,
+            None => {
+                let metrics = metrics_here.then(|| req.headers());
+                operations(&routes.operations, req.method(), routed.key(), metrics).await
+            }
         },
     }
 }
@@ -552,6 +584,34 @@ fn shared_checks<B>(req: &Request<B>) -> Option<Response<Body>> {
         .map(|e| e.into_response(None))
 }
 
+/// Whether a scraper asks for OpenMetrics (Prometheus does when it keeps exemplars) and takes
+/// it before the Prometheus text format, by the `Accept` header's order and quality.
+fn wants_openmetrics(headers: &http::HeaderMap) -> bool {
+    let mut best: Option<(f32, bool)> = None;
+    for range in headers
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+    {
+        let mut parts = range.split(';').map(str::trim);
+        let kind = parts.next().unwrap_or_default().to_ascii_lowercase();
+        let q = parts
+            .find_map(|p| p.strip_prefix("q="))
+            .and_then(|q| q.parse::<f32>().ok())
+            .unwrap_or(1.0);
+        let open = match kind.as_str() {
+            "application/openmetrics-text" => true,
+            "text/plain" | "*/*" => false,
+            _ => continue,
+        };
+        if q > 0.0 && best.is_none_or(|(b, _)| q > b) {
+            best = Some((q, open));
+        }
+    }
+    best.is_some_and(|(_, open)| open)
+}
+
 /// The 400 for a path whose canonical form is refused, naming the path (shortened) and why.
 fn refused_target(path: &str, why: Refusal) -> Response<Body> {
     const SHOWN: usize = 200;
@@ -567,12 +627,13 @@ fn refused_target(path: &str, why: Refusal) -> Response<Body> {
     .into_response(None)
 }
 
-/// `/healthz` (and `/health`), `/readyz`, and `/metrics` when `metrics` is set; else 404.
+/// `/healthz` (and `/health`), `/readyz`, and `/metrics` when `metrics` (the request's
+/// headers, for its `Accept`) is given here; else 404.
 async fn operations(
     ops: &Operations,
     method: &Method,
     path: &str,
-    metrics: bool,
+    metrics: Option<&http::HeaderMap>,
 ) -> Response<Body> {
     match (method, path) {
         (&Method::GET | &Method::HEAD, "/healthz" | "/health") => {
@@ -591,9 +652,10 @@ async fn operations(
                 )
             }
         },
-        (&Method::GET, "/metrics") if metrics => {
-            let text = body::full(ops.render_metrics());
-            body::answer(StatusCode::OK, Some(metrics::CONTENT_TYPE), text)
+        (&Method::GET, "/metrics") if metrics.is_some() => {
+            let openmetrics = metrics.is_some_and(wants_openmetrics);
+            let (text, content_type) = ops.render_metrics(openmetrics);
+            body::answer(StatusCode::OK, Some(content_type), body::full(text))
         }
         _ => body::error(
             StatusCode::NOT_FOUND,
@@ -629,7 +691,7 @@ pub(crate) async fn admin(
                         if let Some(resp) = shared_checks(&req) {
                             return resp;
                         }
-                        operations(&ops, req.method(), req.uri().path(), true).await
+                        operations(&ops, req.method(), req.uri().path(), Some(req.headers())).await
                     }
                 };
                 bounds.serve(stream, admitted, handler, None).await;

@@ -645,3 +645,181 @@ async fn an_http_surface_route_is_an_http_server_span_whose_context_reaches_the_
         "{echo}"
     );
 }
+
+/// A metric the receiver got, by name (the last export's).
+fn received<'a>(metrics: &'a [Value], name: &str) -> Option<&'a Value> {
+    metrics.iter().rev().find(|m| m["name"] == name)
+}
+
+/// With the default `EPODE_SIDECAR_OTLP_METRICS=all`, every `/metrics` family arrives over
+/// OTLP under its `/metrics` name, each as its OTLP kind, with the values `/metrics` shows; the
+/// request duration's exemplar is a sampled call's trace and span, on `/metrics` too when the
+/// scraper asks for OpenMetrics. With `conventions`, only the MCP histograms arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
+    let receiver = Receiver::start();
+    let epode = FakeEpode::start(FakeConfig::default());
+    let up = Upstream::start(UpstreamKind::PythonJson);
+    let env = otel_env(&receiver.url(), &epode);
+    let sc = Sidecar::start(&up.url(), &refs(&env));
+    let (trace, parent) = trace_ids(30);
+    call(&sc, 1, Some(&format!("00-{trace}-{parent}-01")), None).await;
+    // Three calls whose client's trace is not sampled: no exemplar of theirs.
+    for id in 2..=4 {
+        let (t, p) = trace_ids(30 + id as u8);
+        call(&sc, id, Some(&format!("00-{t}-{p}-00")), None).await;
+    }
+    let spans = receiver.trace(&trace, 2).await;
+    let server = sidecar_span(&spans, "SPAN_KIND_SERVER");
+    let span_id = server["spanId"].as_str().unwrap().to_owned();
+
+    // The counters as /metrics shows them, then over OTLP (the same value, once an export
+    // after the fourth call has come).
+    let text = crate::support::metrics_text(&sc).await;
+    let line = r#"epode_sidecar_requests_total{method="tools/call",era="2026-07-28",status="200"}"#;
+    assert_eq!(crate::support::metric_value(&text, line), 4, "{text}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let metrics = loop {
+        let metrics = receiver.metrics().await;
+        let calls = received(&metrics, "epode_sidecar_requests_total").and_then(|m| {
+            m["points"].as_array().unwrap().iter().find(|p| {
+                p["attributes"]["method"] == "tools/call" && p["attributes"]["status"] == "200"
+            })?["value"]
+                .as_f64()
+        });
+        if calls == Some(4.0) {
+            break metrics;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tools/call count over OTLP: {calls:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let requests = received(&metrics, "epode_sidecar_requests_total").unwrap();
+    assert_eq!(
+        requests["scope"], "epode-sidecar.prometheus",
+        "{requests:#}"
+    );
+    assert_eq!(requests["kind"], "sum", "{requests:#}");
+    assert_eq!(requests["monotonic"], true, "{requests:#}");
+    assert_eq!(
+        requests["temporality"], "AGGREGATION_TEMPORALITY_CUMULATIVE",
+        "{requests:#}"
+    );
+    let point = &requests["points"][0];
+    assert_eq!(point["attributes"]["era"], "2026-07-28", "{requests:#}");
+    assert!(point["startNs"].as_u64() > Some(0), "{requests:#}");
+    // Every family of /metrics is there, by its name.
+    let families: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert!(families.len() > 30, "{families:?}");
+    for family in &families {
+        assert!(
+            received(&metrics, family).is_some(),
+            "{family} of /metrics did not arrive over OTLP"
+        );
+    }
+    let gauge = received(&metrics, "epode_sidecar_open_connections").unwrap();
+    assert_eq!(gauge["kind"], "gauge", "{gauge:#}");
+    // The histogram: each bucket's own count, the four calls, and the sampled call's exemplar.
+    let duration = received(&metrics, "epode_sidecar_request_duration_seconds").unwrap();
+    assert_eq!(duration["kind"], "histogram", "{duration:#}");
+    let point = duration["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["attributes"]["method"] == "tools/call")
+        .unwrap();
+    assert_eq!(point["count"], 4, "{point:#}");
+    let counts: u64 = point["bucketCounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c.as_u64().unwrap())
+        .sum();
+    assert_eq!(counts, 4, "{point:#}");
+    assert_eq!(
+        point["bucketCounts"].as_array().unwrap().len(),
+        point["bounds"].as_array().unwrap().len() + 1,
+        "{point:#}"
+    );
+    let exemplars = point["exemplars"].as_array().unwrap();
+    assert_eq!(exemplars.len(), 1, "one call was sampled: {point:#}");
+    assert_eq!(exemplars[0]["traceId"], trace.as_str(), "{point:#}");
+    assert_eq!(exemplars[0]["spanId"], span_id.as_str(), "{point:#}");
+    // The conventions' histograms come in the same export.
+    assert!(received(&metrics, "mcp.server.operation.duration").is_some());
+
+    // /metrics: the Prometheus text format by default (no exemplar), OpenMetrics with the
+    // exemplar when asked for.
+    assert!(
+        !text.contains(&trace),
+        "an exemplar in the Prometheus text format"
+    );
+    let resp = http()
+        .get(format!("{}/metrics", sc.base()))
+        .header(
+            "accept",
+            "application/openmetrics-text;version=1.0.0;q=0.9,text/plain;q=0.5",
+        )
+        .send()
+        .await
+        .unwrap();
+    let content_type = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    let open = resp.text().await.unwrap();
+    let exemplar = format!(r#"trace_id="{trace}",span_id="{span_id}""#);
+    let bucket = open
+        .lines()
+        .find(|l| l.contains(&exemplar))
+        .unwrap_or_else(|| panic!("no exemplar {exemplar} in\n{open}"));
+    assert!(
+        bucket.starts_with("epode_sidecar_request_duration_seconds_bucket{"),
+        "{bucket}"
+    );
+    assert!(open.trim_end().ends_with("# EOF"), "{open}");
+
+    // Nothing a client sent as a secret is in any metrics export.
+    let raw: Vec<Value> = receiver.list("/metrics-raw").await;
+    let raw: String = raw.iter().filter_map(|r| r.as_str()).collect();
+    for secret in [
+        SECRET_ARGUMENT,
+        SECRET_TOKEN,
+        SECRET_USER_REF,
+        epode.product_key(),
+    ] {
+        let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
+        assert!(!raw.contains(&hex), "{secret} in a metrics export");
+    }
+    drop(sc);
+
+    // conventions: the MCP histograms only.
+    let receiver = Receiver::start();
+    let mut env = otel_env(&receiver.url(), &epode);
+    env.push(("EPODE_SIDECAR_OTLP_METRICS", "conventions".to_owned()));
+    let sc = Sidecar::start(&up.url(), &refs(&env));
+    call(&sc, 1, None, None).await;
+    let arrived = eventually_async(Duration::from_secs(20), || async {
+        let metrics = receiver.metrics().await;
+        received(&metrics, "mcp.server.operation.duration").is_some()
+    })
+    .await;
+    assert!(arrived, "the histograms did not arrive over OTLP");
+    let names: Vec<String> = receiver
+        .metrics()
+        .await
+        .iter()
+        .map(|m| m["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| n.starts_with("mcp.")),
+        "conventions sent more: {names:?}"
+    );
+}

@@ -11,7 +11,10 @@ export, kept in memory and shown as JSON, with faults to inject.
     GET  /spans       every span received: {traceId, spanId, parentSpanId, name, kind,
                       attributes, events, links, status, resource, raw}; `raw` is the
                       request's bytes as hex (a test greps it for values it sent)
-    GET  /metrics     every metric received: {name, unit, points: [{attributes, count}]}
+    GET  /metrics     every metric received: {name, unit, scope, kind, monotonic, temporality,
+                      points: [{attributes, count, value, startNs, bucketCounts, bounds,
+                      exemplars: [{traceId, spanId, value}]}]}
+    GET  /metrics-raw each metrics request's bytes as hex
     GET  /stats       {"requests": N, "traces": N, "metrics": N}
     POST /mode/<m>    ok (200), 500, 429 (Retry-After: 1), hang (never answers), drop
                       (closes the connection)
@@ -38,6 +41,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 LOCK = threading.Lock()
 SPANS = []
 METRICS = []
+METRICS_RAW = []
 STATS = {"requests": 0, "traces": 0, "metrics": 0}
 MODE = {"mode": "ok"}
 
@@ -75,16 +79,35 @@ def span_json(span, resource, raw):
     }
 
 
-def metric_json(m):
+def metric_json(m, scope):
     d = MessageToDict(m)
     points = []
-    for kind in ("histogram", "sum", "gauge", "exponentialHistogram"):
-        for p in d.get(kind, {}).get("dataPoints", []):
-            points.append({
-                "attributes": {a["key"]: next(iter(a["value"].values())) for a in p.get("attributes", [])},
-                "count": int(p.get("count", 0)),
-            })
-    return {"name": m.name, "unit": m.unit, "points": points}
+    kind = next((k for k in ("histogram", "sum", "gauge", "exponentialHistogram") if k in d), None)
+    data = d.get(kind, {}) if kind else {}
+    raw_points = list(getattr(m, m.WhichOneof("data")).data_points) if m.WhichOneof("data") else []
+    for p, raw in zip(data.get("dataPoints", []), raw_points):
+        value = p.get("asDouble", p.get("asInt"))
+        points.append({
+            "attributes": {a["key"]: next(iter(a["value"].values())) for a in p.get("attributes", [])},
+            "count": int(p.get("count", 0)),
+            "value": None if value is None else float(value),
+            "startNs": int(p.get("startTimeUnixNano", 0)),
+            "bucketCounts": [int(c) for c in p.get("bucketCounts", [])],
+            "bounds": p.get("explicitBounds", []),
+            "exemplars": [
+                {"traceId": e.trace_id.hex(), "spanId": e.span_id.hex(), "value": e.as_double}
+                for e in getattr(raw, "exemplars", [])
+            ],
+        })
+    return {
+        "name": m.name,
+        "unit": m.unit,
+        "scope": scope,
+        "kind": kind,
+        "monotonic": data.get("isMonotonic", False),
+        "temporality": data.get("aggregationTemporality"),
+        "points": points,
+    }
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -108,6 +131,8 @@ class Handler(BaseHTTPRequestHandler):
                 body = json.dumps(SPANS)
             elif self.path == "/metrics":
                 body = json.dumps(METRICS)
+            elif self.path == "/metrics-raw":
+                body = json.dumps(METRICS_RAW)
             elif self.path == "/stats":
                 body = json.dumps(STATS)
             else:
@@ -152,8 +177,9 @@ class Handler(BaseHTTPRequestHandler):
                 for rm in req.resource_metrics:
                     for sm in rm.scope_metrics:
                         for m in sm.metrics:
-                            METRICS.append(metric_json(m))
+                            METRICS.append(metric_json(m, sm.scope.name))
                 STATS["metrics"] += 1
+                METRICS_RAW.append(data.hex())
             return self.answer(200, ExportMetricsServiceResponse().SerializeToString())
         self.answer(404, b"", "text/plain")
 
