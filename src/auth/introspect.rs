@@ -19,6 +19,7 @@ pub(super) async fn introspect(
     endpoint: &Url,
     token: &str,
     config: &AuthConfig,
+    status: &mut Option<u16>,
 ) -> Result<(Map<String, Value>, Option<u64>), (Reason, Option<String>)> {
     let id = config.client_id.as_deref().unwrap_or_default();
     let secret = config.client_secret.as_deref().unwrap_or_default();
@@ -42,6 +43,7 @@ pub(super) async fn introspect(
     )
     .await
     .map_err(|e| (Reason::IntrospectionUnavailable, Some(e.0)))?;
+    *status = Some(answer.status);
     if answer.status != 200 {
         return Err((
             Reason::IntrospectionUnavailable,
@@ -75,6 +77,26 @@ pub(super) async fn introspect(
         return Err((Reason::Expired, None));
     }
     Ok((claims, exp))
+}
+
+/// Why an introspection call failed, as a span's `error.type` says it: the endpoint's status,
+/// `invalid_answer` (200 but not an answer), `timeout` or `network`; none when it answered
+/// (whatever it said of the token).
+pub(super) fn failure<T>(
+    answer: &Result<T, (Reason, Option<String>)>,
+    status: Option<u16>,
+) -> Option<String> {
+    let Err((Reason::IntrospectionUnavailable, detail)) = answer else {
+        return None;
+    };
+    Some(match (status, detail) {
+        (Some(200), _) => "invalid_answer".to_owned(),
+        (Some(s), _) => s.to_string(),
+        (None, Some(d)) if d.contains("did not answer within") || d.contains("timed out") => {
+            "timeout".to_owned()
+        }
+        (None, _) => "network".to_owned(),
+    })
 }
 
 /// `application/x-www-form-urlencoded` (RFC 6749 §2.3.1 asks it of client credentials too).

@@ -78,6 +78,58 @@ impl From<Reason> for Refusal {
     }
 }
 
+/// A call the check made to the introspection endpoint, for the request's trace: it was
+/// made before the request's span could exist, so it is kept and spanned afterwards.
+pub(crate) struct Asked {
+    pub(crate) started: std::time::SystemTime,
+    pub(crate) ended: std::time::SystemTime,
+    /// The endpoint, scheme to path (no query, no credential).
+    pub(crate) url: String,
+    pub(crate) host: Option<String>,
+    pub(crate) port: Option<u16>,
+    /// The endpoint's status, when it answered.
+    pub(crate) status: Option<u16>,
+    /// What the answer said of the token (`active`, or the reason it was refused).
+    pub(crate) outcome: &'static str,
+    /// Why the call itself failed (`timeout`, `network`, the status …), when it did.
+    pub(crate) error: Option<String>,
+}
+
+impl Asked {
+    /// The call as a client span under `parent` (the request's span), by the HTTP client
+    /// conventions; when OpenTelemetry is on and `parent` is sampled.
+    pub(crate) fn span_under(&self, parent: &opentelemetry::Context) {
+        use opentelemetry::KeyValue;
+        let path = self
+            .url
+            .split_once("://")
+            .map_or("/", |(_, rest)| rest.find('/').map_or("/", |i| &rest[i..]));
+        crate::otel::past(
+            parent,
+            format!("POST {path}"),
+            (self.started, self.ended),
+            || {
+                let mut a = vec![
+                    KeyValue::new("http.request.method", "POST"),
+                    KeyValue::new("url.full", self.url.clone()),
+                    KeyValue::new("epode.auth.outcome", self.outcome),
+                ];
+                if let Some(h) = &self.host {
+                    a.push(KeyValue::new("server.address", h.clone()));
+                }
+                if let Some(p) = self.port {
+                    a.push(KeyValue::new("server.port", i64::from(p)));
+                }
+                if let Some(s) = self.status {
+                    a.push(KeyValue::new("http.response.status_code", i64::from(s)));
+                }
+                a
+            },
+            self.error.as_deref(),
+        );
+    }
+}
+
 /// Who a verified token says is calling.
 #[derive(Debug, Clone)]
 pub(crate) struct Principal {
@@ -331,7 +383,17 @@ impl Authorizer {
         headers: &HeaderMap,
         query: Option<&str>,
     ) -> Result<Arc<Principal>, Refusal> {
-        let result = self.principal(headers, query).await;
+        self.check_noting(headers, query, &mut None).await
+    }
+
+    /// The same, noting in `asked` the introspection call it made, if any.
+    pub(crate) async fn check_noting(
+        &self,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        asked: &mut Option<Asked>,
+    ) -> Result<Arc<Principal>, Refusal> {
+        let result = self.principal(headers, query, asked).await;
         if let Err(r) = &result {
             self.count(r);
         }
@@ -415,6 +477,7 @@ impl Authorizer {
         &self,
         headers: &HeaderMap,
         query: Option<&str>,
+        asked: &mut Option<Asked>,
     ) -> Result<Arc<Principal>, Refusal> {
         let token = bearer(headers, query)?;
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
@@ -435,7 +498,29 @@ impl Authorizer {
                 (claims, Some(exp), None)
             }
             Backend::Introspect(endpoint) => {
-                match introspect::introspect(&self.client, endpoint, token, &self.config).await {
+                let started = std::time::SystemTime::now();
+                let mut status = None;
+                let answer = introspect::introspect(
+                    &self.client,
+                    endpoint,
+                    token,
+                    &self.config,
+                    &mut status,
+                )
+                .await;
+                *asked = Some(Asked {
+                    started,
+                    ended: std::time::SystemTime::now(),
+                    url: fetch::shown(endpoint),
+                    host: endpoint.host_str().map(str::to_owned),
+                    port: endpoint.port_or_known_default(),
+                    status,
+                    outcome: answer
+                        .as_ref()
+                        .map_or_else(|(r, _)| r.as_str(), |_| "active"),
+                    error: introspect::failure(&answer, status),
+                });
+                match answer {
                     Ok((claims, exp)) => (claims, exp, Some(self.config.introspection_cache)),
                     Err((reason, detail)) => {
                         if detail.is_none() {

@@ -69,6 +69,32 @@ struct Seen {
     arrived: Option<std::time::SystemTime>,
     /// Its trace, for an observer (OpenTelemetry on, the span sampled).
     trace_id: Option<String>,
+    /// The call its token's check made to the introspection endpoint, spanned under the
+    /// request's span once that exists.
+    asked: Option<crate::auth::Asked>,
+    /// What a refused request's span is made of (OpenTelemetry on): the request's head as it
+    /// came, before the front door read it.
+    head: Option<Head>,
+}
+
+/// The part of a request's head the span of its refusal needs (the header values are
+/// shared, not copied).
+struct Head {
+    method: http::Method,
+    version: http::Version,
+    traceparent: Option<http::HeaderValue>,
+    tracestate: Option<http::HeaderValue>,
+}
+
+impl Head {
+    fn of<B>(req: &http::Request<B>) -> Head {
+        Head {
+            method: req.method().clone(),
+            version: req.version(),
+            traceparent: req.headers().get("traceparent").cloned(),
+            tracestate: req.headers().get("tracestate").cloned(),
+        }
+    }
 }
 
 /// What a request path is made of: the pieces it shares with the routes and the shutdown
@@ -163,6 +189,8 @@ impl Dispatcher {
             failure: None,
             arrived: self.otel.as_ref().map(|_| std::time::SystemTime::now()),
             trace_id: None,
+            asked: None,
+            head: self.otel.as_ref().map(|_| Head::of(&req)),
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned.clone(), &mut seen).await;
@@ -174,6 +202,11 @@ impl Dispatcher {
             frontdoor::cors::allow(origin, resp.headers_mut());
         }
         let status = resp.status();
+        if let (Some(otel), None, Some(head)) = (&self.otel, &seen.span, seen.head.take()) {
+            if status.as_u16() >= 400 {
+                self.refused_span(otel, head, &mut seen, peer, status.as_u16());
+            }
+        }
         let exemplar = seen.span.as_ref().and_then(ServerSpan::exemplar);
         if let Some(span) = seen.span.take() {
             resp = otel::end_with_body(
@@ -220,6 +253,39 @@ impl Dispatcher {
         }
     }
 
+    /// A request the sidecar refused before its front door admitted it (its head, a limit,
+    /// its token, or a message that is not one): an HTTP server span by the HTTP conventions,
+    /// its parent the `traceparent` header (the message was never read as MCP), with the
+    /// token's introspection under it when the check made one.
+    fn refused_span(
+        &self,
+        otel: &Otel,
+        head: Head,
+        seen: &mut Seen,
+        peer: SocketAddr,
+        status: u16,
+    ) {
+        let mut headers = http::HeaderMap::new();
+        if let Some(tp) = head.traceparent {
+            headers.insert("traceparent", tp);
+        }
+        if let Some(ts) = head.tracestate {
+            headers.insert("tracestate", ts);
+        }
+        let span = otel.http_span(&otel::HttpCall {
+            method: &head.method,
+            path: &self.config.path,
+            headers: &headers,
+            peer,
+            http_version: head.version,
+            started: seen.arrived,
+        });
+        if let Some(asked) = seen.asked.take() {
+            asked.span_under(span.context());
+        }
+        span.end(status);
+    }
+
     /// The caller of a request whose body was read, with auth on; the sidecar's own
     /// headers (`Epode-Auth-*`) removed from the client's and, with auth on, set from its
     /// verified token (whose `Authorization` goes no further unless configured). A refusal
@@ -228,12 +294,16 @@ impl Dispatcher {
         &self,
         parts: &mut http::request::Parts,
         bytes: &bytes::Bytes,
+        asked: &mut Option<crate::auth::Asked>,
     ) -> Result<Option<Arc<Principal>>, Response<Body>> {
         let Some(auth) = &self.auth else {
             crate::auth::strip_owned(&mut parts.headers);
             return Ok(None);
         };
-        match auth.check(&parts.headers, parts.uri.query()).await {
+        match auth
+            .check_noting(&parts.headers, parts.uri.query(), asked)
+            .await
+        {
             Ok(principal) => {
                 auth.to_upstream(&mut parts.headers, &principal);
                 Ok(Some(principal))
@@ -330,6 +400,10 @@ impl Dispatcher {
         if self.observer.is_some() {
             seen.trace_id = span.trace_id();
         }
+        if let Some(asked) = seen.asked.take() {
+            asked.span_under(span.context());
+        }
+        seen.head = None;
         seen.span = Some(span);
     }
 
@@ -391,7 +465,7 @@ impl Dispatcher {
             Ok(b) => b,
             Err(e) => return self.body_refused(e),
         };
-        let principal = match self.authorize(&mut parts, &bytes).await {
+        let principal = match self.authorize(&mut parts, &bytes, &mut seen.asked).await {
             Ok(principal) => principal,
             Err(refused) => return refused,
         };

@@ -181,6 +181,36 @@ pub(crate) fn linked(
     })
 }
 
+/// A client span under `parent` for a call made for its request before that request's span
+/// could exist (the token's introspection, made before the message is read), with the times
+/// the call had; when OpenTelemetry is on and `parent` is sampled.
+pub(crate) fn past(
+    parent: &Context,
+    name: String,
+    (started, ended): (std::time::SystemTime, std::time::SystemTime),
+    attributes: impl FnOnce() -> Vec<KeyValue>,
+    error: Option<&str>,
+) {
+    let Some(tracer) = TRACER.get() else { return };
+    if !parent.span().span_context().is_sampled() {
+        return;
+    }
+    let mut span = tracer
+        .span_builder(name)
+        .with_kind(SpanKind::Client)
+        .with_start_time(started)
+        .with_attributes(attributes())
+        .start_with_context(tracer, parent);
+    if let Some(e) = error {
+        opentelemetry::trace::Span::set_attribute(
+            &mut span,
+            KeyValue::new("error.type", e.to_owned()),
+        );
+        opentelemetry::trace::Span::set_status(&mut span, Status::error(e.to_owned()));
+    }
+    opentelemetry::trace::Span::end_with_timestamp(&mut span, ended);
+}
+
 /// Runs `fut` with `span` as the current context (the spans its work makes hang below it).
 pub(crate) async fn within<F: std::future::Future>(span: Option<&ServerSpan>, fut: F) -> F::Output {
     match span {

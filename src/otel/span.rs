@@ -457,6 +457,8 @@ pub(crate) struct HttpCall<'a> {
     pub(crate) headers: &'a HeaderMap,
     pub(crate) peer: SocketAddr,
     pub(crate) http_version: http::Version,
+    /// When the request arrived, if before now.
+    pub(crate) started: Option<SystemTime>,
 }
 
 impl HttpSpan {
@@ -468,11 +470,11 @@ impl HttpSpan {
             Context::new()
         };
         let method = http_method(call.method);
-        let mut span = otel
-            .tracer
-            .span_builder(method)
-            .with_kind(SpanKind::Server)
-            .start_with_context(&otel.tracer, &parent);
+        let mut builder = otel.tracer.span_builder(method).with_kind(SpanKind::Server);
+        if let Some(at) = call.started {
+            builder = builder.with_start_time(at);
+        }
+        let mut span = builder.start_with_context(&otel.tracer, &parent);
         if span.is_recording() {
             span.set_attributes([
                 KeyValue::new("http.request.method", method),
@@ -487,6 +489,11 @@ impl HttpSpan {
             cx: parent.with_span(span),
             ended: false,
         }
+    }
+
+    /// Its context (the parent of a call made for the request).
+    pub(crate) fn context(&self) -> &Context {
+        &self.cx
     }
 
     /// Sets this span's context as the request's `traceparent` (and `tracestate`) upstream.

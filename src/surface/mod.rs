@@ -188,6 +188,7 @@ impl HttpSurfaceRoute {
                 headers: &parts.headers,
                 peer,
                 http_version: parts.version,
+                started: None,
             })
         });
         if let Some(span) = &span {

@@ -1024,3 +1024,98 @@ async fn the_products_identity_wins_over_the_tokens_and_a_disagreement_is_counte
         1
     );
 }
+
+/// With OpenTelemetry on, a token's introspection is a client span of the request it was
+/// made for: under the request's MCP span when the token passed, under the HTTP span of the
+/// refusal when it did not (a refused request is spanned too). No span carries the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_too() {
+    use crate::otel::{one, trace_ids, Receiver};
+    let receiver = Receiver::start();
+    let url = receiver.url();
+    let Rig {
+        auth, sc, resource, ..
+    } = Rig::opaque(&[("EPODE_SIDECAR_OTLP_ENDPOINT", &url)]);
+    let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
+    let (trace, parent) = trace_ids(40);
+    let tp = format!("00-{trace}-{parent}-01");
+    let (status, _, msg) = call(
+        &sc,
+        1,
+        &[("authorization", &bearer(&token)), ("traceparent", &tp)],
+    )
+    .await;
+    assert_eq!(status, 200, "{msg}");
+    let spans = receiver.trace(&trace, 3).await;
+    let server = one(&spans, "the request's span", |s| {
+        s["kind"] == "SPAN_KIND_SERVER"
+    });
+    assert_eq!(server["name"], "tools/call echo", "{server:#}");
+    let asked = one(&spans, "the introspection", |s| {
+        s["attributes"]["epode.auth.outcome"].is_string()
+    });
+    assert_eq!(asked["kind"], "SPAN_KIND_CLIENT", "{asked:#}");
+    assert_eq!(asked["parentSpanId"], server["spanId"], "{asked:#}");
+    let endpoint = auth.metadata()["introspection_endpoint"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let path = endpoint.trim_start_matches(auth.issuer());
+    assert_eq!(asked["name"], format!("POST {path}"), "{asked:#}");
+    let a = &asked["attributes"];
+    assert_eq!(a["url.full"], endpoint.as_str(), "{asked:#}");
+    assert_eq!(a["http.request.method"], "POST", "{asked:#}");
+    assert_eq!(a["http.response.status_code"], 200, "{asked:#}");
+    assert_eq!(a["epode.auth.outcome"], "active", "{asked:#}");
+    assert_eq!(a["server.port"], i64::from(auth.port()), "{asked:#}");
+    // Within its request, in time.
+    let (start, end) = (
+        asked["startNs"].as_u64().unwrap(),
+        asked["endNs"].as_u64().unwrap(),
+    );
+    assert!(
+        start >= server["startNs"].as_u64().unwrap()
+            && end <= server["endNs"].as_u64().unwrap()
+            && start < end,
+        "{asked:#} in {server:#}"
+    );
+
+    // A token nobody issued: 401, an HTTP server span with its introspection under it.
+    let (trace, parent) = trace_ids(41);
+    let tp = format!("00-{trace}-{parent}-01");
+    let forged = "forged-token-3e9a1c";
+    let (status, _, _) = call(
+        &sc,
+        2,
+        &[("authorization", &bearer(forged)), ("traceparent", &tp)],
+    )
+    .await;
+    assert_eq!(status, 401);
+    let spans = receiver.trace(&trace, 2).await;
+    let refused = one(&spans, "the refusal's span", |s| {
+        s["kind"] == "SPAN_KIND_SERVER"
+    });
+    assert_eq!(refused["name"], "POST", "{refused:#}");
+    assert_eq!(refused["parentSpanId"], parent.as_str(), "{refused:#}");
+    assert_eq!(
+        refused["attributes"]["http.response.status_code"], 401,
+        "{refused:#}"
+    );
+    assert_eq!(refused["attributes"]["url.path"], "/mcp", "{refused:#}");
+    let asked = one(&spans, "the introspection", |s| {
+        s["kind"] == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(asked["parentSpanId"], refused["spanId"], "{asked:#}");
+    assert_eq!(
+        asked["attributes"]["epode.auth.outcome"], "inactive",
+        "{asked:#}"
+    );
+    // The tokens are in no span.
+    for s in receiver.spans().await {
+        let raw = s["raw"].as_str().unwrap_or_default();
+        for secret in [token.as_str(), forged] {
+            let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
+            assert!(!raw.contains(&hex), "a token in an exported span");
+        }
+    }
+}

@@ -20,13 +20,13 @@ use crate::support::{
 };
 
 /// The receiver, on a port it picked.
-struct Receiver {
+pub(crate) struct Receiver {
     port: u16,
     _proc: Proc,
 }
 
 impl Receiver {
-    fn start() -> Receiver {
+    pub(crate) fn start() -> Receiver {
         let mut cmd = Command::new(python());
         cmd.arg(repo_root().join("tests/peers/otlp_receiver.py"));
         let (proc, port) = spawn_ready(
@@ -37,12 +37,12 @@ impl Receiver {
         Receiver { port, _proc: proc }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
     /// What the receiver shows at `path` (`/spans`, `/metrics`): a JSON list.
-    async fn list(&self, path: &str) -> Vec<Value> {
+    pub(crate) async fn list(&self, path: &str) -> Vec<Value> {
         let v: Value = http()
             .get(format!("{}{path}", self.url()))
             .send()
@@ -54,15 +54,15 @@ impl Receiver {
         v.as_array().cloned().unwrap_or_default()
     }
 
-    async fn spans(&self) -> Vec<Value> {
+    pub(crate) async fn spans(&self) -> Vec<Value> {
         self.list("/spans").await
     }
 
-    async fn metrics(&self) -> Vec<Value> {
+    pub(crate) async fn metrics(&self) -> Vec<Value> {
         self.list("/metrics").await
     }
 
-    async fn mode(&self, m: &str) {
+    pub(crate) async fn mode(&self, m: &str) {
         http()
             .post(format!("{}/mode/{m}", self.url()))
             .send()
@@ -71,7 +71,7 @@ impl Receiver {
     }
 
     /// The spans of one trace, once `n` of them (at least) have arrived.
-    async fn trace(&self, trace_id: &str, n: usize) -> Vec<Value> {
+    pub(crate) async fn trace(&self, trace_id: &str, n: usize) -> Vec<Value> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let found: Vec<Value> = self
@@ -99,7 +99,7 @@ const SECRET_TOKEN: &str = "bearer-token-7d2a55";
 /// Epode with the telemetry event and into no span.
 const SECRET_USER_REF: &str = "user-ref-51c0de";
 
-fn one<'a>(spans: &'a [Value], what: &str, pred: impl Fn(&Value) -> bool) -> &'a Value {
+pub(crate) fn one<'a>(spans: &'a [Value], what: &str, pred: impl Fn(&Value) -> bool) -> &'a Value {
     let found: Vec<&Value> = spans.iter().filter(|s| pred(s)).collect();
     assert_eq!(found.len(), 1, "{what}: {found:#?}\nall: {spans:#?}");
     found[0]
@@ -171,7 +171,7 @@ fn assert_chain(spans: &[Value], parent: &str, transport: &str) -> (Value, Value
     (server, hop)
 }
 
-fn trace_ids(n: u8) -> (String, String) {
+pub(crate) fn trace_ids(n: u8) -> (String, String) {
     (
         format!("{:032x}", 0x4bf9_2f35_77b3_4da6_u128 * 1000 + u128::from(n)),
         format!("{:016x}", 0x00f0_67aa_0ba9_0200_u64 + u64::from(n)),
@@ -822,4 +822,40 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
         names.iter().all(|n| n.starts_with("mcp.")),
         "conventions sent more: {names:?}"
     );
+}
+
+/// A request refused before the front door admitted it (a message that is not JSON-RPC, a
+/// `Content-Type` that is not JSON) is an HTTP server span by the HTTP conventions, under the
+/// client's `traceparent`: its status, the MCP path, no error status for a 4xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_before_the_front_door_admits_it_is_an_http_server_span() {
+    let receiver = Receiver::start();
+    let up = Upstream::start(UpstreamKind::PythonJson);
+    let url = receiver.url();
+    let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_OTLP_ENDPOINT", &url)]);
+    for (n, content_type, body, status) in [
+        (50, "application/json", "{not json", 400),
+        (51, "text/plain", "{}", 415),
+    ] {
+        let (trace, parent) = trace_ids(n);
+        let resp = http()
+            .post(sc.url())
+            .header("content-type", content_type)
+            .header("accept", "application/json, text/event-stream")
+            .header("traceparent", format!("00-{trace}-{parent}-01"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status);
+        let spans = receiver.trace(&trace, 1).await;
+        let span = sidecar_span(&spans, "SPAN_KIND_SERVER");
+        assert_eq!(span["name"], "POST", "{span:#}");
+        assert_eq!(span["parentSpanId"], parent.as_str(), "{span:#}");
+        let a = &span["attributes"];
+        assert_eq!(a["http.request.method"], "POST", "{span:#}");
+        assert_eq!(a["url.path"], "/mcp", "{span:#}");
+        assert_eq!(a["http.response.status_code"], status, "{span:#}");
+        assert_eq!(span["status"]["code"], "STATUS_CODE_UNSET", "{span:#}");
+    }
 }
