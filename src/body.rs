@@ -93,6 +93,24 @@ pub(crate) fn json(status: StatusCode, bytes: impl Into<Bytes>) -> Response<Body
     answer(status, Some(JSON), full(bytes))
 }
 
+/// Whether an answer's body is an event stream (SSE), by its `Content-Type`.
+pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
+/// `resp` with `guard` held until its body is over (its last frame read, or its client
+/// gone): what ends with an answer that streams (its span, its console entry) is dropped then.
+pub(crate) fn hold_until_end<G: Send + 'static>(resp: Response<Body>, guard: G) -> Response<Body> {
+    resp.map(|body| {
+        BodyExt::boxed_unsync(BodyExt::map_frame(body, move |f| {
+            let _alive = &guard;
+            f
+        }))
+    })
+}
+
 /// An event stream the sidecar writes itself (a bridged call's rounds), 200, with no proxy
 /// buffering.
 pub(crate) fn event_stream(body: Body) -> Response<Body> {

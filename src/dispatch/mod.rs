@@ -606,11 +606,8 @@ fn show_call(
     elapsed: std::time::Duration,
     resp: Response<Body>,
 ) -> Response<Body> {
-    let streamed = seen.method == Method::ToolsCall.label()
-        && resp
-            .headers()
-            .get(http::header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    let streamed =
+        seen.method == Method::ToolsCall.label() && body::is_event_stream(resp.headers());
     let mut shown = Shown {
         observer,
         note,
@@ -622,10 +619,5 @@ fn show_call(
         shown.publish();
         return resp;
     }
-    resp.map(|body| {
-        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(body, move |f| {
-            let _alive = &shown;
-            f
-        }))
-    })
+    body::hold_until_end(resp, shown)
 }

@@ -37,37 +37,12 @@ pub(crate) fn end_with_body<G: Send + 'static>(
     resp: ::http::Response<crate::body::Body>,
     guard: G,
 ) -> ::http::Response<crate::body::Body> {
-    let streamed = resp
-        .headers()
-        .get(::http::header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-    end_with(resp, guard, streamed)
-}
-
-/// A response whose span ends when its body is over (any body: the HTTP surface's may be
-/// streamed whatever its type).
-pub(crate) fn end_with_any_body<G: Send + 'static>(
-    resp: ::http::Response<crate::body::Body>,
-    guard: G,
-) -> ::http::Response<crate::body::Body> {
-    end_with(resp, guard, true)
-}
-
-fn end_with<G: Send + 'static>(
-    resp: ::http::Response<crate::body::Body>,
-    guard: G,
-    streamed: bool,
-) -> ::http::Response<crate::body::Body> {
-    if !streamed {
+    if crate::body::is_event_stream(resp.headers()) {
+        crate::body::hold_until_end(resp, guard)
+    } else {
         drop(guard);
-        return resp;
+        resp
     }
-    resp.map(|body| {
-        http_body_util::BodyExt::boxed_unsync(http_body_util::BodyExt::map_frame(body, move |f| {
-            let _alive = &guard;
-            f
-        }))
-    })
 }
 
 /// The tracer and the instruments, shared by every worker; the delivery tasks run on the

@@ -200,7 +200,8 @@ impl HttpSurfaceRoute {
         let resp = match span {
             Some(span) => {
                 let status = resp.status().as_u16();
-                crate::otel::end_with_any_body(resp, SurfaceSpanEnd(Some((span, status))))
+                // The HTTP surface's answers may stream whatever their type.
+                crate::body::hold_until_end(resp, SurfaceSpanEnd(Some((span, status))))
             }
             None => resp,
         };

@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use super::context::RequestContext;
 use super::hop::UpstreamBody;
+use crate::body::is_event_stream;
 use crate::body::{self, Body, Buffered};
 use crate::budget::{self, Collect, MemoryBudget, Reservation};
 use crate::error::{Error, ErrorKind};
@@ -62,13 +63,6 @@ impl ReadAnswer {
         self.answer.headers.remove(SESSION_ID);
         Error::upstream_refused(self.answer)
     }
-}
-
-pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"))
 }
 
 /// Reads an upstream answer whole (JSON, or an SSE stream to its end) within its bounds.

@@ -402,12 +402,7 @@ fn busy(waited: Duration, share: Option<Share>) -> Error {
 /// type (its stream may not end).
 async fn is_json_rpc(resp: Response<PooledBody>, within: Duration) -> bool {
     use http_body_util::BodyExt as _;
-    let sse = resp
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
-    if sse {
+    if crate::body::is_event_stream(resp.headers()) {
         return true;
     }
     let body = http_body_util::Limited::new(resp.into_body(), 64 * 1024).collect();

@@ -376,7 +376,7 @@ impl Upstream {
             && ctx.listed.is_some_and(|m| m.entry().input_required)
             && mirror::accepts_stream(client.headers)
             && sent.response.status() == StatusCode::OK
-            && !answer::is_event_stream(sent.response.headers())
+            && !crate::body::is_event_stream(sent.response.headers())
         {
             return self.answer_or_ask(client, bytes, sent, ctx).await;
         }
@@ -392,7 +392,7 @@ impl Upstream {
         // its session.
         let notices = (ctx.era == Era::Modern
             && sent.era == Era::Legacy
-            && answer::is_event_stream(sent.response.headers()))
+            && crate::body::is_event_stream(sent.response.headers()))
         .then(|| self.notices_for(client));
         answer::finish(
             sent.response,
