@@ -207,7 +207,9 @@ impl Dispatcher {
                 self.refused_span(otel, head, &mut seen, peer, status.as_u16());
             }
         }
+        // A sampled request is its duration bucket's exemplar, with when it ended.
         let exemplar = seen.span.as_ref().and_then(ServerSpan::exemplar);
+        let at = exemplar.as_ref().map(|_| std::time::SystemTime::now());
         if let Some(span) = seen.span.take() {
             resp = otel::end_with_body(
                 resp,
@@ -234,7 +236,7 @@ impl Dispatcher {
             .get_or_create(&MethodLabels {
                 method: seen.method,
             })
-            .observe(elapsed.as_secs_f64(), exemplar, None);
+            .observe(elapsed.as_secs_f64(), exemplar, at);
         if self.config.access_log {
             tracing::info!(
                 target: ACCESS_TARGET,

@@ -145,6 +145,44 @@ async fn cost_per_request() {
     );
 }
 
+/// What the request duration's record costs with exemplars (`request_duration_seconds`):
+/// the plain histogram it was, the same with no exemplar (a request not sampled), and a
+/// sampled request's (its ids written out, the time read, the exemplar stored).
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "a measurement: run it by hand in release"]
+async fn cost_of_the_duration_exemplar() {
+    use prometheus_client::metrics::exemplar::HistogramWithExemplars;
+    use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+    let metrics = Arc::new(Metrics::new(|_| {}));
+    let (headers, _, id) = request();
+    let n = 1_000_000;
+    let plain = Histogram::new(exponential_buckets(0.0001, 2.0, 19));
+    let traced: HistogramWithExemplars<crate::metrics::TraceLabels> =
+        HistogramWithExemplars::new(exponential_buckets(0.0001, 2.0, 19));
+    let before = per_request(n, || plain.observe(std::hint::black_box(0.001)));
+    let unsampled = per_request(n, || {
+        traced.observe(std::hint::black_box(0.001), None, None)
+    });
+    let otel = Otel::start(
+        &config(Sampling::AlwaysOn),
+        &upstream(),
+        metrics.clone(),
+        Box::new(|| {}),
+    )
+    .unwrap();
+    let span = otel.server_span(&call(&headers, &id, None));
+    let sampled = per_request(n, || {
+        let e = span.exemplar();
+        let at = e.as_ref().map(|_| std::time::SystemTime::now());
+        traced.observe(std::hint::black_box(0.001), e, at);
+    });
+    println!(
+        "duration record: plain {before:?}, with exemplars not sampled {unsampled:?} (+{:?}), sampled {sampled:?} (+{:?})",
+        unsampled.saturating_sub(before),
+        sampled.saturating_sub(before)
+    );
+}
+
 /// This process's CPU time (user and system), from `/proc/self/stat`.
 fn cpu() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
