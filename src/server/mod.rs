@@ -738,3 +738,40 @@ impl<F> Drop for OnAbandon<F> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::wants_openmetrics;
+
+    fn accept(values: &[&str]) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for v in values {
+            h.append(http::header::ACCEPT, v.parse().unwrap());
+        }
+        h
+    }
+
+    /// OpenMetrics when the scraper prefers it (Prometheus 2 and 3 as they send it, protobuf
+    /// first or not); the Prometheus text format otherwise.
+    #[test]
+    fn openmetrics_is_served_when_the_scraper_prefers_it() {
+        for (values, open) in [
+            (&[][..], false),
+            (&["text/plain"][..], false),
+            (&["*/*"][..], false),
+            (
+                &["application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"][..],
+                true,
+            ),
+            (
+                &["application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.6,application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,text/plain;version=0.0.4;q=0.3,*/*;q=0.2"][..],
+                true,
+            ),
+            (&["text/plain;q=0.9", "application/openmetrics-text;q=0.5"][..], false),
+            (&["application/openmetrics-text;q=0"][..], false),
+            (&["Application/OpenMetrics-Text"][..], true),
+        ] {
+            assert_eq!(wants_openmetrics(&accept(values)), open, "{values:?}");
+        }
+    }
+}

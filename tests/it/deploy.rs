@@ -487,3 +487,56 @@ fn newly_mapped_values_render_as_settings_the_sidecar_accepts() {
         text(&refused)
     );
 }
+
+/// `observability.otlp.metrics` takes the setting's words as well as a boolean: `conventions`
+/// reaches the sidecar, which accepts it; a word it does not know is refused by the schema.
+#[test]
+fn the_otlp_metrics_value_takes_its_words() {
+    let d = render_one(
+        "deployment.yaml",
+        &[
+            "--set",
+            "observability.otlp.endpoint=http://otel-collector.observability:4318",
+            "--set",
+            "observability.otlp.metrics=conventions",
+        ],
+    );
+    let sidecar = &d["spec"]["template"]["spec"]["initContainers"][0];
+    let env: Vec<(String, String)> = sidecar["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    assert!(
+        env.contains(&("EPODE_SIDECAR_OTLP_METRICS".into(), "conventions".into())),
+        "{env:?}"
+    );
+    let (key, _) = fake_key();
+    let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+        .arg("--check-config")
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("EPODE_API_KEY", &key)
+        .output()
+        .unwrap();
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(shown.contains("otlp_metrics = \"conventions\""), "{shown}");
+    let refused = helm_template(
+        &chart(),
+        &[
+            "--set".into(),
+            "observability.otlp.metrics=sometimes".into(),
+        ],
+    );
+    assert!(
+        !refused.status.success(),
+        "the schema took metrics=sometimes"
+    );
+}
