@@ -233,8 +233,11 @@ fn anon_kib(pid: u32) -> u64 {
 }
 
 /// 400 calls at once, each with a 256 KiB body held while a slow upstream (300 ms a call)
-/// answers: about 100 MiB held at the peak. Once every call is answered and its connections
-/// are closed, the heap returns within 10 MiB of its idle size. (This burst is short: the
+/// answers: about 100 MiB held at the peak (VmHWM about 170 MiB). Once every call is answered
+/// and its connections are closed, the heap returns within 16 MiB of its idle size: a tenth of
+/// the peak. (What stays is the allocator's and the pools' warm pages: 6.2 to 10.4 MiB in 8
+/// runs of a debug build, the same before and after the OpenTelemetry work, so a 10 MiB bound
+/// failed one run in four.) (This burst is short: the
 /// heap came back here with mimalloc's default purge delay too, 7.9 MiB against 8.1 MiB; the
 /// open-loop benchmark's 20 s at 5,000 calls/s is what tells the delays apart.)
 #[tokio::test]
@@ -263,7 +266,7 @@ async fn memory_held_in_a_burst_is_returned_when_it_ends() {
     let mut now = anon_kib(sc.pid());
     let back = eventually(Duration::from_secs(30), || {
         now = anon_kib(sc.pid());
-        now <= idle + 10 * 1024
+        now <= idle + 16 * 1024
     });
     eprintln!("heap: idle {idle} KiB, after the burst {now} KiB (VmHWM {peak} KiB)");
     assert!(
