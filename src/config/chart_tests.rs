@@ -32,6 +32,12 @@ const LEFT_OUT: &[&str] = &[
     "EPODE_SIDECAR_STDIO_CHILD_IDLE",
     // OpenTelemetry is off in the chart while observability.otlp.endpoint is empty.
     "OTEL_SDK_DISABLED",
+    // The chart sends both signals to observability.otlp.endpoint (a collector Service); an
+    // endpoint per signal goes in sidecar.env.
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+    // The one protocol spoken (http/protobuf); read only to refuse another.
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
     // The local trial: it refuses a non-loopback listener, which a pod's sidecar is not.
     "EPODE_SIDECAR_DEV",
     "EPODE_SIDECAR_DEV_LOG",

@@ -9,19 +9,35 @@ use url::Url;
 
 use super::setting::{
     a_duration, boolean, bounded, duration, number, read_all, setting, settings, split_list,
-    Accepts, Bad, Layers, Refused,
+    Accepts, Bad, ConfigError, Layers, Refused,
 };
 use super::types::{redact_url, OtelConfig, Sampling};
 
 /// The OpenTelemetry settings, when an endpoint is set.
 pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
     let disabled = l.get(&SDK_DISABLED)?;
-    let Some(endpoint) = l.optional(&OTLP_ENDPOINT)? else {
-        return Ok(None);
-    };
+    let endpoint = l.optional(&OTLP_ENDPOINT)?;
+    let traces = l.optional(&OTLP_TRACES_ENDPOINT)?;
+    let metrics = l.optional(&OTLP_METRICS_ENDPOINT)?;
     if disabled {
         return Ok(None);
     }
+    let traces_url = match (traces, &endpoint) {
+        (Some(t), _) => t,
+        (None, Some(base)) => signal_url(base, "traces"),
+        (None, None) if metrics.is_some() => {
+            return Err(l.refuse(
+                &OTLP_ENDPOINT.doc,
+                ConfigError::Missing {
+                    name: OTLP_ENDPOINT.doc.name(),
+                    accepts: "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT is set, and the sidecar exports its metrics only beside its traces: set the base endpoint (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) too".into(),
+                },
+            ))
+        }
+        (None, None) => return Ok(None),
+    };
+    let metrics_url = metrics.or_else(|| endpoint.as_ref().map(|b| signal_url(b, "metrics")));
+    l.get(&OTLP_PROTOCOL)?;
     let sampler = l.get(&TRACES_SAMPLER);
     let arg = l.optional(&TRACES_SAMPLER_ARG);
     let sampling = match (sampler, arg) {
@@ -30,14 +46,17 @@ pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
     };
     read_all!(OtelConfig {
         endpoint: Ok(endpoint),
+        traces_url: Ok(traces_url),
         queue: l.get(&OTLP_QUEUE),
         timeout: l.get(&OTLP_TIMEOUT),
         metrics_every: match (l.get(&OTLP_METRICS), l.get(&OTLP_METRICS_INTERVAL)) {
+            (Ok(_), _) if metrics_url.is_none() => Ok(None),
             (Ok(MetricsExport::Off), _) => Ok(None),
             (Ok(_), every) => every.map(Some),
             (Err(r), _) => Err(r),
         },
         metrics_families: l.get(&OTLP_METRICS).map(|m| m == MetricsExport::All),
+        metrics_url: Ok(metrics_url),
         headers: l.optional(&OTLP_HEADERS).map(Option::unwrap_or_default),
         service_name: l.optional(&SERVICE_NAME),
         resource: l
@@ -69,6 +88,22 @@ fn metrics_export(v: &str) -> Result<MetricsExport, Bad> {
                 MetricsExport::Off
             }
         }),
+    }
+}
+
+/// `<base>/v1/<signal>`, as the specification derives a signal's URL from the base.
+fn signal_url(base: &Url, signal: &str) -> Url {
+    let mut url = base.clone();
+    let path = format!("{}/v1/{signal}", base.path().trim_end_matches('/'));
+    url.set_path(&path);
+    url
+}
+
+/// `http/protobuf`, the one OTLP protocol the sidecar speaks.
+fn protocol(v: &str) -> Result<(), Bad> {
+    match v.trim() {
+        "http/protobuf" => Ok(()),
+        _ => Err(Bad::Whole),
     }
 }
 
@@ -170,7 +205,34 @@ settings! {
             "an http:// or https:// URL of an OTLP/HTTP receiver with no user information or query, such as http://otel-collector:4318",
             "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf (the per-signal `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and `…_METRICS_ENDPOINT`, and gRPC, are not read). Unset: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
             endpoint,
-            |c| shown(c, |o| redact_url(o.endpoint.as_str()).into_owned()).unwrap_or_else(|| "<unset: off>".to_owned()),
+            |c| shown(c, |o| o.endpoint.as_ref().map_or_else(|| "<unset>".to_owned(), |u| redact_url(u.as_str()).into_owned())).unwrap_or_else(|| "<unset: off>".to_owned()),
+        ),
+        OTLP_TRACES_ENDPOINT: Url = setting(
+            "otlp_traces_endpoint",
+            &["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"],
+            None,
+            "an http:// or https:// URL with no user information or query, used as it is, such as http://otel-collector:4318/v1/traces",
+            "Where spans are posted, when not `<otlp_endpoint>/v1/traces` (the specification's per-signal endpoint). Set alone, it turns tracing on (metrics then need `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`).",
+            endpoint,
+            |c| shown(c, |o| redact_url(o.traces_url.as_str()).into_owned()).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_METRICS_ENDPOINT: Url = setting(
+            "otlp_metrics_endpoint",
+            &["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"],
+            None,
+            "an http:// or https:// URL with no user information or query, used as it is, such as http://otel-collector:4318/v1/metrics",
+            "Where metrics are posted, when not `<otlp_endpoint>/v1/metrics`. Metrics go only beside traces: set alone, it is refused.",
+            endpoint,
+            |c| shown(c, |o| o.metrics_url.as_ref().map_or_else(|| "<none: no metrics endpoint>".to_owned(), |u| redact_url(u.as_str()).into_owned())).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_PROTOCOL: () = setting(
+            "otlp_protocol",
+            &["OTEL_EXPORTER_OTLP_PROTOCOL"],
+            Some("http/protobuf"),
+            "http/protobuf: the sidecar speaks OTLP over HTTP with protobuf only, not grpc or http/json (point the endpoint at the collector's OTLP/HTTP port, 4318, not gRPC's 4317)",
+            "The OTLP protocol, read so that a `grpc` meant for other components is refused at start rather than every export failing.",
+            protocol,
+            |c| shown(c, |_| "http/protobuf".to_owned()).unwrap_or_else(|| OFF.to_owned()),
         ),
         OTLP_HEADERS: Vec<(String, String)> = setting(
             "otlp_headers",

@@ -1060,9 +1060,12 @@ fn otel_settings_are_read_checked_and_the_headers_never_shown() {
         .otel
         .is_none());
     let alias = read(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")]).unwrap();
+    let o = alias.otel.unwrap();
+    assert_eq!(o.endpoint.unwrap().as_str(), "http://collector:4318/");
+    assert_eq!(o.traces_url.as_str(), "http://collector:4318/v1/traces");
     assert_eq!(
-        alias.otel.unwrap().endpoint.as_str(),
-        "http://collector:4318/"
+        o.metrics_url.unwrap().as_str(),
+        "http://collector:4318/v1/metrics"
     );
     let c = read(&[
         ep,
@@ -1144,4 +1147,64 @@ fn otlp_metrics_says_which_metrics_go() {
     );
     let off = read(&[ep, ("EPODE_SIDECAR_OTLP_METRICS", "false")]).unwrap();
     assert_eq!(off.otel.unwrap().metrics_every, None);
+}
+
+/// The specification's per-signal endpoints, used as they are; the traces one alone turns
+/// tracing on (with no metrics unless their own is set), the metrics one alone is refused;
+/// `OTEL_EXPORTER_OTLP_PROTOCOL` other than `http/protobuf` is refused, naming what is spoken.
+#[test]
+fn otlp_per_signal_endpoints_and_the_protocol() {
+    let read = |extra: &[(&str, &str)]| {
+        let mut pairs = vec![UP, OFF];
+        pairs.extend_from_slice(extra);
+        Config::from_layers(env(&pairs), &FlagValues::default())
+    };
+    let base = ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://collector:4318/otlp/");
+    let o = read(&[base]).unwrap().otel.unwrap();
+    assert_eq!(
+        o.traces_url.as_str(),
+        "http://collector:4318/otlp/v1/traces"
+    );
+    let traces = (
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "http://tempo:4318/v1/traces",
+    );
+    let metrics = (
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "http://mimir:4318/otlp/v1/metrics",
+    );
+    let o = read(&[base, traces, metrics]).unwrap().otel.unwrap();
+    assert_eq!(o.traces_url.as_str(), "http://tempo:4318/v1/traces");
+    assert_eq!(
+        o.metrics_url.unwrap().as_str(),
+        "http://mimir:4318/otlp/v1/metrics"
+    );
+    let o = read(&[traces]).unwrap().otel.unwrap();
+    assert_eq!(o.traces_url.as_str(), "http://tempo:4318/v1/traces");
+    assert_eq!((o.metrics_url, o.metrics_every), (None, None));
+    let o = read(&[traces, metrics]).unwrap().otel.unwrap();
+    assert!(o.metrics_every.is_some());
+    let alone = read(&[metrics]).unwrap_err().to_string();
+    assert!(
+        alone.contains("EPODE_SIDECAR_OTLP_ENDPOINT")
+            && alone.contains("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"),
+        "{alone}"
+    );
+    assert!(read(&[metrics, ("OTEL_SDK_DISABLED", "true")])
+        .unwrap()
+        .otel
+        .is_none());
+    let grpc = read(&[base, ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        grpc.contains("OTEL_EXPORTER_OTLP_PROTOCOL") && grpc.contains("4318"),
+        "{grpc}"
+    );
+    assert!(read(&[base, ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")]).is_ok());
+    // Off, a protocol meant for other components is not the sidecar's business.
+    assert!(read(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])
+        .unwrap()
+        .otel
+        .is_none());
 }

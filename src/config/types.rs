@@ -125,8 +125,13 @@ pub(crate) struct Config {
 /// OpenTelemetry export (`config/otel.rs`).
 #[derive(Debug, Clone)]
 pub(crate) struct OtelConfig {
-    /// The OTLP/HTTP receiver's base URL (`/v1/traces`, `/v1/metrics` are appended).
-    pub(crate) endpoint: url::Url,
+    /// The OTLP/HTTP receiver's base URL, when given (`/v1/traces`, `/v1/metrics` are
+    /// appended for a signal that has no endpoint of its own).
+    pub(crate) endpoint: Option<url::Url>,
+    /// Where spans are posted.
+    pub(crate) traces_url: url::Url,
+    /// Where metrics are posted; none when neither the base nor a metrics endpoint is set.
+    pub(crate) metrics_url: Option<url::Url>,
     /// Finished spans waiting for export.
     pub(crate) queue: usize,
     pub(crate) timeout: Duration,

@@ -274,7 +274,11 @@ fn meter(
     ),
     String,
 > {
-    let url = signal_url(&config.endpoint, "metrics")
+    let url = config
+        .metrics_url
+        .as_ref()
+        .ok_or("no OTLP metrics endpoint")?
+        .as_str()
         .parse::<::http::Uri>()
         .map_err(|e| format!("the OTLP metrics URL is not a URI: {e}"))?;
     let reader = export::SharedReader(Arc::new(ManualReader::builder().build()));
@@ -333,11 +337,6 @@ fn metric_headers(headers: &[(String, String)]) -> Result<::http::HeaderMap, Str
     Ok(out)
 }
 
-/// `<base>/v1/<signal>`.
-fn signal_url(base: &url::Url, signal: &str) -> String {
-    format!("{}/v1/{signal}", base.as_str().trim_end_matches('/'))
-}
-
 impl Otel {
     /// Builds the tracer and the meter and starts their delivery (on the current loop).
     /// `read_gauges` reads the gauges that are read when shown, before each export of the
@@ -356,7 +355,7 @@ impl Otel {
             .with_http()
             .with_http_client(client.clone())
             .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(signal_url(&config.endpoint, "traces"))
+            .with_endpoint(config.traces_url.as_str())
             .with_timeout(config.timeout)
             .with_headers(headers)
             .build()

@@ -21,7 +21,9 @@ fn config_with(sampling: Sampling, metrics_every: Option<Duration>) -> OtelConfi
     OtelConfig {
         // Nothing listens there: the spans are queued, then dropped; the request path's cost
         // is what is measured.
-        endpoint: url::Url::parse("http://127.0.0.1:9").unwrap(),
+        endpoint: None,
+        traces_url: url::Url::parse("http://127.0.0.1:9/v1/traces").unwrap(),
+        metrics_url: Some(url::Url::parse("http://127.0.0.1:9/v1/metrics").unwrap()),
         queue: 2048,
         timeout: Duration::from_millis(100),
         metrics_every,
@@ -213,7 +215,7 @@ async fn cost_per_sampled_request_with_export() {
     let meta = meta_of(&body);
     let n: u64 = 100_000;
     let mut c = config(Sampling::AlwaysOn);
-    c.endpoint = url::Url::parse(&sink).unwrap();
+    c.traces_url = url::Url::parse(&format!("{}/v1/traces", sink.trim_end_matches('/'))).unwrap();
     c.queue = 1_000_000;
     let otel = Otel::start(&c, &upstream(), metrics.clone(), Box::new(|| {})).unwrap();
     let t = cpu();

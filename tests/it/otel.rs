@@ -608,11 +608,12 @@ async fn off_by_default_no_span_is_made() {
 async fn an_http_surface_route_is_an_http_server_span_whose_context_reaches_the_app() {
     let receiver = Receiver::start();
     let app = crate::http_surface::App::start(false);
-    let url = receiver.url();
+    // The specification's per-signal endpoint alone: tracing on, used as it is.
+    let url = format!("{}/v1/traces", receiver.url());
     let sc = Sidecar::start(
         &app.origin(),
         &[
-            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &url),
             ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
         ],
     );
