@@ -12,7 +12,7 @@ pub(super) const MAX_ANSWER: usize = 1 << 20;
 /// Why a request to the authorization server gave nothing usable. The text names the URL's
 /// host and path only, never a query or a credential.
 #[derive(Debug)]
-pub(super) struct FetchError(pub(super) String);
+pub(super) struct FetchError(pub(super) String, pub(super) Option<u16>);
 
 impl std::fmt::Display for FetchError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -21,6 +21,13 @@ impl std::fmt::Display for FetchError {
 }
 
 impl std::error::Error for FetchError {}
+
+impl FetchError {
+    /// A failure before any answer (or one whose status does not matter).
+    pub(super) fn at(text: String) -> FetchError {
+        FetchError(text, None)
+    }
+}
 
 /// Where a URL points, for a message: scheme, host, port and path.
 pub(super) fn shown(url: &url::Url) -> String {
@@ -47,51 +54,54 @@ pub(super) async fn json(
     deadline: Duration,
 ) -> Result<Answer, FetchError> {
     let at = shown(url);
-    let read = async {
-        let mut resp = req.send().await.map_err(|e| {
-            FetchError(format!(
-                "{what} ({at}) could not be fetched: {}",
-                without_url(&e)
-            ))
-        })?;
-        let status = resp.status().as_u16();
-        let max_age = resp
-            .headers()
-            .get(http::header::CACHE_CONTROL)
-            .and_then(|v| v.to_str().ok())
-            .and_then(max_age);
-        if let Some(len) = resp.content_length() {
-            if len > MAX_ANSWER as u64 {
-                return Err(FetchError(format!(
+    let read =
+        async {
+            let mut resp = req.send().await.map_err(|e| {
+                FetchError::at(format!(
+                    "{what} ({at}) could not be fetched: {}",
+                    without_url(&e)
+                ))
+            })?;
+            let status = resp.status().as_u16();
+            let max_age = resp
+                .headers()
+                .get(http::header::CACHE_CONTROL)
+                .and_then(|v| v.to_str().ok())
+                .and_then(max_age);
+            if let Some(len) = resp.content_length() {
+                if len > MAX_ANSWER as u64 {
+                    return Err(FetchError::at(format!(
                     "{what} ({at}) is {len} bytes, more than the {MAX_ANSWER} the sidecar reads"
                 )));
+                }
             }
-        }
-        let mut body = Vec::new();
-        while let Some(chunk) = resp
-            .chunk()
-            .await
-            .map_err(|e| FetchError(format!("{what} ({at}) broke off: {}", without_url(&e))))?
-        {
-            if body.len() + chunk.len() > MAX_ANSWER {
-                return Err(FetchError(format!(
-                    "{what} ({at}) is more than the {MAX_ANSWER} bytes the sidecar reads"
-                )));
+            let mut body = Vec::new();
+            while let Some(chunk) = resp.chunk().await.map_err(|e| {
+                FetchError::at(format!("{what} ({at}) broke off: {}", without_url(&e)))
+            })? {
+                if body.len() + chunk.len() > MAX_ANSWER {
+                    return Err(FetchError::at(format!(
+                        "{what} ({at}) is more than the {MAX_ANSWER} bytes the sidecar reads"
+                    )));
+                }
+                body.extend_from_slice(&chunk);
             }
-            body.extend_from_slice(&chunk);
-        }
-        let json: Value = serde_json::from_slice(&body)
-            .map_err(|_| FetchError(format!("{what} ({at}) answered {status} with no JSON")))?;
-        Ok(Answer {
-            status,
-            json,
-            max_age,
-        })
-    };
+            let json: Value = serde_json::from_slice(&body).map_err(|_| {
+                FetchError(
+                    format!("{what} ({at}) answered {status} with no JSON"),
+                    Some(status),
+                )
+            })?;
+            Ok(Answer {
+                status,
+                json,
+                max_age,
+            })
+        };
     tokio::time::timeout(deadline, read)
         .await
         .unwrap_or_else(|_| {
-            Err(FetchError(format!(
+            Err(FetchError::at(format!(
                 "{what} ({at}) did not answer within {deadline:?}"
             )))
         })

@@ -42,7 +42,10 @@ pub(super) async fn introspect(
         config.fetch_timeout,
     )
     .await
-    .map_err(|e| (Reason::IntrospectionUnavailable, Some(e.0)))?;
+    .map_err(|e| {
+        *status = e.1;
+        (Reason::IntrospectionUnavailable, Some(e.0))
+    })?;
     *status = Some(answer.status);
     if answer.status != 200 {
         return Err((

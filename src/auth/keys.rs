@@ -79,7 +79,7 @@ pub(super) async fn discover(
             Ok(a) if a.status == 200 => {
                 let said = a.json.get("issuer").and_then(Value::as_str);
                 if said != Some(issuer) {
-                    return Err(FetchError(format!(
+                    return Err(FetchError::at(format!(
                         "the authorization server's metadata at {} names the issuer {}, not {issuer} (EPODE_SIDECAR_AUTH_ISSUER must be the issuer exactly as its tokens write it)",
                         fetch::shown(&url),
                         said.map_or_else(|| "<none>".to_owned(), |s| format!("{s:?}")),
@@ -100,7 +100,7 @@ pub(super) async fn discover(
             Err(e) => why.push(e.0),
         }
     }
-    Err(FetchError(format!(
+    Err(FetchError::at(format!(
         "no metadata for the issuer {issuer}: {}",
         why.join("; ")
     )))
@@ -353,14 +353,14 @@ impl KeyStore {
         .await;
         let result = answer.and_then(|a| {
             if a.status != 200 {
-                return Err(FetchError(format!(
+                return Err(FetchError::at(format!(
                     "the authorization server's keys ({}) answered {}",
                     fetch::shown(&self.jwks_uri),
                     a.status
                 )));
             }
             key_set(&a.json, a.max_age.unwrap_or(DEFAULT_KEEP))
-                .map_err(|why| FetchError(format!("{why} ({})", fetch::shown(&self.jwks_uri))))
+                .map_err(|why| FetchError::at(format!("{why} ({})", fetch::shown(&self.jwks_uri))))
         });
         match result {
             Ok(set) => {

@@ -377,17 +377,9 @@ impl Authorizer {
         Some(resp)
     }
 
-    /// The caller of one MCP request, or why it is refused (counted).
+    /// The caller of one MCP request, or why it is refused (counted); `asked` notes the
+    /// introspection call the check made, if any.
     pub(crate) async fn check(
-        &self,
-        headers: &HeaderMap,
-        query: Option<&str>,
-    ) -> Result<Arc<Principal>, Refusal> {
-        self.check_noting(headers, query, &mut None).await
-    }
-
-    /// The same, noting in `asked` the introspection call it made, if any.
-    pub(crate) async fn check_noting(
         &self,
         headers: &HeaderMap,
         query: Option<&str>,
@@ -677,13 +669,14 @@ impl Authorizer {
         &self,
         headers: &mut HeaderMap,
         query: Option<&str>,
+        asked: &mut Option<Asked>,
     ) -> Result<(), Error> {
         if !self.config.http_surface {
             strip_owned(headers);
             return Ok(());
         }
         let principal = self
-            .check(headers, query)
+            .check(headers, query, asked)
             .await
             .map_err(|r| self.refuse(&r))?;
         self.require(&principal, &self.config.scopes)?;

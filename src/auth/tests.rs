@@ -443,18 +443,18 @@ fn auth_costs() {
         let start = Instant::now();
         rt.block_on(async {
             for h in &bearer_headers {
-                black_box(fresh.check(h, None).await.unwrap());
+                black_box(fresh.check(h, None, &mut None).await.unwrap());
             }
         });
         let ns = start.elapsed().as_nanos() / TOKENS as u128;
         println!("first sight, Authorizer::check (verified, principal made, cached): {ns} ns");
         // The cached path: the same token again and again, cached by its first check.
         let h = &bearer_headers[round];
-        rt.block_on(a.check(h, None)).unwrap();
+        rt.block_on(a.check(h, None, &mut None)).unwrap();
         let start = Instant::now();
         rt.block_on(async {
             for _ in 0..CACHED {
-                black_box(a.check(h, None).await.unwrap());
+                black_box(a.check(h, None, &mut None).await.unwrap());
             }
         });
         let ns = start.elapsed().as_nanos() / u128::from(CACHED);

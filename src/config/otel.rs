@@ -15,17 +15,17 @@ use super::types::{redact_url, OtelConfig, Sampling};
 
 /// The OpenTelemetry settings, when an endpoint is set.
 pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
-    let disabled = l.get(&SDK_DISABLED)?;
+    // Off, whatever else is set: nothing else of OpenTelemetry's is read.
+    if l.get(&SDK_DISABLED)? {
+        return Ok(None);
+    }
     let endpoint = l.optional(&OTLP_ENDPOINT)?;
     let traces = l.optional(&OTLP_TRACES_ENDPOINT)?;
     let metrics = l.optional(&OTLP_METRICS_ENDPOINT)?;
-    if disabled {
-        return Ok(None);
-    }
     let traces_url = match (traces, &endpoint) {
         (Some(t), _) => t,
         (None, Some(base)) => signal_url(base, "traces"),
-        (None, None) if metrics.is_some() => {
+        (None, None) if metrics.is_some() && l.get(&OTLP_METRICS)? != MetricsExport::Off => {
             return Err(l.refuse(
                 &OTLP_ENDPOINT.doc,
                 ConfigError::Missing {
@@ -203,7 +203,7 @@ settings! {
             &["EPODE_SIDECAR_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"],
             None,
             "an http:// or https:// URL of an OTLP/HTTP receiver with no user information or query, such as http://otel-collector:4318",
-            "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf (the per-signal `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` and `…_METRICS_ENDPOINT`, and gRPC, are not read). Unset: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
+            "Where the sidecar sends its traces (`/v1/traces`) and metrics (`/v1/metrics`), as OTLP/HTTP protobuf (no gRPC); a signal's own endpoint (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, `…_METRICS_ENDPOINT`) is used instead when set. Unset, and no traces endpoint either: no span is made and nothing is exported (the default; `/metrics` is unchanged either way). One server span per MCP request by the MCP semantic conventions, a client span for the upstream hop (its context goes upstream in `traceparent` and `params._meta`), and one per call to Epode; see docs/operations.md.",
             endpoint,
             |c| shown(c, |o| o.endpoint.as_ref().map_or_else(|| "<unset>".to_owned(), |u| redact_url(u.as_str()).into_owned())).unwrap_or_else(|| "<unset: off>".to_owned()),
         ),

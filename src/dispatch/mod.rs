@@ -255,10 +255,12 @@ impl Dispatcher {
         }
     }
 
-    /// A request the sidecar refused before its front door admitted it (its head, a limit,
-    /// its token, or a message that is not one): an HTTP server span by the HTTP conventions,
-    /// its parent the `traceparent` header (the message was never read as MCP), with the
-    /// token's introspection under it when the check made one.
+    /// A request the sidecar refused before its front door admitted it (its head, its body,
+    /// its token, or a message that is not MCP) whose client sent a trace context: an HTTP
+    /// server span by the HTTP conventions, its parent that `traceparent` (the message was
+    /// not admitted, so its `_meta` is not read), with the token's introspection under it
+    /// when the check made one. A refusal with no trace context starts no trace: a flood of
+    /// bad requests never crowds the span queue.
     fn refused_span(
         &self,
         otel: &Otel,
@@ -267,16 +269,23 @@ impl Dispatcher {
         peer: SocketAddr,
         status: u16,
     ) {
+        let Some(tp) = head.traceparent else {
+            return;
+        };
         let mut headers = http::HeaderMap::new();
-        if let Some(tp) = head.traceparent {
-            headers.insert("traceparent", tp);
-        }
+        headers.insert("traceparent", tp);
         if let Some(ts) = head.tracestate {
             headers.insert("tracestate", ts);
         }
         let span = otel.http_span(&otel::HttpCall {
             method: &head.method,
             path: &self.config.path,
+            route: Some(&self.config.path),
+            scheme: if self.config.tls.is_some() {
+                "https"
+            } else {
+                "http"
+            },
             headers: &headers,
             peer,
             http_version: head.version,
@@ -302,10 +311,7 @@ impl Dispatcher {
             crate::auth::strip_owned(&mut parts.headers);
             return Ok(None);
         };
-        match auth
-            .check_noting(&parts.headers, parts.uri.query(), asked)
-            .await
-        {
+        match auth.check(&parts.headers, parts.uri.query(), asked).await {
             Ok(principal) => {
                 auth.to_upstream(&mut parts.headers, &principal);
                 Ok(Some(principal))
@@ -321,14 +327,17 @@ impl Dispatcher {
         }
     }
 
-    /// The request with its caller, once its token holds every scope it needs (with auth on).
+    /// The request with its caller, once its token holds every scope it needs (with auth on);
+    /// else the 403, its JSON-RPC code noted for the request's span.
     fn scoped<'a>(
         &self,
         r: frontdoor::Request<'a>,
         principal: Option<Arc<Principal>>,
+        seen: &mut Seen,
     ) -> Result<frontdoor::Request<'a>, Box<Response<Body>>> {
         if let (Some(auth), Some(p)) = (&self.auth, &principal) {
             if let Err(e) = self.table.require_scopes(auth, p, &r) {
+                seen.failure = Some(Failure::Code(e.code()));
                 return Err(Box::new(e.into_response(Some(r.id))));
             }
         }
@@ -434,10 +443,17 @@ impl Dispatcher {
             return frontdoor::cors::preflight(&self.config, &parts);
         }
         if let Err(e) = frontdoor::check_head(&self.config, &parts) {
+            if head_refusal(&e, &parts.method).expected() {
+                // What well-behaved 2025 clients send: counted, not traced.
+                seen.head = None;
+            }
             return self.refuse_head(e, &parts.method);
         }
         let client = self.rates.client_address(peer, &parts.headers);
         if let Err(wait) = self.rates.check_client(client) {
+            // A client over its rate, or a sidecar at its in-flight bound, gets no span: the
+            // refusal costs as little as it can, and a flood never crowds the span queue.
+            seen.head = None;
             self.metrics.limit(LimitKind::ClientRate);
             let retry_after = retry_after_secs(wait);
             return Error::new(
@@ -447,6 +463,7 @@ impl Dispatcher {
             .into_response(None);
         }
         let Some(_in_flight) = self.in_flight.try_enter() else {
+            seen.head = None;
             self.metrics.limit(LimitKind::InFlight);
             return Error::new(
                 ErrorKind::Overloaded { retry_after: 1 },
@@ -472,10 +489,7 @@ impl Dispatcher {
             Err(refused) => return refused,
         };
         let request = match frontdoor::admit(&parts, &bytes) {
-            Ok(Some(r)) => match self.scoped(r, principal) {
-                Ok(r) => r,
-                Err(refused) => return *refused,
-            },
+            Ok(Some(r)) => r,
             Ok(None) => {
                 self.table
                     .tell(&Client::new(&parts.headers, peer), &bytes)
@@ -488,9 +502,15 @@ impl Dispatcher {
             }
         };
         self.note(seen, &request);
+        // The span starts once the message is read (its context may be in `_meta`), before
+        // the scopes are checked, so a 403 is a span of the request too.
         if let Some(otel) = &self.otel {
             self.start_span(otel, seen, &request, peer);
         }
+        let request = match self.scoped(request, principal, seen) {
+            Ok(r) => r,
+            Err(refused) => return *refused,
+        };
         self.answer(&request, peer, abandoned, seen).await
     }
 

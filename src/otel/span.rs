@@ -454,6 +454,10 @@ pub(crate) struct HttpCall<'a> {
     pub(crate) method: &'a http::Method,
     /// The path as the route matched it (no query).
     pub(crate) path: &'a str,
+    /// The route, when the sidecar knows it (the MCP path): `http.route`, and in the name.
+    pub(crate) route: Option<&'a str>,
+    /// `http` or `https`, as the client reached the sidecar.
+    pub(crate) scheme: &'static str,
     pub(crate) headers: &'a HeaderMap,
     pub(crate) peer: SocketAddr,
     pub(crate) http_version: http::Version,
@@ -470,15 +474,23 @@ impl HttpSpan {
             Context::new()
         };
         let method = http_method(call.method);
-        let mut builder = otel.tracer.span_builder(method).with_kind(SpanKind::Server);
+        let name = match call.route {
+            Some(route) => format!("{method} {route}"),
+            None => method.to_owned(),
+        };
+        let mut builder = otel.tracer.span_builder(name).with_kind(SpanKind::Server);
         if let Some(at) = call.started {
             builder = builder.with_start_time(at);
         }
         let mut span = builder.start_with_context(&otel.tracer, &parent);
         if span.is_recording() {
+            if let Some(route) = call.route {
+                span.set_attribute(KeyValue::new("http.route", route.to_owned()));
+            }
             span.set_attributes([
                 KeyValue::new("http.request.method", method),
                 KeyValue::new("url.path", call.path.to_owned()),
+                KeyValue::new("url.scheme", call.scheme),
                 KeyValue::new("network.protocol.name", "http"),
                 KeyValue::new("network.protocol.version", http_version(call.http_version)),
                 KeyValue::new("client.address", call.peer.ip().to_string()),

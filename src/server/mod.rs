@@ -544,22 +544,9 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
         Owner::Other => match &routes.surface {
             Some(surface) => {
                 let respelled = routed.respelled();
-                let mut req = req;
-                let checked = match &routes.auth {
-                    Some(auth) => {
-                        let query = req.uri().query().map(str::to_owned);
-                        auth.surface(req.headers_mut(), query.as_deref()).await
-                    }
-                    None => {
-                        crate::auth::strip_owned(req.headers_mut());
-                        Ok(())
-                    }
-                };
-                if let Err(e) = checked {
-                    return e.into_response(None);
-                }
+                let auth = routes.auth.as_deref();
                 surface
-                    .serve(&routes.operations.upstream, req, peer, respelled)
+                    .serve(&routes.operations.upstream, req, peer, respelled, auth)
                     .await
             }
             None => {

@@ -93,6 +93,28 @@ pub(crate) struct HttpSurfaceRoute {
     invalid_identity: LogSummary,
     /// OpenTelemetry, when on: an HTTP server span per request.
     otel: Option<Arc<crate::otel::Otel>>,
+    /// `https` when the listener speaks TLS, for the span's `url.scheme`.
+    scheme: &'static str,
+}
+
+/// The caller's token (with `auth_http_surface`), checked with the request's span open: the
+/// token's introspection hangs below it; a refusal is the client's answer.
+async fn authorize(
+    auth: Option<&crate::auth::Authorizer>,
+    headers: &mut http::HeaderMap,
+    query: Option<&str>,
+    span: Option<&crate::otel::HttpSpan>,
+) -> Result<(), Response<Body>> {
+    let Some(auth) = auth else {
+        crate::auth::strip_owned(headers);
+        return Ok(());
+    };
+    let mut asked = None;
+    let checked = auth.surface(headers, query, &mut asked).await;
+    if let (Some(span), Some(asked)) = (span, &asked) {
+        asked.span_under(span.context());
+    }
+    checked.map_err(|e| e.into_response(None))
 }
 
 /// A surface request's span, ended when its answer's body is over.
@@ -132,6 +154,11 @@ impl HttpSurfaceRoute {
         let Some(settings) = config.http.clone() else {
             return Ok(None);
         };
+        let scheme = if config.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let HttpSurface {
             max_body,
             cache_mode,
@@ -163,6 +190,7 @@ impl HttpSurfaceRoute {
                 Duration::from_secs(60),
             ),
             otel,
+            scheme,
         })))
     }
 
@@ -176,6 +204,7 @@ impl HttpSurfaceRoute {
         req: Request<Incoming>,
         peer: SocketAddr,
         respelled: Option<String>,
+        auth: Option<&crate::auth::Authorizer>,
     ) -> Response<Body> {
         let started = Instant::now();
         let started_at = SystemTime::now();
@@ -185,12 +214,23 @@ impl HttpSurfaceRoute {
             o.http_span(&crate::otel::HttpCall {
                 method: &parts.method,
                 path,
+                // A product's route: the sidecar does not know its template.
+                route: None,
+                scheme: self.scheme,
                 headers: &parts.headers,
                 peer,
                 http_version: parts.version,
                 started: None,
             })
         });
+        if let Err(resp) =
+            authorize(auth, &mut parts.headers, parts.uri.query(), span.as_ref()).await
+        {
+            if let Some(span) = span {
+                span.end(resp.status().as_u16());
+            }
+            return resp;
+        }
         if let Some(span) = &span {
             span.inject(&mut parts.headers);
         }

@@ -1095,7 +1095,7 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
     let refused = one(&spans, "the refusal's span", |s| {
         s["kind"] == "SPAN_KIND_SERVER"
     });
-    assert_eq!(refused["name"], "POST", "{refused:#}");
+    assert_eq!(refused["name"], "POST /mcp", "{refused:#}");
     assert_eq!(refused["parentSpanId"], parent.as_str(), "{refused:#}");
     assert_eq!(
         refused["attributes"]["http.response.status_code"], 401,
@@ -1110,10 +1110,39 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
         asked["attributes"]["epode.auth.outcome"], "inactive",
         "{asked:#}"
     );
+    // A token for too few scopes: the message was read, so the 403 is the request's own
+    // span, failed, with the introspection under it.
+    let narrow = auth.client_credentials("mcp:read", Some(&resource)).await;
+    let (trace, parent) = trace_ids(42);
+    let tp = format!("00-{trace}-{parent}-01");
+    let (status, _, msg) = call(
+        &sc,
+        3,
+        &[("authorization", &bearer(&narrow)), ("traceparent", &tp)],
+    )
+    .await;
+    assert_eq!(status, 403, "{msg}");
+    let spans = receiver.trace(&trace, 2).await;
+    let server = one(&spans, "the request's span", |s| {
+        s["kind"] == "SPAN_KIND_SERVER"
+    });
+    assert_eq!(server["name"], "tools/call echo", "{server:#}");
+    assert_eq!(server["parentSpanId"], parent.as_str(), "{server:#}");
+    let code = msg["error"]["code"].to_string();
+    assert_eq!(
+        server["attributes"]["error.type"],
+        code.as_str(),
+        "{server:#}"
+    );
+    assert_eq!(server["status"]["code"], "STATUS_CODE_ERROR", "{server:#}");
+    let asked = one(&spans, "the introspection", |s| {
+        s["kind"] == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(asked["parentSpanId"], server["spanId"], "{asked:#}");
     // The tokens are in no span.
     for s in receiver.spans().await {
         let raw = s["raw"].as_str().unwrap_or_default();
-        for secret in [token.as_str(), forged] {
+        for secret in [token.as_str(), forged, narrow.as_str()] {
             let hex: String = secret.bytes().map(|b| format!("{b:02x}")).collect();
             assert!(!raw.contains(&hex), "a token in an exported span");
         }

@@ -528,6 +528,35 @@ fn the_otlp_metrics_value_takes_its_words() {
     let shown = text(&out);
     assert!(out.status.success(), "{shown}");
     assert!(shown.contains("otlp_metrics = \"conventions\""), "{shown}");
+    // Unset: conventions while Prometheus scrapes /metrics (the annotations, on by default),
+    // else the sidecar's own default (no variable).
+    let otlp_metrics = |sets: &[&str]| -> Option<String> {
+        let mut args = vec!["--set", "observability.otlp.endpoint=http://c:4318"];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        let d = render_one("deployment.yaml", &args);
+        d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "EPODE_SIDECAR_OTLP_METRICS")
+            .map(|e| e["value"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(otlp_metrics(&[]).as_deref(), Some("conventions"));
+    assert_eq!(otlp_metrics(&["metrics.annotations=false"]), None);
+    assert_eq!(
+        otlp_metrics(&[
+            "metrics.annotations=false",
+            "metrics.podMonitor.enabled=true"
+        ])
+        .as_deref(),
+        Some("conventions")
+    );
+    assert_eq!(
+        otlp_metrics(&["observability.otlp.metrics=all"]).as_deref(),
+        Some("all")
+    );
     let refused = helm_template(
         &chart(),
         &[

@@ -633,6 +633,8 @@ async fn an_http_surface_route_is_an_http_server_span_whose_context_reaches_the_
     let a = &span["attributes"];
     assert_eq!(a["http.request.method"], "GET", "{span:#}");
     assert_eq!(a["url.path"], "/echo", "{span:#}");
+    assert_eq!(a["url.scheme"], "http", "{span:#}");
+    assert!(a.get("http.route").is_none(), "{span:#}");
     assert_eq!(a["http.response.status_code"], 200, "{span:#}");
     assert!(
         !span.to_string().contains(SECRET_ARGUMENT),
@@ -827,13 +829,26 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
 
 /// A request refused before the front door admitted it (a message that is not JSON-RPC, a
 /// `Content-Type` that is not JSON) is an HTTP server span by the HTTP conventions, under the
-/// client's `traceparent`: its status, the MCP path, no error status for a 4xx.
+/// client's `traceparent`: its status, the MCP path as its route, no error status for a 4xx;
+/// one with no trace context starts no trace.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_refused_before_the_front_door_admits_it_is_an_http_server_span() {
     let receiver = Receiver::start();
     let up = Upstream::start(UpstreamKind::PythonJson);
     let url = receiver.url();
     let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_OTLP_ENDPOINT", &url)]);
+    // Refusals with no trace context start no trace: sent first, they would be exported
+    // before the ones below.
+    for _ in 0..3 {
+        let resp = http()
+            .post(sc.url())
+            .header("content-type", "application/json")
+            .body("{not json")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 400);
+    }
     for (n, content_type, body, status) in [
         (50, "application/json", "{not json", 400),
         (51, "text/plain", "{}", 415),
@@ -851,12 +866,21 @@ async fn a_request_refused_before_the_front_door_admits_it_is_an_http_server_spa
         assert_eq!(resp.status(), status);
         let spans = receiver.trace(&trace, 1).await;
         let span = sidecar_span(&spans, "SPAN_KIND_SERVER");
-        assert_eq!(span["name"], "POST", "{span:#}");
+        assert_eq!(span["name"], "POST /mcp", "{span:#}");
         assert_eq!(span["parentSpanId"], parent.as_str(), "{span:#}");
         let a = &span["attributes"];
         assert_eq!(a["http.request.method"], "POST", "{span:#}");
+        assert_eq!(a["http.route"], "/mcp", "{span:#}");
         assert_eq!(a["url.path"], "/mcp", "{span:#}");
+        assert_eq!(a["url.scheme"], "http", "{span:#}");
         assert_eq!(a["http.response.status_code"], status, "{span:#}");
         assert_eq!(span["status"]["code"], "STATUS_CODE_UNSET", "{span:#}");
     }
+    let refusals = receiver
+        .spans()
+        .await
+        .into_iter()
+        .filter(|s| s["name"] == "POST /mcp")
+        .count();
+    assert_eq!(refusals, 2, "a refusal with no trace context was spanned");
 }

@@ -168,6 +168,12 @@ README.
 {{- $implies := list -}}
 {{- range $k, $v := $a.scopeImplies -}}{{- $implies = append $implies (printf "%s=%s" $k (join " " $v)) -}}{{- end -}}
 {{- $o := .Values.observability.otlp -}}
+{{- /* Prometheus scrapes /metrics already (annotations or a PodMonitor): over OTLP, unless
+     told otherwise, only the MCP histograms, so no family reaches the backend twice. */ -}}
+{{- $otlpMetrics := ternary "" (toString $o.metrics) (kindIs "invalid" $o.metrics) -}}
+{{- if and (kindIs "invalid" $o.metrics) $o.endpoint (or .Values.metrics.annotations .Values.metrics.podMonitor.enabled) -}}
+{{- $otlpMetrics = "conventions" -}}
+{{- end -}}
 {{- $resAttrs := list -}}
 {{- range $k, $v := $o.resourceAttributes -}}{{- $resAttrs = append $resAttrs (printf "%s=%s" $k (toString $v)) -}}{{- end -}}
 {{- $rows := list
@@ -266,7 +272,7 @@ README.
   (list "OTEL_EXPORTER_OTLP_HEADERS" "observability.otlp.headers.existingSecret and observability.otlp.headers.existingSecretKey" "")
   (list "EPODE_SIDECAR_OTLP_QUEUE" "observability.otlp.queue" $o.queue)
   (list "EPODE_SIDECAR_OTLP_TIMEOUT" "observability.otlp.timeout" $o.timeout)
-  (list "EPODE_SIDECAR_OTLP_METRICS" "observability.otlp.metrics" (ternary "" (toString $o.metrics) (kindIs "invalid" $o.metrics)))
+  (list "EPODE_SIDECAR_OTLP_METRICS" "observability.otlp.metrics" $otlpMetrics)
   (list "EPODE_SIDECAR_OTLP_METRICS_INTERVAL" "observability.otlp.metricsInterval" $o.metricsInterval)
   (list "OTEL_SERVICE_NAME" "observability.otlp.serviceName" $o.serviceName)
   (list "OTEL_RESOURCE_ATTRIBUTES" "observability.otlp.resourceAttributes" (join "," $resAttrs))
