@@ -1148,3 +1148,63 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
         }
     }
 }
+
+/// The HTTP surface's token check (`EPODE_SIDECAR_AUTH_HTTP_SURFACE`) runs inside the route's
+/// span: the introspection is below it, and a refused route is spanned with its 401.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_surfaces_introspection_is_below_its_route_span() {
+    use crate::otel::{one, trace_ids, Receiver};
+    let receiver = Receiver::start();
+    let url = receiver.url();
+    let (port, resource) = resource();
+    let auth = opaque_server(&resource);
+    let app = ScriptedUpstream::new()
+        .on("tools/list", Reply::result(json!({"tools": []})))
+        .otherwise(Reply::echo())
+        .start();
+    let origin = app.url().trim_end_matches("/mcp").to_owned();
+    let sc = sidecar_for(
+        &origin,
+        &auth,
+        port,
+        &[
+            ("EPODE_SIDECAR_HTTP_SURFACE", "on"),
+            ("EPODE_SIDECAR_AUTH_HTTP_SURFACE", "true"),
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+        ],
+    );
+    let page = format!("{}/orders/latest", sc.base());
+    let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
+    for (n, token, status, outcome) in [
+        (43, token.as_str(), 200, "active"),
+        (44, "forged-token-77e1", 401, "inactive"),
+    ] {
+        let (trace, parent) = trace_ids(n);
+        let resp = http()
+            .get(&page)
+            .header("authorization", bearer(token))
+            .header("traceparent", format!("00-{trace}-{parent}-01"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status);
+        let spans = receiver.trace(&trace, 2).await;
+        let route = one(&spans, "the route's span", |s| {
+            s["kind"] == "SPAN_KIND_SERVER"
+        });
+        assert_eq!(route["name"], "GET", "{route:#}");
+        assert_eq!(route["parentSpanId"], parent.as_str(), "{route:#}");
+        assert_eq!(
+            route["attributes"]["http.response.status_code"], status,
+            "{route:#}"
+        );
+        let asked = one(&spans, "the introspection", |s| {
+            s["kind"] == "SPAN_KIND_CLIENT"
+        });
+        assert_eq!(asked["parentSpanId"], route["spanId"], "{asked:#}");
+        assert_eq!(
+            asked["attributes"]["epode.auth.outcome"], outcome,
+            "{asked:#}"
+        );
+    }
+}
