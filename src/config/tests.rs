@@ -14,6 +14,13 @@ fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
 
 const UP: (&str, &str) = ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:8000/mcp");
 const OFF: (&str, &str) = ("AGENT_FEEDBACK_MODE", "off");
+
+/// The settings with an upstream, feedback off, and `extra`.
+fn read(extra: &[(&str, &str)]) -> Result<Config, ConfigErrors> {
+    let mut pairs = vec![UP, OFF];
+    pairs.extend_from_slice(extra);
+    Config::from_layers(env(&pairs), &FlagValues::default())
+}
 const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_conformance_secret_0123456789abcdef";
 
 #[test]
@@ -1048,11 +1055,6 @@ fn the_authorization_front_door_names_every_setting_it_lacks_and_keeps_its_secre
 /// headers never shown.
 #[test]
 fn otel_settings_are_read_checked_and_the_headers_never_shown() {
-    let read = |extra: &[(&str, &str)]| {
-        let mut pairs = vec![UP, OFF];
-        pairs.extend_from_slice(extra);
-        Config::from_layers(env(&pairs), &FlagValues::default())
-    };
     assert!(read(&[("OTEL_SERVICE_NAME", "x")]).unwrap().otel.is_none());
     let ep = ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://collector:4318");
     assert!(read(&[ep, ("OTEL_SDK_DISABLED", "true")])
@@ -1119,11 +1121,6 @@ fn otel_settings_are_read_checked_and_the_headers_never_shown() {
 /// MCP histograms only), off; anything else refused, naming what it accepts.
 #[test]
 fn otlp_metrics_says_which_metrics_go() {
-    let read = |extra: &[(&str, &str)]| {
-        let mut pairs = vec![UP, OFF];
-        pairs.extend_from_slice(extra);
-        Config::from_layers(env(&pairs), &FlagValues::default())
-    };
     let ep = ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://collector:4318");
     for (value, families) in [
         (None, true),
@@ -1154,11 +1151,6 @@ fn otlp_metrics_says_which_metrics_go() {
 /// `OTEL_EXPORTER_OTLP_PROTOCOL` other than `http/protobuf` is refused, naming what is spoken.
 #[test]
 fn otlp_per_signal_endpoints_and_the_protocol() {
-    let read = |extra: &[(&str, &str)]| {
-        let mut pairs = vec![UP, OFF];
-        pairs.extend_from_slice(extra);
-        Config::from_layers(env(&pairs), &FlagValues::default())
-    };
     let base = ("EPODE_SIDECAR_OTLP_ENDPOINT", "http://collector:4318/otlp/");
     let o = read(&[base]).unwrap().otel.unwrap();
     assert_eq!(

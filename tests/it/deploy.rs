@@ -92,6 +92,33 @@ fn to_json(yaml: &[u8]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The sidecar container's plain `env` values in a rendered Deployment.
+fn sidecar_env(deployment: &Value) -> Vec<(String, String)> {
+    deployment["spec"]["template"]["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect()
+}
+
+/// `epode-sidecar --check-config` with `env` alone (and a key of the real format).
+fn check_config(env: &[(String, String)]) -> Output {
+    let (key, _) = fake_key();
+    Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
+        .arg("--check-config")
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("EPODE_API_KEY", &key)
+        .output()
+        .unwrap()
+}
+
 fn render_one(template: &str, args: &[&str]) -> Value {
     let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     all.extend(["--show-only".to_string(), format!("templates/{template}")]);
@@ -437,26 +464,8 @@ fn newly_mapped_values_render_as_settings_the_sidecar_accepts() {
         args.extend(["--set", set]);
     }
     let d = render_one("deployment.yaml", &args);
-    let sidecar = &d["spec"]["template"]["spec"]["initContainers"][0];
-    let env: Vec<(String, String)> = sidecar["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| {
-            Some((
-                e["name"].as_str()?.to_owned(),
-                e["value"].as_str()?.to_owned(),
-            ))
-        })
-        .collect();
-    let (key, _) = fake_key();
-    let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
-        .arg("--check-config")
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("EPODE_API_KEY", &key)
-        .output()
-        .unwrap();
+    let env = sidecar_env(&d);
+    let out = check_config(&env);
     let shown = text(&out);
     assert!(
         out.status.success(),
@@ -501,30 +510,12 @@ fn the_otlp_metrics_value_takes_its_words() {
             "observability.otlp.metrics=conventions",
         ],
     );
-    let sidecar = &d["spec"]["template"]["spec"]["initContainers"][0];
-    let env: Vec<(String, String)> = sidecar["env"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| {
-            Some((
-                e["name"].as_str()?.to_owned(),
-                e["value"].as_str()?.to_owned(),
-            ))
-        })
-        .collect();
+    let env = sidecar_env(&d);
     assert!(
         env.contains(&("EPODE_SIDECAR_OTLP_METRICS".into(), "conventions".into())),
         "{env:?}"
     );
-    let (key, _) = fake_key();
-    let out = Command::new(env!("CARGO_BIN_EXE_epode-sidecar"))
-        .arg("--check-config")
-        .env_clear()
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .env("EPODE_API_KEY", &key)
-        .output()
-        .unwrap();
+    let out = check_config(&env);
     let shown = text(&out);
     assert!(out.status.success(), "{shown}");
     assert!(shown.contains("otlp_metrics = \"conventions\""), "{shown}");
@@ -535,13 +526,10 @@ fn the_otlp_metrics_value_takes_its_words() {
         for s in sets {
             args.extend(["--set", s]);
         }
-        let d = render_one("deployment.yaml", &args);
-        d["spec"]["template"]["spec"]["initContainers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["name"] == "EPODE_SIDECAR_OTLP_METRICS")
-            .map(|e| e["value"].as_str().unwrap().to_owned())
+        sidecar_env(&render_one("deployment.yaml", &args))
+            .into_iter()
+            .find(|(k, _)| k == "EPODE_SIDECAR_OTLP_METRICS")
+            .map(|(_, v)| v)
     };
     assert_eq!(otlp_metrics(&[]).as_deref(), Some("conventions"));
     assert_eq!(otlp_metrics(&["metrics.annotations=false"]), None);
