@@ -29,6 +29,7 @@ SDK1_VERSION="1.32.2"                  # npm `@modelcontextprotocol/sdk` (the 20
 FASTAPI_VERSION="0.165.0"              # PyPI `fastapi` (the HTTP-surface test app; keeps mcp's starlette)
 FASTMCP_VERSION="4.1.6"                # PyPI `fastmcp` (tests/peers/fastmcp_server.py; sits on mcp 2.3.0)
 OTEL_PY_VERSION="1.45.2"               # PyPI `opentelemetry-sdk`, `-proto`, `-exporter-otlp-proto-http` (the OTLP receiver, py_server.py --otlp); the api mcp and fastmcp ask for is pinned to it
+PROM_PY_VERSION="0.26.0"               # PyPI `prometheus-client`, the official Prometheus Python client: its parsers read /metrics (tests/peers/metrics_parse.py)
 # The TS SDK versions live in tests/peers/package.json.
 
 log() { printf 'install-peers: %s\n' "$*" >&2; }
@@ -140,23 +141,25 @@ if ! stamp_ok "$D/py/fastmcp" "$FASTMCP_KEY"; then
   log "py/fastmcp: done in $((SECONDS - t0)) s"
 fi
 
-# ---- 1d. OpenTelemetry in the same venv (tests/peers/otlp_receiver.py, py_server.py --otlp)
+# ---- 1d. OpenTelemetry in the same venv (tests/peers/otlp_receiver.py, py_server.py --otlp),
+# and the official Prometheus client, whose parsers read /metrics (tests/peers/metrics_parse.py)
 # The official packages, at one version with the opentelemetry-api fastmcp brought; its own
 # stamp, and the same check that nothing else installed changed version.
-OTEL_KEY="opentelemetry==$OTEL_PY_VERSION"
+OTEL_KEY="opentelemetry==$OTEL_PY_VERSION prometheus-client==$PROM_PY_VERSION"
 if ! stamp_ok "$D/py/otel" "$OTEL_KEY"; then
   log "py/otel: installing ($OTEL_KEY)"
   before="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
   "$D/py/bin/python" -m pip install --quiet --disable-pip-version-check \
     "opentelemetry-api==$OTEL_PY_VERSION" \
     "opentelemetry-sdk==$OTEL_PY_VERSION" "opentelemetry-proto==$OTEL_PY_VERSION" \
-    "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" >&2
+    "opentelemetry-exporter-otlp-proto-http==$OTEL_PY_VERSION" \
+    "prometheus-client==$PROM_PY_VERSION" >&2
   after="$("$D/py/bin/python" -m pip freeze --disable-pip-version-check 2>/dev/null | sort)"
   # The api is the SDK's own version (a venv made before fastmcp pinned it may hold a newer
   # patch release, which has no SDK yet); nothing else may move.
   moved="$(comm -23 <(printf '%s\n' "$before" | grep -v '^opentelemetry-api==') <(printf '%s\n' "$after"))"
   [[ -z "$moved" ]] || die "py/otel: the OpenTelemetry packages changed packages the venv had: $(echo $moved)"
-  "$D/py/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter' \
+  "$D/py/bin/python" -c 'import opentelemetry.proto.collector.trace.v1.trace_service_pb2, opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http.trace_exporter, prometheus_client.openmetrics.parser' \
     || die "py/otel: import failed"
   mkdir -p "$D/py/otel"
   write_stamp "$D/py/otel" "$OTEL_KEY"

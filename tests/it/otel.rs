@@ -649,6 +649,33 @@ async fn an_http_surface_route_is_an_http_server_span_whose_context_reaches_the_
     );
 }
 
+/// A `/metrics` exposition as the official Prometheus Python client parses it
+/// (`tests/peers/metrics_parse.py`, `format` openmetrics or prometheus).
+fn parse_metrics(format: &str, text: &str) -> Value {
+    use std::io::Write as _;
+    let mut child = Command::new(python())
+        .arg(repo_root().join("tests/peers/metrics_parse.py"))
+        .arg(format)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the {format} parser refused /metrics: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 /// A metric the receiver got, by name (the last export's).
 fn received<'a>(metrics: &'a [Value], name: &str) -> Option<&'a Value> {
     metrics.iter().rev().find(|m| m["name"] == name)
@@ -778,16 +805,31 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
         "{content_type}"
     );
     let open = resp.text().await.unwrap();
-    let exemplar = format!(r#"trace_id="{trace}",span_id="{span_id}""#);
-    let bucket = open
-        .lines()
-        .find(|l| l.contains(&exemplar))
-        .unwrap_or_else(|| panic!("no exemplar {exemplar} in\n{open}"));
-    assert!(
-        bucket.starts_with("epode_sidecar_request_duration_seconds_bucket{"),
-        "{bucket}"
+    // Both formats as the official Prometheus client's parsers read them: the same families,
+    // and the sampled call's exemplar on a request duration bucket in OpenMetrics.
+    let om = parse_metrics("openmetrics", &open);
+    let prom = parse_metrics("prometheus", &text);
+    assert_eq!(om["families"], prom["families"], "the two formats differ");
+    assert_eq!(
+        om["families"]["epode_sidecar_request_duration_seconds"], "histogram",
+        "{om}"
     );
-    assert!(open.trim_end().ends_with("# EOF"), "{open}");
+    let with_exemplar: Vec<&Value> = om["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| !s["exemplar"].is_null())
+        .collect();
+    assert_eq!(with_exemplar.len(), 1, "{with_exemplar:#?}");
+    let bucket = with_exemplar[0];
+    assert_eq!(
+        bucket["name"], "epode_sidecar_request_duration_seconds_bucket",
+        "{bucket:#}"
+    );
+    assert_eq!(bucket["labels"]["method"], "tools/call", "{bucket:#}");
+    let labels = &bucket["exemplar"]["labels"];
+    assert_eq!(labels["trace_id"], trace.as_str(), "{bucket:#}");
+    assert_eq!(labels["span_id"], span_id.as_str(), "{bucket:#}");
 
     // Nothing a client sent as a secret is in any metrics export.
     let raw: Vec<Value> = receiver.list("/metrics-raw").await;
