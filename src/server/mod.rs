@@ -243,10 +243,11 @@ impl Operations {
     }
 
     /// `/metrics`, with the gauges read now: OpenMetrics (with exemplars) or the Prometheus
-    /// text format, and its content type.
+    /// text format, and its content type. OpenMetrics only for the operator: an exemplar
+    /// names one request's trace, which no other client may see on the MCP port.
     fn render_metrics(&self, openmetrics: bool) -> (String, &'static str) {
         self.gauges().read();
-        if openmetrics {
+        if openmetrics && self.audience == Audience::Operator {
             (
                 self.metrics.render_openmetrics(),
                 metrics::OPENMETRICS_CONTENT_TYPE,

@@ -690,8 +690,10 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
     let receiver = Receiver::start();
     let epode = FakeEpode::start(FakeConfig::default());
     let up = Upstream::start(UpstreamKind::PythonJson);
-    let env = otel_env(&receiver.url(), &epode);
+    let mut env = otel_env(&receiver.url(), &epode);
+    env.push(("EPODE_SIDECAR_ADMIN_LISTEN", "127.0.0.1:0".to_owned()));
     let sc = Sidecar::start(&up.url(), &refs(&env));
+    let admin_metrics = format!("http://{}/metrics", sc.admin.unwrap());
     let (trace, parent) = trace_ids(30);
     call(&sc, 1, Some(&format!("00-{trace}-{parent}-01")), None).await;
     // Three calls whose client's trace is not sampled: no exemplar of theirs.
@@ -705,7 +707,14 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
 
     // The counters as /metrics shows them, then over OTLP (the same value, once an export
     // after the fourth call has come).
-    let text = crate::support::metrics_text(&sc).await;
+    let text = http()
+        .get(&admin_metrics)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let line = r#"epode_sidecar_requests_total{method="tools/call",era="2026-07-28",status="200"}"#;
     assert_eq!(crate::support::metric_value(&text, line), 4, "{text}");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -791,7 +800,7 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
         "an exemplar in the Prometheus text format"
     );
     let resp = http()
-        .get(format!("{}/metrics", sc.base()))
+        .get(&admin_metrics)
         .header(
             "accept",
             "application/openmetrics-text;version=1.0.0;q=0.9,text/plain;q=0.5",
@@ -866,6 +875,27 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
     assert!(
         names.iter().all(|n| n.starts_with("mcp.")),
         "conventions sent more: {names:?}"
+    );
+    // /metrics on the MCP port (no admin listener), which clients reach: never OpenMetrics,
+    // so no exemplar names another client's trace there.
+    let (trace, parent) = trace_ids(35);
+    call(&sc, 2, Some(&format!("00-{trace}-{parent}-01")), None).await;
+    let resp = http()
+        .get(format!("{}/metrics", sc.base()))
+        .header("accept", "application/openmetrics-text;version=1.0.0")
+        .send()
+        .await
+        .unwrap();
+    let content_type = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(content_type.starts_with("text/plain"), "{content_type}");
+    let text = resp.text().await.unwrap();
+    assert!(
+        text.contains("epode_sidecar_request_duration_seconds_bucket"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&trace),
+        "a trace id on the MCP port's /metrics"
     );
 }
 
