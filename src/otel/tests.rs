@@ -35,6 +35,11 @@ fn config_with(sampling: Sampling, metrics_every: Option<Duration>) -> OtelConfi
     }
 }
 
+/// OpenTelemetry started with `config` for the stdio upstream, no gauges to read.
+fn started(config: &OtelConfig, metrics: &Arc<Metrics>) -> Arc<Otel> {
+    Otel::start(config, &upstream(), metrics.clone(), Box::new(|| {})).unwrap()
+}
+
 fn upstream() -> UpstreamTransport {
     let url = url::Url::parse("http://127.0.0.1:8000/mcp").unwrap();
     UpstreamTransport::Http(UpstreamTarget {
@@ -109,29 +114,11 @@ async fn cost_per_request() {
         let (h, b) = translate::with_traceparent(&headers, &body);
         std::hint::black_box((&h, &b));
     });
-    let unsampled = Otel::start(
-        &config(Sampling::AlwaysOff),
-        &upstream(),
-        metrics.clone(),
-        Box::new(|| {}),
-    )
-    .unwrap();
+    let unsampled = started(&config(Sampling::AlwaysOff), &metrics);
     let not_sampled = per_request(n, || one(&unsampled, &headers, &body, &id, meta));
-    let sampled_otel = Otel::start(
-        &config(Sampling::AlwaysOn),
-        &upstream(),
-        metrics.clone(),
-        Box::new(|| {}),
-    )
-    .unwrap();
+    let sampled_otel = started(&config(Sampling::AlwaysOn), &metrics);
     let sampled = per_request(n / 4, || one(&sampled_otel, &headers, &body, &id, meta));
-    let no_metrics = Otel::start(
-        &config_with(Sampling::AlwaysOff, None),
-        &upstream(),
-        metrics.clone(),
-        Box::new(|| {}),
-    )
-    .unwrap();
+    let no_metrics = started(&config_with(Sampling::AlwaysOff, None), &metrics);
     let spans_only = per_request(n, || one(&no_metrics, &headers, &body, &id, meta));
     let inject = per_request(n, || {
         let server = no_metrics.server_span(&call(&headers, &id, None));
@@ -165,13 +152,7 @@ async fn cost_of_the_duration_exemplar() {
     let unsampled = per_request(n, || {
         traced.observe(std::hint::black_box(0.001), None, None)
     });
-    let otel = Otel::start(
-        &config(Sampling::AlwaysOn),
-        &upstream(),
-        metrics.clone(),
-        Box::new(|| {}),
-    )
-    .unwrap();
+    let otel = started(&config(Sampling::AlwaysOn), &metrics);
     let span = otel.server_span(&call(&headers, &id, None));
     let sampled = per_request(n, || {
         let e = span.exemplar();
@@ -217,7 +198,7 @@ async fn cost_per_sampled_request_with_export() {
     let mut c = config(Sampling::AlwaysOn);
     c.traces_url = url::Url::parse(&format!("{}/v1/traces", sink.trim_end_matches('/'))).unwrap();
     c.queue = 1_000_000;
-    let otel = Otel::start(&c, &upstream(), metrics.clone(), Box::new(|| {})).unwrap();
+    let otel = started(&c, &metrics);
     let t = cpu();
     for i in 0..n {
         one(&otel, &headers, &body, &id, meta);

@@ -1025,37 +1025,61 @@ async fn the_products_identity_wins_over_the_tokens_and_a_disagreement_is_counte
     );
 }
 
+/// A `tools/call` with `token` and a sampled `traceparent` (trace `n`): its status and
+/// message, the client's span id, and the spans of its trace once `count` have arrived.
+async fn traced_call(
+    sc: &Sidecar,
+    receiver: &crate::otel::Receiver,
+    (n, token): (u8, &str),
+    count: usize,
+) -> (u16, Value, String, Vec<Value>) {
+    let (trace, parent) = crate::otel::trace_ids(n);
+    let tp = format!("00-{trace}-{parent}-01");
+    let headers = [("authorization", bearer(token)), ("traceparent", tp)];
+    let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, _, msg) = call(sc, u64::from(n), &headers).await;
+    let spans = receiver.trace(&trace, count).await;
+    (status, msg, parent, spans)
+}
+
+/// The trace's server span (the request's, or its refusal's) and the introspection's client
+/// span, which is its child.
+fn server_and_introspection(spans: &[Value]) -> (&Value, &Value) {
+    use crate::otel::one;
+    let server = one(spans, "the server span", |s| {
+        s["kind"] == "SPAN_KIND_SERVER"
+    });
+    let asked = one(spans, "the introspection", |s| {
+        s["kind"] == "SPAN_KIND_CLIENT"
+    });
+    assert_eq!(asked["parentSpanId"], server["spanId"], "{asked:#}");
+    (server, asked)
+}
+
 /// With OpenTelemetry on, a token's introspection is a client span of the request it was
-/// made for: under the request's MCP span when the token passed, under the HTTP span of the
-/// refusal when it did not (a refused request is spanned too). No span carries the token.
+/// made for: under the request's MCP span when the token passed (and when it lacks a scope:
+/// the 403 is the request's own span), under the HTTP span of the refusal when it did not (a
+/// refused request is spanned too). No span carries the token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_too() {
-    use crate::otel::{one, trace_ids, Receiver};
-    let receiver = Receiver::start();
+    let receiver = crate::otel::Receiver::start();
     let url = receiver.url();
     let Rig {
         auth, sc, resource, ..
     } = Rig::opaque(&[("EPODE_SIDECAR_OTLP_ENDPOINT", &url)]);
     let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
-    let (trace, parent) = trace_ids(40);
-    let tp = format!("00-{trace}-{parent}-01");
-    let (status, _, msg) = call(
-        &sc,
-        1,
-        &[("authorization", &bearer(&token)), ("traceparent", &tp)],
-    )
-    .await;
+    let (status, msg, _, spans) = traced_call(&sc, &receiver, (40, &token), 3).await;
     assert_eq!(status, 200, "{msg}");
-    let spans = receiver.trace(&trace, 3).await;
-    let server = one(&spans, "the request's span", |s| {
+    // The request's span, the hop's, and the introspection's under the request's.
+    let server = crate::otel::one(&spans, "the request's span", |s| {
         s["kind"] == "SPAN_KIND_SERVER"
     });
-    assert_eq!(server["name"], "tools/call echo", "{server:#}");
-    let asked = one(&spans, "the introspection", |s| {
+    let asked = crate::otel::one(&spans, "the introspection", |s| {
         s["attributes"]["epode.auth.outcome"].is_string()
     });
     assert_eq!(asked["kind"], "SPAN_KIND_CLIENT", "{asked:#}");
     assert_eq!(asked["parentSpanId"], server["spanId"], "{asked:#}");
+    assert_eq!(server["name"], "tools/call echo", "{server:#}");
     let endpoint = auth.metadata()["introspection_endpoint"]
         .as_str()
         .unwrap()
@@ -1081,20 +1105,10 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
     );
 
     // A token nobody issued: 401, an HTTP server span with its introspection under it.
-    let (trace, parent) = trace_ids(41);
-    let tp = format!("00-{trace}-{parent}-01");
     let forged = "forged-token-3e9a1c";
-    let (status, _, _) = call(
-        &sc,
-        2,
-        &[("authorization", &bearer(forged)), ("traceparent", &tp)],
-    )
-    .await;
+    let (status, _, parent, spans) = traced_call(&sc, &receiver, (41, forged), 2).await;
     assert_eq!(status, 401);
-    let spans = receiver.trace(&trace, 2).await;
-    let refused = one(&spans, "the refusal's span", |s| {
-        s["kind"] == "SPAN_KIND_SERVER"
-    });
+    let (refused, asked) = server_and_introspection(&spans);
     assert_eq!(refused["name"], "POST /mcp", "{refused:#}");
     assert_eq!(refused["parentSpanId"], parent.as_str(), "{refused:#}");
     assert_eq!(
@@ -1102,10 +1116,6 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
         "{refused:#}"
     );
     assert_eq!(refused["attributes"]["url.path"], "/mcp", "{refused:#}");
-    let asked = one(&spans, "the introspection", |s| {
-        s["kind"] == "SPAN_KIND_CLIENT"
-    });
-    assert_eq!(asked["parentSpanId"], refused["spanId"], "{asked:#}");
     assert_eq!(
         asked["attributes"]["epode.auth.outcome"], "inactive",
         "{asked:#}"
@@ -1113,19 +1123,9 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
     // A token for too few scopes: the message was read, so the 403 is the request's own
     // span, failed, with the introspection under it.
     let narrow = auth.client_credentials("mcp:read", Some(&resource)).await;
-    let (trace, parent) = trace_ids(42);
-    let tp = format!("00-{trace}-{parent}-01");
-    let (status, _, msg) = call(
-        &sc,
-        3,
-        &[("authorization", &bearer(&narrow)), ("traceparent", &tp)],
-    )
-    .await;
+    let (status, msg, parent, spans) = traced_call(&sc, &receiver, (42, &narrow), 2).await;
     assert_eq!(status, 403, "{msg}");
-    let spans = receiver.trace(&trace, 2).await;
-    let server = one(&spans, "the request's span", |s| {
-        s["kind"] == "SPAN_KIND_SERVER"
-    });
+    let (server, _) = server_and_introspection(&spans);
     assert_eq!(server["name"], "tools/call echo", "{server:#}");
     assert_eq!(server["parentSpanId"], parent.as_str(), "{server:#}");
     let code = msg["error"]["code"].to_string();
@@ -1135,10 +1135,6 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
         "{server:#}"
     );
     assert_eq!(server["status"]["code"], "STATUS_CODE_ERROR", "{server:#}");
-    let asked = one(&spans, "the introspection", |s| {
-        s["kind"] == "SPAN_KIND_CLIENT"
-    });
-    assert_eq!(asked["parentSpanId"], server["spanId"], "{asked:#}");
     // The tokens are in no span.
     for s in receiver.spans().await {
         let raw = s["raw"].as_str().unwrap_or_default();
@@ -1153,7 +1149,7 @@ async fn an_introspection_is_a_span_under_its_request_and_a_refusal_is_spanned_t
 /// span: the introspection is below it, and a refused route is spanned with its 401.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_http_surfaces_introspection_is_below_its_route_span() {
-    use crate::otel::{one, trace_ids, Receiver};
+    use crate::otel::{trace_ids, Receiver};
     let receiver = Receiver::start();
     let url = receiver.url();
     let (port, resource) = resource();
@@ -1189,19 +1185,13 @@ async fn the_http_surfaces_introspection_is_below_its_route_span() {
             .unwrap();
         assert_eq!(resp.status(), status);
         let spans = receiver.trace(&trace, 2).await;
-        let route = one(&spans, "the route's span", |s| {
-            s["kind"] == "SPAN_KIND_SERVER"
-        });
+        let (route, asked) = server_and_introspection(&spans);
         assert_eq!(route["name"], "GET", "{route:#}");
         assert_eq!(route["parentSpanId"], parent.as_str(), "{route:#}");
         assert_eq!(
             route["attributes"]["http.response.status_code"], status,
             "{route:#}"
         );
-        let asked = one(&spans, "the introspection", |s| {
-            s["kind"] == "SPAN_KIND_CLIENT"
-        });
-        assert_eq!(asked["parentSpanId"], route["spanId"], "{asked:#}");
         assert_eq!(
             asked["attributes"]["epode.auth.outcome"], outcome,
             "{asked:#}"
