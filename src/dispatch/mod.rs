@@ -72,8 +72,8 @@ struct Seen {
     /// The call its token's check made to the introspection endpoint, spanned under the
     /// request's span once that exists.
     asked: Option<crate::auth::Asked>,
-    /// What a refused request's span is made of (OpenTelemetry on): the request's head as it
-    /// came, before the front door read it.
+    /// What a refused request's span is made of (OpenTelemetry on, and the client sent a
+    /// trace context): the request's head as it came, before the front door read it.
     head: Option<Head>,
 }
 
@@ -82,18 +82,19 @@ struct Seen {
 struct Head {
     method: http::Method,
     version: http::Version,
-    traceparent: Option<http::HeaderValue>,
+    traceparent: http::HeaderValue,
     tracestate: Option<http::HeaderValue>,
 }
 
 impl Head {
-    fn of<B>(req: &http::Request<B>) -> Head {
-        Head {
+    /// None when the request carries no `traceparent`: its refusal starts no trace.
+    fn of<B>(req: &http::Request<B>) -> Option<Head> {
+        Some(Head {
+            traceparent: req.headers().get("traceparent")?.clone(),
+            tracestate: req.headers().get("tracestate").cloned(),
             method: req.method().clone(),
             version: req.version(),
-            traceparent: req.headers().get("traceparent").cloned(),
-            tracestate: req.headers().get("tracestate").cloned(),
-        }
+        })
     }
 }
 
@@ -190,7 +191,7 @@ impl Dispatcher {
             arrived: self.otel.as_ref().map(|_| std::time::SystemTime::now()),
             trace_id: None,
             asked: None,
-            head: self.otel.as_ref().map(|_| Head::of(&req)),
+            head: self.otel.as_ref().and_then(|_| Head::of(&req)),
         };
         let cors = frontdoor::cors::allowed_origin(&self.config, req.headers());
         let mut resp = self.serve(req, peer, abandoned.clone(), &mut seen).await;
@@ -269,11 +270,8 @@ impl Dispatcher {
         peer: SocketAddr,
         status: u16,
     ) {
-        let Some(tp) = head.traceparent else {
-            return;
-        };
         let mut headers = http::HeaderMap::new();
-        headers.insert("traceparent", tp);
+        headers.insert("traceparent", head.traceparent);
         if let Some(ts) = head.tracestate {
             headers.insert("tracestate", ts);
         }
