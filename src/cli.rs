@@ -19,6 +19,7 @@ use crate::dispatch::{self, Dispatcher};
 use crate::epode::telemetry::Counters;
 use crate::error::Error;
 use crate::gate::Gate;
+use crate::ledger::{self, Ledger};
 use crate::limits::RateLimits;
 use crate::metrics::Metrics;
 use crate::observe::Observer;
@@ -400,16 +401,27 @@ fn handles(
     if let Some(url) = epode {
         feedback.api_url = url;
     }
+    let ledger = Ledger::new(pools(config), metrics.clone());
     let auth = match &config.auth {
         Some(a) => {
-            let auth = Authorizer::new(a.clone(), metrics.clone(), feedback.key.as_ref())?;
+            let auth = Authorizer::new(
+                a.clone(),
+                metrics.clone(),
+                feedback.key.as_ref(),
+                ledger.clone(),
+            )?;
             tokio::spawn(auth.clone().watch());
             Some(auth)
         }
         None => None,
     };
     let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer)?;
-    let upstream = Arc::new(Upstream::new(config, budget.clone(), metrics.clone())?);
+    let upstream = Arc::new(Upstream::new(
+        config,
+        budget.clone(),
+        metrics.clone(),
+        ledger.clone(),
+    )?);
     // A tools/list_changed the sidecar hears (on a listen feed, or taken off a call's stream)
     // makes the catalog learn the tools again.
     let forget = Arc::downgrade(&binding);
@@ -427,6 +439,85 @@ fn handles(
         rates: RateLimits::new(&config.limits),
         in_flight: Gate::new(config.limits.max_in_flight),
     })
+}
+
+/// Each ledger pool's cap and per-caller share, from the settings (in [`ledger::Pool::ALL`]'s
+/// order).
+fn pools(config: &Config) -> [ledger::Bounds; 7] {
+    let l = &config.limits;
+    let bounds = |cap, share, cap_setting, share_setting, retry_after| ledger::Bounds {
+        cap,
+        share,
+        cap_setting,
+        share_setting,
+        retry_after,
+    };
+    let children = match &config.upstream {
+        config::UpstreamTransport::Stdio(c) => match c.children {
+            config::StdioChildren::PerClient { max, .. } => max,
+            config::StdioChildren::Shared => 1,
+        },
+        config::UpstreamTransport::Http(_) => 1,
+    };
+    // The MCP path's connections (with the HTTP surface on, less its share).
+    let mcp_connections = l.upstream_max_connections
+        - config
+            .http
+            .as_ref()
+            .map_or(0, |h| h.upstream_connections(l.upstream_max_connections));
+    [
+        bounds(
+            l.held_calls,
+            l.held_calls_per_caller,
+            "EPODE_SIDECAR_HELD_CALLS",
+            "EPODE_SIDECAR_HELD_CALLS_PER_CALLER",
+            1,
+        ),
+        bounds(
+            l.questions,
+            l.questions_per_caller,
+            "EPODE_SIDECAR_QUESTIONS",
+            "EPODE_SIDECAR_QUESTIONS_PER_CALLER",
+            1,
+        ),
+        bounds(
+            l.listen_streams,
+            l.listen_streams_per_caller,
+            "EPODE_SIDECAR_LISTEN_STREAMS",
+            "EPODE_SIDECAR_LISTEN_STREAMS_PER_CALLER",
+            5,
+        ),
+        bounds(
+            l.upstream_sessions,
+            l.upstream_sessions_per_caller,
+            "EPODE_SIDECAR_UPSTREAM_SESSIONS",
+            "EPODE_SIDECAR_UPSTREAM_SESSIONS_PER_CALLER",
+            1,
+        ),
+        bounds(
+            children,
+            1,
+            "EPODE_SIDECAR_STDIO_MAX_CHILDREN",
+            "EPODE_SIDECAR_STDIO_CHILDREN",
+            1,
+        ),
+        bounds(
+            l.introspections,
+            l.introspections_per_caller,
+            "EPODE_SIDECAR_AUTH_INTROSPECTIONS",
+            "EPODE_SIDECAR_AUTH_INTROSPECTIONS_PER_CALLER",
+            1,
+        ),
+        // A caller's held connections follow from its shares of held calls and of sessions
+        // (one listen feed each): no share of their own.
+        bounds(
+            l.held_connections(mcp_connections),
+            usize::MAX,
+            "EPODE_SIDECAR_UPSTREAM_HOLD_SHARE",
+            "EPODE_SIDECAR_HELD_CALLS_PER_CALLER",
+            1,
+        ),
+    ]
 }
 
 /// What the housekeeping and the shutdown order need, kept here: the upstream (its sessions

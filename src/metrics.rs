@@ -90,10 +90,16 @@ pub(crate) enum LimitKind {
     StdioNotOwner,
     UpstreamConnections,
     ListenStreams,
+    HeldCalls,
+    Questions,
+    UpstreamSessions,
+    StdioChildren,
+    Introspections,
+    HeldConnections,
 }
 
 impl LimitKind {
-    pub(crate) const ALL: [LimitKind; 19] = [
+    pub(crate) const ALL: [LimitKind; 25] = [
         LimitKind::Connections,
         LimitKind::AdminConnections,
         LimitKind::DevEpodeConnections,
@@ -113,6 +119,12 @@ impl LimitKind {
         LimitKind::StdioNotOwner,
         LimitKind::UpstreamConnections,
         LimitKind::ListenStreams,
+        LimitKind::HeldCalls,
+        LimitKind::Questions,
+        LimitKind::UpstreamSessions,
+        LimitKind::StdioChildren,
+        LimitKind::Introspections,
+        LimitKind::HeldConnections,
     ];
 
     /// The label value.
@@ -137,8 +149,39 @@ impl LimitKind {
             LimitKind::StdioNotOwner => "stdio_not_owner",
             LimitKind::UpstreamConnections => "upstream_connections",
             LimitKind::ListenStreams => "listen_streams",
+            LimitKind::HeldCalls => "held_calls",
+            LimitKind::Questions => "questions",
+            LimitKind::UpstreamSessions => "upstream_sessions",
+            LimitKind::StdioChildren => "stdio_children",
+            LimitKind::Introspections => "introspections",
+            LimitKind::HeldConnections => "held_connections",
         }
     }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PoolLabels {
+    pub(crate) pool: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct PoolRefusedLabels {
+    pub(crate) pool: &'static str,
+    pub(crate) reason: &'static str,
+}
+
+/// The ledger's pools (`crate::ledger`): what every caller holds past its request's head.
+#[derive(Default)]
+pub(crate) struct PoolMetrics {
+    /// Places held now.
+    pub(crate) in_use: Family<PoolLabels, Gauge>,
+    /// Callers holding at least one place now.
+    pub(crate) callers: Family<PoolLabels, Gauge>,
+    /// The cap, and the share one caller may hold.
+    pub(crate) capacity: Family<PoolLabels, Gauge>,
+    pub(crate) share: Family<PoolLabels, Gauge>,
+    /// Places refused: a caller past its share, or the process at the cap.
+    pub(crate) refused: Family<PoolRefusedLabels, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -280,6 +323,7 @@ pub(crate) struct Metrics {
     pub(crate) held: HeldMetrics,
     pub(crate) listen: ListenMetrics,
     pub(crate) otlp: OtlpMetrics,
+    pub(crate) pools: PoolMetrics,
 }
 
 /// The OpenTelemetry export (`EPODE_SIDECAR_OTLP_ENDPOINT`), by signal (`traces`, `metrics`).
@@ -367,6 +411,7 @@ impl Metrics {
             held: HeldMetrics::default(),
             listen: ListenMetrics::default(),
             otlp: OtlpMetrics::default(),
+            pools: PoolMetrics::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -401,10 +446,18 @@ impl Metrics {
         );
         m.register_front_door();
         m.register_http();
+        m.register_pools();
         for (name, help, gauge) in m.gauges() {
             m.registry.register(name, help, gauge);
         }
         telemetry(m.registry.sub_registry_with_prefix("telemetry"));
+        m.preregister();
+        m
+    }
+
+    /// Shows every fixed label value from the start (at 0).
+    fn preregister(&self) {
+        let m = self;
         for tool in ["record_product_feedback_consent", "report_product_feedback"] {
             for outcome in FeedbackOutcome::ALL {
                 drop(m.feedback_calls.get_or_create(&FeedbackCallLabels {
@@ -423,7 +476,6 @@ impl Metrics {
                 reason: refusal.as_str(),
             }));
         }
-        m
     }
 
     /// The gauges, with their names and help.
@@ -464,6 +516,37 @@ impl Metrics {
                 self.auth.keys_fetched.clone(),
             ),
         ]
+    }
+
+    /// The ledger's pools.
+    fn register_pools(&mut self) {
+        let r = &mut self.registry;
+        let p = &self.pools;
+        r.register(
+            "pool_in_use",
+            "Places of each ledger pool held now (held calls, questions, listen streams, upstream sessions, stdio children, introspections, held upstream connections)",
+            p.in_use.clone(),
+        );
+        r.register(
+            "pool_callers",
+            "Callers holding at least one place of each ledger pool now",
+            p.callers.clone(),
+        );
+        r.register(
+            "pool_capacity",
+            "Each ledger pool's cap, for the whole process",
+            p.capacity.clone(),
+        );
+        r.register(
+            "pool_share",
+            "Places of each ledger pool one caller may hold",
+            p.share.clone(),
+        );
+        r.register(
+            "pool_refused",
+            "Places of a ledger pool refused, by pool and reason (share: the caller held its share, 429; cap: the process held the cap, 503)",
+            p.refused.clone(),
+        );
     }
 
     /// A limit refused something.

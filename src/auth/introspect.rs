@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 use url::Url;
 
 use super::fetch;
-use super::jwt::{check_claims, now};
+use super::jwt::{check_claims, numeric_date};
 use super::reason::Reason;
 use crate::config::AuthConfig;
 
@@ -71,14 +71,13 @@ pub(super) async fn introspect(
     checked
         .entry("iss")
         .or_insert_with(|| Value::String(config.issuer.clone()));
+    // `exp`, `nbf` and `iat` as a JWT's: NumericDates, every sum saturating.
     check_claims(&checked, config).map_err(|r| (r, None))?;
-    let exp = match claims.get("exp") {
-        None => None,
-        Some(e) => Some(e.as_u64().ok_or((Reason::Malformed, None))?),
-    };
-    if exp.is_some_and(|e| e + config.leeway.as_secs() < now()) {
-        return Err((Reason::Expired, None));
-    }
+    let exp = claims
+        .get("exp")
+        .map(numeric_date)
+        .transpose()
+        .map_err(|r| (r, None))?;
     Ok((claims, exp))
 }
 

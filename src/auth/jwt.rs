@@ -98,9 +98,25 @@ pub(super) fn verify(
     check_claims(&claims, config)?;
     let exp = claims
         .get("exp")
-        .and_then(Value::as_u64)
+        .map(numeric_date)
+        .transpose()?
         .ok_or(Reason::Malformed)?;
     Ok((claims, exp))
+}
+
+/// A NumericDate claim (`exp`, `nbf`, `iat`; RFC 7519 §2): seconds since the epoch, a
+/// non-negative number (a fraction is cut; one past `u64` is `u64::MAX`). Anything else
+/// (a string, a negative number) is a malformed token, never a claim to ignore.
+pub(super) fn numeric_date(v: &Value) -> Result<u64, Reason> {
+    match v {
+        Value::Number(n) => match (n.as_u64(), n.as_f64()) {
+            (Some(u), _) => Ok(u),
+            // `as` saturates: 1e30 is u64::MAX, and no float here is NaN.
+            (None, Some(f)) if f >= 0.0 => Ok(f as u64),
+            _ => Err(Reason::Malformed),
+        },
+        _ => Err(Reason::Malformed),
+    }
 }
 
 /// Now, in Unix seconds (the unit of `exp`, `nbf` and `iat`).
@@ -110,15 +126,22 @@ pub(super) fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// `iss`, `aud` and `iat`: the same checks for a JWT and an introspection answer.
+/// `iss`, `aud` and the times: the same checks for a JWT and an introspection answer. `exp`
+/// is past with the leeway, `nbf` and `iat` ahead with it; each, when present, a NumericDate
+/// ([`numeric_date`]), and every sum saturates (an `exp` near 2^64 never wraps).
 pub(super) fn check_claims(claims: &Map<String, Value>, config: &AuthConfig) -> Result<(), Reason> {
     if claims.get("iss").and_then(Value::as_str) != Some(config.issuer.as_str()) {
         return Err(Reason::WrongIssuer);
     }
     check_audience(claims, config)?;
-    if let Some(iat) = claims.get("iat") {
-        let iat = iat.as_u64().ok_or(Reason::Malformed)?;
-        if iat > now() + config.leeway.as_secs() {
+    let leeway = config.leeway.as_secs();
+    let now = now();
+    let date = |name: &str| claims.get(name).map(numeric_date).transpose();
+    if date("exp")?.is_some_and(|exp| exp.saturating_add(leeway) < now) {
+        return Err(Reason::Expired);
+    }
+    for ahead in ["nbf", "iat"] {
+        if date(ahead)?.is_some_and(|t| t > now.saturating_add(leeway)) {
             return Err(Reason::NotYetValid);
         }
     }

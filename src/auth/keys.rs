@@ -259,6 +259,8 @@ pub(super) struct KeyStore {
     /// When the last fetches started (any, and the last one an unknown `kid` asked for);
     /// taken to fetch, so one runs at a time.
     last: tokio::sync::Mutex<Fetches>,
+    /// Whether a background fetch (the held keys past their lifetime) runs now.
+    refreshing: std::sync::atomic::AtomicBool,
 }
 
 /// When the keys were last fetched.
@@ -304,7 +306,21 @@ impl KeyStore {
             refresh,
             held: RwLock::new(None),
             last: tokio::sync::Mutex::new(Fetches::default()),
+            refreshing: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Whether the caller may start the one background fetch (none runs now).
+    pub(super) fn start_refreshing(&self) -> bool {
+        !self
+            .refreshing
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
+
+    /// The background fetch ended.
+    pub(super) fn done_refreshing(&self) {
+        self.refreshing
+            .store(false, std::sync::atomic::Ordering::Release);
     }
 
     pub(super) fn current(&self) -> Option<Arc<KeySet>> {

@@ -39,10 +39,12 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::body::{self, Body};
+use crate::caller::CallerKey;
 use crate::config::{AuthConfig, AuthMode, OperationKind};
 use crate::error::{Error, ErrorKind};
 use crate::feedback::capability::ProductKey;
 use crate::feedback::identity::IdentityRefs;
+use crate::ledger::{self, Ledger, Pool};
 use crate::metrics::Metrics;
 
 use self::keys::{KeyFetch, KeyStore, Metadata};
@@ -67,6 +69,8 @@ pub(crate) struct Refusal {
     pub(crate) reason: Reason,
     /// For the operator's log: what the sidecar was doing (never the token or its claims).
     detail: Option<String>,
+    /// Why the ledger gave no introspection a place ([`Reason::IntrospectionsBusy`]).
+    busy: Option<ledger::Refused>,
 }
 
 impl From<Reason> for Refusal {
@@ -74,6 +78,7 @@ impl From<Reason> for Refusal {
         Refusal {
             reason,
             detail: None,
+            busy: None,
         }
     }
 }
@@ -140,6 +145,9 @@ pub(crate) struct Principal {
     pub(crate) client_id: Option<String>,
     /// The refs for Epode (`userRef`, `accountRef`, `customerRef` = `accountRef`).
     pub(crate) refs: IdentityRefs,
+    /// Who it is as a caller (`crate::caller`): the issuer and subject, else the OAuth
+    /// client, else the token itself; never two principals' one.
+    pub(crate) caller: CallerKey,
 }
 
 enum Cached {
@@ -150,11 +158,23 @@ enum Cached {
 struct Entry {
     value: Cached,
     until: Instant,
+    /// The key set a JWT was verified with (when it was fetched): once the issuer's keys
+    /// are fetched again, the token is verified again with them, so a token whose key left
+    /// the set is refused from then on, not at its own `exp`.
+    verified_with: Option<Instant>,
+}
+
+/// The longest a verified token is kept, whatever its `exp` says.
+const MAX_KEEP: Duration = Duration::from_secs(24 * 3600);
+
+/// `now` plus `d`, kept within [`MAX_KEEP`] (a far `exp` never overflows an `Instant`).
+fn kept_until(now: Instant, d: Duration) -> Instant {
+    now + d.min(MAX_KEEP)
 }
 
 /// What the check of the mode needs, learned from the issuer's metadata at start.
 enum Backend {
-    Jwt(KeyStore),
+    Jwt(Arc<KeyStore>),
     Introspect(url::Url),
 }
 
@@ -173,6 +193,8 @@ pub(crate) struct Authorizer {
     metadata: Bytes,
     /// `resource_metadata="…"` and the base `scope="…"`, written once.
     challenge_tail: String,
+    /// Where the introspections in flight are charged to the client's address.
+    ledger: Arc<Ledger>,
 }
 
 impl Authorizer {
@@ -182,6 +204,7 @@ impl Authorizer {
         config: AuthConfig,
         metrics: Arc<Metrics>,
         key: Option<&ProductKey>,
+        ledger: Arc<Ledger>,
     ) -> Result<Arc<Self>, Error> {
         let client = reqwest::Client::builder()
             .connect_timeout(config.fetch_timeout)
@@ -248,6 +271,7 @@ impl Authorizer {
             metrics,
             metadata: Bytes::from(Value::Object(doc).to_string()),
             challenge_tail,
+            ledger,
         }))
     }
 
@@ -318,26 +342,13 @@ impl Authorizer {
             }),
             _ => m
                 .jwks_uri
-                .map(|u| Backend::Jwt(KeyStore::new(u, self.client.clone(), self.config.fetch_timeout, self.config.keys_refresh)))
+                .map(|u| Backend::Jwt(Arc::new(KeyStore::new(u, self.client.clone(), self.config.fetch_timeout, self.config.keys_refresh))))
                 .ok_or_else(|| format!("the metadata of {} names no jwks_uri (EPODE_SIDECAR_AUTH=jwt needs one)", self.config.issuer)),
         }
     }
 
     fn count_fetch(&self, fetched: KeyFetch, store: &KeyStore) {
-        let outcome = match fetched {
-            KeyFetch::Done => "fetched",
-            KeyFetch::Failed => "failed",
-            KeyFetch::Skipped => return,
-        };
-        self.metrics.auth_key_fetch(outcome);
-        if let Some(set) = store.current() {
-            self.metrics.auth.keys.set(set.len() as i64);
-            let at = set
-                .fetched_at
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs());
-            self.metrics.auth.keys_fetched.set(at as i64);
-        }
+        count_fetch(&self.metrics, fetched, store);
     }
 
     /// Protected Resource Metadata, for a GET (or HEAD) of its well-known path: bare, with
@@ -378,14 +389,16 @@ impl Authorizer {
     }
 
     /// The caller of one MCP request, or why it is refused (counted); `asked` notes the
-    /// introspection call the check made, if any.
+    /// introspection call the check made, if any; `address` is the client's address as a
+    /// caller (an introspection in flight is charged to it).
     pub(crate) async fn check(
         &self,
         headers: &HeaderMap,
         query: Option<&str>,
+        address: CallerKey,
         asked: &mut Option<Asked>,
     ) -> Result<Arc<Principal>, Refusal> {
-        let result = self.principal(headers, query, asked).await;
+        let result = self.principal(headers, query, address, asked).await;
         if let Err(r) = &result {
             self.count(r);
         }
@@ -469,6 +482,7 @@ impl Authorizer {
         &self,
         headers: &HeaderMap,
         query: Option<&str>,
+        address: CallerKey,
         asked: &mut Option<Asked>,
     ) -> Result<Arc<Principal>, Refusal> {
         let token = bearer(headers, query)?;
@@ -483,66 +497,99 @@ impl Authorizer {
                 _ => Reason::KeysUnavailable,
             },
             detail: Some(why),
+            busy: None,
         })?;
-        let (claims, exp, keep) = match backend {
+        let (claims, until, verified_with) = match backend {
             Backend::Jwt(store) => {
-                let (claims, exp) = self.verify_jwt(store, token).await?;
-                (claims, Some(exp), None)
+                let (claims, exp, set) = self.verify_jwt(store, token).await?;
+                (claims, kept_until(now, until_unix(exp)), Some(set))
             }
             Backend::Introspect(endpoint) => {
-                let started = std::time::SystemTime::now();
-                let mut status = None;
-                let answer = introspect::introspect(
-                    &self.client,
-                    endpoint,
-                    token,
-                    &self.config,
-                    &mut status,
-                )
-                .await;
-                *asked = Some(Asked {
-                    started,
-                    ended: std::time::SystemTime::now(),
-                    url: fetch::shown(endpoint),
-                    host: endpoint.host_str().map(str::to_owned),
-                    port: endpoint.port_or_known_default(),
-                    status,
-                    outcome: answer
-                        .as_ref()
-                        .map_or_else(|(r, _)| r.as_str(), |_| "active"),
-                    error: introspect::failure(&answer, status),
-                });
-                match answer {
-                    Ok((claims, exp)) => (claims, exp, Some(self.config.introspection_cache)),
-                    Err((reason, detail)) => {
-                        if detail.is_none() {
-                            self.remember(
-                                digest,
-                                Cached::Refused(reason),
-                                now + introspect::NEGATIVE_KEEP,
-                            );
-                        }
-                        return Err(Refusal { reason, detail });
-                    }
-                }
+                let (claims, exp) = self
+                    .introspected(endpoint, token, &digest, address, asked)
+                    .await?;
+                let keep = self.config.introspection_cache;
+                let until = exp.map_or(keep, |exp| until_unix(exp).min(keep));
+                (claims, kept_until(now, until), None)
             }
         };
-        let principal = Arc::new(self.principal_of(&claims));
-        let mut until = exp.map_or(
-            now + keep.unwrap_or(self.config.introspection_cache),
-            |exp| now + until_unix(exp),
+        let principal = Arc::new(self.principal_of(&claims, &digest));
+        self.remember(
+            digest,
+            Entry {
+                value: Cached::Valid(principal.clone()),
+                until,
+                verified_with,
+            },
         );
-        if let Some(keep) = keep {
-            until = until.min(now + keep);
-        }
-        self.remember(digest, Cached::Valid(principal.clone()), until);
         Ok(principal)
     }
 
+    /// An opaque token asked of the issuer's introspection endpoint, in one of `address`'s
+    /// places (and the process's) while in flight: its claims and `exp`; the call noted in
+    /// `asked` for the request's span; an inactive token remembered a few seconds.
+    async fn introspected(
+        &self,
+        endpoint: &url::Url,
+        token: &str,
+        digest: &[u8; 32],
+        address: CallerKey,
+        asked: &mut Option<Asked>,
+    ) -> Result<(Map<String, Value>, Option<u64>), Refusal> {
+        let _place = self
+            .ledger
+            .try_charge(Pool::Introspections, address)
+            .map_err(|why| Refusal {
+                reason: Reason::IntrospectionsBusy,
+                detail: None,
+                busy: Some(why),
+            })?;
+        let started = std::time::SystemTime::now();
+        let mut status = None;
+        let answer =
+            introspect::introspect(&self.client, endpoint, token, &self.config, &mut status).await;
+        *asked = Some(Asked {
+            started,
+            ended: std::time::SystemTime::now(),
+            url: fetch::shown(endpoint),
+            host: endpoint.host_str().map(str::to_owned),
+            port: endpoint.port_or_known_default(),
+            status,
+            outcome: answer
+                .as_ref()
+                .map_or_else(|(r, _)| r.as_str(), |_| "active"),
+            error: introspect::failure(&answer, status),
+        });
+        answer.map_err(|(reason, detail)| {
+            if detail.is_none() {
+                self.remember(
+                    *digest,
+                    Entry {
+                        value: Cached::Refused(reason),
+                        until: Instant::now() + introspect::NEGATIVE_KEEP,
+                        verified_with: None,
+                    },
+                );
+            }
+            Refusal {
+                reason,
+                detail,
+                busy: None,
+            }
+        })
+    }
+
+    /// A token seen before: its principal or its refusal, while that holds (a JWT verified
+    /// with keys fetched since is not: it is verified again).
     fn cached(&self, digest: &[u8; 32], now: Instant) -> Option<Result<Arc<Principal>, Refusal>> {
+        let keys = match self.backend.get() {
+            Some(Backend::Jwt(store)) => store.current().map(|set| set.fetched),
+            _ => None,
+        };
         let mut cache = self.cache.lock();
         let entry = cache.get(digest)?;
-        if entry.until <= now {
+        let stale_keys = entry.verified_with.is_some_and(|v| Some(v) != keys);
+        if entry.until <= now || stale_keys {
             cache.pop(digest);
             return None;
         }
@@ -552,25 +599,24 @@ impl Authorizer {
         })
     }
 
-    fn remember(&self, digest: [u8; 32], value: Cached, until: Instant) {
-        self.cache.lock().put(digest, Entry { value, until });
+    fn remember(&self, digest: [u8; 32], entry: Entry) {
+        self.cache.lock().put(digest, entry);
     }
 
+    /// A JWT's verified claims, its `exp`, and when the key set that verified it was fetched.
+    /// Keys past their lifetime are used while fresh ones are fetched in the background (a
+    /// hanging key endpoint never holds a request); a key the set does not hold is fetched
+    /// for (at most once per interval) before the token is refused.
     async fn verify_jwt(
         &self,
-        store: &KeyStore,
+        store: &Arc<KeyStore>,
         token: &str,
-    ) -> Result<(Map<String, Value>, u64), Refusal> {
+    ) -> Result<(Map<String, Value>, u64, Instant), Refusal> {
         let head = jwt::head(token, &self.config)?;
-        let mut set = store.current();
+        let set = store.current();
         if let Some(s) = &set {
             if !s.fresh() {
-                // Past its lifetime: fetched again, at most once per interval whatever the
-                // number of requests (an endpoint that fails is not asked by each of them);
-                // a failure keeps the old keys.
-                let (fetched, _) = store.refresh(Some(s.fetched), keys::Why::Expired).await;
-                self.count_fetch(fetched, store);
-                set = store.current();
+                self.refresh_in_background(store, s.fetched);
             }
         }
         let Some(first) = set else {
@@ -588,13 +634,29 @@ impl Authorizer {
                 if Arc::ptr_eq(&again, &first) {
                     return Err(Reason::UnknownKey.into());
                 }
-                Ok(jwt::verify(token, &head, &again, &self.config)?)
+                let (claims, exp) = jwt::verify(token, &head, &again, &self.config)?;
+                Ok((claims, exp, again.fetched))
             }
-            other => Ok(other?),
+            Ok((claims, exp)) => Ok((claims, exp, first.fetched)),
+            Err(r) => Err(r.into()),
         }
     }
 
-    fn principal_of(&self, claims: &Map<String, Value>) -> Principal {
+    /// Fetches the keys again in the background (at most once per interval, one fetch at a
+    /// time: `KeyStore::refresh`); a failure keeps the keys held.
+    fn refresh_in_background(&self, store: &Arc<KeyStore>, seen: Instant) {
+        if !store.start_refreshing() {
+            return;
+        }
+        let (store, metrics) = (store.clone(), self.metrics.clone());
+        tokio::spawn(async move {
+            let (fetched, _) = store.refresh(Some(seen), keys::Why::Expired).await;
+            count_fetch(&metrics, fetched, &store);
+            store.done_refreshing();
+        });
+    }
+
+    fn principal_of(&self, claims: &Map<String, Value>, digest: &[u8; 32]) -> Principal {
         let text = |name: &str| match claims.get(name) {
             Some(Value::String(s)) if !s.is_empty() => Some(s.clone()),
             Some(Value::Number(n)) => Some(n.to_string()),
@@ -615,20 +677,36 @@ impl Authorizer {
         };
         let subject = text(&self.config.user_claim);
         let account = self.config.account_claim.as_deref().and_then(text);
+        let client_id = text("client_id").or_else(|| text("azp"));
         let mut refs = IdentityRefs::default();
         if let Some(s) = &subject {
-            refs.user_ref = Some(self.refs.make(s));
+            // A person's subject is never sent as it is, however ref-shaped (`john.smith`):
+            // only an OAuth client's own (a client-credentials token, whose subject is its
+            // client id) may be.
+            let service = client_id.as_deref() == Some(s.as_str());
+            refs.user_ref = Some(if service {
+                self.refs.make(s)
+            } else {
+                self.refs.hashed(s)
+            });
         }
         if let Some(a) = &account {
             let r = self.refs.make(a);
             refs.customer_ref = Some(r.clone());
             refs.account_ref = Some(r);
         }
+        let caller = CallerKey::of_token(
+            &self.config.issuer,
+            subject.as_deref().or(text("sub").as_deref()),
+            client_id.as_deref(),
+            digest,
+        );
         Principal {
             subject,
             scopes,
-            client_id: text("client_id").or_else(|| text("azp")),
+            client_id,
             refs,
+            caller,
         }
     }
 
@@ -639,6 +717,9 @@ impl Authorizer {
     pub(crate) fn refuse(&self, refusal: &Refusal) -> Error {
         let r = refusal.reason;
         let kind = |challenge: String| ErrorKind::Unauthorized { challenge };
+        if let Some(why) = refusal.busy {
+            return self.ledger.refusal(Pool::Introspections, why);
+        }
         match r {
             Reason::IntrospectionUnavailable | Reason::KeysUnavailable => Error::new(
                 ErrorKind::AuthUnavailable { retry_after: 5 },
@@ -669,6 +750,7 @@ impl Authorizer {
         &self,
         headers: &mut HeaderMap,
         query: Option<&str>,
+        address: CallerKey,
         asked: &mut Option<Asked>,
     ) -> Result<(), Error> {
         if !self.config.http_surface {
@@ -676,7 +758,7 @@ impl Authorizer {
             return Ok(());
         }
         let principal = self
-            .check(headers, query, asked)
+            .check(headers, query, address, asked)
             .await
             .map_err(|r| self.refuse(&r))?;
         self.require(&principal, &self.config.scopes)?;
@@ -714,6 +796,24 @@ impl Authorizer {
     }
 }
 
+/// A fetch of the keys, for the metrics.
+fn count_fetch(metrics: &Metrics, fetched: KeyFetch, store: &KeyStore) {
+    let outcome = match fetched {
+        KeyFetch::Done => "fetched",
+        KeyFetch::Failed => "failed",
+        KeyFetch::Skipped => return,
+    };
+    metrics.auth_key_fetch(outcome);
+    if let Some(set) = store.current() {
+        metrics.auth.keys.set(set.len() as i64);
+        let at = set
+            .fetched_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        metrics.auth.keys_fetched.set(at as i64);
+    }
+}
+
 /// The headers the sidecar owns, removed from a client's request (whether auth is on or not:
 /// a client never names itself to the upstream).
 pub(crate) fn strip_owned(headers: &mut HeaderMap) {
@@ -748,6 +848,7 @@ fn bearer<'h>(headers: &'h HeaderMap, query: Option<&str>) -> Result<&'h str, Re
     let bad = || Refusal {
         reason: Reason::Malformed,
         detail: Some(MALFORMED_REQUEST.to_owned()),
+        busy: None,
     };
     if query.is_some_and(|q| {
         url::form_urlencoded::parse(q.as_bytes()).any(|(k, _)| k == "access_token")
@@ -779,9 +880,9 @@ fn bearer<'h>(headers: &'h HeaderMap, query: Option<&str>) -> Result<&'h str, Re
     Ok(token)
 }
 
-/// Epode refs from claims: a value that already matches the ref rule is used as it is; any
-/// other (too long, other characters, an `@`) becomes a keyed hash of it, stable for one
-/// product key.
+/// Epode refs from claims: a tenant's id (the account claim) or an OAuth client's own that
+/// already matches the ref rule is used as it is; a person's subject, and any other value (too
+/// long, other characters, an `@`), becomes a keyed hash of it, stable for one product key.
 struct RefMaker {
     mac: Option<hmac::Hmac<Sha256>>,
 }
@@ -797,7 +898,6 @@ impl RefMaker {
     }
 
     fn make(&self, value: &str) -> String {
-        use hmac::Mac;
         let plain = !value.is_empty()
             && value.len() <= crate::feedback::identity::MAX_REF_LEN
             && value
@@ -806,6 +906,12 @@ impl RefMaker {
         if plain {
             return value.to_owned();
         }
+        self.hashed(value)
+    }
+
+    /// A keyed hash of `value`, whatever it looks like.
+    fn hashed(&self, value: &str) -> String {
+        use hmac::Mac;
         let digest = match &self.mac {
             Some(mac) => {
                 let mut mac = mac.clone();

@@ -18,10 +18,13 @@ pub(crate) enum Reason {
     IntrospectionUnavailable,
     /// The issuer's keys could not be fetched (at start, or since): no token can be checked.
     KeysUnavailable,
+    /// As many introspections are in flight as may be (for the client's address, or for the
+    /// process): the token is not asked about now.
+    IntrospectionsBusy,
 }
 
 impl Reason {
-    pub(crate) const ALL: [Reason; 13] = [
+    pub(crate) const ALL: [Reason; 14] = [
         Reason::Missing,
         Reason::Malformed,
         Reason::Expired,
@@ -35,6 +38,7 @@ impl Reason {
         Reason::InsufficientScope,
         Reason::IntrospectionUnavailable,
         Reason::KeysUnavailable,
+        Reason::IntrospectionsBusy,
     ];
 
     pub(crate) fn as_str(self) -> &'static str {
@@ -52,6 +56,7 @@ impl Reason {
             Reason::InsufficientScope => "insufficient_scope",
             Reason::IntrospectionUnavailable => "introspection_unavailable",
             Reason::KeysUnavailable => "keys_unavailable",
+            Reason::IntrospectionsBusy => "introspections_busy",
         }
     }
 
@@ -71,6 +76,7 @@ impl Reason {
             Reason::InsufficientScope => "the token lacks a scope this request needs",
             Reason::IntrospectionUnavailable => "the token could not be checked now",
             Reason::KeysUnavailable => "the token could not be checked now",
+            Reason::IntrospectionsBusy => "the token could not be checked now",
         }
     }
 }

@@ -113,8 +113,23 @@ pub(super) fn test_config() -> AuthConfig {
     }
 }
 
+fn test_ledger() -> Arc<crate::ledger::Ledger> {
+    crate::ledger::Ledger::with(crate::ledger::Pool::Introspections, 4, 2)
+}
+
+/// A client address as a caller.
+fn who() -> crate::caller::CallerKey {
+    crate::caller::CallerKey::of_token("address", None, None, &[7; 32])
+}
+
 fn authorizer() -> Arc<Authorizer> {
-    Authorizer::new(test_config(), Arc::new(Metrics::new(|_| {})), None).unwrap()
+    Authorizer::new(
+        test_config(),
+        Arc::new(Metrics::new(|_| {})),
+        None,
+        test_ledger(),
+    )
+    .unwrap()
 }
 
 #[test]
@@ -142,6 +157,7 @@ fn every_refusal_has_its_status_and_challenge() {
     let (s, h) = challenge(Refusal {
         reason: Reason::Malformed,
         detail: Some(MALFORMED_REQUEST.into()),
+        busy: None,
     });
     assert_eq!(s, 400);
     assert!(h.unwrap().starts_with("Bearer error=\"invalid_request\""));
@@ -219,6 +235,7 @@ fn the_upstream_gets_the_claims_and_not_the_token() {
         scopes: vec!["mcp:tools".into()],
         client_id: Some("app".into()),
         refs: IdentityRefs::default(),
+        caller: crate::caller::CallerKey::of_token("i", None, None, &[0; 32]),
     };
     a.to_upstream(&mut h, &p);
     assert!(!h.contains_key("authorization"));
@@ -237,6 +254,7 @@ fn the_upstream_gets_the_claims_and_not_the_token() {
             user_ref: Some("h:0123".into()),
             ..IdentityRefs::default()
         },
+        caller: crate::caller::CallerKey::of_token("i", None, None, &[1; 32]),
     };
     a.to_upstream(&mut h2, &odd);
     assert_eq!(h2["epode-auth-subject"], "h:0123");
@@ -252,7 +270,7 @@ fn claims_become_a_principal_with_refs() {
         "sub": "user 1", "org": "acme", "scope": "mcp:tools  mcp:read", "client_id": "app"
     }))
     .unwrap();
-    let p = a.principal_of(&claims);
+    let p = a.principal_of(&claims, &[0; 32]);
     assert_eq!(p.subject.as_deref(), Some("user 1"));
     assert_eq!(p.scopes, ["mcp:tools", "mcp:read"]);
     assert!(
@@ -277,7 +295,7 @@ fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
     )]
     .into_iter()
     .collect();
-    let a = Authorizer::new(config, Arc::new(Metrics::new(|_| {})), None).unwrap();
+    let a = Authorizer::new(config, Arc::new(Metrics::new(|_| {})), None, test_ledger()).unwrap();
     let doc: Value = serde_json::from_slice(&a.metadata).unwrap();
     assert_eq!(
         doc["scopes_supported"],
@@ -305,6 +323,7 @@ fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
         scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
         client_id: None,
         refs: IdentityRefs::default(),
+        caller: crate::caller::CallerKey::of_token("i", None, None, &[0; 32]),
     };
     assert!(a
         .require(&holding(&["mcp:tools", "mcp:admin"]), &needed)
@@ -399,8 +418,14 @@ fn authorizer_with_keys(config: &AuthConfig, set: &Arc<keys::KeySet>) -> Arc<Aut
         Duration::from_secs(30),
     );
     *store.held.write() = Some(set.clone());
-    let a = Authorizer::new(config.clone(), Arc::new(Metrics::new(|_| {})), None).unwrap();
-    assert!(a.backend.set(Backend::Jwt(store)).is_ok());
+    let a = Authorizer::new(
+        config.clone(),
+        Arc::new(Metrics::new(|_| {})),
+        None,
+        test_ledger(),
+    )
+    .unwrap();
+    assert!(a.backend.set(Backend::Jwt(Arc::new(store))).is_ok());
     a
 }
 
@@ -443,18 +468,18 @@ fn auth_costs() {
         let start = Instant::now();
         rt.block_on(async {
             for h in &bearer_headers {
-                black_box(fresh.check(h, None, &mut None).await.unwrap());
+                black_box(fresh.check(h, None, who(), &mut None).await.unwrap());
             }
         });
         let ns = start.elapsed().as_nanos() / TOKENS as u128;
         println!("first sight, Authorizer::check (verified, principal made, cached): {ns} ns");
         // The cached path: the same token again and again, cached by its first check.
         let h = &bearer_headers[round];
-        rt.block_on(a.check(h, None, &mut None)).unwrap();
+        rt.block_on(a.check(h, None, who(), &mut None)).unwrap();
         let start = Instant::now();
         rt.block_on(async {
             for _ in 0..CACHED {
-                black_box(a.check(h, None, &mut None).await.unwrap());
+                black_box(a.check(h, None, who(), &mut None).await.unwrap());
             }
         });
         let ns = start.elapsed().as_nanos() / u128::from(CACHED);
@@ -472,12 +497,20 @@ fn the_verified_token_cache_is_bounded_and_forgets_the_least_recent_and_the_expi
             scopes: vec![],
             client_id: None,
             refs: IdentityRefs::default(),
+            caller: crate::caller::CallerKey::of_token("i", Some("s"), None, &[0; 32]),
         })
     };
     let now = Instant::now();
     let later = now + Duration::from_secs(60);
     for i in 0..5u8 {
-        a.remember([i; 32], Cached::Valid(principal()), later);
+        a.remember(
+            [i; 32],
+            Entry {
+                value: Cached::Valid(principal()),
+                until: later,
+                verified_with: None,
+            },
+        );
     }
     assert_eq!(a.cache.lock().len(), 4, "past its bound");
     assert!(
@@ -488,11 +521,25 @@ fn the_verified_token_cache_is_bounded_and_forgets_the_least_recent_and_the_expi
         assert!(a.cached(&[i; 32], now).unwrap().is_ok(), "{i}");
     }
     // Never past the token's expiry, and an expired entry leaves the cache.
-    a.remember([9; 32], Cached::Valid(principal()), now);
+    a.remember(
+        [9; 32],
+        Entry {
+            value: Cached::Valid(principal()),
+            until: now,
+            verified_with: None,
+        },
+    );
     assert!(a.cached(&[9; 32], now).is_none());
     assert!(a.cache.lock().peek(&[9; 32]).is_none());
     // A refusal remembered (an inactive introspected token) answers as the refusal.
-    a.remember([7; 32], Cached::Refused(Reason::Inactive), later);
+    a.remember(
+        [7; 32],
+        Entry {
+            value: Cached::Refused(Reason::Inactive),
+            until: later,
+            verified_with: None,
+        },
+    );
     assert_eq!(
         a.cached(&[7; 32], now).unwrap().unwrap_err().reason,
         Reason::Inactive

@@ -188,22 +188,20 @@ fn algorithms(raw: &str) -> Result<Vec<jsonwebtoken::Algorithm>, Bad> {
         .collect()
 }
 
-/// Claims that hold a person's name, address or handle: Epode's contract forbids refs
-/// derived from them.
-const PERSONAL_CLAIMS: [&str; 12] = [
-    "email",
-    "email_verified",
-    "name",
-    "given_name",
-    "family_name",
-    "middle_name",
-    "nickname",
-    "preferred_username",
-    "upn",
-    "unique_name",
-    "phone_number",
-    "address",
-];
+/// Whether a claim's name says it holds a person's name, address, handle or contact: Epode's
+/// contract forbids refs derived from them. Read on the name's last part (`cognito:username`,
+/// `https://example.com/email`), case aside: any name with `name` (`preferred_username`,
+/// `given_name`, `unique_name`), `mail`, `login`, `phone`, `address` or `upn` in it.
+fn is_personal_claim(name: &str) -> bool {
+    let last = name
+        .rsplit([':', '/'])
+        .next()
+        .unwrap_or(name)
+        .to_ascii_lowercase();
+    ["name", "mail", "login", "phone", "address", "upn", "birth"]
+        .iter()
+        .any(|p| last.contains(p))
+}
 
 fn claim(raw: &str) -> Result<String, Bad> {
     let name = raw.trim();
@@ -215,7 +213,7 @@ fn claim(raw: &str) -> Result<String, Bad> {
     if !ok {
         return Err(Bad::Whole);
     }
-    if PERSONAL_CLAIMS.iter().any(|p| p.eq_ignore_ascii_case(name)) {
+    if is_personal_claim(name) {
         return Err(Bad::Described(
             "a claim that names a person (an e-mail, a name, a user name): Epode's refs must be opaque ids, never derived from them; name a claim holding an id, such as sub or a tenant id",
         ));
@@ -396,7 +394,7 @@ settings! {
             &["EPODE_SIDECAR_AUTH_USER_CLAIM"],
             Some("sub"),
             "a claim name holding an opaque id (not email, name or another claim naming a person)",
-            "With auth on: the claim that becomes Epode's `userRef` (and the subject the upstream is told, `Epode-Auth-Subject`). A value that is not already an Epode ref (`A-Z a-z 0-9 _ . : -`, 1 to 160) is sent as a keyed hash of it.",
+            "With auth on: the claim that becomes Epode's `userRef` (and the subject the upstream is told, `Epode-Auth-Subject`). Epode gets a keyed hash of it (stable for one product key), never the value, unless the token is an OAuth client's own (its subject its `client_id`, as client-credentials tokens are) and the value already an Epode ref (`A-Z a-z 0-9 _ . : -`, 1 to 160). A claim whose name says it names a person (containing `name`, `mail`, `login`, `phone`, `address`, `upn`, `birth`) is refused at start.",
             claim,
             |c| shown(c, |a| a.user_claim.clone()).unwrap_or_else(|| NOT_USED.into()),
         ),
@@ -605,8 +603,31 @@ mod tests {
         );
         assert!(scopes("offline_access").is_err());
         assert!(scopes("a\"b").is_err());
-        assert_eq!(claim("org_id").unwrap(), "org_id");
-        for bad in ["email", "Name", "preferred_username", "a b", ""] {
+        for good in [
+            "org_id",
+            "sub",
+            "oid",
+            "tid",
+            "org",
+            "azp",
+            "https://example.com/tenant",
+        ] {
+            assert_eq!(claim(good).unwrap(), good);
+        }
+        for bad in [
+            "email",
+            "Name",
+            "preferred_username",
+            "username",
+            "cognito:username",
+            "login",
+            "mail",
+            "https://example.com/email",
+            "upn",
+            "phone_number",
+            "a b",
+            "",
+        ] {
             assert!(claim(bad).is_err(), "{bad}");
         }
     }

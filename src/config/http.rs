@@ -3,7 +3,8 @@
 //! from them. Off by default, so nothing changes for a sidecar in front of an MCP server only.
 
 use super::setting::{
-    a_size, bounded, read_all, setting, settings, split_list, Accepts, Bad, Layers, Refused,
+    a_size, bounded, percent, read_all, setting, settings, split_list, Accepts, Bad, Layers,
+    Refused,
 };
 use super::types::{HttpCacheMode, HttpSurface, RouteTemplate};
 
@@ -68,12 +69,6 @@ fn routes(raw: &str) -> Result<Vec<RouteTemplate>, Bad> {
 
 /// A whole percentage from 1 to 99, with or without `%`.
 /// A percentage, `50%` or `50` (its bounds are the declaration's, checked before).
-fn percent(v: &str) -> Result<u8, Bad> {
-    let v = v.trim();
-    let n = v.strip_suffix('%').unwrap_or(v).trim();
-    n.parse().map_err(|_| Bad::Whole)
-}
-
 /// A path prefix such as `/_epode-sidecar`: starts with `/`, does not end with one, and is
 /// more than `/`.
 fn prefix(v: &str) -> Result<String, Bad> {

@@ -614,6 +614,13 @@ pub(super) fn number<T: std::str::FromStr>(v: &str) -> Result<T, Bad> {
 }
 
 /// A duration such as `30s` (its bounds are the declaration's [`Accepts::duration`]).
+/// A percentage, `50%` or `50`.
+pub(super) fn percent(v: &str) -> Result<u8, Bad> {
+    let v = v.trim();
+    let n = v.strip_suffix('%').unwrap_or(v).trim();
+    n.parse().map_err(|_| Bad::Whole)
+}
+
 pub(super) fn a_duration(v: &str) -> Result<Duration, Bad> {
     humantime::parse_duration(v).map_err(|_| Bad::Whole)
 }

@@ -551,8 +551,22 @@ pub(crate) struct Limits {
     /// most, and how long each waits for the client's retry.
     pub(crate) held_calls: usize,
     pub(crate) held_call_wait: Duration,
-    /// Most listen streams served for a 2025-era upstream.
+    /// Held calls one caller may hold at once.
+    pub(crate) held_calls_per_caller: usize,
+    /// Most listen streams served for a 2025-era upstream, and per caller.
     pub(crate) listen_streams: usize,
+    pub(crate) listen_streams_per_caller: usize,
+    /// Questions asked of 2025 clients and not answered yet, and per caller.
+    pub(crate) questions: usize,
+    pub(crate) questions_per_caller: usize,
+    /// 2025-era upstream sessions one caller may hold (one per capability set).
+    pub(crate) upstream_sessions_per_caller: usize,
+    /// The part of the upstream connections held calls and listen feeds may hold together
+    /// (percent).
+    pub(crate) upstream_hold_share: u8,
+    /// Introspection calls in flight at once, and per client address.
+    pub(crate) introspections: usize,
+    pub(crate) introspections_per_caller: usize,
     /// Idle keep-alive connections to an HTTP upstream kept per worker, and for how long.
     pub(crate) upstream_max_idle: usize,
     pub(crate) upstream_idle_timeout: Duration,
@@ -567,6 +581,15 @@ pub(crate) struct Limits {
     pub(crate) rate_limit_clients: usize,
     pub(crate) tool_rate_limits: Vec<ToolRate>,
     pub(crate) trusted_proxies: Vec<IpNet>,
+}
+
+impl Limits {
+    /// The upstream connections held calls and listen feeds may hold together: their share
+    /// of `connections` (the MCP path's), at least 1 and never all of them.
+    pub(crate) fn held_connections(&self, connections: usize) -> usize {
+        let share = connections.saturating_mul(usize::from(self.upstream_hold_share)) / 100;
+        share.clamp(1, connections.saturating_sub(1).max(1))
+    }
 }
 
 /// Variables a child never sees, whatever the allowlist says: the sidecar's own secrets.

@@ -17,6 +17,7 @@ use crate::auth::{Authorizer, Principal};
 use crate::binding::FeedbackBinding;
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
+use crate::caller::Caller;
 use crate::config::Config;
 use crate::error::{Error, ErrorKind, Level};
 use crate::frontdoor;
@@ -303,13 +304,17 @@ impl Dispatcher {
         &self,
         parts: &mut http::request::Parts,
         bytes: &bytes::Bytes,
+        address: &Caller,
         asked: &mut Option<crate::auth::Asked>,
     ) -> Result<Option<Arc<Principal>>, Response<Body>> {
         let Some(auth) = &self.auth else {
             crate::auth::strip_owned(&mut parts.headers);
             return Ok(None);
         };
-        match auth.check(&parts.headers, parts.uri.query(), asked).await {
+        let checked = auth
+            .check(&parts.headers, parts.uri.query(), address.key(), asked)
+            .await;
+        match checked {
             Ok(principal) => {
                 auth.to_upstream(&mut parts.headers, &principal);
                 Ok(Some(principal))
@@ -482,15 +487,26 @@ impl Dispatcher {
             Ok(b) => b,
             Err(e) => return self.body_refused(e),
         };
-        let principal = match self.authorize(&mut parts, &bytes, &mut seen.asked).await {
+        let address = Caller::of_address(client, peer);
+        let principal = match self
+            .authorize(&mut parts, &bytes, &address, &mut seen.asked)
+            .await
+        {
             Ok(principal) => principal,
             Err(refused) => return refused,
         };
+        // Who the caller is, decided once: every table keyed by caller uses it.
+        let caller = Caller::decide(
+            principal.as_ref().map(|p| p.caller),
+            &parts.headers,
+            client,
+            peer,
+        );
         let request = match frontdoor::admit(&parts, &bytes) {
             Ok(Some(r)) => r,
             Ok(None) => {
                 self.table
-                    .tell(&Client::new(&parts.headers, peer), &bytes)
+                    .tell(&Client::new(&parts.headers, caller), &bytes)
                     .await;
                 return body::answer(StatusCode::ACCEPTED, None, body::empty());
             }
@@ -509,7 +525,7 @@ impl Dispatcher {
             Ok(r) => r,
             Err(refused) => return *refused,
         };
-        self.answer(&request, peer, abandoned, seen).await
+        self.answer(&request, caller, abandoned, seen).await
     }
 
     /// An admitted request's answer from the method table; the sidecar's own error answer
@@ -517,11 +533,11 @@ impl Dispatcher {
     async fn answer(
         &self,
         request: &frontdoor::Request<'_>,
-        peer: SocketAddr,
+        caller: Caller,
         abandoned: Abandoned,
         seen: &mut Seen,
     ) -> Response<Body> {
-        let caller = Client::new(&request.parts.headers, peer);
+        let caller = Client::new(&request.parts.headers, caller);
         // The request's work (the calls to Epode it makes) runs with its span as the context.
         let answered = otel::within(
             seen.span.as_ref(),

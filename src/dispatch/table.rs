@@ -198,7 +198,7 @@ impl MethodTable {
     ) -> Result<Response<Body>, Error> {
         let (_, discovery) = self
             .upstream
-            .discover(client, Some(req.bytes.clone()))
+            .discover(client, Some(req.bytes.clone()), None)
             .await?;
         let result = self.binding.with_instructions(discovery.result);
         Ok(ctx.local_result(result))
@@ -212,7 +212,17 @@ impl MethodTable {
         req: &Request<'_>,
         client: &Client<'_>,
     ) -> Result<Response<Body>, Error> {
-        let (_, discovery) = self.upstream.discover(client, None).await?;
+        // The capabilities it declares: its session id will carry them, and the 2025
+        // upstream session its later requests use is the one opened (or found) now.
+        let caps = req
+            .rpc
+            .params_raw
+            .and_then(raw::open)
+            .and_then(|p| p.get("capabilities").map(|c| c.to_owned()));
+        let (_, discovery) = self
+            .upstream
+            .discover(client, None, caps.as_deref())
+            .await?;
         let discover = self.binding.with_instructions(discovery.result);
         let requested = req.rpc.params.protocol_version.and_then(raw::as_str);
         let protocol = requested
@@ -240,11 +250,6 @@ impl MethodTable {
         let mut resp = body::json(StatusCode::OK, raw::to_bytes(&msg));
         // The client's capabilities travel in the session id it now sends on every request,
         // so they reach the upstream with no state kept here: any replica reads them.
-        let caps = req
-            .rpc
-            .params_raw
-            .and_then(raw::open)
-            .and_then(|p| p.get("capabilities").map(|c| c.to_owned()));
         if let Some(sid) = self.upstream.session_for(caps.as_deref()) {
             resp.headers_mut().insert(headers::SESSION_ID, sid);
         }

@@ -265,6 +265,11 @@ pub(crate) struct Question {
 }
 
 impl Question {
+    /// The question an SSE event carries, when it carries one.
+    pub(crate) fn in_event(block: &[u8]) -> Option<Question> {
+        Question::of(&raw::parse_message(event_data(block)?.as_bytes())?)
+    }
+
     /// The question from a message of the upstream's, when it is one.
     fn of(msg: &RawMap) -> Option<Question> {
         if !is_question(msg) {
@@ -338,8 +343,15 @@ pub(crate) trait Bridge: Send {
         question: &Question,
         why: Decline,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+    /// Takes the places a held call needs now, before the answer's head goes (the call's
+    /// first message is a question): a refusal is then the answer's status (429 or 503, with
+    /// `Retry-After`), not an error event in a stream already answered 200.
+    fn reserve(&mut self) -> Result<(), Error>;
+    /// Tells the upstream the call ends (it is let go without being held).
+    fn cancel(&self);
     /// Holds the rest of the call (`stream`) with the questions the client is asked; the
-    /// `requestState` its retry echoes, or why the call cannot be held.
+    /// `requestState` its retry echoes, or why the call cannot be held (the upstream is then
+    /// told the call ends).
     fn hold(self: Box<Self>, stream: HeldStream, asked: Vec<Question>) -> Result<String, Error>;
 }
 

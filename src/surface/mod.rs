@@ -103,6 +103,7 @@ async fn authorize(
     auth: Option<&crate::auth::Authorizer>,
     headers: &mut http::HeaderMap,
     query: Option<&str>,
+    address: crate::caller::CallerKey,
     span: Option<&crate::otel::HttpSpan>,
 ) -> Result<(), Response<Body>> {
     let Some(auth) = auth else {
@@ -110,7 +111,7 @@ async fn authorize(
         return Ok(());
     };
     let mut asked = None;
-    let checked = auth.surface(headers, query, &mut asked).await;
+    let checked = auth.surface(headers, query, address, &mut asked).await;
     if let (Some(span), Some(asked)) = (span, &asked) {
         asked.span_under(span.context());
     }
@@ -223,8 +224,18 @@ impl HttpSurfaceRoute {
                 started: None,
             })
         });
-        if let Err(resp) =
-            authorize(auth, &mut parts.headers, parts.uri.query(), span.as_ref()).await
+        let address = crate::caller::Caller::of_address(
+            self.rates.client_address(peer, &parts.headers),
+            peer,
+        );
+        if let Err(resp) = authorize(
+            auth,
+            &mut parts.headers,
+            parts.uri.query(),
+            address.key(),
+            span.as_ref(),
+        )
+        .await
         {
             if let Some(span) = span {
                 span.end(resp.status().as_u16());

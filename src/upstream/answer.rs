@@ -275,7 +275,7 @@ async fn finish_stream(
     ctx: RequestContext<'_>,
     upstream: Era,
     bounds: &AnswerBounds,
-    bridge: Option<Box<dyn sse::Bridge>>,
+    mut bridge: Option<Box<dyn sse::Bridge>>,
     notices: Option<sse::Notices>,
 ) -> Result<Response<Body>, Error> {
     let RequestContext {
@@ -315,6 +315,20 @@ async fn finish_stream(
                     .rewrite(&mut msg)
                     .unwrap_or_else(|| raw::to_bytes(&msg));
                 return Ok(body::json(status, bytes));
+            }
+        }
+        // The call's first message asks the client: the places a held call takes are taken
+        // now, so a refusal is this answer's status (429, 503), not an error event after 200.
+        if let (Some(bridge), Some(q)) = (
+            bridge.as_mut(),
+            first.as_deref().and_then(sse::Question::in_event),
+        ) {
+            if bridge.covers(&q) {
+                if let Err(e) = bridge.reserve() {
+                    bridge.cancel();
+                    plan.fail();
+                    return Err(e);
+                }
             }
         }
         read = bytes;

@@ -18,12 +18,13 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::answer::AnswerBounds;
-use super::caller::{credential_hash, Caller, Client};
+use super::caller::{Caller, Client};
 use super::context::RequestContext;
-use super::held::{HeldCall, HeldCalls, Reply};
+use super::held::{Cancel, HeldCall, HeldCalls, Reply};
 use crate::body::Body;
-use crate::budget::MemoryBudget;
+use crate::budget::{MemoryBudget, Reservation};
 use crate::error::{code, Error, ErrorKind};
+use crate::ledger::{Charge, Ledger, Pool};
 use crate::mcp::method::Method;
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::sse::{
@@ -125,8 +126,80 @@ pub(super) struct Asking {
     pub(super) upstream_id: Box<RawValue>,
     pub(super) held: Arc<HeldCalls>,
     pub(super) budget: Arc<MemoryBudget>,
+    /// Where a held call's places are charged to its caller.
+    pub(super) ledger: Arc<Ledger>,
     /// Which round of questions this is (1: the call's first).
     pub(super) round: usize,
+    /// The places taken before the answer's head went (`Bridge::reserve`), for the hold.
+    pub(super) reserved: Option<Reserved>,
+}
+
+/// A held call's places, taken ahead: in the ledger, and its bytes so far.
+pub(super) struct Reserved {
+    charges: Vec<Charge>,
+    bytes: Reservation,
+}
+
+impl Asking {
+    /// The places a held call takes: one of the caller's held calls, and, over HTTP (where
+    /// the held stream keeps an upstream connection), one of its held connections.
+    fn take_places(&self) -> Result<Reserved, Error> {
+        let who = self.caller.key();
+        let mut charges = vec![self.ledger.charge(Pool::HeldCalls, who)?];
+        if matches!(self.reply, Reply::Http { .. }) {
+            charges.push(self.ledger.charge(Pool::HeldConnections, who)?);
+        }
+        let mut bytes = self.budget.start();
+        if !bytes.grow(self.request.len() + self.headers_size()) {
+            return Err(spent());
+        }
+        Ok(Reserved { charges, bytes })
+    }
+
+    /// The bytes of the headers a held call keeps (to answer and cancel in the caller's
+    /// name).
+    fn headers_size(&self) -> usize {
+        self.headers
+            .iter()
+            .map(|(k, v)| k.as_str().len() + v.len() + 8)
+            .sum()
+    }
+
+    /// What tells the upstream the call ends (over HTTP: `notifications/cancelled` in the
+    /// call's session; over stdio, dropping the stream tells the child).
+    fn cancel_upstream(&self) -> Cancel {
+        let http = matches!(self.reply, Reply::Http { .. });
+        let told = http.then(|| {
+            self.answers.clone().answer(
+                self.headers.clone(),
+                self.caller,
+                self.reply.clone(),
+                cancelled_message(&self.upstream_id),
+            )
+        });
+        Box::new(move || {
+            if let Some(told) = told {
+                tokio::spawn(told);
+            }
+        })
+    }
+}
+
+fn spent() -> Error {
+    Error::new(
+        ErrorKind::Overloaded { retry_after: 1 },
+        "its memory budget is spent",
+    )
+}
+
+/// The notification that ends the call `id` upstream.
+fn cancelled_message(id: &RawValue) -> Bytes {
+    let msg = json!({
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": id, "reason": "epode-sidecar: the client did not come back with its answers in time"},
+    });
+    Bytes::from(msg.to_string())
 }
 
 impl Bridge for Asking {
@@ -145,33 +218,56 @@ impl Bridge for Asking {
             .answer(self.headers.clone(), self.caller, self.reply.clone(), bytes)
     }
 
-    fn hold(self: Box<Self>, stream: HeldStream, asked: Vec<Question>) -> Result<String, Error> {
+    fn reserve(&mut self) -> Result<(), Error> {
+        if self.reserved.is_none() {
+            self.reserved = Some(self.take_places()?);
+        }
+        Ok(())
+    }
+
+    fn cancel(&self) {
+        (self.cancel_upstream())();
+    }
+
+    fn hold(
+        mut self: Box<Self>,
+        stream: HeldStream,
+        asked: Vec<Question>,
+    ) -> Result<String, Error> {
+        let cancel = self.cancel_upstream();
         if self.round > MAX_ROUNDS {
-            // Dropping the stream cancels the call upstream.
+            cancel();
             return Err(Error::new(
                 ErrorKind::UpstreamFailed,
                 format!("the upstream asked its client questions in more than {MAX_ROUNDS} rounds of one call, the most the sidecar asks; the call ends here"),
             ));
         }
-        let target = serde_json::from_slice::<Value>(&self.request)
-            .ok()
-            .and_then(|m| m.get("params").map(target_of))
-            .unwrap_or(Value::Null);
-        let mut held = self.budget.start();
+        let places = match self.reserved.take() {
+            Some(r) => Ok(r),
+            None => self.take_places(),
+        };
+        let Reserved { charges, mut bytes } = match places {
+            Ok(r) => r,
+            Err(e) => {
+                cancel();
+                return Err(e);
+            }
+        };
         let size = stream.held_bytes()
-            + self.request.len()
             + asked
                 .iter()
                 .map(|q| q.params.as_ref().map_or(0, |p| p.get().len()) + q.method.len())
                 .sum::<usize>();
-        if !held.grow(size) {
-            return Err(Error::new(
-                ErrorKind::Overloaded { retry_after: 1 },
-                "its memory budget is spent",
-            ));
+        if !bytes.grow(size) {
+            cancel();
+            return Err(spent());
         }
-        self.held.hold(HeldCall {
-            owner: credential_hash(&self.headers),
+        let target = serde_json::from_slice::<Value>(&self.request)
+            .ok()
+            .and_then(|m| m.get("params").map(target_of))
+            .unwrap_or(Value::Null);
+        Ok(self.held.hold(HeldCall {
+            owner: self.caller.key(),
             method: self.method,
             target,
             asked,
@@ -179,8 +275,11 @@ impl Bridge for Asking {
             reply: self.reply,
             upstream_id: self.upstream_id,
             round: self.round,
-            _bytes: held,
-        })
+            deadline: None,
+            cancel: Some(cancel),
+            _places: charges,
+            _bytes: bytes,
+        }))
     }
 }
 
@@ -188,6 +287,7 @@ impl Bridge for Asking {
 pub(super) struct Way {
     pub(super) answers: Arc<dyn Answers>,
     pub(super) held: Arc<HeldCalls>,
+    pub(super) ledger: Arc<Ledger>,
     pub(super) bounds: AnswerBounds,
     pub(super) metrics: Arc<Metrics>,
     /// Where the change notices on the rest of the call go (`listen.rs`).
@@ -224,7 +324,7 @@ pub(super) async fn resume(
         .ok()
         .and_then(|m| m.get("params").cloned())
         .unwrap_or(Value::Null);
-    let owner = credential_hash(client.headers);
+    let owner = client.caller.key();
     let mut call = match held.take(state, owner, method, &target_of(&params)) {
         Ok(call) => call,
         Err(refusal) => {
@@ -243,11 +343,8 @@ pub(super) async fn resume(
             })
             .collect();
         call.asked = left;
-        call.owner = owner;
-        let state = match held.hold(call) {
-            Ok(s) => s,
-            Err(e) => return Err(ctx.fail(e)),
-        };
+        // The same call, its places and its deadline: a retry without answers renews nothing.
+        let state = held.hold(call);
         return Ok(ctx.local_result(json!({
             "resultType": "input_required",
             "inputRequests": requests,
@@ -317,7 +414,9 @@ async fn go_on(
         upstream_id,
         held: way.held.clone(),
         budget: bounds.budget.clone(),
+        ledger: way.ledger.clone(),
         round: round + 1,
+        reserved: None,
     };
     let stream_bounds = StreamBounds {
         max_event: bounds.max_event,

@@ -114,20 +114,24 @@ impl EraResolver {
         if let Some(era) = self.known() {
             return Ok(era);
         }
-        Ok(self.discover(link, sessions, client, None).await?.0)
+        Ok(self.discover(link, sessions, client, None, None).await?.0)
     }
 
     /// Discovery per request, which is also how the era is found: `server/discover` goes
     /// upstream with the client's credentials (`client_body` is a modern client's own
-    /// `server/discover`, forwarded as it was); an upstream that does not speak 2026 gets a
-    /// fresh `initialize` handshake instead. An upstream known to speak 2025 whose handshake
-    /// is refused may have been redeployed as a 2026-only server: it is probed again.
+    /// `server/discover`, forwarded as it was); for an upstream that does not speak 2026,
+    /// the discovery is the `initialize` result of a fresh handshake (a redeploy shows at
+    /// once), whose session is the one the caller's requests then use: it declares `caps`,
+    /// as they will (the client's capabilities), and replaces the one they used before.
+    /// An upstream known to speak 2025 whose handshake is refused may have been redeployed as
+    /// a 2026-only server: it is probed again.
     pub(crate) async fn discover(
         &self,
         link: &Link,
         sessions: &Sessions,
         client: &Client<'_>,
         client_body: Option<Bytes>,
+        caps: Option<&str>,
     ) -> Result<(Era, Discovery), Error> {
         let cached = self.known();
         if cached != Some(Era::Legacy) {
@@ -135,7 +139,7 @@ impl EraResolver {
                 return Ok((Era::Modern, d));
             }
         }
-        match sessions.handshake(link, client, None).await {
+        match sessions.handshake(link, client, caps).await {
             Ok(session) => {
                 self.decide(Era::Legacy);
                 let result = discover_from_init(&session.init);

@@ -1,17 +1,20 @@
 //! Calls of a 2025-era upstream held open while a 2026 client answers the questions the
 //! upstream asked in them (MRTR, SEP-2322, bridged): the table every worker shares, its
-//! bounds (a count, a wait, bytes in the memory budget), and the `requestState` that names a
-//! held call to the client's retry.
+//! bounds (each call's places in the ledger, its bytes in the memory budget, one deadline
+//! from when it was first held, however often it is retried), the one task that lets calls
+//! go at their deadline (telling a 2025 upstream, which takes a dropped stream for no
+//! cancellation), and the `requestState` that names a held call to the client's retry.
 //!
 //! The state is sealed (HMAC-SHA256, keyed from the product key, or at random per process
 //! without one) and binds the held call's key, the replica that holds it (a random id per
-//! process), the caller's credentials (their keyed hash) and an expiry. The call itself, with
+//! process), the caller (its key, `crate::caller`) and an expiry. The call itself, with
 //! what the retry must repeat (the method and its target), stays here: a state opens at most
 //! once, since opening takes the call out of the table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -22,7 +25,9 @@ use serde_json::Value;
 use sha2::Sha256;
 
 use crate::budget::Reservation;
+use crate::caller::CallerKey;
 use crate::error::{Error, ErrorKind};
+use crate::ledger::Charge;
 use crate::mcp::method::Method;
 use crate::mcp::sse::{HeldStream, Question};
 use crate::metrics::HeldMetrics;
@@ -39,9 +44,8 @@ pub(crate) const CAPS_PREFIX: &str = "epode-sidecar.caps.v1.";
 /// The longest capability set a session id carries (a header stays small).
 const MAX_CAPS: usize = 2048;
 
-/// Bytes of a sealed state's payload: key (16), replica (8), expiry (8), owner flag (1) and
-/// owner (8).
-const PAYLOAD: usize = 41;
+/// Bytes of a sealed state's payload: key (16), replica (8), expiry (8) and owner (16).
+const PAYLOAD: usize = 48;
 
 /// How a held call's answers reach the upstream.
 #[derive(Clone)]
@@ -55,10 +59,14 @@ pub(crate) enum Reply {
     },
 }
 
+/// What ends a held call upstream when it is let go unanswered (its deadline, its round
+/// limit): a 2025 server takes a dropped stream for no cancellation, so it is told.
+pub(crate) type Cancel = Box<dyn FnOnce() + Send>;
+
 /// A call waiting for its client's answers.
 pub(crate) struct HeldCall {
-    /// The keyed hash of the caller's credentials (`None`: none were sent).
-    pub(crate) owner: Option<u64>,
+    /// The caller it was asked of (only it may continue it).
+    pub(crate) owner: CallerKey,
     pub(crate) method: Method,
     /// What the retry must repeat: the tool or prompt name or resource URI, and the
     /// arguments.
@@ -71,8 +79,25 @@ pub(crate) struct HeldCall {
     pub(crate) upstream_id: Box<RawValue>,
     /// The round of questions it is held in (1: the call's first).
     pub(crate) round: usize,
+    /// When it is let go if its client has not come back with every answer: set when it is
+    /// first held, kept through every retry (a retry without answers renews nothing).
+    pub(crate) deadline: Option<Instant>,
+    /// Tells the upstream the call ends, when it is let go unanswered.
+    pub(crate) cancel: Option<Cancel>,
+    /// Its places in the ledger (the held call's, the upstream connection's), given back
+    /// when it ends.
+    pub(crate) _places: Vec<Charge>,
     /// Its bytes in the memory budget, given back when it ends.
     pub(crate) _bytes: Reservation,
+}
+
+impl HeldCall {
+    /// Lets the call go unanswered: its upstream is told, then its stream is dropped.
+    pub(crate) fn let_go(mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            cancel();
+        }
+    }
 }
 
 /// Why a retry's `requestState` does not continue a held call.
@@ -123,27 +148,30 @@ impl Refusal {
     }
 }
 
+/// The held calls, and their deadlines in order (the sweeper reads the soonest first).
+#[derive(Default)]
+struct Table {
+    calls: HashMap<u128, HeldCall>,
+    deadlines: BTreeSet<(Instant, u128)>,
+}
+
 /// The held calls of the process, shared by every worker.
 pub(crate) struct HeldCalls {
-    calls: Mutex<HashMap<u128, HeldCall>>,
-    max: usize,
+    table: Mutex<Table>,
     wait: Duration,
     mac: Hmac<Sha256>,
     replica: u64,
+    /// Whether the task that lets expired calls go runs.
+    sweeping: AtomicBool,
     /// Calls held now, and those cancelled at their deadline.
     gauge: Gauge,
     expired: Counter,
 }
 
 impl HeldCalls {
-    /// At most `max` calls, each waiting `wait`; states keyed from `secret` (the product key),
-    /// or at random when there is none.
-    pub(crate) fn new(
-        max: usize,
-        wait: Duration,
-        secret: Option<&str>,
-        metrics: &HeldMetrics,
-    ) -> Arc<Self> {
+    /// Calls each waiting `wait`; states keyed from `secret` (the product key), or at random
+    /// when there is none. (How many may be held, in all and per caller, is the ledger's.)
+    pub(crate) fn new(wait: Duration, secret: Option<&str>, metrics: &HeldMetrics) -> Arc<Self> {
         let random: [u8; 32] = rand::random();
         let key: Vec<u8> = match secret {
             Some(s) => {
@@ -155,61 +183,86 @@ impl HeldCalls {
             None => random.to_vec(),
         };
         Arc::new(HeldCalls {
-            calls: Mutex::new(HashMap::new()),
-            max,
+            table: Mutex::new(Table::default()),
             wait,
             mac: <Hmac<Sha256> as Mac>::new_from_slice(&key)
                 .expect("HMAC takes a key of any length"),
             replica: rand::random(),
+            sweeping: AtomicBool::new(false),
             gauge: metrics.calls.clone(),
             expired: metrics.expired.clone(),
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, HeldCall>> {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Holds `call` until its deadline; the `requestState` that continues it, or 503 when as
-    /// many calls are held as may be.
-    pub(crate) fn hold(self: &Arc<Self>, call: HeldCall) -> Result<String, Error> {
+    /// Holds `call` until its deadline (the wait from now, when it has none yet); the
+    /// `requestState` that continues it. Its places in the ledger were taken by whoever
+    /// holds it.
+    pub(crate) fn hold(self: &Arc<Self>, mut call: HeldCall) -> String {
         let key: u128 = rand::random();
         let owner = call.owner;
+        let deadline = *call
+            .deadline
+            .get_or_insert_with(|| Instant::now() + self.wait);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let expires = unix_now() + left.as_secs().max(1);
         {
-            let mut calls = self.lock();
-            if calls.len() >= self.max {
-                return Err(Error::new(
-                    ErrorKind::Overloaded { retry_after: 1 },
-                    "it holds as many calls waiting for their client's answers as it may (EPODE_SIDECAR_HELD_CALLS)",
-                ));
-            }
-            calls.insert(key, call);
-            self.gauge.set(calls.len() as i64);
+            let mut table = self.lock();
+            table.deadlines.insert((deadline, key));
+            table.calls.insert(key, call);
+            self.gauge.set(table.calls.len() as i64);
         }
-        let expires = unix_now() + self.wait.as_secs().max(1);
-        let me = Arc::clone(self);
-        let wait = self.wait;
-        // The deadline: a call whose client never retries is cancelled upstream (dropping its
-        // stream cancels it) and counted.
+        self.sweep_from_now();
+        self.seal(key, expires, owner)
+    }
+
+    /// Starts the one task that lets calls go at their deadline (once, on the runtime of the
+    /// first call held: every worker's calls are in the one table).
+    fn sweep_from_now(self: &Arc<Self>) {
+        if self.sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = Arc::downgrade(self);
+        let every = (self.wait / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
         tokio::spawn(async move {
-            tokio::time::sleep(wait).await;
-            let mut calls = me.lock();
-            let gone = calls.remove(&key);
-            me.gauge.set(calls.len() as i64);
-            drop(calls);
-            if gone.is_some() {
-                me.expired.inc();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Some(me) = me.upgrade() else { return };
+                for call in me.expired_by(Instant::now()) {
+                    me.expired.inc();
+                    // Told upstream, then dropped: its stream, its places, its bytes.
+                    call.let_go();
+                }
             }
         });
-        Ok(self.seal(key, expires, owner))
+    }
+
+    /// Takes out every call whose deadline is past `now`.
+    fn expired_by(&self, now: Instant) -> Vec<HeldCall> {
+        let mut table = self.lock();
+        let mut gone = Vec::new();
+        while let Some(&(deadline, key)) = table.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            table.deadlines.pop_first();
+            gone.extend(table.calls.remove(&key));
+        }
+        self.gauge.set(table.calls.len() as i64);
+        gone
     }
 
     /// The held call a retry's `state` names, taken out of the table: the retry must come
-    /// from `owner` (the keyed hash of its credentials) and repeat `method` and `target`.
+    /// from `owner` (the caller asked) and repeat `method` and `target`.
     pub(crate) fn take(
         &self,
         state: &str,
-        owner: Option<u64>,
+        owner: CallerKey,
         method: Method,
         target: &Value,
     ) -> Result<HeldCall, Refusal> {
@@ -220,17 +273,20 @@ impl HeldCalls {
         if unix_now() > expires {
             return Err(Refusal::Expired);
         }
-        if sealed_owner != owner {
+        if sealed_owner != owner.to_bytes() {
             return Err(Refusal::OtherCaller);
         }
-        let mut calls = self.lock();
-        let call = calls.get(&key).ok_or(Refusal::Gone)?;
+        let mut table = self.lock();
+        let call = table.calls.get(&key).ok_or(Refusal::Gone)?;
         if call.method != method || &call.target != target {
             return Err(Refusal::OtherRequest);
         }
-        let call = calls.remove(&key).ok_or(Refusal::Gone);
-        self.gauge.set(calls.len() as i64);
-        call
+        let call = table.calls.remove(&key).ok_or(Refusal::Gone)?;
+        if let Some(d) = call.deadline {
+            table.deadlines.remove(&(d, key));
+        }
+        self.gauge.set(table.calls.len() as i64);
+        Ok(call)
     }
 
     /// A 2025 client's session id holding its declared capabilities `caps` (compact JSON);
@@ -262,13 +318,12 @@ impl HeldCalls {
         String::from_utf8(caps).ok()
     }
 
-    fn seal(&self, key: u128, expires: u64, owner: Option<u64>) -> String {
+    fn seal(&self, key: u128, expires: u64, owner: CallerKey) -> String {
         let mut payload = Vec::with_capacity(PAYLOAD);
         payload.extend_from_slice(&key.to_le_bytes());
         payload.extend_from_slice(&self.replica.to_le_bytes());
         payload.extend_from_slice(&expires.to_le_bytes());
-        payload.push(u8::from(owner.is_some()));
-        payload.extend_from_slice(&owner.unwrap_or(0).to_le_bytes());
+        payload.extend_from_slice(&owner.to_bytes());
         let mut mac = self.mac.clone();
         mac.update(STATE_PREFIX.as_bytes());
         mac.update(&payload);
@@ -280,7 +335,7 @@ impl HeldCalls {
         )
     }
 
-    fn open(&self, state: &str) -> Result<(u128, u64, u64, Option<u64>), Refusal> {
+    fn open(&self, state: &str) -> Result<(u128, u64, u64, [u8; 16]), Refusal> {
         let rest = state.strip_prefix(STATE_PREFIX).ok_or(Refusal::Forged)?;
         let (payload, tag) = rest.split_once('.').ok_or(Refusal::Forged)?;
         let payload = URL_SAFE_NO_PAD
@@ -297,7 +352,7 @@ impl HeldCalls {
         let word =
             |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap_or_default());
         let key = u128::from_le_bytes(payload[..16].try_into().unwrap_or_default());
-        let owner = (payload[32] == 1).then(|| word(33));
+        let owner: [u8; 16] = payload[32..48].try_into().unwrap_or_default();
         Ok((key, word(16), word(24), owner))
     }
 }
@@ -314,14 +369,18 @@ mod tests {
     use super::*;
 
     fn table(secret: Option<&str>) -> Arc<HeldCalls> {
-        HeldCalls::new(4, Duration::from_secs(60), secret, &HeldMetrics::default())
+        HeldCalls::new(Duration::from_secs(60), secret, &HeldMetrics::default())
     }
 
     #[test]
     fn a_state_opens_only_with_its_key_and_unaltered() {
         let t = table(Some("k"));
-        let s = t.seal(7, unix_now() + 60, Some(9));
-        assert_eq!(t.open(&s), Ok((7, t.replica, unix_now() + 60, Some(9))));
+        let owner = CallerKey::of_token("https://as", Some("alice"), None, &[0; 32]);
+        let s = t.seal(7, unix_now() + 60, owner);
+        assert_eq!(
+            t.open(&s),
+            Ok((7, t.replica, unix_now() + 60, owner.to_bytes()))
+        );
         // Another key (another deployment), a flipped byte, a cut tag, no prefix.
         assert_eq!(table(Some("other")).open(&s), Err(Refusal::Forged));
         let mut flipped = s.clone().into_bytes();
@@ -350,7 +409,7 @@ mod tests {
         assert!(t.seal_capabilities(&"x".repeat(4096)).is_none());
         // Without a product key every process has its own key.
         assert_eq!(
-            table(None).open(&table(None).seal(1, 0, None)),
+            table(None).open(&table(None).seal(1, 0, owner)),
             Err(Refusal::Forged)
         );
     }

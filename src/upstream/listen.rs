@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, Notify};
 use super::caller::{Caller, Client};
 use crate::body::{self, Body, BoxError};
 use crate::error::{Error, ErrorKind};
+use crate::ledger::{Charge, Ledger, Pool};
 use crate::mcp::method::{is_change_notice, CHANGE_NOTICES};
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::sse::{event_data, message_event, EventSplitter};
@@ -208,6 +209,9 @@ struct FeedState {
     /// The URIs the upstream was told to send updates of, on the stream open now.
     subscribed: HashSet<String>,
     task: Option<tokio::task::AbortHandle>,
+    /// The upstream connection its GET stream keeps, charged to its caller while its task
+    /// runs (over HTTP).
+    connection: Option<Charge>,
 }
 
 impl FeedState {
@@ -323,12 +327,12 @@ pub(crate) trait Watched: Send + Sync + 'static {
     fn keep_every(&self) -> Duration;
 }
 
-/// The listeners and their feeds, shared by every worker.
+/// The listeners and their feeds, shared by every worker (how many may be open, in all and
+/// per caller, is the ledger's).
 pub(crate) struct Listeners {
     feeds: Mutex<HashMap<u64, Arc<Feed>>>,
     hasher: RandomState,
-    open: AtomicUsize,
-    max: usize,
+    ledger: Arc<Ledger>,
     serial: AtomicUsize,
     metrics: Arc<Metrics>,
     /// Told of every `tools/list_changed` heard (the binding forgets its catalog).
@@ -336,12 +340,11 @@ pub(crate) struct Listeners {
 }
 
 impl Listeners {
-    pub(crate) fn new(max: usize, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(ledger: Arc<Ledger>, metrics: Arc<Metrics>) -> Self {
         Listeners {
             feeds: Mutex::default(),
             hasher: RandomState::new(),
-            open: AtomicUsize::new(0),
-            max: max.max(1),
+            ledger,
             serial: AtomicUsize::new(1),
             metrics,
             tools_changed: OnceLock::new(),
@@ -357,10 +360,9 @@ impl Listeners {
         self.feeds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The feed a caller's requests share: its credentials and declared capabilities.
-    pub(crate) fn key(&self, client: &HeaderMap, caps: Option<&str>) -> u64 {
-        self.hasher
-            .hash_one((super::caller::credential_hash(client), caps.unwrap_or("")))
+    /// The feed a caller's requests share: the caller's, with its declared capabilities.
+    pub(crate) fn key(&self, caller: &Caller, caps: Option<&str>) -> u64 {
+        self.hasher.hash_one((caller.key(), caps.unwrap_or("")))
     }
 
     /// A notice heard on a call's stream (or anywhere but a feed's own stream), for the
@@ -390,31 +392,15 @@ impl Listeners {
     ) -> Result<http::Response<Body>, Error> {
         let want =
             Want::of_request(bytes).map_err(|why| Error::new(ErrorKind::InvalidParams, why))?;
-        if self.open.fetch_add(1, Ordering::AcqRel) >= self.max {
-            self.open.fetch_sub(1, Ordering::AcqRel);
-            self.metrics.limit(crate::metrics::LimitKind::ListenStreams);
-            return Err(Error::new(
-                ErrorKind::Overloaded { retry_after: 5 },
-                format!(
-                    "{} listen streams are open, the most it serves (EPODE_SIDECAR_LISTEN_STREAMS)",
-                    self.max
-                ),
-            ));
-        }
+        let place = self
+            .ledger
+            .charge(Pool::ListenStreams, client.caller.key())?;
         // The upstream's capabilities say what is honoured (a handshake if none is open).
-        let init = match upstream
+        let (_, init) = upstream
             .session_headers(client, caps.as_deref(), None)
-            .await
-        {
-            Ok((_, init)) => init,
-            Err(e) => {
-                self.open.fetch_sub(1, Ordering::AcqRel);
-                return Err(e);
-            }
-        };
+            .await?;
         let want = want.honoured(init.get("capabilities"));
-        self.metrics.listen.streams.inc();
-        let key = self.key(client.headers, caps.as_deref());
+        let key = self.key(&client.caller, caps.as_deref());
         let (tx, rx) = mpsc::channel(LISTENER_QUEUE);
         let serial = self.serial.fetch_add(1, Ordering::Relaxed) as u64;
         let ack = Bytes::from(format!(
@@ -427,68 +413,99 @@ impl Listeners {
             want,
             tx,
         };
-        let feed = {
-            let mut feeds = self.feeds();
-            let feed = feeds
-                .entry(key)
-                .or_insert_with(|| {
-                    Arc::new(Feed {
-                        state: Mutex::default(),
-                        changed: Notify::new(),
-                    })
-                })
-                .clone();
-            let mut st = feed.lock();
-            st.listeners.insert(serial, listener);
-            if st.task.is_none() {
-                let owner = Owner {
-                    headers: client.headers.clone(),
-                    caller: client.caller,
-                    caps,
-                };
-                let task = tokio::spawn(run_feed(
-                    feed.clone(),
-                    upstream,
-                    owner,
-                    self.metrics.clone(),
-                    self.clone(),
-                ));
-                st.task = Some(task.abort_handle());
-            }
-            drop(st);
-            feed
-        };
+        let feed = self.join(key, (serial, listener), upstream, client, caps)?;
+        self.metrics.listen.streams.inc();
         feed.changed.notify_one();
         let guard = Leaving {
             listeners: self.clone(),
             feed,
             key,
             serial,
+            _place: place,
         };
         Ok(listen_stream(ack, id.to_owned(), rx, cut, guard))
     }
+
+    /// Puts `listener` in the feed of `key`, starting its task when it has none (whose GET
+    /// stream, over HTTP, takes one of the caller's held upstream connections first).
+    fn join<W: Watched>(
+        self: &Arc<Self>,
+        key: u64,
+        (serial, listener): (u64, Listener),
+        upstream: Arc<W>,
+        client: &Client<'_>,
+        caps: Option<String>,
+    ) -> Result<Arc<Feed>, Error> {
+        let mut feeds = self.feeds();
+        let feed = feeds
+            .entry(key)
+            .or_insert_with(|| {
+                Arc::new(Feed {
+                    state: Mutex::default(),
+                    changed: Notify::new(),
+                })
+            })
+            .clone();
+        let mut st = feed.lock();
+        if st.task.is_none() && !upstream.shares_notices() {
+            match self
+                .ledger
+                .charge(Pool::HeldConnections, client.caller.key())
+            {
+                Ok(c) => st.connection = Some(c),
+                Err(e) => {
+                    let empty = st.listeners.is_empty();
+                    drop(st);
+                    if empty && feeds.get(&key).is_some_and(|f| Arc::ptr_eq(f, &feed)) {
+                        feeds.remove(&key);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        st.listeners.insert(serial, listener);
+        if st.task.is_none() {
+            let owner = Owner {
+                headers: client.headers.clone(),
+                caller: client.caller,
+                caps,
+            };
+            let task = tokio::spawn(run_feed(
+                feed.clone(),
+                upstream,
+                owner,
+                self.metrics.clone(),
+                self.clone(),
+            ));
+            st.task = Some(task.abort_handle());
+        }
+        drop(st);
+        Ok(feed)
+    }
 }
 
-/// A listener's place in its feed, given up when its stream ends.
+/// A listener's place in its feed (and in the ledger), given up when its stream ends.
 struct Leaving {
     listeners: Arc<Listeners>,
     feed: Arc<Feed>,
     key: u64,
     serial: u64,
+    _place: Charge,
 }
 
 impl Drop for Leaving {
     fn drop(&mut self) {
-        self.listeners.open.fetch_sub(1, Ordering::AcqRel);
         self.listeners.metrics.listen.streams.dec();
         let mut feeds = self.listeners.feeds();
         let mut st = self.feed.lock();
         st.listeners.remove(&self.serial);
         if st.listeners.is_empty() {
-            // The last listener left: the GET stream closes with the task.
+            // The last listener left: the GET stream closes with the task, and its
+            // connection's place is given back.
             if let Some(task) = st.task.take() {
                 task.abort();
             }
+            st.connection = None;
             drop(st);
             if feeds
                 .get(&self.key)
@@ -601,13 +618,17 @@ async fn run_feed<W: Watched>(
         match ended {
             Ended::NoStream => {
                 tracing::info!("the upstream keeps no GET stream for its sessions (405): only the change notices it sends on calls' streams reach listeners");
+                // No stream, no connection kept.
+                feed.lock().connection = None;
                 return;
             }
             Ended::Refused(status) => {
                 tracing::info!(%status, "the upstream refused a listen feed's credentials; its listeners' subscriptions end");
                 feed.close_all();
                 // A listener that joins later starts the feed again.
-                feed.lock().task = None;
+                let mut st = feed.lock();
+                st.task = None;
+                st.connection = None;
                 return;
             }
             Ended::Dropped(why) => {

@@ -25,6 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::caller::Caller;
 use crate::body::{Body, BoxError};
 use crate::error::{Error, ErrorKind};
+use crate::ledger::{Charge, Ledger, Pool};
 use crate::mcp::raw;
 use crate::mcp::rewrite::ResultPlan;
 use crate::mcp::sse::{message_event, MAX_QUESTIONS, MAX_ROUNDS};
@@ -32,43 +33,59 @@ use crate::mcp::sse::{message_event, MAX_QUESTIONS, MAX_ROUNDS};
 /// How the sidecar's questions to a 2025 client are named: the client answers under this id.
 pub(super) const ASK_PREFIX: &str = "epode-sidecar-ask-";
 
-/// Questions asked of 2025 clients at once, across the process.
-const MAX_OPEN: usize = 4096;
-
 /// An answer the asked client POSTed: its JSON-RPC response.
 type Answered = Value;
 
 struct Ask {
     owner: Caller,
     answer: oneshot::Sender<Answered>,
+    /// Its place in the ledger (`questions`), charged to its caller.
+    _charge: Charge,
 }
 
-/// The questions asked of 2025 clients and not answered yet, shared by every worker.
-#[derive(Default)]
+/// The questions asked of 2025 clients and not answered yet, shared by every worker; how
+/// many may be open, in all and per caller, is the ledger's.
 pub(crate) struct Asks {
     open: Mutex<HashMap<u128, Ask>>,
+    ledger: Arc<Ledger>,
 }
 
 impl Asks {
+    pub(crate) fn new(ledger: Arc<Ledger>) -> Self {
+        Asks {
+            open: Mutex::default(),
+            ledger,
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, Ask>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A new question for `owner`: its id (JSON string) and where its answer arrives.
-    fn ask(&self, owner: Caller) -> Result<(u128, String, oneshot::Receiver<Answered>), Error> {
+    /// `n` places for `owner`'s questions, or the refusal to answer with.
+    pub(super) fn places(&self, owner: &Caller, n: usize) -> Result<Vec<Charge>, Error> {
+        (0..n)
+            .map(|_| self.ledger.charge(Pool::Questions, owner.key()))
+            .collect()
+    }
+
+    /// A new question for `owner`, in the place `charge` took: its id (JSON string) and
+    /// where its answer arrives.
+    fn ask(&self, owner: Caller, charge: Charge) -> (u128, String, oneshot::Receiver<Answered>) {
         let mut open = self.lock();
-        if open.len() >= MAX_OPEN {
-            return Err(Error::new(
-                ErrorKind::Overloaded { retry_after: 1 },
-                "too many questions are waiting for their clients' answers",
-            ));
-        }
         let key: u128 = rand::random();
         let (tx, rx) = oneshot::channel();
-        open.insert(key, Ask { owner, answer: tx });
+        open.insert(
+            key,
+            Ask {
+                owner,
+                answer: tx,
+                _charge: charge,
+            },
+        );
         let mut id = String::with_capacity(ASK_PREFIX.len() + 32);
         let _ = write!(id, "{ASK_PREFIX}{key:032x}");
-        Ok((key, id, rx))
+        (key, id, rx)
     }
 
     fn forget(&self, key: u128) {
@@ -159,15 +176,35 @@ pub(super) struct Mirror {
 
 /// The 2025 client's answer: an event stream that asks it the questions of `first` (the
 /// upstream's `input_required` result) and ends with the call's result.
-/// The final result passes through `plan`.
-pub(super) fn answer_by_asking(mirror: Mirror, plan: ResultPlan, first: Value) -> Response<Body> {
+/// The final result passes through `plan`. The first round's places in the ledger are taken
+/// before the answer's head goes: a caller past its share (or a sidecar at the cap) gets 429
+/// (503) with `Retry-After`, not an error event in a stream answered 200.
+pub(super) fn answer_by_asking(
+    mirror: Mirror,
+    mut plan: ResultPlan,
+    first: Value,
+) -> Result<Response<Body>, Error> {
+    let n = first
+        .get("inputRequests")
+        .and_then(Value::as_object)
+        .map_or(0, Map::len)
+        .min(MAX_QUESTIONS);
+    let places = match mirror.asks.places(&mirror.caller, n) {
+        Ok(p) => p,
+        Err(e) => {
+            plan.fail();
+            return Err(e);
+        }
+    };
     let (tx, rx) = mpsc::channel::<Bytes>(MAX_QUESTIONS + 2);
-    tokio::spawn(rounds(mirror, plan, first, tx));
+    tokio::spawn(rounds(mirror, plan, first, places, tx));
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         let next = rx.recv().await?;
         Some((Ok::<_, BoxError>(Frame::data(next)), rx))
     });
-    crate::body::event_stream(StreamBody::new(stream).boxed_unsync())
+    Ok(crate::body::event_stream(
+        StreamBody::new(stream).boxed_unsync(),
+    ))
 }
 
 /// Why a round could not go on, as the error the client's stream ends with.
@@ -177,11 +214,18 @@ enum Stop {
     Failed(Error),
 }
 
-async fn rounds(m: Mirror, mut plan: ResultPlan, first: Value, tx: mpsc::Sender<Bytes>) {
+async fn rounds(
+    m: Mirror,
+    mut plan: ResultPlan,
+    first: Value,
+    places: Vec<Charge>,
+    tx: mpsc::Sender<Bytes>,
+) {
     let mut result = first;
+    let mut places = Some(places);
     let outcome = async {
         for _ in 0..MAX_ROUNDS {
-            let responses = ask_round(&m, &result, &tx).await?;
+            let responses = ask_round(&m, &result, places.take(), &tx).await?;
             let mut again: Value = serde_json::from_slice(&m.request)
                 .map_err(|e| Stop::Failed(Error::caused_by(ErrorKind::Internal, "", e)))?;
             again["params"]["inputResponses"] = Value::Object(responses);
@@ -236,10 +280,12 @@ async fn rounds(m: Mirror, mut plan: ResultPlan, first: Value, tx: mpsc::Sender<
     }
 }
 
-/// Asks one round's questions on the stream and gathers their answers.
+/// Asks one round's questions on the stream and gathers their answers; `places` are the
+/// round's places in the ledger when they were taken already (the first round's).
 async fn ask_round(
     m: &Mirror,
     result: &Value,
+    places: Option<Vec<Charge>>,
     tx: &mpsc::Sender<Bytes>,
 ) -> Result<Map<String, Value>, Stop> {
     let requests = result
@@ -256,9 +302,17 @@ async fn ask_round(
             ),
         )));
     }
+    let mut places = match places {
+        Some(p) if p.len() == requests.len() => p,
+        _ => m
+            .asks
+            .places(&m.caller, requests.len())
+            .map_err(Stop::Failed)?,
+    };
     let mut waiting = Vec::with_capacity(requests.len());
     for (key, request) in requests {
-        let (ask, id, rx) = m.asks.ask(m.caller).map_err(Stop::Failed)?;
+        let Some(place) = places.pop() else { break };
+        let (ask, id, rx) = m.asks.ask(m.caller, place);
         let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": request.get("method")});
         if let Some(p) = request.get("params") {
             msg["params"] = p.clone();
@@ -322,14 +376,16 @@ mod tests {
     fn caller(token: &str) -> Caller {
         let mut h = HeaderMap::new();
         h.insert("authorization", http::HeaderValue::from_str(token).unwrap());
-        Caller::new("10.0.0.1:1".parse::<SocketAddr>().unwrap(), &h)
+        let peer = "10.0.0.1:1".parse::<SocketAddr>().unwrap();
+        Caller::decide(None, &h, peer.ip(), peer)
     }
 
     #[test]
     fn an_answer_counts_only_from_the_client_asked_and_only_once() {
-        let asks = Asks::default();
+        let asks = Asks::new(Ledger::with(Pool::Questions, 10, 2));
         let alice = caller("Bearer alice");
-        let (_, id, mut rx) = asks.ask(alice).unwrap();
+        let place = asks.places(&alice, 1).unwrap().pop().unwrap();
+        let (_, id, mut rx) = asks.ask(alice, place);
         let answer =
             json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept"}}).to_string();
         // Mallory's answer is taken as an answer to a question, but not delivered.
@@ -342,5 +398,12 @@ mod tests {
         let request = json!({"jsonrpc": "2.0", "id": id, "method": "x"}).to_string();
         assert!(!asks.answer(request.as_bytes(), &alice));
         assert!(!asks.answer(b"epode-sidecar-ask-", &alice));
+        // Answered: its place is given back. A caller has its share of places, no more.
+        assert_eq!(asks.ledger.in_use(Pool::Questions), 0);
+        let two = asks.places(&alice, 2).unwrap();
+        let e = asks.places(&alice, 1).unwrap_err();
+        assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
+        assert!(asks.places(&caller("Bearer bob"), 2).is_ok());
+        drop(two);
     }
 }

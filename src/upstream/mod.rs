@@ -53,6 +53,7 @@ use crate::body::Body;
 use crate::budget::MemoryBudget;
 use crate::config::{Config, UpstreamTransport};
 use crate::error::{Error, ErrorKind};
+use crate::ledger::Ledger;
 use crate::mcp::era::Era;
 use crate::mcp::method::{self, Method};
 use crate::metrics::{LimitKind, MethodLabels, Metrics};
@@ -85,6 +86,8 @@ struct Known {
     wait: std::time::Duration,
     /// The listen streams served for a 2025-era upstream, and their feeds (`listen.rs`).
     listeners: Arc<listen::Listeners>,
+    /// What every caller holds past its request's head (`crate::ledger`).
+    ledger: Arc<Ledger>,
 }
 
 /// One worker's view of the upstream: its own link (its own connection pool, or the shared
@@ -119,6 +122,7 @@ impl Upstream {
         config: &Config,
         budget: Arc<MemoryBudget>,
         metrics: Arc<Metrics>,
+        ledger: Arc<Ledger>,
     ) -> Result<Self, Error> {
         let tls = crate::tls::client_config(&config.upstream_tls).map_err(|e| {
             Error::new(
@@ -160,6 +164,7 @@ impl Upstream {
                     wait: config.limits.upstream_wait,
                     modern: config.upstream_protocol == crate::config::UpstreamProtocol::Modern,
                 },
+                ledger.clone(),
             )?),
         };
         let bounds = AnswerBounds {
@@ -173,22 +178,16 @@ impl Upstream {
             link: Link::new(hop, bounds, ServerIdentity::new(config)),
             known: Arc::new(Known {
                 resolver: EraResolver::new(config.upstream_protocol),
-                sessions: Sessions::new(
-                    config.limits.upstream_sessions,
-                    config.limits.upstream_session_idle,
-                ),
+                sessions: Sessions::new(ledger.clone(), config.limits.upstream_session_idle),
                 held: held::HeldCalls::new(
-                    config.limits.held_calls,
                     config.limits.held_call_wait,
                     config.feedback.key.as_ref().map(|k| k.expose_secret()),
                     &metrics.held,
                 ),
-                asks: Arc::default(),
+                asks: Arc::new(mirror::Asks::new(ledger.clone())),
                 wait: config.limits.held_call_wait,
-                listeners: Arc::new(listen::Listeners::new(
-                    config.limits.listen_streams,
-                    metrics.clone(),
-                )),
+                listeners: Arc::new(listen::Listeners::new(ledger.clone(), metrics.clone())),
+                ledger,
             }),
             metrics,
         })
@@ -312,17 +311,33 @@ impl Upstream {
     }
 
     /// The upstream's discovery for a client (`client_body`: a modern client's own
-    /// `server/discover`, forwarded as it was); see [`EraResolver::discover`].
+    /// `server/discover`, forwarded as it was; `legacy_caps`: what a 2025 client declares in
+    /// its `initialize`); see [`EraResolver::discover`]. Over a 2025 upstream it comes from
+    /// the session the client's later requests use.
     pub(crate) async fn discover(
         &self,
         client: &Client<'_>,
         client_body: Option<Bytes>,
+        legacy_caps: Option<&RawValue>,
     ) -> Result<(Era, Discovery), Error> {
         let known = &self.known;
+        let caps = match legacy_caps {
+            // Kept as its session id will carry them (`session_for`): an object, not empty.
+            Some(c) => self
+                .session_for(Some(c))
+                .and_then(|sid| self.client_capabilities_of(&sid)),
+            None => Self::session_caps(client),
+        };
         self.noted(
             known
                 .resolver
-                .discover(&self.link, &known.sessions, client, client_body)
+                .discover(
+                    &self.link,
+                    &known.sessions,
+                    client,
+                    client_body,
+                    caps.as_deref().map(RawValue::get),
+                )
                 .await,
         )
     }
@@ -436,7 +451,7 @@ impl Upstream {
     fn notices_for(&self, client: &Client<'_>) -> crate::mcp::sse::Notices {
         let caps = Self::session_caps(client);
         let listeners = self.known.listeners.clone();
-        let key = listeners.key(client.headers, caps.as_deref().map(RawValue::get));
+        let key = listeners.key(&client.caller, caps.as_deref().map(RawValue::get));
         Arc::new(move |method, params| listeners.heard(key, method, params))
     }
 
@@ -467,7 +482,7 @@ impl Upstream {
             id: ctx.id.to_owned(),
             wait: self.known.wait,
         };
-        Ok(mirror::answer_by_asking(m, ctx.plan, first))
+        mirror::answer_by_asking(m, ctx.plan, first)
     }
 
     /// The bridge that asks a 2026 client a 2025-era upstream's questions in its call
@@ -501,7 +516,9 @@ impl Upstream {
             upstream_id: ctx.id.to_owned(),
             held: self.known.held.clone(),
             budget: self.link.bounds().budget.clone(),
+            ledger: self.known.ledger.clone(),
             round: 1,
+            reserved: None,
         })
     }
 
@@ -737,11 +754,12 @@ impl Upstream {
 
     /// The capabilities a 2025 client's session id carries, when it is one of the sidecar's.
     fn client_capabilities(&self, headers: &::http::HeaderMap) -> Option<Box<RawValue>> {
-        let id = headers
-            .get(crate::mcp::headers::SESSION_ID)?
-            .to_str()
-            .ok()?;
-        let caps = self.known.held.open_capabilities(id)?;
+        self.client_capabilities_of(headers.get(crate::mcp::headers::SESSION_ID)?)
+    }
+
+    /// The capabilities session id `id` carries, when it is one of the sidecar's.
+    fn client_capabilities_of(&self, id: &::http::HeaderValue) -> Option<Box<RawValue>> {
+        let caps = self.known.held.open_capabilities(id.to_str().ok()?)?;
         RawValue::from_string(caps).ok()
     }
 
@@ -750,6 +768,7 @@ impl Upstream {
         bridge::Way {
             answers: self.clone(),
             held: self.known.held.clone(),
+            ledger: self.known.ledger.clone(),
             bounds: self.link.bounds().clone(),
             metrics: self.metrics.clone(),
             notices: Some(self.notices_for(client)),

@@ -15,11 +15,13 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use serde_json::{json, Value};
 
 use super::answer::read_answer;
-use super::caller::{Client, ServerRequests, CREDENTIAL_HEADERS};
+use super::caller::{Client, ServerRequests};
 use super::hop::{Hop, UpstreamBody};
 use super::link::Link;
 use super::translate::sidecar_info;
+use crate::caller::CallerKey;
 use crate::error::{Error, ErrorKind};
+use crate::ledger::{Charge, Ledger, Pool};
 use crate::mcp::headers;
 use crate::mcp::version::{self, LEGACY_LATEST};
 
@@ -44,11 +46,17 @@ impl LegacySession {
     }
 }
 
+/// The headers a session is opened with, and closed with: the client's credentials and the
+/// caller the sidecar told the upstream of (`Epode-Auth-Subject`, set from a verified token).
+const SESSION_HEADERS: [&str; 4] = ["authorization", "cookie", "x-api-key", "epode-auth-subject"];
+
 struct Entry {
     session: Arc<LegacySession>,
     /// The credentials the session was opened with (to close it with them).
     credentials: HeaderMap,
     used: Instant,
+    /// Its place in the ledger, charged to its caller.
+    charge: Charge,
 }
 
 /// A session the table let go, to be closed upstream.
@@ -78,23 +86,30 @@ impl Closed {
     }
 }
 
-/// The open sessions, by a hash of the client's credentials; bounded, least recently used
-/// first out (O(1) per request, whatever the table's size). Times are passed in, so the
-/// eviction and idle rules are tested without waiting.
+/// The open sessions, by caller and declared capabilities; bounded, least recently used
+/// first out (O(1) per request, whatever the table's size), and each caller to its share of
+/// the ledger's pool (past it, its own least recently used session makes room: one caller's
+/// capability sets never close another's sessions). Times are passed in, so the eviction and
+/// idle rules are tested without waiting.
 struct SessionTable {
     lru: Mutex<LruCache<u64, Entry>>,
     hasher: RandomState,
     cap: usize,
+    share: usize,
     idle: Duration,
+    ledger: Arc<Ledger>,
 }
 
 impl SessionTable {
-    fn new(cap: usize, idle: Duration) -> Self {
+    fn new(ledger: Arc<Ledger>, idle: Duration) -> Self {
+        let bounds = ledger.bounds(Pool::Sessions);
         SessionTable {
             lru: Mutex::new(LruCache::unbounded()),
             hasher: RandomState::new(),
-            cap: cap.max(1),
+            cap: bounds.cap.max(1),
+            share: bounds.share,
             idle,
+            ledger,
         }
     }
 
@@ -108,7 +123,7 @@ impl SessionTable {
 
     fn credentials(client: &HeaderMap) -> HeaderMap {
         let mut out = HeaderMap::new();
-        for name in CREDENTIAL_HEADERS {
+        for name in SESSION_HEADERS {
             for v in client.get_all(name) {
                 out.append(name, v.clone());
             }
@@ -116,30 +131,18 @@ impl SessionTable {
         out
     }
 
-    /// A session is the credentials' and the capabilities' the sidecar declared for it.
-    fn key(&self, credentials: &HeaderMap, caps: Option<&str>) -> u64 {
-        self.hasher.hash_one((
-            CREDENTIAL_HEADERS
-                .iter()
-                .map(|n| {
-                    credentials
-                        .get_all(*n)
-                        .iter()
-                        .map(|v| v.as_bytes().to_vec())
-                        .collect::<Vec<_>>()
-                })
-                .collect::<Vec<_>>(),
-            caps,
-        ))
+    /// A session is its caller's, with the capabilities the sidecar declared for it.
+    fn key(&self, caller: CallerKey, caps: Option<&str>) -> u64 {
+        self.hasher.hash_one((caller, caps))
     }
 
     fn get(
         &self,
-        client: &HeaderMap,
+        caller: CallerKey,
         caps: Option<&str>,
         now: Instant,
     ) -> Option<Arc<LegacySession>> {
-        let key = self.key(&Self::credentials(client), caps);
+        let key = self.key(caller, caps);
         let mut table = self.lock();
         let entry = table.get_mut(&key)?;
         if now.saturating_duration_since(entry.used) >= self.idle {
@@ -153,30 +156,53 @@ impl SessionTable {
     /// replaces, idle ones, and the least recently used when the table is full).
     fn insert(
         &self,
-        client: &HeaderMap,
+        caller: CallerKey,
+        credentials: HeaderMap,
         caps: Option<&str>,
         session: Arc<LegacySession>,
         now: Instant,
     ) -> Vec<Closed> {
-        let credentials = Self::credentials(client);
-        let key = self.key(&credentials, caps);
+        let key = self.key(caller, caps);
         let mut table = self.lock();
         let mut closed = Self::sweep_locked(&mut table, self.idle, now);
         if let Some(old) = table.pop(&key) {
             closed.push(Closed::from_entry(old));
         }
+        // At its share, the caller's own least recently used session makes room.
+        while self.ledger.held_by(Pool::Sessions, caller) >= self.share {
+            let Some(own) = table
+                .iter()
+                .rev()
+                .find(|(_, e)| e.charge.caller() == caller)
+                .map(|(k, _)| *k)
+            else {
+                break;
+            };
+            closed.extend(table.pop(&own).map(Closed::from_entry));
+        }
         while table.len() >= self.cap {
             let Some((_, e)) = table.pop_lru() else { break };
             closed.push(Closed::from_entry(e));
         }
-        table.put(
-            key,
-            Entry {
+        match self.ledger.try_charge(Pool::Sessions, caller) {
+            Ok(charge) => {
+                table.put(
+                    key,
+                    Entry {
+                        session,
+                        credentials,
+                        used: now,
+                        charge,
+                    },
+                );
+            }
+            // Only this table charges the pool, under its lock, after making room: kept
+            // nowhere, the session is closed at once.
+            Err(_) => closed.push(Closed {
                 session,
                 credentials,
-                used: now,
-            },
-        );
+            }),
+        }
         closed
     }
 
@@ -262,9 +288,9 @@ pub(crate) struct Sessions {
 }
 
 impl Sessions {
-    pub(crate) fn new(cap: usize, idle: Duration) -> Self {
+    pub(crate) fn new(ledger: Arc<Ledger>, idle: Duration) -> Self {
         Sessions {
-            table: SessionTable::new(cap, idle),
+            table: SessionTable::new(ledger, idle),
         }
     }
 
@@ -375,9 +401,13 @@ impl Sessions {
             }
             Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
         }
-        let closed = self
-            .table
-            .insert(client, caps, session.clone(), Instant::now());
+        let closed = self.table.insert(
+            client.caller.key(),
+            SessionTable::credentials(client.headers),
+            caps,
+            session.clone(),
+            Instant::now(),
+        );
         close_in_background(link.hop(), closed);
         Ok(session)
     }
@@ -389,7 +419,7 @@ impl Sessions {
         client: &Client<'_>,
         caps: Option<&str>,
     ) -> Result<Arc<LegacySession>, Error> {
-        match self.table.get(client, caps, Instant::now()) {
+        match self.table.get(client.caller.key(), caps, Instant::now()) {
             Some(s) => Ok(s),
             None => self.handshake(link, client, caps).await,
         }
@@ -447,6 +477,10 @@ mod tests {
         })
     }
 
+    fn key(token: &str) -> CallerKey {
+        CallerKey::of_token("https://as", Some(token), None, &[0; 32])
+    }
+
     fn creds(token: &str) -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert("authorization", HeaderValue::from_str(token).unwrap());
@@ -455,13 +489,20 @@ mod tests {
 
     #[test]
     fn the_table_is_bounded_least_recently_used_first() {
-        let t = SessionTable::new(2, Duration::from_secs(600));
+        let t = SessionTable::new(
+            Ledger::with(Pool::Sessions, 2, 1000),
+            Duration::from_secs(600),
+        );
         let t0 = Instant::now();
-        assert!(t.insert(&creds("a"), None, session("s1"), t0).is_empty());
-        assert!(t.insert(&creds("b"), None, session("s2"), t0).is_empty());
+        assert!(t
+            .insert(key("a"), creds("a"), None, session("s1"), t0)
+            .is_empty());
+        assert!(t
+            .insert(key("b"), creds("b"), None, session("s2"), t0)
+            .is_empty());
         let t1 = t0 + Duration::from_millis(5);
-        assert!(t.get(&creds("a"), None, t1).is_some()); // a is now the most recently used
-        let closed = t.insert(&creds("c"), None, session("s3"), t1);
+        assert!(t.get(key("a"), None, t1).is_some()); // a is now the most recently used
+        let closed = t.insert(key("c"), creds("c"), None, session("s3"), t1);
         assert_eq!(closed.len(), 1);
         assert_eq!(closed[0].session.id.as_ref().unwrap(), "s2");
         assert_eq!(
@@ -469,19 +510,28 @@ mod tests {
             "closed with its own credentials"
         );
         assert_eq!(t.len(), 2);
-        let replaced = t.insert(&creds("a"), None, session("s4"), t1);
+        let replaced = t.insert(key("a"), creds("a"), None, session("s4"), t1);
         assert_eq!(replaced[0].session.id.as_ref().unwrap(), "s1");
     }
 
     #[test]
     fn a_full_table_makes_room_in_constant_time() {
         let n = 50_000;
-        let t = SessionTable::new(n, Duration::from_secs(600));
+        let t = SessionTable::new(
+            Ledger::with(Pool::Sessions, n, 1000),
+            Duration::from_secs(600),
+        );
         let now = Instant::now();
         let fill = |from: usize, to: usize| {
             let started = Instant::now();
             for i in from..to {
-                t.insert(&creds(&format!("c{i}")), None, session("s"), now);
+                t.insert(
+                    key(&format!("c{i}")),
+                    creds(&format!("c{i}")),
+                    None,
+                    session("s"),
+                    now,
+                );
             }
             started.elapsed()
         };
@@ -497,23 +547,56 @@ mod tests {
     }
 
     #[test]
-    fn idle_sessions_go() {
-        let t = SessionTable::new(10, Duration::from_millis(1));
+    fn a_caller_at_its_share_closes_its_own_oldest_session_never_anothers() {
+        let t = SessionTable::new(
+            Ledger::with(Pool::Sessions, 100, 2),
+            Duration::from_secs(600),
+        );
         let t0 = Instant::now();
-        t.insert(&creds("a"), None, session("s1"), t0);
+        assert!(t
+            .insert(key("b"), creds("b"), None, session("b1"), t0)
+            .is_empty());
+        assert!(t
+            .insert(key("a"), creds("a"), Some("1"), session("a1"), t0)
+            .is_empty());
+        assert!(t
+            .insert(key("a"), creds("a"), Some("2"), session("a2"), t0)
+            .is_empty());
+        // A third capability set of a's: a's least recently used goes, not b's older one.
+        let closed = t.insert(key("a"), creds("a"), Some("3"), session("a3"), t0);
+        assert_eq!(closed.len(), 1);
+        assert_eq!(closed[0].session.id.as_ref().unwrap(), "a1");
+        assert!(t.get(key("b"), None, t0).is_some());
+        assert_eq!(t.ledger.held_by(Pool::Sessions, key("a")), 2);
+        assert_eq!(t.ledger.in_use(Pool::Sessions), 3);
+        drop(t.clear());
+        assert_eq!(t.ledger.in_use(Pool::Sessions), 0, "every place given back");
+    }
+
+    #[test]
+    fn idle_sessions_go() {
+        let t = SessionTable::new(
+            Ledger::with(Pool::Sessions, 10, 1000),
+            Duration::from_millis(1),
+        );
+        let t0 = Instant::now();
+        t.insert(key("a"), creds("a"), None, session("s1"), t0);
         let later = t0 + Duration::from_millis(5);
-        assert!(t.get(&creds("a"), None, later).is_none());
+        assert!(t.get(key("a"), None, later).is_none());
         assert_eq!(t.sweep(later).len(), 1);
         assert_eq!(t.len(), 0);
     }
 
     #[test]
     fn a_session_in_use_is_not_idle() {
-        let t = SessionTable::new(10, Duration::from_secs(60));
+        let t = SessionTable::new(
+            Ledger::with(Pool::Sessions, 10, 1000),
+            Duration::from_secs(60),
+        );
         let t0 = Instant::now();
-        t.insert(&creds("a"), None, session("s1"), t0);
+        t.insert(key("a"), creds("a"), None, session("s1"), t0);
         assert!(t
-            .get(&creds("a"), None, t0 + Duration::from_secs(50))
+            .get(key("a"), None, t0 + Duration::from_secs(50))
             .is_some());
         // Used at 50 s: still kept at 100 s, gone at 110 s.
         assert!(t.sweep(t0 + Duration::from_secs(100)).is_empty());
@@ -522,10 +605,13 @@ mod tests {
 
     #[test]
     fn every_session_let_go_gets_its_delete() {
-        let t = SessionTable::new(1, Duration::from_secs(600));
+        let t = SessionTable::new(
+            Ledger::with(Pool::Sessions, 1, 1000),
+            Duration::from_secs(600),
+        );
         let now = Instant::now();
-        t.insert(&creds("a"), None, session("s1"), now);
-        let evicted = t.insert(&creds("b"), None, session("s2"), now);
+        t.insert(key("a"), creds("a"), None, session("s1"), now);
+        let evicted = t.insert(key("b"), creds("b"), None, session("s2"), now);
         assert_eq!(evicted.len(), 1);
         let base = SessionTable::credentials(&evicted[0].credentials);
         let delete = evicted[0].delete_headers(base).unwrap();

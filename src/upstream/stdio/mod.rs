@@ -47,6 +47,7 @@ use super::ready::NotReady;
 use crate::body::{answer, JSON};
 use crate::config::{StdioChildren, StdioCommand};
 use crate::error::{Error, ErrorKind};
+use crate::ledger::Ledger;
 use crate::mcp::era::Era;
 use crate::mcp::headers::SESSION_ID;
 use crate::mcp::raw::{self, RawMap};
@@ -113,7 +114,11 @@ fn era_of(msg: &RawMap) -> Era {
 impl StdioUpstream {
     /// Starts the child (the first one, for a child per client) now, and the tasks that
     /// restart it; must run inside the runtime that will drive its pipes.
-    pub(crate) fn start(command: &StdioCommand, bounds: StdioBounds) -> Result<Self, Error> {
+    pub(crate) fn start(
+        command: &StdioCommand,
+        bounds: StdioBounds,
+        ledger: Arc<Ledger>,
+    ) -> Result<Self, Error> {
         exec::become_subreaper();
         spawn_reaper();
         let probe = if bounds.modern { DISCOVER } else { PING };
@@ -121,7 +126,13 @@ impl StdioUpstream {
             StdioChildren::Shared => Children::Shared(child::start(command, &bounds)?),
             StdioChildren::PerClient { max, idle } => {
                 let first = child::start(command, &bounds)?;
-                Children::PerClient(Pool::new(command.clone(), bounds, first, max, idle))
+                Children::PerClient(Pool::new(
+                    command.clone(),
+                    bounds,
+                    first,
+                    (max, idle),
+                    ledger,
+                ))
             }
         };
         Ok(StdioUpstream {
@@ -134,7 +145,7 @@ impl StdioUpstream {
     async fn pipe(&self, caller: &Caller) -> Result<Arc<Pipe>, Error> {
         match &*self.children {
             Children::Shared(p) => Ok(p.clone()),
-            Children::PerClient(pool) => pool.get(caller.child_key()).await,
+            Children::PerClient(pool) => pool.get(caller.key()).await,
         }
     }
 

@@ -1,7 +1,8 @@
 //! A child per client (`EPODE_SIDECAR_STDIO_CHILDREN=per-client`): for servers that keep
 //! per-client state (roots, a log level, subscriptions, a login) and assume one client per
-//! process. Each client credential (see [`Caller::child_key`]; every client without
-//! credentials shares one) gets its own child, started on first use, from a bounded pool: when
+//! process. Each caller (see `crate::caller`: its verified token, its credentials, or its
+//! address) gets its own child, started on first use, from a bounded pool (the child started
+//! with the sidecar answers readiness probes, and is the first to make room): when
 //! it is full, the least recently used child with nothing in flight makes room; when every
 //! child is busy, the request gets 503. A child unused for the idle time is stopped. Each child
 //! has the restart, budget and isolation rules of a shared one. Children are started on the
@@ -14,8 +15,10 @@ use std::time::{Duration, Instant};
 
 use super::child;
 use super::pipe::{Pipe, StdioBounds};
+use crate::caller::{Caller, CallerKey};
 use crate::config::StdioCommand;
 use crate::error::{Error, ErrorKind};
+use crate::ledger::{self, Charge, Ledger};
 
 /// How long a child that has not answered anything yet counts as starting, not idle.
 const START_PATIENCE: Duration = Duration::from_secs(30);
@@ -23,21 +26,29 @@ const START_PATIENCE: Duration = Duration::from_secs(30);
 struct Entry {
     pipe: Arc<Pipe>,
     used: Instant,
+    /// Its place in the ledger, charged to its caller (the sidecar's, until one takes it).
+    _place: Option<Charge>,
 }
 
-/// The pool's children by client key, and what it needs to start and stop them.
+/// A child's place in the pool: its caller's, or `None` for the sidecar's own (started with
+/// it, for readiness: it makes room first).
+type Place = Option<CallerKey>;
+
+/// The pool's children by caller, and what it needs to start and stop them.
 struct ChildSlots {
     command: StdioCommand,
     bounds: StdioBounds,
     max: usize,
     idle: Duration,
-    children: Mutex<HashMap<u64, Entry>>,
+    children: Mutex<HashMap<Place, Entry>>,
     /// One start at a time, so two requests of a new client start one child.
     starting: tokio::sync::Mutex<()>,
     runtime: tokio::runtime::Handle,
     /// Whether a child stopped for room or idleness had answered: readiness then holds with
     /// no child running, and no child is started just to answer a probe.
     answered_before: AtomicBool,
+    /// Where each child is charged to its caller.
+    ledger: Arc<Ledger>,
 }
 
 pub(super) struct Pool {
@@ -46,13 +57,14 @@ pub(super) struct Pool {
 }
 
 impl ChildSlots {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Place, Entry>> {
         self.children.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn find(&self, key: u64) -> Option<Arc<Pipe>> {
+    /// The caller's child.
+    fn find(&self, key: CallerKey) -> Option<Arc<Pipe>> {
         let mut children = self.lock();
-        let entry = children.get_mut(&key)?;
+        let entry = children.get_mut(&Some(key))?;
         entry.used = Instant::now();
         Some(entry.pipe.clone())
     }
@@ -89,20 +101,23 @@ impl ChildSlots {
 }
 
 impl Pool {
-    /// A pool holding `first` (the child of clients without credentials, started at once).
+    /// A pool holding `first` (started with the sidecar, for readiness: no caller's).
     pub(super) fn new(
         command: StdioCommand,
         bounds: StdioBounds,
         first: Arc<Pipe>,
-        max: usize,
-        idle: Duration,
+        (max, idle): (usize, Duration),
+        ledger: Arc<Ledger>,
     ) -> Self {
         let mut children = HashMap::new();
         children.insert(
-            0,
+            None,
             Entry {
                 pipe: first,
                 used: Instant::now(),
+                _place: ledger
+                    .try_charge(ledger::Pool::Children, Caller::internal().key())
+                    .ok(),
             },
         );
         let slots = Arc::new(ChildSlots {
@@ -114,13 +129,14 @@ impl Pool {
             starting: tokio::sync::Mutex::new(()),
             runtime: tokio::runtime::Handle::current(),
             answered_before: AtomicBool::new(false),
+            ledger,
         });
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&slots)));
         Pool { slots, sweeper }
     }
 
-    /// The child of client `key`, started when it has none.
-    pub(super) async fn get(&self, key: u64) -> Result<Arc<Pipe>, Error> {
+    /// The child of caller `key`, started when it has none.
+    pub(super) async fn get(&self, key: CallerKey) -> Result<Arc<Pipe>, Error> {
         if let Some(pipe) = self.slots.find(key) {
             return Ok(pipe);
         }
@@ -129,6 +145,11 @@ impl Pool {
             return Ok(pipe);
         }
         self.slots.make_room()?;
+        self.start(Some(key)).await
+    }
+
+    /// Starts a child for `place` (room was made for it).
+    async fn start(&self, place: Place) -> Result<Arc<Pipe>, Error> {
         let slots = self.slots.clone();
         let started = self
             .slots
@@ -136,11 +157,17 @@ impl Pool {
             .spawn(async move { child::start(&slots.command, &slots.bounds) })
             .await
             .map_err(|e| Error::caused_by(ErrorKind::Internal, "starting a child", e))??;
+        let charged = place.unwrap_or_else(|| Caller::internal().key());
         self.slots.lock().insert(
-            key,
+            place,
             Entry {
                 pipe: started.clone(),
                 used: Instant::now(),
+                _place: self
+                    .slots
+                    .ledger
+                    .try_charge(ledger::Pool::Children, charged)
+                    .ok(),
             },
         );
         Ok(started)
@@ -148,7 +175,7 @@ impl Pool {
 
     /// The child used most recently (for readiness); when none runs, `None` if a child
     /// stopped before had answered (a probe must not start a process, nor take a client's
-    /// place in the pool), else the one of clients without credentials, started now.
+    /// place in the pool), else one no caller has yet, started now.
     pub(super) async fn any(&self) -> Result<Option<Arc<Pipe>>, Error> {
         let newest = {
             let children = self.slots.lock();
@@ -160,7 +187,14 @@ impl Pool {
         match newest {
             Some(pipe) => Ok(Some(pipe)),
             None if self.slots.answered_before.load(Ordering::Relaxed) => Ok(None),
-            None => self.get(0).await.map(Some),
+            None => {
+                let _one = self.slots.starting.lock().await;
+                if let Some(e) = self.slots.lock().get(&None) {
+                    return Ok(Some(e.pipe.clone()));
+                }
+                self.slots.make_room()?;
+                self.start(None).await.map(Some)
+            }
         }
     }
 
@@ -184,7 +218,7 @@ async fn sweep(pool: std::sync::Weak<ChildSlots>) {
         let Some(p) = pool.upgrade() else { return };
         let idle: Vec<Arc<Pipe>> = {
             let mut children = p.lock();
-            let gone: Vec<u64> = children
+            let gone: Vec<Place> = children
                 .iter()
                 .filter(|(_, e)| {
                     let unused = e.used.elapsed();

@@ -23,8 +23,8 @@ use crate::budget::{MemoryBudget, Reservation};
 use crate::error::{Error, ErrorKind};
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::version::META_SUBSCRIPTION_ID;
+use crate::upstream::caller::Caller;
 use crate::upstream::caller::ServerRequests;
-use crate::upstream::caller::{Caller, Group};
 
 /// A message for a client, counted in the memory budget until it is sent.
 pub(super) type Held = (Bytes, Reservation);
@@ -277,7 +277,7 @@ impl RequestTable {
     /// The request whose stream may carry a server request: the newest of the one client
     /// with requests open that can answer; `Err` names why there is none.
     fn asker(&self, generation: u64) -> Result<Key, &'static str> {
-        let mut group: Option<Group> = None;
+        let mut group = None;
         let mut newest: Option<(u64, Key)> = None;
         for (key, w) in &self.pending {
             if w.generation != generation || w.relay == ServerRequests::Withheld {

@@ -16,7 +16,8 @@ fn client(token: Option<&str>, port: u16) -> Caller {
     if let Some(t) = token {
         h.insert("authorization", format!("Bearer {t}").parse().unwrap());
     }
-    Caller::new(SocketAddr::from(([127, 0, 0, 1], port)), &h)
+    let ip = std::net::IpAddr::from([127, 0, 0, 1]);
+    Caller::decide(None, &h, ip, SocketAddr::new(ip, port))
 }
 
 struct Request {
