@@ -100,15 +100,57 @@ pub(crate) fn is_event_stream(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
-/// `resp` with `guard` held until its body is over (its last frame read, or its client
-/// gone): what ends with an answer that streams (its span, its console entry) is dropped then.
-pub(crate) fn hold_until_end<G: Send + 'static>(resp: Response<Body>, guard: G) -> Response<Body> {
-    resp.map(|body| {
-        BodyExt::boxed_unsync(BodyExt::map_frame(body, move |f| {
-            let _alive = &guard;
-            f
-        }))
+/// `resp` with `guard` held until its body is over: dropped when its last frame is read (the
+/// body says it ended, before the connection writes the end of it, so whoever reads the whole
+/// answer finds what the guard records already done), when it fails, or when it is dropped
+/// (its client gone): what ends with an answer that streams (its record, its span) ends then.
+pub(crate) fn hold_until_end<G: Send + Unpin + 'static>(
+    resp: Response<Body>,
+    guard: G,
+) -> Response<Body> {
+    resp.map(|inner| {
+        EndsWith {
+            inner,
+            guard: Some(guard),
+        }
+        .boxed_unsync()
     })
+}
+
+/// A body and what ends with it ([`hold_until_end`]).
+struct EndsWith<G> {
+    inner: Body,
+    guard: Option<G>,
+}
+
+impl<G: Unpin> http_body::Body for EndsWith<G> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        let over = match &polled {
+            Poll::Ready(None | Some(Err(_))) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            Poll::Pending => false,
+        };
+        if over {
+            this.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 /// An event stream the sidecar writes itself (a bridged call's rounds), 200, with no proxy

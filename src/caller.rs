@@ -59,18 +59,32 @@ impl CallerKey {
     }
 
     /// A verified token's caller: `issuer` and `subject`, else the `client` it was issued to,
-    /// else the token itself (`token_digest`, its SHA-256).
+    /// else the token itself (`token_digest`, its SHA-256). Unlike the others, the same on
+    /// every replica (a SHA-256, made once per token): a feedback handle is bound to it, and
+    /// any replica checks the binding.
     pub(crate) fn of_token(
         issuer: &str,
         subject: Option<&str>,
         client: Option<&str>,
         token_digest: &[u8; 32],
     ) -> CallerKey {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        let mut part = |tag: u8, bytes: &[u8]| {
+            h.update([tag]);
+            h.update((bytes.len() as u64).to_le_bytes());
+            h.update(bytes);
+        };
+        part(0, issuer.as_bytes());
         match (subject, client) {
-            (Some(s), _) => CallerKey::of(1, (issuer, s)),
-            (None, Some(c)) => CallerKey::of(2, (issuer, c)),
-            (None, None) => CallerKey::of(3, (issuer, token_digest)),
+            (Some(s), _) => part(1, s.as_bytes()),
+            (None, Some(c)) => part(2, c.as_bytes()),
+            (None, None) => part(3, token_digest),
         }
+        let digest: [u8; 32] = h.finalize().into();
+        let mut key = [0_u8; 16];
+        key.copy_from_slice(&digest[..16]);
+        CallerKey(u128::from_le_bytes(key))
     }
 
     /// The key as bytes, for a MAC that binds something to the caller.

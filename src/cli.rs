@@ -23,6 +23,7 @@ use crate::ledger::{self, Ledger};
 use crate::limits::RateLimits;
 use crate::metrics::Metrics;
 use crate::observe::Observer;
+use crate::request::{Front, Recorder};
 use crate::server;
 use crate::trial::Trial;
 use crate::upstream::{exec, Upstream};
@@ -564,19 +565,25 @@ fn start_otel(
         .map_err(|e| failed("cannot start OpenTelemetry", e))
 }
 
-/// Binds the listeners and builds the request path (with `trial`, observed by its console and
-/// its binding pointed at its Epode); a failure is reported and ends the process.
-fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, ExitCode> {
+/// The MCP listeners (one per worker) and the admin listener (when configured).
+fn bind_all(
+    config: &Config,
+) -> Result<(server::Listeners, Option<std::net::TcpListener>), ExitCode> {
     let listeners = server::bind(config.listen, config.workers)
         .map_err(|e| failed(&format!("cannot listen on {}", config.listen), e))?;
-    let admin = config
-        .admin_listen
+    let admin = (config.admin_listen)
         .map(std::net::TcpListener::bind)
         .transpose()
         .map_err(|e| failed("cannot listen on the admin address", e))?;
+    Ok((listeners, admin))
+}
+
+/// Binds the listeners and builds the request path (with `trial`, observed by its console and
+/// its binding pointed at its Epode); a failure is reported and ends the process.
+fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, ExitCode> {
+    let (listeners, admin) = bind_all(config)?;
     let (cut, cut_rx) = tokio::sync::watch::channel(false);
-    let observer = trial.map(Trial::observer);
-    let epode = trial.map(Trial::epode_url);
+    let (observer, epode) = (trial.map(Trial::observer), trial.map(Trial::epode_url));
     let Handles {
         metrics,
         budget,
@@ -595,6 +602,15 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         auth.clone(),
     );
     let otel = start_otel(config, &metrics, operations.gauges())?;
+    // The one front and the one record, for the MCP path and the HTTP surface alike.
+    let front = Front::new(
+        config.clone(),
+        (rates.clone(), budget.clone()),
+        metrics.clone(),
+        auth.clone(),
+        in_flight,
+    );
+    let records = Recorder::new(config.clone(), metrics.clone(), observer, otel.clone());
     let tls = listener_tls(config).map_err(|e| failed("cannot start TLS on the listener", e))?;
     let shared = server::Serving::new(
         config.clone(),
@@ -609,10 +625,8 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
             config.clone(),
             binding.clone(),
             metrics.clone(),
-            budget.clone(),
-            rates.clone(),
-            observer.clone(),
-            otel.clone(),
+            budget,
+            (front.clone(), records.clone()),
         )
         .map_err(|e| failed("cannot start the HTTP surface", e))?,
     )
@@ -623,10 +637,9 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         binding: binding.clone(),
         metrics,
         rates: rates.clone(),
-        budget,
-        in_flight,
+        front,
+        records,
         cut: cut_rx,
-        observer,
         auth,
         otel: otel.clone(),
     });

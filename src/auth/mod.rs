@@ -55,7 +55,6 @@ pub(crate) use self::reason::Reason;
 pub(crate) const SUBJECT_HEADER: HeaderName = HeaderName::from_static("epode-auth-subject");
 pub(crate) const SCOPES_HEADER: HeaderName = HeaderName::from_static("epode-auth-scopes");
 pub(crate) const CLIENT_HEADER: HeaderName = HeaderName::from_static("epode-auth-client");
-const OWNED_HEADERS: [HeaderName; 3] = [SUBJECT_HEADER, SCOPES_HEADER, CLIENT_HEADER];
 
 /// The well-known path of Protected Resource Metadata (RFC 9728 §3).
 pub(crate) const METADATA_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -743,27 +742,15 @@ impl Authorizer {
         }
     }
 
-    /// A request to the HTTP surface: with `auth_http_surface`, its token checked with the
-    /// base scopes and its headers made as an MCP request's are; else only the sidecar's own
-    /// headers removed. The refusal is the client's answer.
-    pub(crate) async fn surface(
-        &self,
-        headers: &mut HeaderMap,
-        query: Option<&str>,
-        address: CallerKey,
-        asked: &mut Option<Asked>,
-    ) -> Result<(), Error> {
-        if !self.config.http_surface {
-            strip_owned(headers);
-            return Ok(());
-        }
-        let principal = self
-            .check(headers, query, address, asked)
-            .await
-            .map_err(|r| self.refuse(&r))?;
-        self.require(&principal, &self.config.scopes)?;
-        self.to_upstream(headers, &principal);
-        Ok(())
+    /// Whether requests to the HTTP surface are checked too (`auth_http_surface`): with the
+    /// base scopes, their headers made as an MCP request's are.
+    pub(crate) fn checks_surface(&self) -> bool {
+        self.config.http_surface
+    }
+
+    /// The scopes every request needs.
+    pub(crate) fn base_scopes(&self) -> &[String] {
+        &self.config.scopes
     }
 
     /// The request's headers as they go upstream: the headers the sidecar owns set from the
@@ -815,11 +802,44 @@ fn count_fetch(metrics: &Metrics, fetched: KeyFetch, store: &KeyStore) {
 }
 
 /// The headers the sidecar owns, removed from a client's request (whether auth is on or not:
-/// a client never names itself to the upstream).
+/// a client never names itself to the upstream), in every spelling an app server may read as
+/// one of them: WSGI and CGI (and Puma before 6.4.3) fold `_` into `-`; `.` and an `X-` prefix
+/// are read alike by others (nginx and Envoy drop names with `_` for this reason). The app's
+/// own `Epode-Identity` (a response header) is never taken from a client either.
 pub(crate) fn strip_owned(headers: &mut HeaderMap) {
-    for name in &OWNED_HEADERS {
+    // One pass over the names, each a few bytes' look: most requests have none to remove.
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| is_owned_spelling(n.as_str()))
+        .cloned()
+        .collect();
+    for name in doomed {
         headers.remove(name);
     }
+}
+
+/// Whether a header name (lower case, as `http` keeps them) is one the sidecar owns in some
+/// spelling: `epode-auth-subject`, `Epode_Auth_Subject`, `X-Epode-Auth-Subject`,
+/// `epode.auth.subject`, `x_epode_identity`…
+fn is_owned_spelling(name: &str) -> bool {
+    const STEMS: [&str; 4] = [
+        "epode-auth-subject",
+        "epode-auth-scopes",
+        "epode-auth-client",
+        "epode-identity",
+    ];
+    let b = name.as_bytes();
+    let rest = match b {
+        [b'x', b'-' | b'_' | b'.', rest @ ..] => rest,
+        _ => b,
+    };
+    STEMS.iter().any(|stem| {
+        stem.len() == rest.len()
+            && stem
+                .bytes()
+                .zip(rest)
+                .all(|(want, got)| want == *got || (want == b'-' && matches!(got, b'_' | b'.')))
+    })
 }
 
 /// The PRM URL for a resource (RFC 9728 §3.1: the well-known segment between the host and

@@ -261,6 +261,26 @@ fn the_upstream_gets_the_claims_and_not_the_token() {
     let mut forged = headers(&[("epode-auth-scopes", "admin"), ("epode-auth-client", "x")]);
     strip_owned(&mut forged);
     assert!(forged.is_empty());
+    // Every spelling an app server may fold to one of them goes too; others stay.
+    let mut spelled = headers(&[
+        ("epode_auth_subject", "alice"),
+        ("Epode_Auth_Scopes", "admin"),
+        ("x-epode-auth-subject", "alice"),
+        ("x_epode_auth_client", "c"),
+        ("epode.auth.subject", "alice"),
+        ("x-epode-identity", "{}"),
+        ("epode_identity", "{}"),
+        ("x-epode-auth-subjects", "kept"),
+        ("epode-auth", "kept"),
+        ("xepode-auth-subject", "kept"),
+    ]);
+    strip_owned(&mut spelled);
+    let mut left: Vec<&str> = spelled.keys().map(|k| k.as_str()).collect();
+    left.sort_unstable();
+    assert_eq!(
+        left,
+        ["epode-auth", "x-epode-auth-subjects", "xepode-auth-subject"]
+    );
 }
 
 #[test]

@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::catalog::ToolCatalog;
+use crate::caller::CallerKey;
 use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
 use crate::epode::consent::{ConsentCache, Decided};
@@ -71,6 +72,7 @@ impl FeedbackBinding {
         &self,
         refs: &IdentityRefs,
         without_customer: &'static str,
+        bound: Option<CallerKey>,
     ) -> Option<Grant> {
         let active = self.active.as_ref()?;
         let ask_once = self.config.mode == crate::feedback::FeedbackMode::AskOnce;
@@ -90,6 +92,7 @@ impl FeedbackBinding {
             &active.key,
             SystemTime::now(),
             subject.clone().map(|s| (s, revision)),
+            bound.map(CallerKey::to_bytes).as_ref().map(|b| &b[..]),
         );
         Some(Grant {
             subject,
@@ -198,7 +201,7 @@ impl FeedbackBinding {
 
     /// What the catalog knows of `tool`: `Some(declares an outputSchema)` when the upstream
     /// lists it.
-    pub(super) fn listed(&self, tool: &str) -> Option<bool> {
+    pub(crate) fn listed(&self, tool: &str) -> Option<bool> {
         self.catalog.listed(tool)
     }
 
@@ -334,21 +337,26 @@ impl FeedbackBinding {
     }
 
     /// Answers a call of one of the two feedback tools: validated locally (arguments, then the
-    /// handle's signature and expiry with the product key), forwarded to Epode with only the
-    /// fields Epode takes, and answered with the reference binding's result. With an observer,
-    /// the request's `note` learns the outcome.
+    /// handle's signature and expiry with the product key, and, with auth on, that it was
+    /// issued to `bound`, the caller), forwarded to Epode with only the fields Epode takes, and
+    /// answered with the reference binding's result. With an observer, the request's `note`
+    /// learns the outcome.
     pub(crate) async fn call_local(
         &self,
         name: &str,
         arguments: &Value,
         note: Option<&Arc<Note>>,
+        bound: Option<CallerKey>,
     ) -> Value {
         let Some(active) = &self.active else {
             return json!({"content": [], "isError": true});
         };
         let (tool, (result, outcome)) = match name {
-            CONSENT_TOOL => (CONSENT_TOOL, self.record_consent(active, arguments).await),
-            REPORT_TOOL => (REPORT_TOOL, report(active, arguments).await),
+            CONSENT_TOOL => (
+                CONSENT_TOOL,
+                self.record_consent(active, arguments, bound).await,
+            ),
+            REPORT_TOOL => (REPORT_TOOL, report(active, arguments, bound).await),
             _ => return json!({"content": [], "isError": true}),
         };
         self.metrics
@@ -359,7 +367,7 @@ impl FeedbackBinding {
             })
             .inc();
         if let Some(note) = note {
-            self.show_local(active, note, tool, arguments, &result, outcome);
+            self.show_local(active, note, (tool, arguments, bound), (&result, outcome));
         }
         result
     }
@@ -370,10 +378,8 @@ impl FeedbackBinding {
         &self,
         active: &Active,
         note: &Note,
-        tool: &'static str,
-        arguments: &Value,
-        result: &Value,
-        outcome: FeedbackOutcome,
+        (tool, arguments, bound): (&'static str, &Value, Option<CallerKey>),
+        (result, outcome): (&Value, FeedbackOutcome),
     ) {
         let handle = arguments.get("feedbackHandle").and_then(Value::as_str);
         let interaction = handle
@@ -393,7 +399,7 @@ impl FeedbackBinding {
                 .unwrap_or("invalid arguments")
                 .to_owned(),
             FeedbackOutcome::InvalidHandle => {
-                let why = handle.map_or(Err("there is none"), |h| verify_handle(active, h));
+                let why = handle.map_or(Err("there is none"), |h| verify_handle(active, h, bound));
                 format!("bad feedback handle: {}", why.err().unwrap_or("invalid"))
             }
             // Epode's own answers: no refusal of the sidecar's to show.
@@ -416,14 +422,19 @@ impl FeedbackBinding {
         }
     }
 
-    async fn record_consent(&self, active: &Active, arguments: &Value) -> (Value, FeedbackOutcome) {
+    async fn record_consent(
+        &self,
+        active: &Active,
+        arguments: &Value,
+        bound: Option<CallerKey>,
+    ) -> (Value, FeedbackOutcome) {
         let call = match active.tools.validate_consent_args(arguments) {
             Ok(c) => c,
             Err(invalid) => return (invalid.to_result(), FeedbackOutcome::InvalidArguments),
         };
         // Verified once: the decision is remembered from these claims however long Epode takes
         // to answer (a handle may expire meanwhile; the decision it carried still stands).
-        let claims = match verify_handle(active, call.handle.as_str()) {
+        let claims = match verify_handle(active, call.handle.as_str(), bound) {
             Ok(claims) => claims,
             Err(why) => {
                 tracing::info!(
@@ -506,12 +517,16 @@ fn remember_decision(active: &Active, claims: Claims, body: &Value) {
     active.consent.warm(&subject, true);
 }
 
-async fn report(active: &Active, arguments: &Value) -> (Value, FeedbackOutcome) {
+async fn report(
+    active: &Active,
+    arguments: &Value,
+    bound: Option<CallerKey>,
+) -> (Value, FeedbackOutcome) {
     let call = match active.tools.validate_report_args(arguments) {
         Ok(c) => c,
         Err(invalid) => return (invalid.to_result(), FeedbackOutcome::InvalidArguments),
     };
-    if let Err(why) = verify_handle(active, call.handle.as_str()) {
+    if let Err(why) = verify_handle(active, call.handle.as_str(), bound) {
         tracing::info!(
             reason = why,
             "feedback report refused locally: bad feedback handle"
@@ -559,18 +574,34 @@ fn log_unavailable(e: &EpodeError, what: &'static str) {
 }
 
 /// Checks a handle an agent sent back before it goes anywhere: bounded, signed by this
-/// product's key, unexpired. Returns the reason (never the handle) when it is not.
-fn verify_handle(active: &Active, handle: &str) -> Result<Claims, &'static str> {
+/// product's key, unexpired, and, with `bound` (auth on: the verified caller), when it was
+/// issued to a caller (every handle of an answer to a verified caller is), issued to that one.
+/// (A handle bound to no caller came from a route the token does not guard, which anyone may
+/// call.) Returns the reason (never the handle) when it is not.
+fn verify_handle(
+    active: &Active,
+    handle: &str,
+    bound: Option<CallerKey>,
+) -> Result<Claims, &'static str> {
     if handle.len() > tools::MAX_HANDLE_LEN {
         return Err("the handle is too long");
     }
-    capability::verify(&active.key, handle, SystemTime::now()).map_err(|e| match e {
-        capability::VerifyError::Expired => "the handle has expired",
-        capability::VerifyError::KeyMismatch | capability::VerifyError::BadSignature => {
-            "the handle was not signed with this product's key"
+    let claims =
+        capability::verify(&active.key, handle, SystemTime::now()).map_err(|e| match e {
+            capability::VerifyError::Expired => "the handle has expired",
+            capability::VerifyError::KeyMismatch | capability::VerifyError::BadSignature => {
+                "the handle was not signed with this product's key"
+            }
+            _ => "the handle is malformed",
+        })?;
+    if let Some(caller) = bound {
+        if capability::is_bound(&claims)
+            && !capability::issued_to(&active.key, &claims, &caller.to_bytes())
+        {
+            return Err("the handle was issued to another caller");
         }
-        _ => "the handle is malformed",
-    })
+    }
+    Ok(claims)
 }
 
 /// A 2xx consent answer is Epode's consent state: an object whose `state` is one of three.

@@ -12,6 +12,7 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::feedback_binding::{FeedbackBinding, Grant};
+use crate::caller::CallerKey;
 use crate::epode::telemetry::{McpCompletion, Outcome};
 use crate::feedback::envelope::Envelope;
 use crate::feedback::identity::{self, IdentityRefs};
@@ -21,11 +22,15 @@ use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
 use crate::observe::{Note, Noted};
 
 impl FeedbackBinding {
-    /// The hook of a `tools/list` response (none when feedback is off).
-    pub(crate) fn list_hook(self: &Arc<Self>) -> Option<Box<dyn ResultHook>> {
-        self.enabled().then(|| {
+    /// The hook of a `tools/list` response: with feedback on, it learns the tools, hides
+    /// those named like the feedback tools and appends them; with feedback off and `learn`
+    /// (OpenTelemetry's histograms name listed tools only), it learns the tools and changes
+    /// nothing; else there is none.
+    pub(crate) fn list_hook(self: &Arc<Self>, learn: bool) -> Option<Box<dyn ResultHook>> {
+        (self.enabled() || learn).then(|| {
             Box::new(ListHook {
                 binding: self.clone(),
+                feedback: self.enabled(),
             }) as Box<dyn ResultHook>
         })
     }
@@ -38,25 +43,23 @@ impl FeedbackBinding {
         self: &Arc<Self>,
         tool: &str,
         client: &HeaderMap,
-        verified: Option<&IdentityRefs>,
+        verified: Option<(&IdentityRefs, CallerKey)>,
         note: Option<Arc<Note>>,
     ) -> Box<dyn ResultHook> {
         let trusted = match verified {
-            Some(v) => v.clone().or(self.header_refs(client)),
+            Some((v, _)) => v.clone().or(self.header_refs(client)),
             None => self.header_refs(client),
         };
-        Box::new(CallHook::new(
-            self.clone(),
-            tool,
-            self.listed(tool),
-            trusted,
-            note,
-        ))
+        let mut hook = CallHook::new(self.clone(), tool, self.listed(tool), trusted, note);
+        hook.bound = verified.map(|(_, caller)| caller);
+        Box::new(hook)
     }
 }
 
 struct ListHook {
     binding: Arc<FeedbackBinding>,
+    /// Whether feedback is on: the feedback tools' names are then the sidecar's.
+    feedback: bool,
 }
 
 impl ResultHook for ListHook {
@@ -75,7 +78,7 @@ impl ResultHook for ListHook {
                 kept.push(tool);
                 continue;
             };
-            if tools::is_feedback_tool(&name) {
+            if self.feedback && tools::is_feedback_tool(&name) {
                 self.binding.warn_shadowing(&name);
                 changed = true;
                 continue;
@@ -160,6 +163,8 @@ struct CallHook {
     answered: Option<McpCompletion>,
     /// The request's span (OpenTelemetry on, sampled), for its event's delivery to link to.
     link: Option<opentelemetry::trace::SpanContext>,
+    /// The verified caller the handle is issued to (with auth on).
+    bound: Option<CallerKey>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -191,6 +196,7 @@ impl CallHook {
             note,
             answered: None,
             link: crate::otel::current_link(),
+            bound: None,
         }
     }
 
@@ -231,7 +237,9 @@ impl CallHook {
             subject,
             case,
             minted,
-        } = self.binding.grant(refs, "calls without a customerRef")?;
+        } = self
+            .binding
+            .grant(refs, "calls without a customerRef", self.bound)?;
         let mut changed = false;
         if let Some(case) = case {
             self.binding

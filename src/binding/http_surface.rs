@@ -7,6 +7,7 @@
 use http::HeaderMap;
 
 use super::feedback_binding::{FeedbackBinding, Grant};
+use crate::caller::CallerKey;
 use crate::epode::telemetry::HttpCompletion;
 use crate::feedback::envelope::Envelope;
 use crate::feedback::identity::IdentityRefs;
@@ -33,13 +34,17 @@ impl FeedbackBinding {
     /// Mints the response's handle and builds its envelope, as `hooks.rs` does for a product
     /// tool result: the consent subject from customerRef in Ask once, the cached decision and
     /// its revision (the cache only: a response never waits for Epode). `None` when feedback
-    /// is off.
-    pub(crate) fn http_envelope(&self, refs: &IdentityRefs) -> Option<HttpEnvelope> {
+    /// is off. With auth on, `bound` is the verified caller the handle is issued to.
+    pub(crate) fn http_envelope(
+        &self,
+        refs: &IdentityRefs,
+        bound: Option<CallerKey>,
+    ) -> Option<HttpEnvelope> {
         let Grant {
             subject,
             case,
             minted,
-        } = self.grant(refs, "HTTP responses without a customerRef")?;
+        } = self.grant(refs, "HTTP responses without a customerRef", bound)?;
         let case = case?;
         let envelope = Envelope::new(case, minted.handle, minted.claims.exp);
         Some(HttpEnvelope {

@@ -99,6 +99,11 @@ impl MethodTable {
         }
     }
 
+    /// Whether the upstream lists the tool `name` (as far as the catalog has learned).
+    pub(super) fn lists(&self, name: &str) -> bool {
+        self.binding.listed(name).is_some()
+    }
+
     /// A client's message that needs no answer (its answer to a server request, a
     /// notification) goes to the upstream, when the upstream is told such things
     /// ([`Upstream::tell`]).
@@ -155,7 +160,8 @@ impl MethodTable {
             Route::ToolCall => self.tool_call(req, client, ctx, note, hop).await,
             Route::ToolList => {
                 let mut ctx = ctx;
-                ctx.plan.set_hook(self.binding.list_hook());
+                ctx.plan
+                    .set_hook(self.binding.list_hook(self.otel.is_some()));
                 self.forward(req, client, ctx, hop).await
             }
             Route::Ping | Route::SetLevel | Route::Listen | Route::Forward => {
@@ -270,7 +276,8 @@ impl MethodTable {
             .arguments
             .and_then(|a| serde_json::from_str(a.get()).ok())
             .unwrap_or_else(|| json!({}));
-        let result = self.binding.call_local(&name, &args, note).await;
+        let bound = req.principal.as_ref().map(|p| p.caller);
+        let result = self.binding.call_local(&name, &args, note, bound).await;
         Ok(ctx.local_result(result))
     }
 
@@ -321,10 +328,13 @@ impl MethodTable {
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }
+        if let (Some(span), Some(_)) = (hop.span, self.binding.listed(&name)) {
+            span.tool_listed();
+        }
         ctx.plan.set_hook(Some(self.binding.call_hook(
             &name,
             &req.parts.headers,
-            req.principal.as_ref().map(|p| &p.refs),
+            req.principal.as_ref().map(|p| (&p.refs, p.caller)),
             note.cloned(),
         )));
         self.forward(req, client, ctx, hop).await

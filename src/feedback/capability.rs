@@ -262,17 +262,73 @@ pub(crate) struct Minted {
     pub(crate) handle: FeedbackHandle,
 }
 
+/// Random bytes of a bound handle's nonce, and of the tag that follows them.
+const BOUND_RANDOM: usize = 12;
+const BOUND_TAG: usize = 12;
+
+/// The tag that binds a handle whose nonce starts with `random` to `caller` (a stable id of
+/// the caller it was issued to): HMAC-SHA256 with the product key's signing key, apart from
+/// the signature by its own label. Any replica with the key computes the same.
+fn binding_tag(key: &ProductKey, random: &[u8], caller: &[u8]) -> [u8; BOUND_TAG] {
+    let mut mac = key.signer.clone();
+    mac.update(b"epode-sidecar handle binding\0");
+    mac.update(random);
+    mac.update(caller);
+    let full: [u8; 32] = mac.finalize().into_bytes().into();
+    let mut tag = [0_u8; BOUND_TAG];
+    tag.copy_from_slice(&full[..BOUND_TAG]);
+    tag
+}
+
+/// Whether a handle (its verified `claims`) is bound to a caller at all: minted with one
+/// ([`mint`]), its nonce is random bytes then their tag.
+pub(crate) fn is_bound(claims: &Claims) -> bool {
+    URL_SAFE_NO_PAD
+        .decode(&claims.n)
+        .is_ok_and(|n| n.len() == BOUND_RANDOM + BOUND_TAG)
+}
+
+/// Whether a handle (its verified `claims`) was issued to `caller`: its nonce is random bytes
+/// then their tag for that caller ([`mint`] with a caller). A handle issued to no caller, or
+/// to another, is not.
+pub(crate) fn issued_to(key: &ProductKey, claims: &Claims, caller: &[u8]) -> bool {
+    let Ok(nonce) = URL_SAFE_NO_PAD.decode(&claims.n) else {
+        return false;
+    };
+    if nonce.len() != BOUND_RANDOM + BOUND_TAG {
+        return false;
+    }
+    let (random, tag) = nonce.split_at(BOUND_RANDOM);
+    let want = binding_tag(key, random, caller);
+    // Constant time: the tag is a credential of a kind.
+    want.iter().zip(tag).fold(0_u8, |acc, (a, b)| acc | (a ^ b)) == 0
+}
+
 /// Mints the handle for one product tool call: a fresh UUID v4 interaction id and nonce,
 /// `exp = iat + 2 h`, and for Ask once with a customerRef the subject and the revision from the
-/// consent cache.
+/// consent cache. With `caller` (a verified caller's stable id: auth is on), the nonce binds the
+/// handle to it ([`issued_to`]); the nonce stays a 16-to-128-character base64url string to
+/// Epode.
 pub(crate) fn mint(
     key: &ProductKey,
     now: SystemTime,
     subject_and_revision: Option<(String, u64)>,
+    caller: Option<&[u8]>,
 ) -> Minted {
     let iat = unix_seconds(now);
-    let mut nonce = [0_u8; NONCE_BYTES];
-    rand::rng().fill_bytes(&mut nonce);
+    let nonce: Vec<u8> = match caller {
+        None => {
+            let mut nonce = [0_u8; NONCE_BYTES];
+            rand::rng().fill_bytes(&mut nonce);
+            nonce.to_vec()
+        }
+        Some(caller) => {
+            let mut random = [0_u8; BOUND_RANDOM];
+            rand::rng().fill_bytes(&mut random);
+            let tag = binding_tag(key, &random, caller);
+            [&random[..], &tag[..]].concat()
+        }
+    };
     let (s, r) = match subject_and_revision {
         // Epode stores revisions as i64; a larger one cannot match and is refused there anyway.
         Some((subject, revision)) => (

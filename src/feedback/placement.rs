@@ -178,7 +178,12 @@ mod tests {
 
     fn feedback() -> (Value, String) {
         let key = ProductKey::parse(KEY).unwrap();
-        let minted = mint(&key, UNIX_EPOCH + Duration::from_secs(1_715_000_000), None);
+        let minted = mint(
+            &key,
+            UNIX_EPOCH + Duration::from_secs(1_715_000_000),
+            None,
+            None,
+        );
         let envelope = Envelope::new(
             Case::for_product_result(
                 FeedbackMode::NeverAsk,
@@ -373,7 +378,12 @@ mod tests {
             FeedbackMode::AskOnce,
             FeedbackMode::AskAlways,
         ] {
-            let minted = mint(&key, UNIX_EPOCH + Duration::from_secs(1_715_000_000), None);
+            let minted = mint(
+                &key,
+                UNIX_EPOCH + Duration::from_secs(1_715_000_000),
+                None,
+                None,
+            );
             let case =
                 Case::for_product_result(mode, crate::feedback::envelope::CachedConsent::Unknown)
                     .unwrap();

@@ -51,7 +51,30 @@ impl std::fmt::Debug for SpanQueue {
     }
 }
 
+/// How full the span queue is, read without holding it open.
+pub(super) struct QueueRoom {
+    tx: mpsc::WeakSender<SpanData>,
+    capacity: usize,
+}
+
+impl QueueRoom {
+    /// Whether at most half of the queue is taken.
+    pub(super) fn half_free(&self) -> bool {
+        self.tx
+            .upgrade()
+            .is_some_and(|tx| tx.capacity() * 2 >= self.capacity)
+    }
+}
+
 impl SpanQueue {
+    /// What tells how full the queue is.
+    pub(super) fn room(&self) -> QueueRoom {
+        QueueRoom {
+            tx: self.tx.downgrade(),
+            capacity: self.tx.max_capacity(),
+        }
+    }
+
     pub(super) fn new(
         capacity: usize,
         metrics: Arc<Metrics>,

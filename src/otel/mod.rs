@@ -29,11 +29,11 @@ use crate::config::{OtelConfig, Sampling, UpstreamTransport};
 use crate::metrics::Metrics;
 
 use self::shared::{HopTarget, Shared};
-pub(crate) use self::span::{Call, HopSpan, HttpCall, HttpSpan, ServerSpan};
+pub(crate) use self::span::{cut, Call, HopSpan, HttpCall, HttpSpan, ServerSpan};
 
 /// A response whose span ends when its body does: a stream's at its end (or when its client
 /// leaves), any other's now.
-pub(crate) fn end_with_body<G: Send + 'static>(
+pub(crate) fn end_with_body<G: Send + Unpin + 'static>(
     resp: ::http::Response<crate::body::Body>,
     guard: G,
 ) -> ::http::Response<crate::body::Body> {
@@ -49,12 +49,19 @@ pub(crate) fn end_with_body<G: Send + 'static>(
 /// main loop until [`Otel::shutdown`].
 pub(crate) struct Otel {
     shared: Arc<Shared>,
+    /// How full the span queue is, and how fast refusals may be spanned.
+    room: export::QueueRoom,
+    refusals: governor::DefaultDirectRateLimiter,
     provider: SdkTracerProvider,
     meters: Option<SdkMeterProvider>,
     stop: watch::Sender<bool>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     timeout: Duration,
 }
+
+/// Refused requests spanned at most, a second (a burst as large).
+const REFUSAL_SPANS: governor::Quota =
+    governor::Quota::per_second(std::num::NonZeroU32::new(20).unwrap());
 
 /// The tracer for the spans made below a request or beside it (the calls to Epode, the
 /// telemetry deliveries); set once, when OpenTelemetry starts. Unset, [`child`] and [`linked`]
@@ -367,6 +374,7 @@ impl Otel {
         }
         let _ = metrics.otlp.dropped.get_or_create(&export::TRACES);
         let (queue, rx) = export::SpanQueue::new(config.queue, metrics.clone());
+        let room = queue.room();
         let provider = SdkTracerProvider::builder()
             .with_span_processor(queue)
             .with_sampler(sampler(config.sampling))
@@ -405,6 +413,8 @@ impl Otel {
             }
         };
         Ok(Arc::new(Otel {
+            room,
+            refusals: governor::RateLimiter::direct(REFUSAL_SPANS),
             shared: Arc::new(Shared {
                 tracer,
                 server_duration,
@@ -417,6 +427,13 @@ impl Otel {
             tasks: Mutex::new(tasks),
             timeout: config.timeout,
         }))
+    }
+
+    /// Whether a refused request may be spanned now: while at most half of the span queue is
+    /// taken, and at most [`REFUSAL_SPANS`] a second, so refusals (a flood of them, each with
+    /// a sampled `traceparent`) never crowd out the spans of admitted requests.
+    pub(crate) fn may_span_refusal(&self) -> bool {
+        self.room.half_free() && self.refusals.check().is_ok()
     }
 
     /// A request's server span.

@@ -21,9 +21,14 @@ use crate::observe::Noted;
 
 /// What the server span says of a request, as the front door read it.
 pub(crate) struct Call<'a> {
+    /// The method as the client wrote it (a span shows it, cut to [`MAX_NAME`]).
     pub(crate) method: &'a str,
+    /// Its catalogue entry: what the histograms show (`other` for a method it does not list).
+    pub(crate) listed: Option<crate::mcp::method::Method>,
     /// A `tools/call`'s tool, a `prompts/get`'s prompt.
     pub(crate) name: Option<&'a str>,
+    /// Whether `name` is a tool the upstream lists: only then is it a histogram's attribute.
+    pub(crate) tool_listed: bool,
     /// A resource request's URI.
     pub(crate) uri: Option<&'a str>,
     /// The request's id as it was written (a string keeps its quotes).
@@ -37,6 +42,24 @@ pub(crate) struct Call<'a> {
     pub(crate) http_version: http::Version,
     /// When the request arrived.
     pub(crate) started: SystemTime,
+}
+
+/// The longest method, tool or prompt name, or request id, a span or its name carries; the
+/// longest URI. A client's string is cut there (at a character's boundary, marked `…`), so
+/// no request can make a span (queued while the collector is slow) hold more.
+pub(crate) const MAX_NAME: usize = 256;
+pub(crate) const MAX_URI: usize = 1024;
+
+/// `s`, cut to at most `max` bytes at a character's boundary (marked with `…`).
+pub(crate) fn cut(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    std::borrow::Cow::Owned(format!("{}…", &s[..end]))
 }
 
 const TRACEPARENT: &str = "traceparent";
@@ -86,16 +109,17 @@ fn parent(call: &Call<'_>) -> Context {
 }
 
 /// A request id as the conventions write it: a string without its quotes, a number as is;
-/// none for `null`.
+/// none for `null`; cut to [`MAX_NAME`].
 fn request_id(id: &RawValue) -> Option<String> {
     let raw = id.get();
     if raw == "null" {
         return None;
     }
-    match serde_json::from_str::<String>(raw) {
-        Ok(s) => Some(s),
-        Err(_) => Some(raw.to_owned()),
-    }
+    let id = match serde_json::from_str::<String>(raw) {
+        Ok(s) => s,
+        Err(_) => raw.to_owned(),
+    };
+    Some(cut(&id, MAX_NAME).into_owned())
 }
 
 /// A 2025 client's `Mcp-Session-Id`, as the span names it: the first 16 bytes of its SHA-256
@@ -115,29 +139,48 @@ fn http_version(v: http::Version) -> &'static str {
     }
 }
 
-/// `{mcp.method.name} {target}`, the target the tool or prompt (never a URI).
+/// `{mcp.method.name} {target}`, the target the tool or prompt (never a URI); each cut to
+/// [`MAX_NAME`].
 fn span_name(method: &str, name: Option<&str>) -> String {
+    let method = cut(method, MAX_NAME);
     match name {
-        Some(n) if matches!(method, "tools/call" | "prompts/get") => format!("{method} {n}"),
-        _ => method.to_owned(),
+        Some(n) if matches!(&*method, "tools/call" | "prompts/get") => {
+            format!("{method} {}", cut(n, MAX_NAME))
+        }
+        _ => method.into_owned(),
     }
 }
 
 /// The attributes the conventions name for the request itself, the server's and the hop's
-/// alike: the low-cardinality ones (shared with the histograms, their strings counted
-/// references), then the request's own.
-fn request_attributes(call: &Call<'_>, metric: &[KeyValue], out: &mut Vec<KeyValue>) {
-    out.extend(
-        metric
-            .iter()
-            .filter(|kv| kv.key.as_str() != "network.transport")
-            .cloned(),
-    );
+/// alike: the method, tool and prompt as the client named them (cut), then the request's own.
+fn request_attributes(call: &Call<'_>, out: &mut Vec<KeyValue>) {
+    out.push(KeyValue::new(
+        "mcp.method.name",
+        cut(call.method, MAX_NAME).into_owned(),
+    ));
+    out.push(KeyValue::new("mcp.protocol.version", call.protocol_version));
+    match (call.method, call.name) {
+        ("tools/call", Some(n)) => {
+            out.push(KeyValue::new(
+                "gen_ai.tool.name",
+                cut(n, MAX_NAME).into_owned(),
+            ));
+            out.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
+        }
+        ("prompts/get", Some(n)) => out.push(KeyValue::new(
+            "gen_ai.prompt.name",
+            cut(n, MAX_NAME).into_owned(),
+        )),
+        _ => {}
+    }
     if let Some(id) = request_id(call.id) {
         out.push(KeyValue::new("jsonrpc.request.id", id));
     }
     if let Some(uri) = call.uri {
-        out.push(KeyValue::new("mcp.resource.uri", uri.to_owned()));
+        out.push(KeyValue::new(
+            "mcp.resource.uri",
+            cut(uri, MAX_URI).into_owned(),
+        ));
     }
     if let Some(session) = call
         .headers
@@ -148,20 +191,31 @@ fn request_attributes(call: &Call<'_>, metric: &[KeyValue], out: &mut Vec<KeyVal
     }
 }
 
-/// The attributes of the duration histograms: low cardinality only. Each string is made
-/// once, as a counted reference the spans share.
+/// The attributes of the duration histograms: low cardinality only, from fixed sets. The
+/// method is the catalogue's (`other` for one it does not list); the tool is one the
+/// upstream lists, else `other`; a prompt is `other` (nothing lists the prompts): no client
+/// can make the process keep an attribute set of its invention.
 fn metric_attributes(call: &Call<'_>, transport: &'static str) -> Vec<KeyValue> {
-    let shared = |s: &str| Value::from(std::sync::Arc::<str>::from(s));
     let mut out = Vec::with_capacity(6);
-    out.push(KeyValue::new("mcp.method.name", shared(call.method)));
+    out.push(KeyValue::new(
+        "mcp.method.name",
+        crate::mcp::method::label(call.listed),
+    ));
     out.push(KeyValue::new("mcp.protocol.version", call.protocol_version));
     out.push(KeyValue::new("network.transport", transport));
-    match (call.method, call.name) {
-        ("tools/call", Some(n)) => {
-            out.push(KeyValue::new("gen_ai.tool.name", shared(n)));
+    match (call.listed, call.name) {
+        (Some(crate::mcp::method::Method::ToolsCall), Some(n)) => {
+            let tool = if call.tool_listed {
+                Value::from(std::sync::Arc::<str>::from(n))
+            } else {
+                Value::from("other")
+            };
+            out.push(KeyValue::new("gen_ai.tool.name", tool));
             out.push(KeyValue::new("gen_ai.operation.name", "execute_tool"));
         }
-        ("prompts/get", Some(n)) => out.push(KeyValue::new("gen_ai.prompt.name", shared(n))),
+        (Some(crate::mcp::method::Method::PromptsGet), Some(_)) => {
+            out.push(KeyValue::new("gen_ai.prompt.name", "other"));
+        }
         _ => {}
     }
     out
@@ -225,6 +279,10 @@ pub(crate) struct ServerSpan {
     call: Vec<KeyValue>,
     /// The duration histogram's attributes (empty when metrics are off).
     metric: Vec<KeyValue>,
+    /// A `tools/call`'s tool, when the upstream did not list it as the request arrived: the
+    /// histograms name it once it is listed (the call's own listing may teach it), else
+    /// `other`.
+    unlisted_tool: Option<(std::sync::Arc<str>, std::sync::atomic::AtomicBool)>,
     started: Instant,
     otel: std::sync::Arc<Shared>,
     ended: bool,
@@ -242,7 +300,7 @@ impl ServerSpan {
             .start_with_context(&otel.tracer, &parent);
         let recording = span.is_recording();
         let metrics = otel.server_duration.is_some();
-        let base = if recording || metrics {
+        let base = if metrics {
             metric_attributes(call, "tcp")
         } else {
             Vec::new()
@@ -250,7 +308,7 @@ impl ServerSpan {
         let mut attributes = Vec::new();
         if recording {
             attributes.reserve(12);
-            request_attributes(call, &base, &mut attributes);
+            request_attributes(call, &mut attributes);
             let mut own = attributes.clone();
             own.push(KeyValue::new("network.transport", "tcp"));
             own.push(KeyValue::new("network.protocol.name", "http"));
@@ -262,11 +320,21 @@ impl ServerSpan {
             own.push(KeyValue::new("client.port", i64::from(call.peer.port())));
             span.set_attributes(own);
         }
+        let unlisted_tool = match (call.listed, call.name) {
+            (Some(crate::mcp::method::Method::ToolsCall), Some(n))
+                if metrics && !call.tool_listed =>
+            {
+                let name = std::sync::Arc::<str>::from(cut(n, MAX_NAME));
+                Some((name, std::sync::atomic::AtomicBool::new(false)))
+            }
+            _ => None,
+        };
         ServerSpan {
             cx: parent.with_span(span),
             name,
             call: attributes,
             metric: if metrics { base } else { Vec::new() },
+            unlisted_tool,
             started: Instant::now(),
             otel: otel.clone(),
             ended: false,
@@ -293,6 +361,29 @@ impl ServerSpan {
             trace_id: sc.trace_id().to_string(),
             span_id: sc.span_id().to_string(),
         })
+    }
+
+    /// The upstream lists the request's tool now (the call's own listing taught it): the
+    /// histograms name it.
+    pub(crate) fn tool_listed(&self) {
+        if let Some((_, listed)) = &self.unlisted_tool {
+            listed.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The histograms' attributes as they stand: the tool named once it is listed.
+    fn metric_now(&self) -> Vec<KeyValue> {
+        let mut metric = self.metric.clone();
+        if let Some((name, listed)) = &self.unlisted_tool {
+            if listed.load(std::sync::atomic::Ordering::Relaxed) {
+                for kv in &mut metric {
+                    if kv.key.as_str() == "gen_ai.tool.name" {
+                        *kv = KeyValue::new("gen_ai.tool.name", Value::from(name.clone()));
+                    }
+                }
+            }
+        }
+        metric
     }
 
     /// Whether it is sampled (its events are worth noting).
@@ -327,12 +418,15 @@ impl ServerSpan {
         }
         let error = finish(&span, status, failure);
         span.end();
-        record(
-            self.otel.server_duration.as_ref(),
-            self.started,
-            &mut self.metric,
-            error,
-        );
+        if self.otel.server_duration.is_some() {
+            let mut metric = self.metric_now();
+            record(
+                self.otel.server_duration.as_ref(),
+                self.started,
+                &mut metric,
+                error,
+            );
+        }
     }
 }
 
@@ -391,7 +485,7 @@ impl HopSpan {
         }
         let mut metric = Vec::new();
         if otel.client_duration.is_some() {
-            metric = server.metric.clone();
+            metric = server.metric_now();
             for kv in &mut metric {
                 if kv.key.as_str() == "network.transport" {
                     *kv = KeyValue::new("network.transport", hop.transport);
@@ -489,7 +583,7 @@ impl HttpSpan {
             }
             span.set_attributes([
                 KeyValue::new("http.request.method", method),
-                KeyValue::new("url.path", call.path.to_owned()),
+                KeyValue::new("url.path", cut(call.path, MAX_URI).into_owned()),
                 KeyValue::new("url.scheme", call.scheme),
                 KeyValue::new("network.protocol.name", "http"),
                 KeyValue::new("network.protocol.version", http_version(call.http_version)),

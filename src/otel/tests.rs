@@ -53,7 +53,9 @@ const BODY: &str = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"n
 fn call<'a>(headers: &'a HeaderMap, id: &'a RawValue, meta: Option<&'a RawValue>) -> Call<'a> {
     Call {
         method: "tools/call",
+        listed: Some(crate::mcp::method::Method::ToolsCall),
         name: Some("echo"),
+        tool_listed: true,
         uri: None,
         id,
         protocol_version: "2026-07-28",

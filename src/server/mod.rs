@@ -545,9 +545,8 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
         Owner::Other => match &routes.surface {
             Some(surface) => {
                 let respelled = routed.respelled();
-                let auth = routes.auth.as_deref();
                 surface
-                    .serve(&routes.operations.upstream, req, peer, respelled, auth)
+                    .serve(&routes.operations.upstream, req, peer, respelled)
                     .await
             }
             None => {

@@ -2,10 +2,11 @@
 //! `EPODE_SIDECAR_HTTP_SURFACE=on`), proxied to the upstream's origin with its own method, path,
 //! query, headers and body, through the same connection pool, limits and TLS as the MCP hop;
 //! and its response instrumented as Epode's HTTP protocol says. The order, top to bottom: the
-//! `Host` check; the per-client rate limit (counted apart from the MCP path's) and the
-//! surface's own requests in flight (429 or 503 with `Retry-After`, as on the MCP path); the
-//! request body, read whole within `EPODE_SIDECAR_MAX_BODY_BYTES` and the
-//! memory budget (413 past it); the upstream's answer, its `Epode-Identity` header always
+//! one front every route passes (`crate::request`: the `Host` check; the per-client rate
+//! limit, counted apart from the MCP path's, and the surface's own requests in flight, 429 or
+//! 503 with `Retry-After`; the request body, read whole within `EPODE_SIDECAR_MAX_BODY_BYTES`
+//! and the memory budget, 413 past it; with `EPODE_SIDECAR_AUTH_HTTP_SURFACE`, the token);
+//! the upstream's answer, its `Epode-Identity` header always
 //! taken off; the decision on its head (`rules::on_head`); a candidate body held up to
 //! `EPODE_SIDECAR_HTTP_MAX_BODY` (past it, or past the upstream timeout, what was read and the
 //! rest stream through untouched); the decision on the body; the envelope (the binding's:
@@ -24,7 +25,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName};
@@ -41,15 +42,13 @@ use self::rules::{CacheMode, Candidate, Paths, Skip};
 use crate::binding::{FeedbackBinding, HttpEnvelope};
 use crate::body::{self, Body, BoxError};
 use crate::budget::{self, MemoryBudget, Reservation};
+use crate::caller::CallerKey;
 use crate::config::{Config, HttpCacheMode, HttpSurface};
 use crate::epode::telemetry::{HttpCompletion, Surface as Placed};
-use crate::error::{Error, ErrorKind};
 use crate::feedback::identity::{sanitize_ref, IdentityRefs, RefKind};
-use crate::gate::{Gate, Permit};
-use crate::limits::{retry_after_secs, RateLimits};
 use crate::log_summary::LogSummary;
-use crate::metrics::{LimitKind, Metrics, SkipLabels, SurfaceLabels};
-use crate::observe::{HttpServed, Observer};
+use crate::metrics::Metrics;
+use crate::request::{plain, plain_refusal, Front, HttpOutcome, Recorder, Surface};
 use crate::upstream::http::{strip_hop_by_hop, HttpUpstream};
 use crate::upstream::Upstream;
 
@@ -80,65 +79,15 @@ pub(crate) struct HttpSurfaceRoute {
     operations: OperationNames,
     cache: CacheMode,
     max_body: u64,
-    /// The per-client rate limits (the surface's is counted apart from the MCP path's).
-    rates: Arc<RateLimits>,
-    /// The surface's requests being served (every worker's), apart from the MCP path's and
-    /// bounded the same (`EPODE_SIDECAR_MAX_IN_FLIGHT`), so neither can fill the other's.
-    in_flight: Gate,
+    /// The one front (the surface's rate, in-flight requests, body and token) and where the
+    /// records are written.
+    front: Arc<Front>,
+    records: Arc<Recorder>,
     binding: Arc<FeedbackBinding>,
     metrics: Arc<Metrics>,
     budget: Arc<MemoryBudget>,
-    observer: Option<Arc<dyn Observer>>,
     /// Invalid `Epode-Identity` headers, logged as a counted summary.
     invalid_identity: LogSummary,
-    /// OpenTelemetry, when on: an HTTP server span per request.
-    otel: Option<Arc<crate::otel::Otel>>,
-    /// `https` when the listener speaks TLS, for the span's `url.scheme`.
-    scheme: &'static str,
-}
-
-/// The caller's token (with `auth_http_surface`), checked with the request's span open: the
-/// token's introspection hangs below it; a refusal is the client's answer.
-async fn authorize(
-    auth: Option<&crate::auth::Authorizer>,
-    headers: &mut http::HeaderMap,
-    query: Option<&str>,
-    address: crate::caller::CallerKey,
-    span: Option<&crate::otel::HttpSpan>,
-) -> Result<(), Response<Body>> {
-    let Some(auth) = auth else {
-        crate::auth::strip_owned(headers);
-        return Ok(());
-    };
-    let mut asked = None;
-    let checked = auth.surface(headers, query, address, &mut asked).await;
-    if let (Some(span), Some(asked)) = (span, &asked) {
-        asked.span_under(span.context());
-    }
-    checked.map_err(|e| e.into_response(None))
-}
-
-/// A surface request's span, ended when its answer's body is over.
-struct SurfaceSpanEnd(Option<(crate::otel::HttpSpan, u16)>);
-
-impl Drop for SurfaceSpanEnd {
-    fn drop(&mut self) {
-        if let Some((span, status)) = self.0.take() {
-            span.end(status);
-        }
-    }
-}
-
-/// What an answered request is, for the metrics and the console.
-enum SurfaceOutcome {
-    Instrumented {
-        surface: Placed,
-        state: &'static str,
-        interaction_id: String,
-    },
-    Skipped(Skip),
-    /// The sidecar answered itself (the upstream failed, the request was refused).
-    Refused,
 }
 
 impl HttpSurfaceRoute {
@@ -148,17 +97,10 @@ impl HttpSurfaceRoute {
         binding: Arc<FeedbackBinding>,
         metrics: Arc<Metrics>,
         budget: Arc<MemoryBudget>,
-        rates: Arc<RateLimits>,
-        observer: Option<Arc<dyn Observer>>,
-        otel: Option<Arc<crate::otel::Otel>>,
+        (front, records): (Arc<Front>, Arc<Recorder>),
     ) -> Result<Option<Arc<Self>>, String> {
         let Some(settings) = config.http.clone() else {
             return Ok(None);
-        };
-        let scheme = if config.tls.is_some() {
-            "https"
-        } else {
-            "http"
         };
         let HttpSurface {
             max_body,
@@ -172,169 +114,72 @@ impl HttpSurfaceRoute {
         let reasons = Skip::ALL.map(Skip::label);
         metrics.preregister_http(&surfaces, &reasons);
         Ok(Some(Arc::new(HttpSurfaceRoute {
-            in_flight: Gate::new(config.limits.max_in_flight),
             config,
             paths,
             operations: OperationNames::new(&routes),
-            rates,
             cache: match cache_mode {
                 HttpCacheMode::Safe => CacheMode::Safe,
                 HttpCacheMode::Private => CacheMode::Private,
             },
             max_body,
+            front,
+            records,
             binding,
             metrics,
             budget,
-            observer,
             invalid_identity: LogSummary::new(
                 "Epode-Identity response headers that are not a compact JSON object of valid refs (accountRef, userRef, anonymousRef, customerRef, sessionRef: 1-160 of A-Z a-z 0-9 _ . : -); removed, and the responses instrumented without identity",
                 Duration::from_secs(60),
             ),
-            otel,
-            scheme,
         })))
     }
 
     /// One request to the HTTP surface from `peer`, proxied through `upstream` (the worker's
-    /// own view) and instrumented. The skip rules and the operation read the path's canonical
-    /// form (`respelled`, when it is not the path as sent), so `/%69nternal/x` is excluded as
-    /// `/internal/x` is; the app gets the path as sent.
+    /// own view) and instrumented, recorded once after its body. The skip rules and the
+    /// operation read the path's canonical form (`respelled`, when it is not the path as
+    /// sent), so `/%69nternal/x` is excluded as `/internal/x` is; the app gets the path as
+    /// sent.
     pub(crate) async fn serve(
         &self,
         upstream: &Upstream,
         req: Request<Incoming>,
         peer: SocketAddr,
         respelled: Option<String>,
-        auth: Option<&crate::auth::Authorizer>,
     ) -> Response<Body> {
         let started = Instant::now();
-        let started_at = SystemTime::now();
-        let (mut parts, body) = req.into_parts();
+        let (parts, body) = req.into_parts();
         let path = respelled.as_deref().unwrap_or(parts.uri.path());
-        let span = self.otel.as_ref().map(|o| {
-            o.http_span(&crate::otel::HttpCall {
-                method: &parts.method,
-                path,
-                // A product's route: the sidecar does not know its template.
-                route: None,
-                scheme: self.scheme,
-                headers: &parts.headers,
-                peer,
-                http_version: parts.version,
-                started: None,
-            })
-        });
-        let address = crate::caller::Caller::of_address(
-            self.rates.client_address(peer, &parts.headers),
-            peer,
-        );
-        if let Err(resp) = authorize(
-            auth,
-            &mut parts.headers,
-            parts.uri.query(),
-            address.key(),
-            span.as_ref(),
-        )
-        .await
+        let mut record = self.records.http(&parts, path, peer);
+        let admitted = match self
+            .front
+            .admit(Surface::Http, parts, body, peer, &mut record)
+            .await
         {
-            if let Some(span) = span {
-                span.end(resp.status().as_u16());
-            }
-            return resp;
-        }
-        if let Some(span) = &span {
+            Ok(a) => a,
+            Err(refused) => return record.end(refused),
+        };
+        let mut parts = admitted.parts;
+        if let Some(span) = record.http_span() {
             span.inject(&mut parts.headers);
         }
-        let (resp, served) = self
-            .proxy(upstream, (&parts, path), body, peer, started)
+        let path = respelled.as_deref().unwrap_or(parts.uri.path());
+        let body = (admitted.bytes, admitted.held);
+        // With auth on the surface, the handle is issued to the verified caller.
+        let bound = admitted.principal.as_ref().map(|p| p.caller);
+        let (resp, outcome) = self
+            .proxy(upstream, (&parts, path, bound), body, started)
             .await;
-        let resp = match span {
-            Some(span) => {
-                let status = resp.status().as_u16();
-                // The HTTP surface's answers may stream whatever their type.
-                crate::body::hold_until_end(resp, SurfaceSpanEnd(Some((span, status))))
-            }
-            None => resp,
-        };
-        self.count(&served);
-        if let Some(observer) = &self.observer {
-            let (surface, state, skipped, interaction_id) = match &served {
-                SurfaceOutcome::Instrumented {
-                    surface,
-                    state,
-                    interaction_id,
-                } => (
-                    Some(surface.as_str()),
-                    Some(*state),
-                    None,
-                    Some(interaction_id.as_str()),
-                ),
-                SurfaceOutcome::Skipped(skip) => (None, None, Some(skip.label()), None),
-                SurfaceOutcome::Refused => (None, None, None, None),
-            };
-            observer.http(HttpServed {
-                started: started_at,
-                method: parts.method.as_str(),
-                path: parts.uri.path(),
-                status: resp.status().as_u16(),
-                surface,
-                skipped,
-                state,
-                interaction_id,
-                duration: started.elapsed(),
-            });
-        }
-        if self.config.access_log {
-            tracing::info!(
-                target: crate::observe::ACCESS_TARGET,
-                surface = "http",
-                method = parts.method.as_str(),
-                status = resp.status().as_u16(),
-                duration_ms = %crate::observe::Millis(started.elapsed()),
-                "request"
-            );
-        }
-        resp
-    }
-
-    fn count(&self, served: &SurfaceOutcome) {
-        match served {
-            SurfaceOutcome::Instrumented { surface, .. } => {
-                let surface = surface.as_str();
-                self.metrics
-                    .http_instrumented
-                    .get_or_create(&SurfaceLabels { surface })
-                    .inc();
-            }
-            SurfaceOutcome::Skipped(skip) => {
-                let reason = skip.label();
-                self.metrics
-                    .http_skipped
-                    .get_or_create(&SkipLabels { reason })
-                    .inc();
-            }
-            SurfaceOutcome::Refused => {}
-        }
+        record.outcome(outcome);
+        record.end(resp)
     }
 
     async fn proxy(
         &self,
         upstream: &Upstream,
-        (parts, path): (&Parts, &str),
-        body: Incoming,
-        peer: SocketAddr,
+        (parts, path, bound): (&Parts, &str, Option<CallerKey>),
+        body: (Bytes, Reservation),
         started: Instant,
-    ) -> (Response<Body>, SurfaceOutcome) {
-        if let Err(e) = crate::frontdoor::check_host(&self.config.allowed_hosts, parts) {
-            return (
-                plain(StatusCode::FORBIDDEN, &e.to_string()),
-                SurfaceOutcome::Refused,
-            );
-        }
-        let _in_flight = match self.admit(parts, peer) {
-            Ok(permit) => permit,
-            Err(e) => return (refusal(&e), SurfaceOutcome::Refused),
-        };
+    ) -> (Response<Body>, HttpOutcome) {
         let Some(hop) = upstream.http() else {
             // The configuration refuses the surface with a stdio upstream.
             return (
@@ -342,24 +187,29 @@ impl HttpSurfaceRoute {
                     StatusCode::BAD_GATEWAY,
                     "the HTTP surface needs an HTTP upstream",
                 ),
-                SurfaceOutcome::Refused,
+                HttpOutcome::Refused,
             );
         };
         let sent = match self.send(hop, parts, body).await {
             Ok(resp) => resp,
-            Err(resp) => return (resp, SurfaceOutcome::Refused),
+            Err(resp) => return (resp, HttpOutcome::Refused),
         };
         let (mut head, upstream_body) = sent.into_parts();
         let identity = take_identity(&mut head.headers);
         if !self.binding.enabled() {
             return (
                 passed(head, upstream_body),
-                SurfaceOutcome::Skipped(Skip::ModeOff),
+                HttpOutcome::Skipped(Skip::ModeOff.label()),
             );
         }
         let kind = match self.candidate(path, &parts.method, &mut head) {
             Ok(kind) => kind,
-            Err(skip) => return (passed(head, upstream_body), SurfaceOutcome::Skipped(skip)),
+            Err(skip) => {
+                return (
+                    passed(head, upstream_body),
+                    HttpOutcome::Skipped(skip.label()),
+                )
+            }
         };
         let max = usize::try_from(self.max_body).unwrap_or(usize::MAX);
         let (bytes, held) = match hold(
@@ -385,7 +235,7 @@ impl HttpSurfaceRoute {
                 .boxed_unsync();
                 return (
                     Response::from_parts(head, body),
-                    SurfaceOutcome::Skipped(why),
+                    HttpOutcome::Skipped(why.label()),
                 );
             }
             Held::Failed(e) => {
@@ -395,11 +245,18 @@ impl HttpSurfaceRoute {
                         StatusCode::BAD_GATEWAY,
                         "the upstream's response broke off before its end",
                     ),
-                    SurfaceOutcome::Refused,
+                    HttpOutcome::Refused,
                 );
             }
         };
-        self.instrument((parts, path), head, (bytes, held), kind, identity, started)
+        self.instrument(
+            (parts, path, bound),
+            head,
+            (bytes, held),
+            kind,
+            identity,
+            started,
+        )
     }
 
     /// Whether the answer's head makes it a candidate, and its kind; a HEAD answer's fields are
@@ -450,40 +307,16 @@ impl HttpSurfaceRoute {
         }
     }
 
-    /// The limits checked before the body is read, as on the MCP path: the client's rate
-    /// (counted on the surface apart from the MCP path) and the surface's requests in flight.
-    /// `Ok` holds the request's place in flight; `Err` is the refusal (with its `Retry-After`).
-    fn admit(&self, parts: &Parts, peer: SocketAddr) -> Result<Permit, Error> {
-        let client = self.rates.client_address(peer, &parts.headers);
-        if let Err(wait) = self.rates.check_surface_client(client) {
-            self.metrics.limit(LimitKind::ClientRate);
-            let e = Error::new(
-                ErrorKind::RateLimited {
-                    retry_after: retry_after_secs(wait),
-                },
-                "this client sent more requests than its rate limit allows (EPODE_SIDECAR_RATE_LIMIT, counted on the HTTP surface apart from the MCP path)",
-            );
-            return Err(e);
-        }
-        self.in_flight.try_enter().ok_or_else(|| {
-            self.metrics.limit(LimitKind::InFlight);
-            Error::new(
-                ErrorKind::Overloaded { retry_after: 1 },
-                "the HTTP surface is serving as many requests as it may at once (EPODE_SIDECAR_MAX_IN_FLIGHT)",
-            )
-        })
-    }
-
     /// A held candidate body, instrumented unless its content says otherwise.
     fn instrument(
         &self,
-        (parts, path): (&Parts, &str),
+        (parts, path, bound): (&Parts, &str, Option<CallerKey>),
         mut head: http::response::Parts,
         (bytes, held): (Bytes, Reservation),
         kind: Candidate,
         identity: AppIdentity,
         started: Instant,
-    ) -> (Response<Body>, SurfaceOutcome) {
+    ) -> (Response<Body>, HttpOutcome) {
         let Some(operation) = self.operations.of(path) else {
             return untouched(head, bytes, held, Skip::InvalidOperation);
         };
@@ -493,7 +326,7 @@ impl HttpSurfaceRoute {
         };
         let (app_refs, hint) = self.app_refs(identity);
         let refs = self.binding.http_refs(app_refs, &parts.headers);
-        let Some(envelope) = self.binding.http_envelope(&refs) else {
+        let Some(envelope) = self.binding.http_envelope(&refs, bound) else {
             return untouched(head, bytes, held, Skip::ModeOff);
         };
         let (surface, body) = self.place(&mut head.headers, surface, (bytes, held), &envelope);
@@ -507,8 +340,8 @@ impl HttpSurfaceRoute {
             runtime_hint: hint,
         };
         self.binding.http_answered(&envelope, &completion);
-        let served = SurfaceOutcome::Instrumented {
-            surface,
+        let served = HttpOutcome::Instrumented {
+            surface: surface.as_str(),
             state: envelope.state,
             interaction_id: envelope.interaction_id,
         };
@@ -580,26 +413,14 @@ impl HttpSurfaceRoute {
         }
     }
 
-    /// The client's request, read whole within its limits, sent to the upstream's origin with
-    /// its own path and query; `Err` is the sidecar's own plain-text answer.
+    /// The client's request (its body read whole by the front), sent to the upstream's origin
+    /// with its own path and query; `Err` is the sidecar's own plain-text answer.
     async fn send(
         &self,
         hop: &HttpUpstream,
         parts: &Parts,
-        body: Incoming,
+        (bytes, held): (Bytes, Reservation),
     ) -> Result<Response<crate::upstream::http::PooledBody>, Response<Body>> {
-        let read = crate::frontdoor::read_body(
-            parts,
-            body,
-            self.config.max_body_bytes,
-            &self.budget,
-            self.config.limits.body_timeout,
-        )
-        .await;
-        let (bytes, held) = match read {
-            Ok(read) => read,
-            Err(e) => return Err(refusal(&e)),
-        };
         let mut req = Request::new(Full::new(budget::keep(bytes, held)));
         *req.method_mut() = parts.method.clone();
         *req.uri_mut() = parts
@@ -614,46 +435,8 @@ impl HttpSurfaceRoute {
         // Identity comes from the app's response only, never from the client.
         headers.remove(IDENTITY_HEADER);
         headers.insert(header::HOST, hop.host().clone());
-        hop.send_surface(req).await.map_err(|e| refusal(&e))
+        hop.send_surface(req).await.map_err(|e| plain_refusal(&e))
     }
-}
-
-/// A request's refusal, or the upstream's failure, as plain text: this is not MCP, so no
-/// JSON-RPC error.
-fn refusal(e: &Error) -> Response<Body> {
-    let message = match e.kind() {
-        ErrorKind::BodyTooLarge { limit } => format!(
-            "the request body is larger than the sidecar's limit of {limit} bytes (EPODE_SIDECAR_MAX_BODY_BYTES)"
-        ),
-        ErrorKind::UpstreamUnreachable => format!("the upstream is unreachable: {}", e.cause()),
-        ErrorKind::UpstreamTimeout(d) => format!(
-            "the upstream did not answer within {}",
-            humantime::format_duration(*d)
-        ),
-        ErrorKind::UpstreamFailed => format!("the upstream failed: {}", e.cause()),
-        _ => e.to_string(),
-    };
-    let status = match e.kind() {
-        ErrorKind::UpstreamUnreachable | ErrorKind::UpstreamFailed => StatusCode::BAD_GATEWAY,
-        _ => e.status(),
-    };
-    let mut resp = plain(status, &message);
-    if let Some(after) = e.retry_after() {
-        resp.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(after));
-    }
-    resp
-}
-
-fn plain(status: StatusCode, message: &str) -> Response<Body> {
-    let mut resp = body::answer(
-        status,
-        Some("text/plain; charset=utf-8"),
-        body::full(format!("epode-sidecar: {message}\n")),
-    );
-    resp.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    resp
 }
 
 /// The upstream's response as it came (less its hop-by-hop headers and `Epode-Identity`).
@@ -682,9 +465,9 @@ fn untouched(
     bytes: Bytes,
     held: Reservation,
     why: Skip,
-) -> (Response<Body>, SurfaceOutcome) {
+) -> (Response<Body>, HttpOutcome) {
     let resp = Response::from_parts(head, body::held(bytes, held));
-    (resp, SurfaceOutcome::Skipped(why))
+    (resp, HttpOutcome::Skipped(why.label()))
 }
 
 /// Every instrumented response is private: a shared cache must not hand one caller's envelope

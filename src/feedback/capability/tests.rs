@@ -120,7 +120,7 @@ fn secrets_never_appear_in_debug_output_or_errors() {
     let err = ProductKey::parse("af_live_nothex_conformance_secret_0123456789").unwrap_err();
     assert!(!err.to_string().contains("conformance_secret"));
 
-    let minted = mint(&key(), at(1_715_000_000), None);
+    let minted = mint(&key(), at(1_715_000_000), None, None);
     let shown = format!("{:?}", minted.handle);
     assert!(!shown.contains(minted.handle.as_str()));
     assert!(!shown.contains(&minted.claims.n));
@@ -130,8 +130,8 @@ fn secrets_never_appear_in_debug_output_or_errors() {
 fn mint_uses_fresh_ids_nonces_and_a_two_hour_lifetime() {
     let key = key();
     let now = at(1_715_000_000);
-    let a = mint(&key, now, None);
-    let b = mint(&key, now, None);
+    let a = mint(&key, now, None, None);
+    let b = mint(&key, now, None, None);
     assert_ne!(a.claims.i, b.claims.i);
     assert_ne!(a.claims.n, b.claims.n);
     assert_ne!(a.handle, b.handle);
@@ -150,7 +150,7 @@ fn mint_uses_fresh_ids_nonces_and_a_two_hour_lifetime() {
     }
 
     let subject = key.subject("account_42");
-    let ask_once = mint(&key, now, Some((subject.clone(), 0)));
+    let ask_once = mint(&key, now, Some((subject.clone(), 0)), None);
     assert_eq!(ask_once.claims.s.as_deref(), Some(subject.as_str()));
     assert_eq!(ask_once.claims.r, Some(0));
     let json = ask_once.claims.to_json();
@@ -167,7 +167,7 @@ fn mint_uses_fresh_ids_nonces_and_a_two_hour_lifetime() {
 #[test]
 fn expired_and_premature_handles_fail() {
     let key = key();
-    let minted = mint(&key, at(1_000_000), None);
+    let minted = mint(&key, at(1_000_000), None, None);
     let token = minted.handle.as_str();
     assert!(verify(&key, token, at(1_000_000 + 7199)).is_ok());
     assert_eq!(
@@ -187,7 +187,7 @@ fn expired_and_premature_handles_fail() {
 }
 
 fn with_claims(key: &ProductKey, edit: impl FnOnce(&mut Claims)) -> String {
-    let mut claims = mint(key, at(1_000_000), None).claims;
+    let mut claims = mint(key, at(1_000_000), None, None).claims;
     edit(&mut claims);
     sign(key, &claims).as_str().to_owned()
 }
@@ -259,7 +259,7 @@ fn every_server_claim_check_is_enforced() {
 fn tampered_tokens_fail() {
     let key = key();
     let now = at(1_000_000);
-    let token = mint(&key, now, None).handle.as_str().to_owned();
+    let token = mint(&key, now, None, None).handle.as_str().to_owned();
     let (input, signature) = token.rsplit_once('.').unwrap();
     let (prefix, payload) = input.rsplit_once('.').unwrap();
 
@@ -390,7 +390,7 @@ fn claims_are_written_as_the_map_built_json_was() {
         Some(("afsub1_a\"b\\c\u{e9}".to_owned(), 7)),
         Some((String::new(), u64::MAX)),
     ] {
-        let minted = mint(&key, at(1_800_000_000), subject);
+        let minted = mint(&key, at(1_800_000_000), subject, None);
         assert_eq!(minted.claims.to_json(), map_built(&minted.claims));
     }
     let odd = Claims {
@@ -424,4 +424,34 @@ fn key_shapes_are_found_anywhere_but_not_in_the_sidecars_own_ellipsis() {
     ] {
         assert!(!has_key_shape(fine), "{fine}");
     }
+}
+
+/// With auth on, a handle is issued to its verified caller: its nonce (still 16 to 128
+/// base64url characters, as Epode checks) binds it, and only that caller's id opens it.
+#[test]
+fn a_bound_handle_is_issued_to_its_caller_only() {
+    let key = key();
+    let now = SystemTime::now();
+    let alice = [1_u8; 16];
+    let bob = [2_u8; 16];
+    let minted = mint(&key, now, None, Some(&alice));
+    let claims = verify(&key, minted.handle.as_str(), now).unwrap();
+    assert!((16..=128).contains(&claims.n.len()), "{}", claims.n);
+    assert!(is_bound(&claims));
+    assert!(issued_to(&key, &claims, &alice));
+    assert!(!issued_to(&key, &claims, &bob));
+    let unbound = mint(&key, now, None, None);
+    let claims = verify(&key, unbound.handle.as_str(), now).unwrap();
+    assert!(!is_bound(&claims));
+    assert!(
+        !issued_to(&key, &claims, &alice),
+        "a handle issued to no caller"
+    );
+    // Another product key computes another tag.
+    let other = ProductKey::parse(
+        "af_live_00000000000000000000000000000000_11111111111111111111111111111111_abcdefghijklmnopqrstuvwxyz",
+    )
+    .unwrap();
+    let bound = verify(&key, minted.handle.as_str(), now).unwrap();
+    assert!(!issued_to(&other, &bound, &alice));
 }

@@ -31,7 +31,12 @@ fn assert_valid(validator: &Validator, instance: &Value, what: &str) {
 
 fn envelope(case: Case) -> Envelope {
     let key = ProductKey::parse(KEY).unwrap();
-    let minted = mint(&key, UNIX_EPOCH + Duration::from_secs(1_715_000_000), None);
+    let minted = mint(
+        &key,
+        UNIX_EPOCH + Duration::from_secs(1_715_000_000),
+        None,
+        None,
+    );
     Envelope::new(case, minted.handle, minted.claims.exp)
 }
 
@@ -439,7 +444,7 @@ fn expires_at_is_the_handle_exp_in_iso_form() {
     assert_eq!(expires_at(i64::MAX), "9999-12-31T23:59:59.000Z");
     let now = SystemTime::now();
     let key = ProductKey::parse(KEY).unwrap();
-    let minted = mint(&key, now, None);
+    let minted = mint(&key, now, None, None);
     let parsed = humantime::parse_rfc3339(&expires_at(minted.claims.exp)).unwrap();
     assert_eq!(
         parsed,

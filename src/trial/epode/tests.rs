@@ -32,7 +32,7 @@ fn post(e: &DevEpode, path: &str, bearer: &str, body: &Value) -> (u16, Value) {
 }
 
 fn handle(key: &ProductKey) -> (String, String) {
-    let m = capability::mint(key, SystemTime::now(), None);
+    let m = capability::mint(key, SystemTime::now(), None, None);
     (m.handle.as_str().to_owned(), m.claims.i)
 }
 
