@@ -184,7 +184,8 @@ fn jwk_alg(a: KeyAlgorithm) -> Option<Algorithm> {
 }
 
 /// A JWKS as keys: signature keys only (`use` absent or `sig`), asymmetric only; a key the
-/// crate cannot read is skipped. More than [`MAX_KEYS`] is refused.
+/// crate cannot read is skipped. More than [`MAX_KEYS`] is refused. `keep` is its cache
+/// lifetime, already clamped ([`KeyStore`]'s bounds).
 pub(super) fn key_set(json: &Value, keep: Duration) -> Result<KeySet, String> {
     let count = json.get("keys").and_then(Value::as_array).map(Vec::len);
     match count {
@@ -214,7 +215,7 @@ pub(super) fn key_set(json: &Value, keep: Duration) -> Result<KeySet, String> {
         unnamed,
         fetched: Instant::now(),
         fetched_at: SystemTime::now(),
-        keep: keep.clamp(MIN_KEEP, MAX_KEEP),
+        keep,
     })
 }
 
@@ -255,6 +256,8 @@ pub(super) struct KeyStore {
     client: reqwest::Client,
     deadline: Duration,
     refresh: Duration,
+    /// The longest keys are kept (`auth_keys_max_age`).
+    max_keep: Duration,
     pub(super) held: RwLock<Option<Arc<KeySet>>>,
     /// When the last fetches started (any, and the last one an unknown `kid` asked for);
     /// taken to fetch, so one runs at a time.
@@ -296,14 +299,14 @@ impl KeyStore {
     pub(super) fn new(
         jwks_uri: Url,
         client: reqwest::Client,
-        deadline: Duration,
-        refresh: Duration,
+        (deadline, refresh, max_keep): (Duration, Duration, Duration),
     ) -> Self {
         KeyStore {
             jwks_uri,
             client,
             deadline,
             refresh,
+            max_keep,
             held: RwLock::new(None),
             last: tokio::sync::Mutex::new(Fetches::default()),
             refreshing: std::sync::atomic::AtomicBool::new(false),
@@ -375,7 +378,9 @@ impl KeyStore {
                     a.status
                 )));
             }
-            key_set(&a.json, a.max_age.unwrap_or(DEFAULT_KEEP))
+            let keep = a.max_age.unwrap_or(DEFAULT_KEEP);
+            let max = self.max_keep.min(MAX_KEEP);
+            key_set(&a.json, keep.clamp(MIN_KEEP.min(max), max))
                 .map_err(|why| FetchError::at(format!("{why} ({})", fetch::shown(&self.jwks_uri))))
         });
         match result {

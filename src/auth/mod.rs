@@ -341,7 +341,7 @@ impl Authorizer {
             }),
             _ => m
                 .jwks_uri
-                .map(|u| Backend::Jwt(Arc::new(KeyStore::new(u, self.client.clone(), self.config.fetch_timeout, self.config.keys_refresh))))
+                .map(|u| Backend::Jwt(Arc::new(KeyStore::new(u, self.client.clone(), (self.config.fetch_timeout, self.config.keys_refresh, self.config.keys_max_age)))))
                 .ok_or_else(|| format!("the metadata of {} names no jwks_uri (EPODE_SIDECAR_AUTH=jwt needs one)", self.config.issuer)),
         }
     }

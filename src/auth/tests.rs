@@ -104,6 +104,7 @@ pub(super) fn test_config() -> AuthConfig {
         forward_token: false,
         cache_entries: 4,
         keys_refresh: Duration::from_secs(30),
+        keys_max_age: Duration::from_secs(86_400),
         fetch_timeout: Duration::from_secs(1),
         documentation: None,
         introspection_cache: Duration::from_secs(60),
@@ -434,8 +435,11 @@ fn authorizer_with_keys(config: &AuthConfig, set: &Arc<keys::KeySet>) -> Arc<Aut
     let store = keys::KeyStore::new(
         url::Url::parse("http://127.0.0.1:1/jwks").unwrap(),
         reqwest::Client::new(),
-        Duration::from_secs(1),
-        Duration::from_secs(30),
+        (
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+            Duration::from_secs(86_400),
+        ),
     );
     *store.held.write() = Some(set.clone());
     let a = Authorizer::new(

@@ -66,6 +66,7 @@ pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
         forward_token: l.get(&AUTH_FORWARD_TOKEN),
         cache_entries: l.get(&AUTH_CACHE_ENTRIES),
         keys_refresh: l.get(&AUTH_KEYS_REFRESH),
+        keys_max_age: l.get(&AUTH_KEYS_MAX_AGE),
         fetch_timeout: l.get(&AUTH_FETCH_TIMEOUT),
         documentation: l.optional(&AUTH_DOCUMENTATION),
         introspection_cache: l.get(&AUTH_INTROSPECTION_CACHE),
@@ -452,6 +453,15 @@ settings! {
             "With `auth=jwt`: how often the issuer's keys may be fetched again. A token naming a key (`kid`) the sidecar does not hold fetches them again (a rotation is caught at once), but such fetches happen at most once per interval, so a flood of unknown keys costs one fetch per interval; the keys are otherwise kept for their HTTP cache lifetime (1 minute to 1 day, 5 minutes without one) and fetched again then, also at most once per interval. Two fetches are never less than a second apart.",
             a_duration,
             |c| shown(c, |a| duration(a.keys_refresh)).unwrap_or_else(|| NOT_USED.into()),
+        ),
+        AUTH_KEYS_MAX_AGE: Duration = bounded(
+            "auth_keys_max_age",
+            &["EPODE_SIDECAR_AUTH_KEYS_MAX_AGE"],
+            Some("24h"),
+            Accepts::duration(Duration::from_secs(1), Duration::from_secs(24 * 3600), "1h"),
+            "With `auth=jwt`: how long the issuer's keys are kept at most, whatever their HTTP cache lifetime says (a shorter lifetime still wins). Once they are past it, a request uses them while they are fetched again in the background (a key endpoint that hangs never holds a request), and a token verified with the keys before is verified again with the new ones (a token whose key left the set is refused from then on, not at its own `exp`). Lower it where the issuer can revoke a key without waiting for its caches.",
+            a_duration,
+            |c| shown(c, |a| duration(a.keys_max_age)).unwrap_or_else(|| NOT_USED.into()),
         ),
         AUTH_FETCH_TIMEOUT: Duration = bounded(
             "auth_fetch_timeout",

@@ -241,6 +241,8 @@ pub(crate) struct AuthConfig {
     pub(crate) forward_token: bool,
     pub(crate) cache_entries: usize,
     pub(crate) keys_refresh: Duration,
+    /// The longest the issuer's keys are kept, whatever their cache lifetime says.
+    pub(crate) keys_max_age: Duration,
     pub(crate) fetch_timeout: Duration,
     pub(crate) documentation: Option<String>,
     /// How long an active opaque token's introspection answer is kept.

@@ -699,9 +699,16 @@ async fn feed_once<W: Watched>(
     let mut keep = tokio::time::interval(upstream.keep_every().max(Duration::from_millis(100)));
     keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     keep.tick().await;
+    // The subscriptions are told while the stream is read: a notice never waits for them.
+    let sync = || Box::pin(sync_subscriptions(feed, upstream, owner, &headers));
+    let mut syncing = Some(sync());
+    let mut again = false;
     loop {
-        sync_subscriptions(feed, upstream, owner, &headers).await;
         tokio::select! {
+            () = async { syncing.as_mut().expect("polled only while syncing").await }, if syncing.is_some() => {
+                syncing = again.then(sync);
+                again = false;
+            }
             frame = body.frame() => match frame {
                 Some(Ok(f)) => {
                     let Ok(data) = f.into_data() else { continue };
@@ -716,7 +723,13 @@ async fn feed_once<W: Watched>(
                 Some(Err(e)) => return Ended::Dropped(format!("the stream broke off ({e})")),
                 None => return Ended::Dropped("the upstream ended the stream".into()),
             },
-            () = feed.changed.notified() => {}
+            () = feed.changed.notified() => {
+                if syncing.is_some() {
+                    again = true;
+                } else {
+                    syncing = Some(sync());
+                }
+            }
             _ = keep.tick() => {
                 // Marks the session used; one that was replaced (evicted, or the upstream
                 // forgot it) means this stream is no longer its.
@@ -786,15 +799,19 @@ async fn on_event<W: Watched>(
     );
 }
 
+/// Subscriptions told at once, at most, while a feed's listeners change.
+const SUBSCRIBING: usize = 16;
+
 /// Tells the upstream to send updates of the URIs the feed's listeners want and it was not
 /// told of yet, and (over HTTP, where the session is the feed's own) to stop those nobody
-/// wants any more.
+/// wants any more: [`SUBSCRIBING`] requests at a time, while the feed's stream is read.
 async fn sync_subscriptions<W: Watched>(
     feed: &Feed,
     upstream: &W,
     owner: &Owner,
     headers: &HeaderMap,
 ) {
+    use futures_util::StreamExt as _;
     let (add, remove) = {
         let st = feed.lock();
         let wanted = st.wanted_uris();
@@ -806,40 +823,61 @@ async fn sync_subscriptions<W: Watched>(
         };
         (add, remove)
     };
-    for (method, uris) in [
-        ("resources/subscribe", add),
-        ("resources/unsubscribe", remove),
-    ] {
-        for uri in uris {
-            let body = serde_json::json!({
-                "jsonrpc": "2.0",
-                "id": format!("epode-sidecar-listen-{:016x}", rand::random::<u64>()),
-                "method": method,
-                "params": {"uri": uri},
-            });
-            let sent = upstream
-                .post_in_session(
-                    &owner.caller,
-                    headers.clone(),
-                    Bytes::from(body.to_string()),
-                )
-                .await;
-            match sent {
-                Ok(s) if s.is_success() => {
-                    let mut st = feed.lock();
-                    if method == "resources/subscribe" {
-                        st.subscribed.insert(uri);
-                    } else {
-                        st.subscribed.remove(&uri);
-                    }
-                }
-                Ok(s) => {
-                    tracing::debug!(status = %s, method, "the upstream refused a listen feed's subscription")
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, method, "a listen feed's subscription did not reach the upstream")
-                }
+    let mut told = add
+        .into_iter()
+        .map(|uri| ("resources/subscribe", uri))
+        .chain(remove.into_iter().map(|uri| ("resources/unsubscribe", uri)));
+    let mut running = futures_util::stream::FuturesUnordered::new();
+    loop {
+        while running.len() < SUBSCRIBING {
+            let Some((method, uri)) = told.next() else {
+                break;
+            };
+            running.push(tell_one(feed, upstream, owner, headers, method, uri));
+        }
+        if running.next().await.is_none() {
+            return;
+        }
+    }
+}
+
+/// One `resources/subscribe` (or `unsubscribe`) in the feed's session; what the upstream
+/// was told is remembered.
+async fn tell_one<W: Watched>(
+    feed: &Feed,
+    upstream: &W,
+    owner: &Owner,
+    headers: &HeaderMap,
+    method: &'static str,
+    uri: String,
+) {
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": format!("epode-sidecar-listen-{:016x}", rand::random::<u64>()),
+        "method": method,
+        "params": {"uri": uri},
+    });
+    let sent = upstream
+        .post_in_session(
+            &owner.caller,
+            headers.clone(),
+            Bytes::from(body.to_string()),
+        )
+        .await;
+    match sent {
+        Ok(s) if s.is_success() => {
+            let mut st = feed.lock();
+            if method == "resources/subscribe" {
+                st.subscribed.insert(uri);
+            } else {
+                st.subscribed.remove(&uri);
             }
+        }
+        Ok(s) => {
+            tracing::debug!(status = %s, method, "the upstream refused a listen feed's subscription")
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, method, "a listen feed's subscription did not reach the upstream")
         }
     }
 }

@@ -266,6 +266,7 @@ README.
   (list "EPODE_SIDECAR_AUTH_FORWARD_TOKEN" "auth.forwardToken" (ternary "true" "" (eq $a.forwardToken true)))
   (list "EPODE_SIDECAR_AUTH_CACHE_ENTRIES" "auth.cacheEntries" $a.cacheEntries)
   (list "EPODE_SIDECAR_AUTH_KEYS_REFRESH" "auth.keysRefresh" $a.keysRefresh)
+  (list "EPODE_SIDECAR_AUTH_KEYS_MAX_AGE" "auth.keysMaxAge" $a.keysMaxAge)
   (list "EPODE_SIDECAR_AUTH_FETCH_TIMEOUT" "auth.fetchTimeout" $a.fetchTimeout)
   (list "EPODE_SIDECAR_AUTH_INTROSPECTION_CACHE" "auth.introspectionCache" $a.introspectionCache)
   (list "EPODE_SIDECAR_AUTH_INTROSPECTIONS" "auth.introspections" $a.introspections)
