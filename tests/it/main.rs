@@ -22,6 +22,7 @@ mod front_door;
 mod hop;
 mod http_surface;
 mod isolation;
+mod ledger;
 mod limits;
 mod listeners;
 mod operations;

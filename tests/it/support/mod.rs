@@ -439,7 +439,12 @@ impl Sidecar {
         command: &[&str],
         env: &[(&str, &str)],
     ) -> Sidecar {
-        let bin = Path::new(env!("CARGO_BIN_EXE_epode-sidecar"));
+        // `EPODE_TEST_SIDECAR_BIN` runs the tests against another build (a new test against
+        // the last landed binary, to see it fail there).
+        let other = std::env::var_os("EPODE_TEST_SIDECAR_BIN").map(PathBuf::from);
+        let bin = other
+            .as_deref()
+            .unwrap_or(Path::new(env!("CARGO_BIN_EXE_epode-sidecar")));
         Self::start_from(bin, prelude, upstream_url, command, env)
     }
 
