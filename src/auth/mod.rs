@@ -582,7 +582,14 @@ impl Authorizer {
     /// with keys fetched since is not: it is verified again).
     fn cached(&self, digest: &[u8; 32], now: Instant) -> Option<Result<Arc<Principal>, Refusal>> {
         let keys = match self.backend.get() {
-            Some(Backend::Jwt(store)) => store.current().map(|set| set.fetched),
+            Some(Backend::Jwt(store)) => store.current().map(|set| {
+                // Keys past their lifetime are fetched again even while every request is a
+                // cached token's: the tokens are then verified again with the new ones.
+                if !set.fresh() {
+                    self.refresh_in_background(store, set.fetched);
+                }
+                set.fetched
+            }),
             _ => None,
         };
         let mut cache = self.cache.lock();

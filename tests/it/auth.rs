@@ -14,7 +14,12 @@ use crate::support::*;
 
 /// A sidecar on a port known before it starts (the resource URI names it), with auth on
 /// for the AS, and `extra` settings.
-fn sidecar_for(up: &str, auth: &AuthServer, port: u16, extra: &[(&str, &str)]) -> Sidecar {
+pub(crate) fn sidecar_for(
+    up: &str,
+    auth: &AuthServer,
+    port: u16,
+    extra: &[(&str, &str)],
+) -> Sidecar {
     let listen = format!("127.0.0.1:{port}");
     let mode = match auth.options().format {
         TokenFormat::Jwt => "jwt",
@@ -115,7 +120,7 @@ async fn call_at(
 
 /// A 2026 `tools/call` of `tool` with `args` and `headers` at `url`: the status, the headers
 /// and the JSON-RPC message (`Null` for an empty body).
-async fn post_tool(
+pub(crate) async fn post_tool(
     url: &str,
     id: u64,
     tool: &str,
@@ -151,7 +156,7 @@ async fn post_tool(
     (status, h, msg)
 }
 
-fn bearer(token: &str) -> String {
+pub(crate) fn bearer(token: &str) -> String {
     format!("Bearer {token}")
 }
 
@@ -664,7 +669,7 @@ fn opaque_server(resource: &str) -> AuthServer {
 
 /// A sidecar with auth on and feedback in `mode` at the strict fake Epode, the account ref
 /// from the token's `org`.
-fn feedback_sidecar_for(
+pub(crate) fn feedback_sidecar_for(
     up: &str,
     auth: &AuthServer,
     port: u16,
@@ -686,7 +691,13 @@ fn feedback_sidecar_for(
 }
 
 /// A 2026 `tools/call` of `tool` with `args` and the token: the JSON-RPC message.
-async fn call_tool(sc: &Sidecar, id: u64, token: &str, tool: &str, args: Value) -> Value {
+pub(crate) async fn call_tool(
+    sc: &Sidecar,
+    id: u64,
+    token: &str,
+    tool: &str,
+    args: Value,
+) -> Value {
     let auth = bearer(token);
     let (status, _, msg) = post_tool(&sc.url(), id, tool, args, &[("authorization", &auth)]).await;
     assert_eq!(status, 200, "{tool}: {msg}");
@@ -695,7 +706,7 @@ async fn call_tool(sc: &Sidecar, id: u64, token: &str, tool: &str, args: Value) 
 
 /// `_agentFeedback` wherever the placement rules put it (`structuredContent`, or a JSON text
 /// block).
-fn feedback_of(msg: &Value) -> Value {
+pub(crate) fn feedback_of(msg: &Value) -> Value {
     let result = &msg["result"];
     if let Some(f) = result["structuredContent"].get("_agentFeedback") {
         return f.clone();

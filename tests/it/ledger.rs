@@ -315,9 +315,8 @@ async fn a_held_call_let_go_is_cancelled_upstream() {
     let first = call_body(7, "ask", all_capabilities());
     let (_, _, msg) = post(&sc.url(), "tools/call", Some("ask"), &first, &[]).await;
     assert_eq!(msg["result"]["resultType"], "input_required", "{msg}");
-    let cancelled = |r: &Request| {
-        r.method() == "notifications/cancelled" && r.json["params"]["requestId"] == 7
-    };
+    let cancelled =
+        |r: &Request| r.method() == "notifications/cancelled" && r.json["params"]["requestId"] == 7;
     let told = eventually_async(Duration::from_secs(10), || {
         std::future::ready(up.requests().iter().any(cancelled))
     })
@@ -646,10 +645,7 @@ async fn owned_headers_never_pass_in_another_spelling() {
         )
         .otherwise(Reply::result(json!({"tools": []})))
         .start();
-    let sc = Sidecar::start(
-        &up.url(),
-        &[ERA_2026, ("EPODE_SIDECAR_HTTP_SURFACE", "on")],
-    );
+    let sc = Sidecar::start(&up.url(), &[ERA_2026, ("EPODE_SIDECAR_HTTP_SURFACE", "on")]);
     let forged = [
         ("Epode_Auth_Subject", "admin"),
         ("Epode_Auth_Scopes", "mcp:admin"),

@@ -10,6 +10,7 @@ mod auth;
 mod auth_clients;
 mod auth_server;
 mod bridge;
+mod callers;
 mod cli;
 mod conformance;
 mod deploy;

@@ -956,3 +956,221 @@ async fn a_request_refused_before_the_front_door_admits_it_is_an_http_server_spa
         .count();
     assert_eq!(refusals, 2, "a refusal with no trace context was spanned");
 }
+
+/// A 2025-era `tools/call` of `tool` (no `Mcp-Name` header: any length goes), id `id`: its
+/// status.
+async fn legacy_named_call(sc: &Sidecar, id: &str, tool: &str) -> u16 {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": {}}});
+    http()
+        .post(sc.url())
+        .header("content-type", "application/json")
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-11-25")
+        .header(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        )
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+/// A 2025 upstream that answers every call (whatever its tool's name).
+fn answering_2025() -> crate::support::Scripted {
+    use crate::support::scripted::{Reply, ScriptedUpstream};
+    ScriptedUpstream::new()
+        .when(|r| r.json.get("id").is_none(), Reply::empty(202))
+        .on(
+            "initialize",
+            Reply::result(
+                json!({"protocolVersion": "2025-11-25", "capabilities": {"tools": {}},
+                "serverInfo": {"name": "any", "version": "1"}}),
+            ),
+        )
+        .otherwise(Reply::result(
+            json!({"content": [{"type": "text", "text": "done"}]}),
+        ))
+        .start()
+}
+
+/// What a client names (a tool, a method, its request id) reaches a span cut to a bound, and a
+/// histogram only when the catalogue or the upstream's list names it (anything else is
+/// `other`): distinct 100 KB tool names and methods make no span larger and no new series.
+/// Before, span names and attributes took them whole, and each became an attribute set the
+/// histograms kept for the life of the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_strings_are_bounded_in_spans_and_never_series() {
+    let receiver = Receiver::start();
+    let up = answering_2025();
+    let url = receiver.url();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("EPODE_SIDECAR_OTLP_METRICS_INTERVAL", "1s"),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25"),
+        ],
+    );
+    for i in 0..10 {
+        let tool = format!("{i}{}", "t".repeat(100 * 1024));
+        let id = format!("{i}{}", "i".repeat(100 * 1024));
+        assert_eq!(legacy_named_call(&sc, &id, &tool).await, 200);
+    }
+    let got = eventually_async(Duration::from_secs(20), || async {
+        receiver
+            .spans()
+            .await
+            .iter()
+            .filter(|s| s["resource"]["service.name"] == "epode-sidecar")
+            .count()
+            >= 20
+    })
+    .await;
+    assert!(got, "the spans did not arrive");
+    for s in receiver
+        .spans()
+        .await
+        .iter()
+        .filter(|s| s["resource"]["service.name"] == "epode-sidecar")
+    {
+        let name = s["name"].as_str().unwrap();
+        assert!(name.len() <= 600, "a span named {} bytes", name.len());
+        for (k, v) in s["attributes"].as_object().unwrap() {
+            let len = v.as_str().map_or(0, str::len);
+            assert!(len <= 1100, "{k}: {len} bytes");
+        }
+    }
+    // The histograms: every tool here is `other`, and the methods are the catalogue's.
+    let settled = eventually_async(Duration::from_secs(20), || async {
+        receiver.metrics().await.iter().any(|m| {
+            m["name"] == "mcp.server.operation.duration"
+                && m["points"].as_array().is_some_and(|p| {
+                    p.iter().any(|p| {
+                        p["count"].as_u64() >= Some(10)
+                            && p["attributes"]["gen_ai.tool.name"] == "other"
+                    })
+                })
+        })
+    })
+    .await;
+    assert!(settled, "{:#?}", receiver.metrics().await);
+    for m in receiver.metrics().await {
+        if !m["name"].as_str().unwrap().starts_with("mcp.") {
+            continue;
+        }
+        for p in m["points"].as_array().unwrap() {
+            for (k, v) in p["attributes"].as_object().unwrap() {
+                let len = v.as_str().map_or(0, str::len);
+                assert!(len <= 64, "{}: {k} is {len} bytes", m["name"]);
+            }
+        }
+    }
+}
+
+/// 100 calls naming 1 MB tools while the collector hangs: the sidecar stays within its memory
+/// budget plus 32 MB (before, the queued spans held every name: 15 → 355 MB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hanging_collector_and_megabyte_names_stay_within_the_budget() {
+    let receiver = Receiver::start();
+    receiver.mode("hang").await;
+    let up = answering_2025();
+    let url = receiver.url();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("EPODE_SIDECAR_MEMORY_BUDGET_BYTES", "16777216"),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2025-11-25"),
+        ],
+    );
+    for i in 0..100 {
+        let tool = format!("{i}{}", "t".repeat(1024 * 1024));
+        assert_eq!(legacy_named_call(&sc, &i.to_string(), &tool).await, 200);
+    }
+    let peak = crate::support::status_kib(sc.pid(), "VmHWM");
+    assert!(
+        peak < 16 * 1024 + 32 * 1024,
+        "peak RSS {peak} KiB after 100 calls naming 1 MB tools"
+    );
+}
+
+/// A flood of refusals, each with a sampled trace context, never crowds the spans of the
+/// requests that were served out of the span queue: every one of 20 calls made during 2,000
+/// refusals is exported (before, none of them was).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refusals_never_crowds_out_the_served_requests_spans() {
+    use futures_util::stream::StreamExt as _;
+    let receiver = Receiver::start();
+    let up = Upstream::start(UpstreamKind::PythonJson);
+    let url = receiver.url();
+    let sc = Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_OTLP_ENDPOINT", &url),
+            ("EPODE_SIDECAR_OTLP_QUEUE", "64"),
+            ("EPODE_SIDECAR_OTLP_METRICS", "off"),
+        ],
+    );
+    let flood = futures_util::stream::iter(0..2000u32)
+        .map(|i| {
+            let url = sc.url();
+            async move {
+                let tp = format!("00-{:032x}-{:016x}-01", 0xdead_0000_u128 + u128::from(i), 7);
+                let resp = http()
+                    .post(url)
+                    .header("content-type", "text/plain")
+                    .header("traceparent", tp)
+                    .body("not json")
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(resp.status(), 415);
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<()>>();
+    let served = async {
+        let mut traces = Vec::new();
+        for i in 0..20u8 {
+            let (trace, parent) = trace_ids(100 + i);
+            call(
+                &sc,
+                5000 + u64::from(i),
+                Some(&format!("00-{trace}-{parent}-01")),
+                None,
+            )
+            .await;
+            traces.push(trace);
+        }
+        traces
+    };
+    let ((), traces) = futures_util::join!(async { drop(flood.await) }, served);
+    let arrived = eventually_async(Duration::from_secs(20), || async {
+        let spans = receiver.spans().await;
+        traces.iter().all(|t| {
+            spans.iter().any(|s| {
+                &s["traceId"] == t
+                    && s["kind"] == "SPAN_KIND_SERVER"
+                    && s["resource"]["service.name"] == "epode-sidecar"
+            })
+        })
+    })
+    .await;
+    let spans = receiver.spans().await;
+    let exported = traces
+        .iter()
+        .filter(|t| {
+            spans
+                .iter()
+                .any(|s| &s["traceId"] == *t && s["kind"] == "SPAN_KIND_SERVER")
+        })
+        .count();
+    assert!(
+        arrived,
+        "{exported} of 20 served requests' spans exported during the flood"
+    );
+}
