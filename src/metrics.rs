@@ -170,7 +170,7 @@ pub(crate) struct PoolRefusedLabels {
     pub(crate) reason: &'static str,
 }
 
-/// The ledger's pools (`crate::ledger`): what every caller holds past its request's head.
+/// The ledger's pools: what every caller holds past its request's head.
 #[derive(Default)]
 pub(crate) struct PoolMetrics {
     /// Places held now.
