@@ -245,7 +245,9 @@ pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), Error> {
     }
 }
 
-fn truncate(s: &str) -> String {
+/// A client's value as a message shows it: at most 200 bytes (a message may be logged, and a
+/// client's string reaches no log uncut).
+pub(super) fn truncate(s: &str) -> String {
     const MAX: usize = 200;
     if s.len() <= MAX {
         return s.to_owned();

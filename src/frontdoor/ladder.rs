@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use http::HeaderMap;
 
+use super::checks::truncate;
 use crate::error::{Error, ErrorKind};
 use crate::mcp::era::Era;
 use crate::mcp::headers::{self, HeaderRead};
@@ -32,7 +33,8 @@ pub(crate) fn classify(
     if listed == Some(Method::Initialize) && !claims_modern && header_modern {
         if let HeaderRead::One(v) = &header_version {
             return Err(mismatch(format!(
-                "MCP-Protocol-Version header value '{v}' is a 2026-era version, but initialize is the 2025-era handshake"
+                "MCP-Protocol-Version header value '{}' is a 2026-era version, but initialize is the 2025-era handshake",
+                truncate(v)
             )));
         }
     }
@@ -60,7 +62,7 @@ pub(crate) fn classify(
     if !version::is_modern_supported(&version) {
         return Err(Error::new(
             ErrorKind::UnsupportedVersion {
-                requested: version,
+                requested: truncate(&version),
                 supported: &version::MODERN_VERSIONS,
             },
             "",
@@ -139,7 +141,9 @@ fn check_version_header(header: HeaderRead, body: Option<String>) -> Result<Stri
             "the required MCP-Protocol-Version header is absent; it must equal params._meta[\"io.modelcontextprotocol/protocolVersion\"]".to_owned(),
         )),
         (HeaderRead::One(h), Some(b)) if h != b => Err(mismatch(format!(
-            "MCP-Protocol-Version header value '{h}' does not match body value '{b}'"
+            "MCP-Protocol-Version header value '{}' does not match body value '{}'",
+            truncate(&h),
+            truncate(&b)
         ))),
         (HeaderRead::One(h), _) => Ok(h),
     }
@@ -154,10 +158,13 @@ fn check_header(
     match headers::read(headers, name) {
         HeaderRead::One(v) if v == body_value => Ok(()),
         HeaderRead::One(v) => Err(mismatch(format!(
-            "{display} header value '{v}' does not match body value '{body_value}'"
+            "{display} header value '{}' does not match body value '{}'",
+            truncate(&v),
+            truncate(body_value)
         ))),
         HeaderRead::Absent => Err(mismatch(format!(
-            "the required {display} header is absent; it must be '{body_value}'"
+            "the required {display} header is absent; it must be '{}'",
+            truncate(body_value)
         ))),
         HeaderRead::Invalid(why) => Err(mismatch(format!("{display} header {why}"))),
     }
