@@ -248,6 +248,32 @@ pub(crate) fn is_change_notice(method: &str) -> bool {
     CHANGE_NOTICES.contains(&method)
 }
 
+/// A request's method as it travels below the front door: its wire name, and its catalogue
+/// entry looked up once there (`None` for a method the catalogue does not list). Nothing
+/// below parses the name again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Called<'a> {
+    pub(crate) wire: &'a str,
+    pub(crate) listed: Option<Method>,
+}
+
+impl Called<'static> {
+    /// One of the catalogue's methods (the sidecar's own requests).
+    pub(crate) fn of(method: Method) -> Called<'static> {
+        Called {
+            wire: method.wire(),
+            listed: Some(method),
+        }
+    }
+}
+
+impl Called<'_> {
+    /// Its metric label: the catalogue's, or `other`.
+    pub(crate) fn label(self) -> &'static str {
+        label(self.listed)
+    }
+}
+
 pub(crate) fn label(method: Option<Method>) -> &'static str {
     method.map_or("other", Method::label)
 }

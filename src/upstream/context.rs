@@ -13,7 +13,7 @@ use crate::body::{self, Body};
 use crate::error::Error;
 use crate::mcp::end::Abandoned;
 use crate::mcp::era::Era;
-use crate::mcp::method::Method;
+use crate::mcp::method::{Called, Method};
 use crate::mcp::raw::{self, raw};
 use crate::mcp::rewrite::ResultPlan;
 
@@ -50,6 +50,14 @@ impl<'a> RequestContext<'a> {
             request_state: None,
             plan: ResultPlan::new(listed, era, abandoned),
             cut,
+        }
+    }
+
+    /// Its method as it travels: the wire name and the catalogue entry.
+    pub(crate) fn called(&self) -> Called<'a> {
+        Called {
+            wire: self.method,
+            listed: self.listed,
         }
     }
 

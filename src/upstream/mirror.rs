@@ -26,6 +26,7 @@ use super::caller::Caller;
 use crate::body::{Body, BoxError};
 use crate::error::{Error, ErrorKind};
 use crate::ledger::{Charge, Ledger, Pool};
+use crate::mcp::method::Method;
 use crate::mcp::raw;
 use crate::mcp::rewrite::ResultPlan;
 use crate::mcp::sse::{message_event, MAX_QUESTIONS, MAX_ROUNDS};
@@ -155,7 +156,7 @@ pub(super) trait AsksAgain: Send + Sync {
         self: Arc<Self>,
         headers: HeaderMap,
         caller: Caller,
-        method: String,
+        method: (String, Option<Method>),
         body: Bytes,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, Error>> + Send>>;
 }
@@ -166,7 +167,8 @@ pub(super) struct Mirror {
     pub(super) asks: Arc<Asks>,
     pub(super) headers: HeaderMap,
     pub(super) caller: Caller,
-    pub(super) method: String,
+    /// The call's method: its wire name and catalogue entry.
+    pub(super) method: (String, Option<Method>),
     /// The client's request as it sent it.
     pub(super) request: Bytes,
     pub(super) id: Box<RawValue>,

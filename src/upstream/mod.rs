@@ -55,7 +55,7 @@ use crate::config::{Config, UpstreamTransport};
 use crate::error::{Error, ErrorKind};
 use crate::ledger::Ledger;
 use crate::mcp::era::Era;
-use crate::mcp::method::{self, Method};
+use crate::mcp::method::{Called, Method};
 use crate::metrics::{LimitKind, MethodLabels, Metrics};
 
 /// The longest shutdown waits for the upstream to close the 2025-era sessions.
@@ -362,7 +362,7 @@ impl Upstream {
             return bridge::resume(self.bridge_way(client), client, bytes, &state, ctx).await;
         }
         let sent = match self
-            .send_with_retry(client, query, bytes, ctx.method, Asker::Client(ctx.era))
+            .send_with_retry(client, query, bytes, ctx.called(), Asker::Client(ctx.era))
             .await
         {
             Ok(sent) => sent,
@@ -477,7 +477,7 @@ impl Upstream {
             asks: self.known.asks.clone(),
             headers: client.headers.clone(),
             caller: client.caller,
-            method: ctx.method.to_owned(),
+            method: (ctx.method.to_owned(), ctx.listed),
             request: bytes.clone(),
             id: ctx.id.to_owned(),
             wait: self.known.wait,
@@ -530,7 +530,7 @@ impl Upstream {
         client: &Client<'_>,
         query: Option<&str>,
         bytes: &Bytes,
-        method: &str,
+        method: Called<'_>,
         asker: Asker,
     ) -> Result<Sent, Error> {
         let (link, known) = (&self.link, &self.known);
@@ -549,7 +549,7 @@ impl Upstream {
         client: &Client<'_>,
         query: Option<&str>,
         bytes: &Bytes,
-        method: &str,
+        method: Called<'_>,
         asker: Asker,
         upstream: Era,
     ) -> Result<Sent, Error> {
@@ -562,7 +562,7 @@ impl Upstream {
                         let caps = self.client_capabilities(client.headers);
                         let (body, name) = translate::to_modern(bytes, method, caps.as_deref());
                         let mut headers = link.base_headers(client);
-                        set_modern_headers(&mut headers, method, name.as_deref());
+                        set_modern_headers(&mut headers, method.wire, name.as_deref());
                         (body, headers)
                     }
                 };
@@ -593,7 +593,7 @@ impl Upstream {
                 let (body, relay) = match asker {
                     // Asked of the client as input_required, where the method may answer so.
                     Asker::Client(Era::Modern)
-                        if Method::from_wire(method).is_some_and(|m| m.entry().input_required) =>
+                        if method.listed.is_some_and(|m| m.entry().input_required) =>
                     {
                         (translate::to_legacy(bytes), ServerRequests::Bridged)
                     }
@@ -634,11 +634,11 @@ impl Upstream {
         }
     }
 
-    fn observe(&self, method: &str, started: std::time::Instant) {
+    fn observe(&self, method: Called<'_>, started: std::time::Instant) {
         self.metrics
             .upstream_seconds
             .get_or_create(&MethodLabels {
-                method: method::label(Method::from_wire(method)),
+                method: method.label(),
             })
             .observe(started.elapsed().as_secs_f64());
         self.metrics
@@ -662,7 +662,7 @@ impl Upstream {
                     client,
                     None,
                     &Bytes::from(body.to_string()),
-                    Method::ToolsList.wire(),
+                    Called::of(Method::ToolsList),
                     Asker::Sidecar,
                 )
                 .await
@@ -698,7 +698,7 @@ impl mirror::AsksAgain for Upstream {
         self: Arc<Self>,
         headers: ::http::HeaderMap,
         caller: caller::Caller,
-        method: String,
+        (method, listed): (String, Option<Method>),
         body: Bytes,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, Error>> + Send>> {
         Box::pin(async move {
@@ -707,8 +707,12 @@ impl mirror::AsksAgain for Upstream {
                 caller,
                 meta: None,
             };
+            let called = Called {
+                wire: &method,
+                listed,
+            };
             let sent = self
-                .send_with_retry(&client, None, &body, &method, Asker::Client(Era::Legacy))
+                .send_with_retry(&client, None, &body, called, Asker::Client(Era::Legacy))
                 .await?;
             let read = read_answer(sent.response, self.link.bounds()).await?;
             if !read.status().is_success() {

@@ -13,7 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use crate::mcp::headers;
-use crate::mcp::method::Method;
+use crate::mcp::method::{Called, Method};
 use crate::mcp::raw::{self, RawMap};
 use crate::mcp::version::{self, MODERN};
 
@@ -57,7 +57,7 @@ pub(crate) fn to_legacy(bytes: &Bytes) -> Bytes {
 /// id carries them); else it declares none.
 pub(crate) fn to_modern(
     bytes: &Bytes,
-    method: &str,
+    method: Called<'_>,
     caps: Option<&RawValue>,
 ) -> (Bytes, Option<String>) {
     let Some(mut msg) = raw::parse_message(bytes) else {
@@ -70,7 +70,7 @@ pub(crate) fn to_modern(
             None => return (bytes.clone(), None),
         },
     };
-    let name_key = Method::from_wire(method).and_then(Method::name_key);
+    let name_key = method.listed.and_then(Method::name_key);
     let name = name_key
         .and_then(|k| params.get(k))
         .and_then(|v| raw::as_str(v))
@@ -363,7 +363,7 @@ mod tests {
         let body = Bytes::from_static(
             br#"{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"h\u00e9","arguments":{"big":12345678901234567890},"_meta":{"progressToken":3}}}"#,
         );
-        let (out, name) = to_modern(&body, "tools/call", None);
+        let (out, name) = to_modern(&body, Called::of(Method::ToolsCall), None);
         assert_eq!(name.as_deref(), Some("hé"));
         let text = std::str::from_utf8(&out).unwrap();
         assert!(text.contains(r#""name":"h\u00e9""#), "{text}");
@@ -381,7 +381,7 @@ mod tests {
         );
         let (out, name) = to_modern(
             &Bytes::from_static(br#"{"id":1,"method":"tools/list"}"#),
-            "tools/list",
+            Called::of(Method::ToolsList),
             None,
         );
         assert_eq!(name, None);
@@ -389,7 +389,7 @@ mod tests {
         assert!(v["params"]["_meta"]["io.modelcontextprotocol/clientInfo"].is_object());
         // The 2025 client's own capabilities, when its session id carries them.
         let caps = RawValue::from_string(r#"{"roots":{"listChanged":true}}"#.to_owned()).unwrap();
-        let (out, _) = to_modern(&body, "tools/call", Some(&caps));
+        let (out, _) = to_modern(&body, Called::of(Method::ToolsCall), Some(&caps));
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(
             v["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"],
