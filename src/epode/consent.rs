@@ -104,6 +104,7 @@ impl ConsentCache {
     }
 
     async fn lookup(&self, subject: &str) {
+        let started = Instant::now();
         let answer = match self.client.consent_state(subject, self.timeout).await {
             Ok(a) if a.status == 200 => a,
             Ok(a) => {
@@ -116,22 +117,91 @@ impl ConsentCache {
             }
         };
         let Some(v) = answer.json() else { return };
-        let revision = v.get("revision").and_then(Value::as_u64);
-        let decided = match (v.get("state").and_then(Value::as_str), revision) {
-            (Some("approved"), Some(r)) if r > 0 => Decided {
+        self.settle(subject, started, &v);
+    }
+
+    /// Keeps what a lookup that `started` then learned, unless a decision was recorded since
+    /// (a slow lookup begun before the user answered must not forget the answer).
+    fn settle(&self, subject: &str, started: Instant, answer: &Value) {
+        let revision = answer.get("revision").and_then(Value::as_u64);
+        let decided = match (answer.get("state").and_then(Value::as_str), revision) {
+            (Some("approved"), Some(r)) if r > 0 => Some(Decided {
                 approved: true,
                 revision: r,
-            },
-            (Some("declined"), Some(r)) if r > 0 => Decided {
+            }),
+            (Some("declined"), Some(r)) if r > 0 => Some(Decided {
                 approved: false,
                 revision: r,
-            },
+            }),
             // "unknown" (revision 0) is not kept: the next call looks again.
-            _ => {
-                lock(&self.entries).remove(subject);
-                return;
-            }
+            _ => None,
         };
-        self.put(subject, decided);
+        let mut entries = lock(&self.entries);
+        if entries.get(subject).is_some_and(|e| e.at > started) {
+            return;
+        }
+        match decided {
+            Some(decided) => {
+                drop(entries);
+                self.put(subject, decided);
+            }
+            None => {
+                entries.remove(subject);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cache() -> Arc<ConsentCache> {
+        let base = url::Url::parse("http://127.0.0.1:9").unwrap();
+        let key = crate::feedback::capability::ProductKey::ephemeral();
+        let client = EpodeClient::new(base, key).unwrap();
+        ConsentCache::new(Arc::new(client), Duration::from_millis(10))
+    }
+
+    #[test]
+    fn a_lookup_begun_before_a_decision_never_forgets_it() {
+        let c = cache();
+        let started = Instant::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let approved = Decided {
+            approved: true,
+            revision: 1,
+        };
+        c.put("s", approved);
+        c.settle("s", started, &json!({"state": "unknown", "revision": 0}));
+        assert_eq!(c.get("s"), (CachedConsent::Approved, 1));
+        c.settle("s", started, &json!({"state": "declined", "revision": 7}));
+        assert_eq!(c.get("s"), (CachedConsent::Approved, 1));
+    }
+
+    #[test]
+    fn a_lookup_begun_after_a_decision_is_kept() {
+        let c = cache();
+        c.put(
+            "s",
+            Decided {
+                approved: true,
+                revision: 1,
+            },
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        c.settle(
+            "s",
+            Instant::now(),
+            &json!({"state": "declined", "revision": 2}),
+        );
+        assert_eq!(c.get("s"), (CachedConsent::Declined, 2));
+        c.settle(
+            "s",
+            Instant::now(),
+            &json!({"state": "unknown", "revision": 0}),
+        );
+        assert_eq!(c.get("s"), (CachedConsent::Unknown, 0));
     }
 }

@@ -913,6 +913,12 @@ async fn every_skip_reason_is_counted_under_its_label() {
     assert!(String::from_utf8_lossy(&first).contains("data: tick"));
     drop(stream);
 
+    // A streamed answer is recorded once its body ends: when the sidecar sees the client go.
+    let ended = eventually_async(Duration::from_secs(10), || async {
+        skipped(&metrics(&r.sc).await, "stream") >= 1
+    })
+    .await;
+    assert!(ended, "the dropped stream is counted once it ends");
     let text = metrics(&r.sc).await;
     for (label, n) in [
         ("not_success", 1),
