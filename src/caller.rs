@@ -203,8 +203,9 @@ fn credential_key(headers: &HeaderMap) -> Option<CallerKey> {
     Some(CallerKey::of(4, values))
 }
 
-/// An address as a caller: IPv6 by its /64 (one host usually has a whole /64 to pick from).
-fn address_key(ip: IpAddr) -> IpAddr {
+/// An address as a caller (and as a client the rate limit counts): IPv6 by its /64 (one host
+/// usually has a whole /64 to pick from).
+pub(crate) fn address_key(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
             let mut octets = v6.octets();

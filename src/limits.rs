@@ -20,6 +20,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 use lru::LruCache;
 
+use crate::caller::address_key;
 use crate::config::{Limits, Rate};
 
 /// Shards of the client table: requests from different clients rarely wait for one lock.
@@ -210,7 +211,7 @@ impl RateLimits {
             return Ok(());
         };
         limiter
-            .check_key(&client_key(ip))
+            .check_key(&address_key(ip))
             .map_err(|not_until| not_until.wait_time_from(self.clock.now()))
     }
 
@@ -239,22 +240,6 @@ impl RateLimits {
             .flatten()
             .map(|l| l.len())
             .sum()
-    }
-}
-
-/// IPv6 clients are limited per /64 (one host usually has a whole /64 to pick from).
-fn client_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
-            let mut octets = v6.octets();
-            octets[8..].fill(0);
-            IpAddr::from(octets)
-        }
-        IpAddr::V6(v6) => IpAddr::V4(
-            v6.to_ipv4_mapped()
-                .unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
-        ),
-        v4 => v4,
     }
 }
 
@@ -341,8 +326,8 @@ mod tests {
         );
         assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
         assert_eq!(
-            client_key("2001:db8::1".parse().unwrap()),
-            client_key("2001:db8::ffff".parse().unwrap())
+            address_key("2001:db8::1".parse().unwrap()),
+            address_key("2001:db8::ffff".parse().unwrap())
         );
     }
 

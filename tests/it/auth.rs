@@ -88,7 +88,8 @@ pub(crate) fn resource() -> (u16, String) {
     }
 }
 
-fn scripted() -> Scripted {
+/// A scripted upstream for the authorization tests: `echo` listed and every call answered.
+pub(crate) fn scripted() -> Scripted {
     ScriptedUpstream::new()
         .on(
             "tools/list",

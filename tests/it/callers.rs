@@ -14,7 +14,8 @@ use futures_util::stream::StreamExt;
 use serde_json::{json, Value};
 
 use crate::auth::{
-    bearer, call_tool, feedback_of, feedback_sidecar_for, post_tool, resource, sidecar_for,
+    bearer, call_tool, feedback_of, feedback_sidecar_for, post_tool, resource, scripted,
+    sidecar_for,
 };
 use crate::support::auth::{AuthOptions, AuthServer, JwksMode, MintKey};
 use crate::support::fake_epode::{Endpoint, FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
@@ -236,20 +237,6 @@ async fn tokens_without_a_subject_are_callers_of_their_own() {
     );
 }
 
-/// A scripted upstream for the authorization tests: every call answered.
-fn echo_upstream() -> Scripted {
-    ScriptedUpstream::new()
-        .on(
-            "tools/list",
-            Reply::result(json!({"tools": [{"name": "echo", "inputSchema": {"type": "object"}}]})),
-        )
-        .on(
-            "tools/call",
-            Reply::result(json!({"content": [{"type": "text", "text": "echoed"}]})),
-        )
-        .start()
-}
-
 /// A token's times are NumericDates that saturate: an `exp` near 2^64 is a token valid for
 /// as long as the sidecar keeps any (answered, and the next request too; before, it panicked
 /// a worker and the request got no answer), and a `nbf` (or `exp`) that is not a number is a
@@ -258,7 +245,7 @@ fn echo_upstream() -> Scripted {
 async fn a_tokens_times_saturate_and_a_string_time_is_refused() {
     let (port, resource) = resource();
     let auth = AuthServer::start(AuthOptions::for_resource(&resource));
-    let up = echo_upstream();
+    let up = scripted();
     let sc = sidecar_for(&up.url(), &auth, port, &[]);
     // 2^63 seconds: a JSON number every peer writes exactly, beyond any `Instant`.
     let far = auth.mint_raw(json!({"header": {}, "claims": {"exp": 1_u64 << 63}, "key": "current", "secret": "pem"})).await;
@@ -333,7 +320,7 @@ fn slow_introspection() -> Scripted {
 async fn introspections_in_flight_are_bounded_per_address() {
     let (port, resource) = resource();
     let issuer = slow_introspection();
-    let up = echo_upstream();
+    let up = scripted();
     let listen = format!("127.0.0.1:{port}");
     let issuer_url = format!("http://127.0.0.1:{}", issuer.port);
     let sc = Sidecar::start(
@@ -405,7 +392,7 @@ async fn introspections_in_flight_are_bounded_per_address() {
 async fn stale_keys_serve_while_fetched_again_and_a_retired_keys_token_is_refused() {
     let (port, resource) = resource();
     let auth = AuthServer::start(AuthOptions::for_resource(&resource));
-    let up = echo_upstream();
+    let up = scripted();
     let sc = sidecar_for(
         &up.url(),
         &auth,

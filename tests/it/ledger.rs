@@ -100,7 +100,12 @@ async fn post(
 }
 
 /// A 2026 `subscriptions/listen` held open: the response, once its head came.
-async fn listen(url: &str, id: u64, filter: Value, extra: &[(&str, &str)]) -> reqwest::Response {
+pub(crate) async fn listen(
+    url: &str,
+    id: u64,
+    filter: Value,
+    extra: &[(&str, &str)],
+) -> reqwest::Response {
     let body = modern_body(
         json!(id),
         "subscriptions/listen",

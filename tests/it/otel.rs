@@ -899,6 +899,19 @@ async fn the_metrics_families_go_over_otlp_with_their_exemplars() {
     );
 }
 
+/// POSTs `body` as `content_type` to `url` (with `traceparent` when given): the status.
+async fn post_raw(url: &str, content_type: &str, body: &'static str, tp: Option<&str>) -> u16 {
+    let mut req = http()
+        .post(url)
+        .header("content-type", content_type)
+        .header("accept", "application/json, text/event-stream")
+        .body(body);
+    if let Some(tp) = tp {
+        req = req.header("traceparent", tp);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
 /// A request refused before the front door admitted it (a message that is not JSON-RPC, a
 /// `Content-Type` that is not JSON) is an HTTP server span by the HTTP conventions, under the
 /// client's `traceparent`: its status, the MCP path as its route, no error status for a 4xx;
@@ -912,30 +925,21 @@ async fn a_request_refused_before_the_front_door_admits_it_is_an_http_server_spa
     // Refusals with no trace context start no trace: sent first, they would be exported
     // before the ones below.
     for _ in 0..3 {
-        let resp = http()
-            .post(sc.url())
-            .header("content-type", "application/json")
-            .body("{not json")
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 400);
+        assert_eq!(
+            post_raw(&sc.url(), "application/json", "{not json", None).await,
+            400
+        );
     }
     for (n, content_type, body, status) in [
         (50, "application/json", "{not json", 400),
         (51, "text/plain", "{}", 415),
     ] {
         let (trace, parent) = trace_ids(n);
-        let resp = http()
-            .post(sc.url())
-            .header("content-type", content_type)
-            .header("accept", "application/json, text/event-stream")
-            .header("traceparent", format!("00-{trace}-{parent}-01"))
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), status);
+        let tp = format!("00-{trace}-{parent}-01");
+        assert_eq!(
+            post_raw(&sc.url(), content_type, body, Some(&tp)).await,
+            status
+        );
         let spans = receiver.trace(&trace, 1).await;
         let span = sidecar_span(&spans, "SPAN_KIND_SERVER");
         assert_eq!(span["name"], "POST /mcp", "{span:#}");
@@ -1120,15 +1124,10 @@ async fn a_flood_of_refusals_never_crowds_out_the_served_requests_spans() {
             let url = sc.url();
             async move {
                 let tp = format!("00-{:032x}-{:016x}-01", 0xdead_0000_u128 + u128::from(i), 7);
-                let resp = http()
-                    .post(url)
-                    .header("content-type", "text/plain")
-                    .header("traceparent", tp)
-                    .body("not json")
-                    .send()
-                    .await
-                    .unwrap();
-                assert_eq!(resp.status(), 415);
+                assert_eq!(
+                    post_raw(&url, "text/plain", "not json", Some(&tp)).await,
+                    415
+                );
             }
         })
         .buffer_unordered(32)

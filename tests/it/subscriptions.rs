@@ -364,21 +364,8 @@ async fn listen_streams_are_bounded_and_a_bad_filter_is_refused() {
     one.next(Duration::from_secs(10)).await.expect("ack 1");
     let mut two = Listening::open(&sc, json!(2), filter.clone(), None).await;
     two.next(Duration::from_secs(10)).await.expect("ack 2");
-    let post = |id: u64, filter: Value| {
-        let url = sc.url();
-        async move {
-            let body = modern_body(
-                json!(id),
-                "subscriptions/listen",
-                json!({"notifications": filter}),
-            );
-            let mut req = http().post(url).body(body.to_string());
-            for (k, v) in modern_headers("subscriptions/listen", None) {
-                req = req.header(k, v);
-            }
-            req.send().await.unwrap()
-        }
-    };
+    let url = sc.url();
+    let post = |id: u64, filter: Value| crate::ledger::listen(&url, id, filter, &[]);
     let third = post(3, filter.clone()).await;
     assert_eq!(third.status(), 503);
     assert_eq!(third.headers()["retry-after"], "5");
