@@ -293,9 +293,8 @@ async fn a_tokens_times_saturate_and_a_string_time_is_refused() {
     assert_eq!(status, 200);
 }
 
-/// A scripted authorization server whose introspection endpoint takes 2 s to say a token is
-/// not active.
-fn slow_introspection() -> Scripted {
+/// A scripted authorization server whose introspection endpoint gives `answer`.
+fn introspection_answering(answer: Reply) -> Scripted {
     ScriptedUpstream::new()
         .when_fn(
             |r| r.head.starts_with("GET /.well-known/oauth-authorization-server"),
@@ -305,12 +304,51 @@ fn slow_introspection() -> Scripted {
                     "token_endpoint": format!("{issuer}/token")}).to_string())
             },
         )
-        .when(
-            |r| r.head.starts_with("POST /introspect"),
-            Reply::json(r#"{"active":false}"#).delayed(Duration::from_secs(2)),
-        )
+        .when(|r| r.head.starts_with("POST /introspect"), answer)
         .otherwise(Reply::empty(404))
         .start()
+}
+
+/// A sidecar with `EPODE_SIDECAR_AUTH=introspect` at `issuer`, in front of `up`, on `port`.
+fn introspecting_sidecar(up: &Scripted, issuer: &Scripted, port: u16, resource: &str) -> Sidecar {
+    let listen = format!("127.0.0.1:{port}");
+    let issuer_url = format!("http://127.0.0.1:{}", issuer.port);
+    Sidecar::start(
+        &up.url(),
+        &[
+            ("EPODE_SIDECAR_LISTEN", &listen),
+            ("EPODE_SIDECAR_AUTH", "introspect"),
+            ("EPODE_SIDECAR_AUTH_ISSUER", &issuer_url),
+            ("EPODE_SIDECAR_AUTH_RESOURCE", resource),
+            ("EPODE_SIDECAR_AUTH_CLIENT_ID", "sidecar"),
+            ("EPODE_SIDECAR_AUTH_CLIENT_SECRET", "secret"),
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+        ],
+    )
+}
+
+/// An introspection answer's `exp` of 2^64 - 1 is a token valid as long as the sidecar keeps
+/// any: answered, and again from the cache (before, the sum wrapped and it was expired: 401).
+#[tokio::test]
+async fn an_introspected_exp_near_two_to_the_64_saturates() {
+    let (port, resource) = resource();
+    let answer = format!(
+        r#"{{"active":true,"exp":18446744073709551615,"sub":"svc","client_id":"c","aud":"{resource}"}}"#
+    );
+    let issuer = introspection_answering(Reply::json(answer));
+    let up = scripted();
+    let sc = introspecting_sidecar(&up, &issuer, port, &resource);
+    for id in 1..=2 {
+        let (status, _, msg) = post_tool(
+            &sc.url(),
+            id,
+            "echo",
+            json!({}),
+            &[("authorization", &bearer("opaque-far-token"))],
+        )
+        .await;
+        assert_eq!(status, 200, "{msg}");
+    }
 }
 
 /// Introspections in flight are bounded: one client sending 150 tokens never seen before at
@@ -319,22 +357,10 @@ fn slow_introspection() -> Scripted {
 #[tokio::test]
 async fn introspections_in_flight_are_bounded_per_address() {
     let (port, resource) = resource();
-    let issuer = slow_introspection();
+    let slow = Reply::json(r#"{"active":false}"#).delayed(Duration::from_secs(2));
+    let issuer = introspection_answering(slow);
     let up = scripted();
-    let listen = format!("127.0.0.1:{port}");
-    let issuer_url = format!("http://127.0.0.1:{}", issuer.port);
-    let sc = Sidecar::start(
-        &up.url(),
-        &[
-            ("EPODE_SIDECAR_LISTEN", &listen),
-            ("EPODE_SIDECAR_AUTH", "introspect"),
-            ("EPODE_SIDECAR_AUTH_ISSUER", &issuer_url),
-            ("EPODE_SIDECAR_AUTH_RESOURCE", &resource),
-            ("EPODE_SIDECAR_AUTH_CLIENT_ID", "sidecar"),
-            ("EPODE_SIDECAR_AUTH_CLIENT_SECRET", "secret"),
-            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
-        ],
-    );
+    let sc = introspecting_sidecar(&up, &issuer, port, &resource);
     let url = sc.url();
     let statuses: Vec<(u16, Option<String>)> = futures_util::stream::iter(0..150u64)
         .map(|i| {
