@@ -306,6 +306,34 @@ async fn a_held_calls_deadline_is_when_it_was_first_held() {
     );
 }
 
+/// The same with the real peer: the Python SDK's stateful 2025 server, whose `ask_count`
+/// waits in `ctx.elicit`, sees its wait cancelled once the sidecar lets the call go (before,
+/// the tool waited on: `cancelled 0`).
+#[tokio::test]
+async fn a_python_tool_waiting_for_its_answer_is_cancelled_when_its_call_is_let_go() {
+    use crate::support::{Upstream, UpstreamKind};
+    let up = Upstream::start_with(UpstreamKind::Python, &["--questions", "--era", "2025"]);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[ERA_2025, ("EPODE_SIDECAR_HELD_CALL_WAIT", "1s")],
+    );
+    let first = call_body(7, "ask_count", all_capabilities());
+    let (_, _, msg) = post(&sc.url(), "tools/call", Some("ask_count"), &first, &[]).await;
+    assert_eq!(msg["result"]["resultType"], "input_required", "{msg}");
+    let said = std::sync::Mutex::new(Value::Null);
+    let ended = eventually_async(Duration::from_secs(15), || async {
+        let body = call_body(8, "cancelled", all_capabilities());
+        let (_, _, msg) = post(&sc.url(), "tools/call", Some("cancelled"), &body, &[]).await;
+        let text = msg["result"]["content"][0]["text"].clone();
+        let done = text == "cancelled 1";
+        *said.lock().unwrap() = text;
+        done
+    })
+    .await;
+    let said = said.into_inner().unwrap();
+    assert!(ended, "the tool's wait was never cancelled: {said}");
+}
+
 /// A held call let go at its deadline is cancelled upstream: the 2025 server gets
 /// `notifications/cancelled` for it in its session (a disconnect is no cancellation there, so
 /// a FastMCP tool waiting in `ctx.elicit` would otherwise wait on). Before, it was only

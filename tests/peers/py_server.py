@@ -24,6 +24,8 @@ Usage (run with the venv python from scripts/install-peers.sh):
   --questions            also serve the tools that ask the client (server-initiated requests):
                            ask_count        elicitation/create, form {count: integer};
                                             "count N" / "declined" / "cancelled"
+                           cancelled        "cancelled N": how many ask_count calls a
+                                            notifications/cancelled ended while they waited
                            ask_twice {together=false}  two elicitations ("Your name?" {name},
                                             "Your age?" {age}), one after the other, or both at
                                             once (together=true); "name=.. age=.."
@@ -223,6 +225,10 @@ def _said(result, field: str) -> str:
     return "declined" if result.action == "decline" else "cancelled"
 
 
+# ask_count calls cancelled (notifications/cancelled) while waiting for their answer.
+CANCELLED_WAITS = [0]
+
+
 def add_question_tools() -> None:
     """Tools that ask the client things mid-call (server-initiated requests)."""
     add_roots_tool()
@@ -230,10 +236,20 @@ def add_question_tools() -> None:
     @mcp.tool(structured_output=False)
     async def ask_count(ctx: Context) -> str:
         """Ask the user for a count (elicitation/create, form mode)."""
-        got = await ctx.elicit("How many?", schema=Count)
+        try:
+            got = await ctx.elicit("How many?", schema=Count)
+        except anyio.get_cancelled_exc_class():
+            # notifications/cancelled for this call ended the wait (what `cancelled` tells).
+            CANCELLED_WAITS[0] += 1
+            raise
         if got.action == "accept":
             return f"count {got.data.count}"
         return "declined" if got.action == "decline" else "cancelled"
+
+    @mcp.tool(structured_output=False)
+    async def cancelled() -> str:
+        """How many ask_count calls were cancelled while they waited for the answer."""
+        return f"cancelled {CANCELLED_WAITS[0]}"
 
     @mcp.tool(structured_output=False)
     async def ask_twice(ctx: Context, together: bool = False) -> str:
