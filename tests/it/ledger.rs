@@ -205,6 +205,25 @@ async fn one_caller_without_credentials_never_takes_what_anothers_calls_need() {
         metric_value(&m, r#"epode_sidecar_pool_in_use{pool="held_connections"}"#),
         17
     );
+    // Sessions: ten capability sets, each a 2025 session of its own; the caller keeps its
+    // share (4), its own least recently used making room, and another caller's calls go on.
+    for i in 0..10u64 {
+        let mut body = modern_body(json!(9000 + i), "tools/list", json!({}));
+        body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] =
+            json!({"experimental": {format!("set-{i}"): {}}});
+        let (status, _, msg) = post(&url, "tools/list", None, &body, &[]).await;
+        assert_eq!(status, 200, "{msg}");
+        let body = call_body(9100 + i, "echo", json!({}));
+        let bob = [("authorization", "Bearer bob")];
+        let (status, _, msg) = post(&url, "tools/call", Some("echo"), &body, &bob).await;
+        assert_eq!(status, 200, "{msg}");
+    }
+    let m = get_blocking(sc.addr, "/metrics");
+    let sessions = metric_value(&m, r#"epode_sidecar_pool_in_use{pool="upstream_sessions"}"#);
+    assert!(
+        sessions <= 5,
+        "{sessions} sessions: the caller's 4 and bob's 1 at most"
+    );
     drop(open);
 }
 
@@ -503,6 +522,14 @@ async fn one_client_holds_at_most_its_share_of_the_questions() {
         .unwrap();
     let text = String::from_utf8_lossy(&first);
     assert!(text.contains("elicitation/create"), "{text}");
+    // And another caller's 100 requests are all answered meanwhile.
+    for i in 0..100u64 {
+        let body = modern_body(json!(2000 + i), "tools/list", json!({}));
+        let bob = [("authorization", "Bearer bob")];
+        let (status, _, msg) = post(&url, "tools/list", None, &body, &bob).await;
+        assert_eq!(status, 200, "request {i}: {msg}");
+        assert!(msg["result"]["tools"].is_array(), "{msg}");
+    }
     assert_eq!(
         metric(&sc, r#"epode_sidecar_pool_in_use{pool="questions"}"#).await,
         65
