@@ -250,14 +250,7 @@ async fn a_tokens_times_saturate_and_a_string_time_is_refused() {
     // 2^63 seconds: a JSON number every peer writes exactly, beyond any `Instant`.
     let far = auth.mint_raw(json!({"header": {}, "claims": {"exp": 1_u64 << 63}, "key": "current", "secret": "pem"})).await;
     for id in 1..=2 {
-        let (status, _, msg) = post_tool(
-            &sc.url(),
-            id,
-            "echo",
-            json!({}),
-            &[("authorization", &bearer(&far))],
-        )
-        .await;
+        let (status, _, msg) = echo_with(&sc, id, &far).await;
         assert_eq!(status, 200, "{msg}");
     }
     let later = (crate::support::auth::now_secs() + 3600).to_string();
@@ -267,14 +260,7 @@ async fn a_tokens_times_saturate_and_a_string_time_is_refused() {
         json!({"exp": later}),
     ] {
         let token = auth.mint(json!({}), claims.clone(), MintKey::Current).await;
-        let (status, h, msg) = post_tool(
-            &sc.url(),
-            3,
-            "echo",
-            json!({}),
-            &[("authorization", &bearer(&token))],
-        )
-        .await;
+        let (status, h, msg) = echo_with(&sc, 3, &token).await;
         assert_eq!(status, 401, "{claims}: {msg}");
         assert!(h["www-authenticate"]
             .to_str()
@@ -282,15 +268,20 @@ async fn a_tokens_times_saturate_and_a_string_time_is_refused() {
             .contains("invalid_token"));
     }
     // Still serving.
-    let (status, _, _) = post_tool(
+    let (status, _, _) = echo_with(&sc, 4, &far).await;
+    assert_eq!(status, 200);
+}
+
+/// A 2026 `tools/call` of `echo` with `token` as the bearer: status, headers, message.
+async fn echo_with(sc: &Sidecar, id: u64, token: &str) -> (u16, reqwest::header::HeaderMap, Value) {
+    post_tool(
         &sc.url(),
-        4,
+        id,
         "echo",
         json!({}),
-        &[("authorization", &bearer(&far))],
+        &[("authorization", &bearer(token))],
     )
-    .await;
-    assert_eq!(status, 200);
+    .await
 }
 
 /// A scripted authorization server whose introspection endpoint gives `answer`.
@@ -339,14 +330,7 @@ async fn an_introspected_exp_near_two_to_the_64_saturates() {
     let up = scripted();
     let sc = introspecting_sidecar(&up, &issuer, port, &resource);
     for id in 1..=2 {
-        let (status, _, msg) = post_tool(
-            &sc.url(),
-            id,
-            "echo",
-            json!({}),
-            &[("authorization", &bearer("opaque-far-token"))],
-        )
-        .await;
+        let (status, _, msg) = echo_with(&sc, id, "opaque-far-token").await;
         assert_eq!(status, 200, "{msg}");
     }
 }
@@ -429,14 +413,7 @@ async fn stale_keys_serve_while_fetched_again_and_a_retired_keys_token_is_refuse
         ],
     );
     let old = auth.mint(json!({}), json!({}), MintKey::Current).await;
-    let (status, _, _) = post_tool(
-        &sc.url(),
-        1,
-        "echo",
-        json!({}),
-        &[("authorization", &bearer(&old))],
-    )
-    .await;
+    let (status, _, _) = echo_with(&sc, 1, &old).await;
     assert_eq!(status, 200);
     // The keys expire; the key endpoint hangs: a new token is still answered at once.
     auth.set_jwks_mode(JwksMode::Hang).await;
@@ -445,14 +422,7 @@ async fn stale_keys_serve_while_fetched_again_and_a_retired_keys_token_is_refuse
         .mint(json!({}), json!({"jti": "fresh"}), MintKey::Current)
         .await;
     let started = Instant::now();
-    let (status, _, msg) = post_tool(
-        &sc.url(),
-        2,
-        "echo",
-        json!({}),
-        &[("authorization", &bearer(&fresh))],
-    )
-    .await;
+    let (status, _, msg) = echo_with(&sc, 2, &fresh).await;
     let took = started.elapsed();
     assert_eq!(status, 200, "{msg}");
     assert!(
@@ -465,29 +435,14 @@ async fn stale_keys_serve_while_fetched_again_and_a_retired_keys_token_is_refuse
     auth.rotate().await;
     auth.rotate().await;
     let refused = eventually_async(Duration::from_secs(20), || async {
-        post_tool(
-            &sc.url(),
-            3,
-            "echo",
-            json!({}),
-            &[("authorization", &bearer(&old))],
-        )
-        .await
-        .0 == 401
+        echo_with(&sc, 3, &old).await.0 == 401
     })
     .await;
     assert!(refused, "a token whose key left the set is still accepted");
     let current = auth
         .mint(json!({}), json!({"jti": "current"}), MintKey::Current)
         .await;
-    let (status, _, _) = post_tool(
-        &sc.url(),
-        4,
-        "echo",
-        json!({}),
-        &[("authorization", &bearer(&current))],
-    )
-    .await;
+    let (status, _, _) = echo_with(&sc, 4, &current).await;
     assert_eq!(status, 200);
 }
 
