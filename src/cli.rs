@@ -416,7 +416,13 @@ fn handles(
         }
         None => None,
     };
-    let binding = FeedbackBinding::new(feedback, counters, metrics.clone(), observer)?;
+    let binding = FeedbackBinding::new(
+        feedback,
+        counters,
+        metrics.clone(),
+        observer,
+        ledger.clone(),
+    )?;
     let upstream = Arc::new(Upstream::new(
         config,
         budget.clone(),
@@ -444,7 +450,7 @@ fn handles(
 
 /// Each ledger pool's cap and per-caller share, from the settings (in [`ledger::Pool::ALL`]'s
 /// order).
-fn pools(config: &Config) -> [ledger::Bounds; 7] {
+fn pools(config: &Config) -> [ledger::Bounds; 8] {
     let l = &config.limits;
     let bounds = |cap, share, cap_setting, share_setting, retry_after| ledger::Bounds {
         cap,
@@ -516,6 +522,13 @@ fn pools(config: &Config) -> [ledger::Bounds; 7] {
             usize::MAX,
             "EPODE_SIDECAR_UPSTREAM_HOLD_SHARE",
             "EPODE_SIDECAR_HELD_CALLS_PER_CALLER",
+            1,
+        ),
+        bounds(
+            l.tasks,
+            l.tasks_per_caller,
+            "EPODE_SIDECAR_TASKS",
+            "EPODE_SIDECAR_TASKS_PER_CALLER",
             1,
         ),
     ]

@@ -40,10 +40,13 @@ pub(crate) enum Pool {
     Introspections,
     /// Upstream connections held by held calls and listen feeds.
     HeldConnections,
+    /// Tasks (the `io.modelcontextprotocol/tasks` extension) followed to their terminal
+    /// result, the product call's outcome.
+    Tasks,
 }
 
 impl Pool {
-    pub(crate) const ALL: [Pool; 7] = [
+    pub(crate) const ALL: [Pool; 8] = [
         Pool::HeldCalls,
         Pool::Questions,
         Pool::ListenStreams,
@@ -51,6 +54,7 @@ impl Pool {
         Pool::Children,
         Pool::Introspections,
         Pool::HeldConnections,
+        Pool::Tasks,
     ];
 
     /// The `pool` label.
@@ -63,6 +67,7 @@ impl Pool {
             Pool::Children => "stdio_children",
             Pool::Introspections => "introspections",
             Pool::HeldConnections => "held_connections",
+            Pool::Tasks => "tasks",
         }
     }
 
@@ -76,6 +81,7 @@ impl Pool {
             Pool::Children => "MCP server processes",
             Pool::Introspections => "token introspections in flight",
             Pool::HeldConnections => "upstream connections held by waiting calls and listen feeds",
+            Pool::Tasks => "tasks followed to their result",
         }
     }
 
@@ -89,6 +95,7 @@ impl Pool {
             Pool::Children => LimitKind::StdioChildren,
             Pool::Introspections => LimitKind::Introspections,
             Pool::HeldConnections => LimitKind::HeldConnections,
+            Pool::Tasks => LimitKind::Tasks,
         }
     }
 }
@@ -171,7 +178,7 @@ impl Charge {
 
 impl Ledger {
     /// The ledger with `bounds` for each pool (in [`Pool::ALL`]'s order).
-    pub(crate) fn new(bounds: [Bounds; 7], metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(bounds: [Bounds; 8], metrics: Arc<Metrics>) -> Arc<Self> {
         let accounts = Pool::ALL
             .iter()
             .zip(bounds)
@@ -357,7 +364,7 @@ mod tests {
             share_setting: "SHARE",
             retry_after: 1,
         };
-        Ledger::new([b; 7], Arc::new(Metrics::new(|_| {})))
+        Ledger::new([b; 8], Arc::new(Metrics::new(|_| {})))
     }
 
     #[test]

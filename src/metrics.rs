@@ -96,10 +96,11 @@ pub(crate) enum LimitKind {
     StdioChildren,
     Introspections,
     HeldConnections,
+    Tasks,
 }
 
 impl LimitKind {
-    pub(crate) const ALL: [LimitKind; 25] = [
+    pub(crate) const ALL: [LimitKind; 26] = [
         LimitKind::Connections,
         LimitKind::AdminConnections,
         LimitKind::DevEpodeConnections,
@@ -125,6 +126,7 @@ impl LimitKind {
         LimitKind::StdioChildren,
         LimitKind::Introspections,
         LimitKind::HeldConnections,
+        LimitKind::Tasks,
     ];
 
     /// The label value.
@@ -155,6 +157,7 @@ impl LimitKind {
             LimitKind::StdioChildren => "stdio_children",
             LimitKind::Introspections => "introspections",
             LimitKind::HeldConnections => "held_connections",
+            LimitKind::Tasks => "tasks",
         }
     }
 }

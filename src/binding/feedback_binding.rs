@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::catalog::ToolCatalog;
+use super::tasks::{Followed, FollowedTasks};
 use crate::caller::CallerKey;
 use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
@@ -57,6 +58,8 @@ pub(crate) struct FeedbackBinding {
     config: FeedbackConfig,
     active: Option<Active>,
     catalog: ToolCatalog,
+    /// Product calls answered with a task, followed to their outcome.
+    tasks: FollowedTasks,
     warned_shadowing: AtomicBool,
     /// ask_once calls that had no customerRef to ask once for (logged now and then).
     no_subject: LogSummary,
@@ -153,6 +156,24 @@ impl FeedbackBinding {
         }
     }
 
+    /// Follows `caller`'s task `task_id`, the outcome of a call of `tool` made at `started`
+    /// (`listed`: what the catalog knew of the tool then), for `ttl_ms` at most.
+    pub(super) fn follow_task(
+        &self,
+        caller: CallerKey,
+        task_id: &str,
+        tool: (&str, Option<bool>),
+        started: std::time::Instant,
+        ttl_ms: Option<u64>,
+    ) -> bool {
+        self.tasks.follow(caller, task_id, tool, started, ttl_ms)
+    }
+
+    /// `caller`'s followed task `task_id`, when its outcome has come.
+    pub(super) fn take_task(&self, caller: CallerKey, task_id: &str) -> Option<Followed> {
+        self.tasks.take(caller, task_id)
+    }
+
     /// Whether calls of `tool` are observed (decorated as the settings say, and recorded):
     /// feedback is on, the settings include the tool, and its name is an operation Epode
     /// takes.
@@ -227,6 +248,7 @@ impl FeedbackBinding {
         counters: Counters,
         metrics: Arc<Metrics>,
         observer: Option<Arc<dyn Observer>>,
+        ledger: Arc<crate::ledger::Ledger>,
     ) -> Result<Arc<Self>, Error> {
         let active = match (&config.key, config.mode.is_enabled()) {
             (Some(key), true) => {
@@ -261,6 +283,7 @@ impl FeedbackBinding {
             config,
             active,
             catalog,
+            tasks: FollowedTasks::new(ledger),
             warned_shadowing: AtomicBool::new(false),
             no_subject: LogSummary::new(
                 "AGENT_FEEDBACK_MODE=ask_once, but tool results name no customer, so agents are asked for consent on every call as in ask_always. Name the caller on each tool result with _meta[\"ai.epode/identity\"] = {\"customerRef\": \"<your customer id>\"} (the sidecar removes it before the client sees it), or have a gateway set a header listed in EPODE_SIDECAR_IDENTITY_HEADERS; see \"Who the caller is\" in the README",

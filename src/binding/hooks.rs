@@ -1,8 +1,10 @@
 //! The response hooks: what the binding does to a `tools/list` answer (learn the tools, hide
-//! upstream tools that shadow the feedback tools, append the feedback tools to the last page)
-//! and to a product `tools/call` answer (remove the private identity, decorate, record one
-//! telemetry event), and the binding's methods that make them. They reach the binding only
-//! through its methods (`feedback_binding`).
+//! upstream tools that shadow the feedback tools, append the feedback tools to the last page),
+//! to a product `tools/call` answer (remove the private identity, decorate, record one
+//! telemetry event; a task it creates is followed instead, `tasks.rs`) and to a `tasks/get`
+//! answer with a followed task's terminal status (the call's outcome, decorated and recorded
+//! as the call's would be), and the binding's methods that make them. They reach the binding
+//! only through its methods (`feedback_binding`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -42,17 +44,49 @@ impl FeedbackBinding {
     pub(crate) fn call_hook(
         self: &Arc<Self>,
         tool: &str,
+        caller: CallerKey,
         client: &HeaderMap,
         verified: Option<(&IdentityRefs, CallerKey)>,
         note: Option<Arc<Note>>,
     ) -> Box<dyn ResultHook> {
-        let trusted = match verified {
-            Some((v, _)) => v.clone().or(self.header_refs(client)),
-            None => self.header_refs(client),
-        };
+        let trusted = self.trusted_refs(client, verified);
         let mut hook = CallHook::new(self.clone(), tool, self.listed(tool), trusted, note);
         hook.bound = verified.map(|(_, caller)| caller);
+        hook.caller = Some(caller);
         Box::new(hook)
+    }
+
+    /// The hook of a `tasks/get` response (with feedback on): a terminal status of a task
+    /// `caller` created in a product call is that call's outcome.
+    pub(crate) fn task_hook(
+        self: &Arc<Self>,
+        caller: CallerKey,
+        client: &HeaderMap,
+        verified: Option<(&IdentityRefs, CallerKey)>,
+        note: Option<Arc<Note>>,
+    ) -> Option<Box<dyn ResultHook>> {
+        self.enabled().then(|| {
+            Box::new(TaskHook {
+                binding: self.clone(),
+                caller,
+                header_refs: self.trusted_refs(client, verified),
+                bound: verified.map(|(_, caller)| caller),
+                note,
+                outcome: None,
+            }) as Box<dyn ResultHook>
+        })
+    }
+
+    /// The refs a verified token gives, with a trusted gateway's headers filling the rest.
+    fn trusted_refs(
+        &self,
+        client: &HeaderMap,
+        verified: Option<(&IdentityRefs, CallerKey)>,
+    ) -> IdentityRefs {
+        match verified {
+            Some((v, _)) => v.clone().or(self.header_refs(client)),
+            None => self.header_refs(client),
+        }
     }
 }
 
@@ -165,6 +199,8 @@ struct CallHook {
     link: Option<opentelemetry::trace::SpanContext>,
     /// The verified caller the handle is issued to (with auth on).
     bound: Option<CallerKey>,
+    /// The caller, whose task a call's task is (`None`: the call's own outcome, a task's).
+    caller: Option<CallerKey>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -197,6 +233,7 @@ impl CallHook {
             answered: None,
             link: crate::otel::current_link(),
             bound: None,
+            caller: None,
         }
     }
 
@@ -222,6 +259,29 @@ impl CallHook {
             refs,
             runtime_hint: hint,
             link: self.link.clone(),
+        }
+    }
+
+    /// Follows the task a product call's answer created (its outcome comes in `tasks/get`).
+    fn follow(&self, result: &RawMap) {
+        let (Some(caller), true) = (self.caller, self.observed()) else {
+            return;
+        };
+        let Some(task_id) = result.get("taskId").and_then(|t| as_str(t)) else {
+            return;
+        };
+        let ttl = result
+            .get("ttlMs")
+            .and_then(|t| t.get().parse::<u64>().ok());
+        let followed = self.binding.follow_task(
+            caller,
+            &task_id,
+            (&self.tool, self.listed),
+            self.started,
+            ttl,
+        );
+        if !followed {
+            tracing::debug!("a product call's task is not followed (past the tasks bound): its outcome records nothing");
         }
     }
 
@@ -264,11 +324,18 @@ impl ResultHook for CallHook {
         if let Some(note) = &self.note {
             note.set(Noted::IsError(is_error));
         }
-        let input_required = result
-            .get("resultType")
-            .and_then(|v| as_str(v))
-            .is_some_and(|t| t == "input_required");
-        if !self.observed() || input_required {
+        // Only a complete result is the call's outcome: `input_required` asks first, a task
+        // (the tasks extension) is followed to its own, any other kind passes as it is.
+        let kind = result.get("resultType").and_then(|v| as_str(v));
+        match kind.as_deref() {
+            None | Some("complete") => {}
+            Some("task") => {
+                self.follow(result);
+                return changed;
+            }
+            Some(_) => return changed,
+        }
+        if !self.observed() {
             return changed;
         }
         let identity = identity.unwrap_or(Value::Null);
@@ -321,6 +388,68 @@ impl ResultHook for CallHook {
         };
         if let Some(event) = event.filter(|_| self.observed()) {
             self.binding.record(event);
+        }
+    }
+}
+
+/// A `tasks/get` answer: when it carries the terminal status of a task a product call of this
+/// caller's created, that call's outcome.
+struct TaskHook {
+    binding: Arc<FeedbackBinding>,
+    caller: CallerKey,
+    header_refs: IdentityRefs,
+    bound: Option<CallerKey>,
+    note: Option<Arc<Note>>,
+    /// The followed call's hook and whether its task failed, once the outcome is seen.
+    outcome: Option<(CallHook, bool)>,
+}
+
+impl ResultHook for TaskHook {
+    fn result(&mut self, result: &mut RawMap) -> bool {
+        let status = result.get("status").and_then(|s| as_str(s));
+        let failed = match status.as_deref() {
+            Some("completed") => false,
+            Some("failed") => true,
+            // Cancelled: its client let the call go, which records nothing.
+            Some("cancelled") => {
+                if let Some(id) = result.get("taskId").and_then(|t| as_str(t)) {
+                    drop(self.binding.take_task(self.caller, &id));
+                }
+                return false;
+            }
+            _ => return false,
+        };
+        let Some(task_id) = result.get("taskId").and_then(|t| as_str(t)) else {
+            return false;
+        };
+        let Some(followed) = self.binding.take_task(self.caller, &task_id) else {
+            return false;
+        };
+        let mut call = CallHook::new(
+            self.binding.clone(),
+            &followed.tool,
+            followed.listed,
+            std::mem::take(&mut self.header_refs),
+            self.note.take(),
+        );
+        call.started = followed.started;
+        call.bound = self.bound;
+        let mut changed = false;
+        if !failed {
+            if let Some(mut inner) = result.get("result").and_then(|r| open(r)) {
+                if call.result(&mut inner) {
+                    result.insert("result".into(), crate::mcp::raw::raw_object(&inner));
+                    changed = true;
+                }
+            }
+        }
+        self.outcome = Some((call, failed));
+        changed
+    }
+
+    fn end(&mut self, ending: Ending) {
+        if let Some((mut call, failed)) = self.outcome.take() {
+            call.end(if failed { Ending::Failed } else { ending });
         }
     }
 }

@@ -3,12 +3,14 @@
 //! for a hook per `tools/list` and `tools/call` response (`hooks`), and hands it the two
 //! feedback tools' calls; the HTTP surface asks it for an HTTP response's envelope
 //! (`http_surface`). `feedback_binding` is the binding itself, whose fields only it touches;
-//! `catalog` is what it knows of the upstream's tools.
+//! `catalog` is what it knows of the upstream's tools; `tasks`, the tasks (the 2026 tasks
+//! extension) it follows to their outcome.
 
 mod catalog;
 mod feedback_binding;
 mod hooks;
 mod http_surface;
+mod tasks;
 
 pub(crate) use self::feedback_binding::FeedbackBinding;
 pub(crate) use self::http_surface::HttpEnvelope;

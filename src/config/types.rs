@@ -561,6 +561,9 @@ pub(crate) struct Limits {
     /// Questions asked of 2025 clients and not answered yet, and per caller.
     pub(crate) questions: usize,
     pub(crate) questions_per_caller: usize,
+    /// Tasks followed to their terminal result, at once and for one caller.
+    pub(crate) tasks: usize,
+    pub(crate) tasks_per_caller: usize,
     /// 2025-era upstream sessions one caller may hold (one per capability set).
     pub(crate) upstream_sessions_per_caller: usize,
     /// The part of the upstream connections held calls and listen feeds may hold together

@@ -164,6 +164,17 @@ impl MethodTable {
                     .set_hook(self.binding.list_hook(self.otel.is_some()));
                 self.forward(req, client, ctx, hop).await
             }
+            Route::Forward if req.listed == Some(Method::TasksGet) => {
+                // A followed task's terminal status is its product call's outcome.
+                let mut ctx = ctx;
+                ctx.plan.set_hook(self.binding.task_hook(
+                    client.caller.key(),
+                    &req.parts.headers,
+                    req.principal.as_ref().map(|p| (&p.refs, p.caller)),
+                    note.cloned(),
+                ));
+                self.forward(req, client, ctx, hop).await
+            }
             Route::Ping | Route::SetLevel | Route::Listen | Route::Forward => {
                 self.forward(req, client, ctx, hop).await
             }
@@ -333,6 +344,7 @@ impl MethodTable {
         }
         ctx.plan.set_hook(Some(self.binding.call_hook(
             &name,
+            client.caller.key(),
             &req.parts.headers,
             req.principal.as_ref().map(|p| (&p.refs, p.caller)),
             note.cloned(),
@@ -553,6 +565,8 @@ mod tests {
             (Method::NotificationsProgress, Forward, Forward),
             (Method::NotificationsRootsListChanged, Removed, Forward),
             (Method::TasksGet, Forward, Forward),
+            (Method::TasksUpdate, Forward, Forward),
+            (Method::TasksCancel, Forward, Forward),
         ];
         let methods: Vec<Method> = stated.iter().map(|s| s.0).collect();
         assert_eq!(

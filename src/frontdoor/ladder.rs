@@ -51,6 +51,7 @@ pub(crate) fn classify(
             let raw = match param {
                 NameParam::Name => rpc.params.name,
                 NameParam::Uri => rpc.params.uri,
+                NameParam::TaskId => rpc.params.task_id,
             };
             let body_value = raw
                 .and_then(raw::as_str)
@@ -68,7 +69,42 @@ pub(crate) fn classify(
             "",
         ));
     }
+    if listed.is_some_and(|m| m.entry().input_required) {
+        check_retry_fields(rpc)?;
+    }
     Ok(Era::Modern)
+}
+
+/// A retry's `requestState` and `inputResponses` as the 2026 schema types them: a string, and
+/// an object whose every value is an object (the client's result for the question under that
+/// key). Anything else is -32602 before it goes anywhere (a 2025 upstream's held call would
+/// otherwise read `null` as no answers and ask again).
+fn check_retry_fields(rpc: &RpcMessage<'_>) -> Result<(), Error> {
+    if let Some(state) = rpc.params.request_state {
+        if raw::as_str(state).is_none() {
+            return Err(invalid_params(format!(
+                "params.requestState must be a string (the one the input_required result gave, echoed exactly), not {}",
+                raw::kind(state)
+            )));
+        }
+    }
+    let Some(responses) = rpc.params.input_responses else {
+        return Ok(());
+    };
+    let Some(map) = raw::open(responses) else {
+        return Err(invalid_params(format!(
+            "params.inputResponses must be an object mapping each inputRequests key to the client's result for it, not {}",
+            raw::kind(responses)
+        )));
+    };
+    if let Some((key, value)) = map.iter().find(|(_, v)| !raw::is_object(v)) {
+        return Err(invalid_params(format!(
+            "params.inputResponses.{} must be an object (the result of the request asked under that key: an ElicitResult, CreateMessageResult or ListRootsResult), not {}",
+            truncate(key),
+            raw::kind(value)
+        )));
+    }
+    Ok(())
 }
 
 const ENVELOPE_KEYS: &str =
@@ -212,6 +248,56 @@ mod tests {
     #[test]
     fn modern_request_passes() {
         assert_eq!(run(&OK_HEADERS, &call("add")).unwrap(), Era::Modern);
+    }
+
+    #[test]
+    fn a_retrys_state_and_answers_are_typed_as_the_schema_types_them() {
+        let retry = |extra: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{{"name":"add",{extra},{META}}}}}"#
+            )
+        };
+        let ok = retry(r#""inputResponses":{"q1":{"action":"accept"}},"requestState":"s""#);
+        assert_eq!(run(&OK_HEADERS, &ok).unwrap(), Era::Modern);
+        for (extra, says) in [
+            (
+                r#""inputResponses":null"#,
+                "inputResponses must be an object",
+            ),
+            (r#""inputResponses":42"#, "not a number"),
+            (r#""inputResponses":"x""#, "not a string"),
+            (r#""inputResponses":[{}]"#, "not an array"),
+            (
+                r#""inputResponses":{"q1":null}"#,
+                "inputResponses.q1 must be an object",
+            ),
+            (
+                r#""inputResponses":{"q1":{},"q2":true}"#,
+                "q2 must be an object",
+            ),
+            (r#""requestState":7"#, "requestState must be a string"),
+            (r#""requestState":null"#, "not null"),
+            (r#""requestState":{"a":1}"#, "not an object"),
+        ] {
+            let e = run(&OK_HEADERS, &retry(extra)).unwrap_err();
+            assert_eq!(e.code(), -32602, "{extra}");
+            assert!(e.to_string().contains(says), "{extra}: {e}");
+        }
+        // Given twice, it is refused as any routed key is.
+        let twice = retry(r#""inputResponses":{},"inputResponses":{}"#);
+        let Err((e, _)) = parse(twice.as_bytes()) else {
+            panic!("a duplicated inputResponses")
+        };
+        assert_eq!(e.code(), -32600);
+        // A method that never asks is not held to them.
+        let list = format!(
+            r#"{{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{{"inputResponses":null,{META}}}}}"#
+        );
+        let h = [
+            ("mcp-protocol-version", "2026-07-28"),
+            ("mcp-method", "tools/list"),
+        ];
+        assert_eq!(run(&h, &list).unwrap(), Era::Modern);
     }
 
     #[test]

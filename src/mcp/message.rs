@@ -50,13 +50,24 @@ pub(crate) struct Params<'a> {
     pub(crate) name: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub(crate) uri: Option<&'a RawValue>,
+    /// The tasks extension's task, which its requests name in `Mcp-Name`.
+    #[serde(borrow, default, rename = "taskId")]
+    pub(crate) task_id: Option<&'a RawValue>,
     #[serde(borrow, default)]
     pub(crate) arguments: Option<&'a RawValue>,
     #[serde(borrow, default, rename = "protocolVersion")]
     pub(crate) protocol_version: Option<&'a RawValue>,
     /// An MRTR retry's `requestState` (the sidecar's own continues a held call).
-    #[serde(borrow, default, rename = "requestState")]
+    #[serde(borrow, default, rename = "requestState", deserialize_with = "present")]
     pub(crate) request_state: Option<&'a RawValue>,
+    /// An MRTR retry's answers, by the keys of the `inputRequests` they answer.
+    #[serde(
+        borrow,
+        default,
+        rename = "inputResponses",
+        deserialize_with = "present"
+    )]
+    pub(crate) input_responses: Option<&'a RawValue>,
 }
 
 /// The 2026-07-28 envelope keys of `params._meta`.
@@ -85,6 +96,9 @@ impl RpcMessage<'_> {
     }
 }
 
+/// (The single message is most of them and lives on the stack for one request: boxing it
+/// to make the rare batch no smaller would cost an allocation on every request.)
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(crate) enum Inbound<'a> {
     Single(RpcMessage<'a>),

@@ -47,6 +47,9 @@ impl Eras {
 pub(crate) enum NameParam {
     Name,
     Uri,
+    /// The tasks extension's methods name their task (`io.modelcontextprotocol/tasks`,
+    /// "Streamable HTTP: Routing Headers").
+    TaskId,
 }
 
 impl NameParam {
@@ -54,6 +57,7 @@ impl NameParam {
         match self {
             NameParam::Name => "name",
             NameParam::Uri => "uri",
+            NameParam::TaskId => "taskId",
         }
     }
 }
@@ -197,8 +201,11 @@ catalogue! {
     NotificationsRootsListChanged = "notifications/roots/list_changed" {
         eras: Eras::LEGACY, shape: Shape::NoResult,
     },
-    // 2025-11-25 core, a 2026-07-28 extension (`io.modelcontextprotocol/tasks`).
-    TasksGet = "tasks/get" {},
+    // 2025-11-25 core, a 2026-07-28 extension (`io.modelcontextprotocol/tasks`): in 2026 a
+    // request names its task in `Mcp-Name`. Their results pass as the upstream wrote them.
+    TasksGet = "tasks/get" { name: Some(NameParam::TaskId) },
+    TasksUpdate = "tasks/update" { name: Some(NameParam::TaskId) },
+    TasksCancel = "tasks/cancel" { name: Some(NameParam::TaskId) },
 }
 
 impl Method {
@@ -335,7 +342,11 @@ mod tests {
             [
                 ("tools/call", "name"),
                 ("prompts/get", "name"),
-                ("resources/read", "uri")
+                ("resources/read", "uri"),
+                // The tasks extension's routing headers.
+                ("tasks/get", "taskId"),
+                ("tasks/update", "taskId"),
+                ("tasks/cancel", "taskId")
             ]
         );
         let mrtr: Vec<_> = Method::ALL

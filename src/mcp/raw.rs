@@ -32,6 +32,19 @@ pub(crate) fn is_object(v: &RawValue) -> bool {
     v.get().trim_start().starts_with('{')
 }
 
+/// What kind of JSON value it is, as an error message names it: `null`, a boolean, a number,
+/// a string, an array or an object.
+pub(crate) fn kind(v: &RawValue) -> &'static str {
+    match v.get().trim_start().as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
+}
+
 /// The value as a string, when it is one (borrowed unless it has escapes).
 pub(crate) fn as_str(v: &RawValue) -> Option<std::borrow::Cow<'_, str>> {
     serde_json::from_str(v.get()).ok()
@@ -86,7 +99,6 @@ pub(crate) fn to_bytes_with(msg: &RawMap, key: &str, value: &RawMap) -> bytes::B
 
 /// An object as raw JSON, serialised into a buffer sized once: a large result grown by
 /// doubling held up to twice its size, copied at every step.
-#[cfg(test)]
 pub(crate) fn raw_object(map: &RawMap) -> Box<RawValue> {
     let mut out = Vec::with_capacity(size_of_unescaped(map));
     if serde_json::to_writer(&mut out, map).is_err() {

@@ -243,6 +243,9 @@ fn to_legacy(method: Option<Method>, result: &mut RawMap) -> Result<bool, String
     if let Some(rt) = result.shift_remove("resultType") {
         changed = true;
         let rt = as_str(&rt).unwrap_or_default();
+        if rt == "task" {
+            return Err("The upstream answered with a task (resultType 'task', the 2026-07-28 tasks extension), which a 2025-era client cannot follow; connect with MCP 2026-07-28 and declare io.modelcontextprotocol/tasks".to_owned());
+        }
         if rt != "complete" {
             return Err(format!(
                 "The upstream answered with resultType '{rt}' (it needs more input from the client), which a 2025-era client cannot handle; connect with MCP 2026-07-28"

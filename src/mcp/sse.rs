@@ -331,6 +331,9 @@ pub(crate) enum Decline {
     TooMany,
 }
 
+/// Telling the upstream something (a call's cancellation), to be awaited.
+pub(crate) type Told = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'static>>;
+
 /// How a 2026 client is asked a 2025-era upstream's questions (MRTR, SEP-2322): the
 /// upstream side of it (answering the upstream, holding the call) lives with the upstream.
 pub(crate) trait Bridge: Send {
@@ -347,8 +350,10 @@ pub(crate) trait Bridge: Send {
     /// first message is a question): a refusal is then the answer's status (429 or 503, with
     /// `Retry-After`), not an error event in a stream already answered 200.
     fn reserve(&mut self) -> Result<(), Error>;
-    /// Tells the upstream the call ends (it is let go without being held).
-    fn cancel(&self);
+    /// What tells the upstream the call ends (it is let go without being held): to be awaited
+    /// before the call's stream is dropped (a 2025 server takes a dropped stream for no
+    /// cancellation, and must hear the cancellation first).
+    fn cancel(&self) -> Option<Told>;
     /// Holds the rest of the call (`stream`) with the questions the client is asked; the
     /// `requestState` its retry echoes, or why the call cannot be held (the upstream is then
     /// told the call ends).

@@ -325,7 +325,8 @@ async fn finish_stream(
         ) {
             if bridge.covers(&q) {
                 if let Err(e) = bridge.reserve() {
-                    bridge.cancel();
+                    // Told first, then the call's stream is let go.
+                    super::held::let_go_after(bridge.cancel(), body);
                     plan.fail();
                     return Err(e);
                 }

@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use super::answer::AnswerBounds;
 use super::caller::{Caller, Client};
 use super::context::RequestContext;
-use super::held::{Cancel, HeldCall, HeldCalls, Reply};
+use super::held::{let_go_after, Cancel, HeldCall, HeldCalls, Reply};
 use crate::body::Body;
 use crate::budget::{MemoryBudget, Reservation};
 use crate::error::{code, Error, ErrorKind};
@@ -168,19 +168,13 @@ impl Asking {
     /// What tells the upstream the call ends (over HTTP: `notifications/cancelled` in the
     /// call's session; over stdio, dropping the stream tells the child).
     fn cancel_upstream(&self) -> Cancel {
-        let http = matches!(self.reply, Reply::Http { .. });
-        let told = http.then(|| {
+        matches!(self.reply, Reply::Http { .. }).then(|| {
             self.answers.clone().answer(
                 self.headers.clone(),
                 self.caller,
                 self.reply.clone(),
                 cancelled_message(&self.upstream_id),
             )
-        });
-        Box::new(move || {
-            if let Some(told) = told {
-                tokio::spawn(told);
-            }
         })
     }
 }
@@ -225,8 +219,8 @@ impl Bridge for Asking {
         Ok(())
     }
 
-    fn cancel(&self) {
-        (self.cancel_upstream())();
+    fn cancel(&self) -> Option<crate::mcp::sse::Told> {
+        self.cancel_upstream()
     }
 
     fn hold(
@@ -236,7 +230,7 @@ impl Bridge for Asking {
     ) -> Result<String, Error> {
         let cancel = self.cancel_upstream();
         if self.round > MAX_ROUNDS {
-            cancel();
+            let_go_after(cancel, stream);
             return Err(Error::new(
                 ErrorKind::UpstreamFailed,
                 format!("the upstream asked its client questions in more than {MAX_ROUNDS} rounds of one call, the most the sidecar asks; the call ends here"),
@@ -249,7 +243,7 @@ impl Bridge for Asking {
         let Reserved { charges, mut bytes } = match places {
             Ok(r) => r,
             Err(e) => {
-                cancel();
+                let_go_after(cancel, stream);
                 return Err(e);
             }
         };
@@ -259,7 +253,7 @@ impl Bridge for Asking {
                 .map(|q| q.params.as_ref().map_or(0, |p| p.get().len()) + q.method.len())
                 .sum::<usize>();
         if !bytes.grow(size) {
-            cancel();
+            let_go_after(cancel, stream);
             return Err(spent());
         }
         let target = serde_json::from_slice::<Value>(&self.request)
@@ -276,7 +270,7 @@ impl Bridge for Asking {
             upstream_id: self.upstream_id,
             round: self.round,
             deadline: None,
-            cancel: Some(cancel),
+            cancel,
             _places: charges,
             _bytes: bytes,
         }))

@@ -29,7 +29,7 @@ use crate::caller::CallerKey;
 use crate::error::{Error, ErrorKind};
 use crate::ledger::Charge;
 use crate::mcp::method::Method;
-use crate::mcp::sse::{HeldStream, Question};
+use crate::mcp::sse::{HeldStream, Question, Told};
 use crate::metrics::HeldMetrics;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
@@ -61,7 +61,22 @@ pub(crate) enum Reply {
 
 /// What ends a held call upstream when it is let go unanswered (its deadline, its round
 /// limit): a 2025 server takes a dropped stream for no cancellation, so it is told.
-pub(crate) type Cancel = Box<dyn FnOnce() + Send>;
+pub(crate) type Cancel = Option<Told>;
+
+/// Tells the upstream a call ends (`told`), then lets `rest` go (the call's stream, its
+/// places, its bytes): in that order, so the upstream hears the cancellation before the
+/// stream drops.
+pub(crate) fn let_go_after<T: Send + 'static>(told: Cancel, rest: T) {
+    match told {
+        Some(told) => {
+            tokio::spawn(async move {
+                told.await;
+                drop(rest);
+            });
+        }
+        None => drop(rest),
+    }
+}
 
 /// A call waiting for its client's answers.
 pub(crate) struct HeldCall {
@@ -83,7 +98,7 @@ pub(crate) struct HeldCall {
     /// first held, kept through every retry (a retry without answers renews nothing).
     pub(crate) deadline: Option<Instant>,
     /// Tells the upstream the call ends, when it is let go unanswered.
-    pub(crate) cancel: Option<Cancel>,
+    pub(crate) cancel: Cancel,
     /// Its places in the ledger (the held call's, the upstream connection's), given back
     /// when it ends.
     pub(crate) _places: Vec<Charge>,
@@ -94,9 +109,8 @@ pub(crate) struct HeldCall {
 impl HeldCall {
     /// Lets the call go unanswered: its upstream is told, then its stream is dropped.
     pub(crate) fn let_go(mut self) {
-        if let Some(cancel) = self.cancel.take() {
-            cancel();
-        }
+        let told = self.cancel.take();
+        let_go_after(told, self);
     }
 }
 

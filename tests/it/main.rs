@@ -17,6 +17,7 @@ mod deploy;
 mod dev;
 mod edges;
 mod eras;
+mod extensions;
 mod fake_epode_selftest;
 mod feedback;
 mod front_door;

@@ -214,6 +214,8 @@ README.
   (list "EPODE_SIDECAR_LISTEN_STREAMS_PER_CALLER" "sidecar.limits.listenStreamsPerCaller" $l.listenStreamsPerCaller)
   (list "EPODE_SIDECAR_QUESTIONS" "sidecar.limits.questions" $l.questions)
   (list "EPODE_SIDECAR_QUESTIONS_PER_CALLER" "sidecar.limits.questionsPerCaller" $l.questionsPerCaller)
+  (list "EPODE_SIDECAR_TASKS" "sidecar.limits.tasks" $l.tasks)
+  (list "EPODE_SIDECAR_TASKS_PER_CALLER" "sidecar.limits.tasksPerCaller" $l.tasksPerCaller)
   (list "EPODE_SIDECAR_UPSTREAM_SESSIONS_PER_CALLER" "sidecar.limits.upstreamSessionsPerCaller" $l.upstreamSessionsPerCaller)
   (list "EPODE_SIDECAR_UPSTREAM_HOLD_SHARE" "sidecar.limits.upstreamHoldShare" $l.upstreamHoldShare)
   (list "EPODE_SIDECAR_UPSTREAM_MAX_IDLE" "sidecar.limits.upstreamMaxIdle" $l.upstreamMaxIdle)

@@ -159,6 +159,9 @@ pub enum UpstreamKind {
     /// FastMCP 4.1.6 (`tests/peers/fastmcp_server.py`): both eras, stateful sessions; its
     /// tools ask their client questions.
     FastMcp,
+    /// FastMCP 4.1.6 with the 2026 tasks and MCP Apps extensions
+    /// (`tests/peers/fastmcp_tasks.py`).
+    FastMcpExtensions,
 }
 
 pub struct Upstream {
@@ -197,10 +200,13 @@ impl Upstream {
                 }
                 c
             }
-            UpstreamKind::FastMcp => {
+            UpstreamKind::FastMcp | UpstreamKind::FastMcpExtensions => {
+                let script = match kind {
+                    UpstreamKind::FastMcp => "tests/peers/fastmcp_server.py",
+                    _ => "tests/peers/fastmcp_tasks.py",
+                };
                 let mut c = Command::new(python());
-                c.arg(repo_root().join("tests/peers/fastmcp_server.py"))
-                    .args(["--port", &port_s]);
+                c.arg(repo_root().join(script)).args(["--port", &port_s]);
                 c
             }
             UpstreamKind::Everything => {
