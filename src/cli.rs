@@ -615,6 +615,10 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         auth.clone(),
     );
     let otel = start_otel(config, &metrics, operations.gauges())?;
+    if otel.is_some() {
+        // The sidecar's own upstream requests are spans of their own, which the upstream sees.
+        upstream.trace_own_requests(Arc::new(crate::otel::OwnRequests));
+    }
     // The one front and the one record, for the MCP path and the HTTP surface alike.
     let front = Front::new(
         config.clone(),

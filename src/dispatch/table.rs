@@ -330,12 +330,6 @@ impl MethodTable {
         let name = req.rpc.name().unwrap_or_default();
         if self.binding.needs_listing(&name) {
             // With OpenTelemetry on, the catalog's own tools/list is a span of the call.
-            let _span = otel::child("tools/list", || {
-                vec![
-                    opentelemetry::KeyValue::new("mcp.method.name", "tools/list"),
-                    opentelemetry::KeyValue::new("epode.reason", "catalog"),
-                ]
-            });
             let tools = self.upstream.list_tools(client).await;
             self.binding.learn(tools);
         }

@@ -116,6 +116,73 @@ pub(crate) fn child(
     })
 }
 
+/// The spans of the sidecar's own upstream requests (`upstream::OwnSpans`): a client span
+/// named for what it asks, under the request being served, or a root when none is (a listen
+/// feed's stream, a held call let go by the sweeper), with `epode.reason` saying why.
+pub(crate) struct OwnRequests;
+
+impl crate::upstream::OwnSpans for OwnRequests {
+    fn start(
+        &self,
+        name: &'static str,
+        reason: &'static str,
+    ) -> Option<Box<dyn crate::upstream::OwnSpan>> {
+        let tracer = TRACER.get()?;
+        let attributes = vec![
+            KeyValue::new("mcp.method.name", name),
+            KeyValue::new("epode.reason", reason),
+        ];
+        let cx = Context::map_current(|cx| {
+            if !cx.has_active_span() {
+                // Nothing is being served: a root (sampled as the sampler says).
+                let span = tracer
+                    .span_builder(name)
+                    .with_kind(SpanKind::Client)
+                    .with_attributes(attributes)
+                    .start_with_context(tracer, &Context::new());
+                return Some(Context::new().with_span(span));
+            }
+            if !cx.span().span_context().is_sampled() {
+                return None;
+            }
+            let span = tracer
+                .span_builder(name)
+                .with_kind(SpanKind::Client)
+                .with_attributes(attributes)
+                .start_with_context(tracer, cx);
+            Some(cx.with_span(span))
+        })?;
+        cx.span()
+            .span_context()
+            .is_sampled()
+            .then(|| Box::new(Child { cx }) as Box<dyn crate::upstream::OwnSpan>)
+    }
+}
+
+impl crate::upstream::OwnSpan for Child {
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut f = span::Fields::default();
+        opentelemetry::propagation::TextMapPropagator::inject_context(
+            &opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+            &self.cx,
+            &mut f,
+        );
+        f.0
+    }
+
+    fn answered(&self, status: u16) {
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+        if status >= 500 {
+            span.set_attribute(KeyValue::new("error.type", status.to_string()));
+            span.set_status(Status::error(status.to_string()));
+        }
+    }
+}
+
 /// An event on the current context's span (the request's, while the method table serves it),
 /// when OpenTelemetry is on and that span is sampled.
 pub(crate) fn event(name: &'static str, attributes: impl FnOnce() -> Vec<KeyValue>) {

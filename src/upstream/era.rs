@@ -168,6 +168,11 @@ impl EraResolver {
         client: &Client<'_>,
         client_body: Option<Bytes>,
     ) -> Result<Option<Discovery>, Error> {
+        let reason = if client_body.is_some() {
+            "discover"
+        } else {
+            "era_probe"
+        };
         let body = client_body.unwrap_or_else(|| {
             Bytes::from(
                 json!({
@@ -185,7 +190,11 @@ impl EraResolver {
         });
         let mut headers = link.base_headers(client);
         set_modern_headers(&mut headers, Method::ServerDiscover.wire(), None);
+        let (body, span) = link.own("server/discover", reason, &mut headers, body);
         let answer = link.exchange(&client.caller, headers, body).await?;
+        if let Some(span) = &span {
+            span.answered(answer.status().as_u16());
+        }
         if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
             self.decide(Era::Modern);
             link.identity().remember(

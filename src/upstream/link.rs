@@ -1,11 +1,11 @@
 //! The raw exchange with the upstream, below any era decision: the hop (HTTP pool or stdio
-//! child), the headers every upstream MCP request starts from, the ids of the sidecar's own
-//! requests, reading an answer whole within its bounds, and the server identity (kept as the
-//! upstream describes itself). The era resolver, the 2025 sessions and `Upstream` all send through
-//! it.
+//! child), the headers every upstream MCP request starts from, the ids and the trace context
+//! of the sidecar's own requests, reading an answer whole within its bounds, and the server
+//! identity (kept as the upstream describes itself). The era resolver, the 2025 sessions and
+//! `Upstream` all send through it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use ::http::{header, HeaderMap, HeaderValue, Response};
 use bytes::Bytes;
@@ -27,10 +27,31 @@ const MCP_ROUTING: [&str; 5] = [
     "last-event-id",
 ];
 
+/// The trace context a request carries, in its headers and its `params._meta`.
+const TRACE_FIELDS: [&str; 3] = ["traceparent", "tracestate", "baggage"];
+
+/// Spans of the sidecar's own upstream requests (OpenTelemetry's, when it is on: `cli` hands
+/// them in, as `otel` implements them).
+pub(crate) trait OwnSpans: Send + Sync {
+    /// A span for one of the sidecar's own requests, `name` for `reason`: a child of the
+    /// request being served when there is one (none when that request is not sampled), else
+    /// a root.
+    fn start(&self, name: &'static str, reason: &'static str) -> Option<Box<dyn OwnSpan>>;
+}
+
+/// One of those spans, ended when dropped.
+pub(crate) trait OwnSpan: Send {
+    /// Its `traceparent` (and `tracestate`), for the upstream.
+    fn fields(&self) -> Vec<(&'static str, String)>;
+    /// The upstream's answer, by its HTTP status.
+    fn answered(&self, status: u16);
+}
+
 /// What every worker's link shares.
 struct Shared {
     counter: AtomicU64,
     identity: ServerIdentity,
+    spans: OnceLock<Arc<dyn OwnSpans>>,
 }
 
 /// One worker's way to the upstream.
@@ -48,6 +69,7 @@ impl Link {
             shared: Arc::new(Shared {
                 counter: AtomicU64::new(0),
                 identity,
+                spans: OnceLock::new(),
             }),
         }
     }
@@ -75,6 +97,33 @@ impl Link {
             "epode-sidecar-{what}-{}",
             self.shared.counter.fetch_add(1, Ordering::Relaxed)
         )
+    }
+
+    /// Makes the sidecar's own requests spans of their own (set once, when OpenTelemetry
+    /// starts).
+    pub(crate) fn trace_own_requests(&self, spans: Arc<dyn OwnSpans>) {
+        let _ = self.shared.spans.set(spans);
+    }
+
+    /// One of the sidecar's own requests (`name`, for `reason`), as it goes upstream: never
+    /// with the trace context of the client whose request caused it (in `headers` and in the
+    /// body's `params._meta`); with OpenTelemetry on, with its own span's, which is returned
+    /// (it ends when dropped).
+    pub(crate) fn own(
+        &self,
+        name: &'static str,
+        reason: &'static str,
+        headers: &mut HeaderMap,
+        body: Bytes,
+    ) -> (Bytes, Option<Box<dyn OwnSpan>>) {
+        for f in TRACE_FIELDS {
+            headers.remove(f);
+        }
+        let span = self.shared.spans.get().and_then(|s| s.start(name, reason));
+        let fields = span.as_ref().map(|s| s.fields()).unwrap_or_default();
+        let (h, body) = super::translate::own_trace_fields(headers, &body, &TRACE_FIELDS, &fields);
+        *headers = h;
+        (body, span)
     }
 
     /// The server identity, which the link keeps as the upstream describes itself.

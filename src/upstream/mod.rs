@@ -44,6 +44,7 @@ pub(crate) use self::hop::UpstreamBody;
 use self::http::{HttpBounds, HttpUpstream};
 use self::identity::{ServerIdentity, Shown};
 use self::link::Link;
+pub(crate) use self::link::{OwnSpan, OwnSpans};
 use self::pool::IdleBound;
 pub(crate) use self::ready::NotReady;
 use self::session::Sessions;
@@ -200,6 +201,11 @@ impl Upstream {
             known: self.known.clone(),
             metrics: self.metrics.clone(),
         }
+    }
+
+    /// Makes the sidecar's own upstream requests spans of their own (OpenTelemetry's).
+    pub(crate) fn trace_own_requests(&self, spans: Arc<dyn OwnSpans>) {
+        self.link.trace_own_requests(spans);
     }
 
     /// Closes upstream the sessions unused for the idle time (call now and then).
@@ -647,7 +653,8 @@ impl Upstream {
     }
 
     /// Lists the upstream's tools (every page, with the calling request's credentials): each
-    /// name and whether it declares an `outputSchema`. Failures end the listing early.
+    /// name and whether it declares an `outputSchema`. Failures end the listing early. Each
+    /// page is a request of the sidecar's own (its own span, never the client's trace).
     pub(crate) async fn list_tools(&self, client: &Client<'_>) -> Vec<(String, bool)> {
         let mut tools = Vec::new();
         let mut cursor: Option<Value> = None;
@@ -657,11 +664,23 @@ impl Upstream {
                 params["cursor"] = c;
             }
             let body = json!({"jsonrpc": "2.0", "id": self.link.next_id("tools"), "method": Method::ToolsList.wire(), "params": params});
+            let mut headers = client.headers.clone();
+            let (body, span) = self.link.own(
+                Method::ToolsList.wire(),
+                "catalog",
+                &mut headers,
+                Bytes::from(body.to_string()),
+            );
+            let own = Client {
+                headers: &headers,
+                caller: client.caller,
+                meta: None,
+            };
             let Ok(sent) = self
                 .send_with_retry(
-                    client,
+                    &own,
                     None,
-                    &Bytes::from(body.to_string()),
+                    &body,
                     Called::of(Method::ToolsList),
                     Asker::Sidecar,
                 )
@@ -669,6 +688,9 @@ impl Upstream {
             else {
                 break;
             };
+            if let Some(span) = &span {
+                span.answered(sent.response.status().as_u16());
+            }
             let Ok(answer) = read_answer(sent.response, self.link.bounds()).await else {
                 break;
             };
@@ -797,11 +819,23 @@ impl Upstream {
                 h.insert(crate::mcp::headers::PROTOCOL_VERSION, v);
             }
         }
-        match self
+        let cancels = bytes
+            .windows(b"notifications/cancelled".len())
+            .any(|w| w == b"notifications/cancelled");
+        let (name, reason) = if cancels {
+            ("notifications/cancelled", "cancel")
+        } else {
+            ("answer", "question")
+        };
+        let (bytes, span) = self.link.own(name, reason, &mut h, bytes);
+        let sent = self
             .link
             .post(&caller, h, bytes, None, ServerRequests::Relayed)
-            .await
-        {
+            .await;
+        if let (Some(span), Ok(resp)) = (&span, &sent) {
+            span.answered(resp.status().as_u16());
+        }
+        match sent {
             Ok(resp) if resp.status().is_success() => {}
             Ok(resp) => {
                 tracing::info!(status = %resp.status(), "the upstream refused an answer to its question")
@@ -835,21 +869,39 @@ impl listen::Watched for Upstream {
     async fn watch(
         &self,
         caller: &caller::Caller,
-        headers: ::http::HeaderMap,
+        mut headers: ::http::HeaderMap,
     ) -> Result<Response<UpstreamBody>, Error> {
-        self.link.hop().watch(caller, headers).await
+        let (_, span) = self
+            .link
+            .own("GET", "listen_feed", &mut headers, Bytes::new());
+        let resp = self.link.hop().watch(caller, headers).await?;
+        if let Some(span) = &span {
+            span.answered(resp.status().as_u16());
+        }
+        Ok(resp)
     }
 
     async fn post_in_session(
         &self,
         caller: &caller::Caller,
-        headers: ::http::HeaderMap,
+        mut headers: ::http::HeaderMap,
         body: Bytes,
     ) -> Result<StatusCode, Error> {
+        let name = if body.windows(11).any(|w| w == b"unsubscribe") {
+            "resources/unsubscribe"
+        } else if body.windows(9).any(|w| w == b"subscribe") {
+            "resources/subscribe"
+        } else {
+            "answer"
+        };
+        let (body, span) = self.link.own(name, "listen_feed", &mut headers, body);
         let resp = self
             .link
             .post(caller, headers, body, None, ServerRequests::Withheld)
             .await?;
+        if let Some(span) = &span {
+            span.answered(resp.status().as_u16());
+        }
         let read = read_answer(resp, self.link.bounds()).await?;
         Ok(read.status())
     }

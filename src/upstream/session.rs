@@ -281,6 +281,32 @@ fn close_in_background(hop: &Hop, closed: Vec<Closed>) {
     }
 }
 
+/// `notifications/initialized`, which completes a handshake (its answer carries nothing).
+async fn initialized(
+    link: &Link,
+    client: &Client<'_>,
+    mut headers: HeaderMap,
+    session: &LegacySession,
+) {
+    session.apply(&mut headers);
+    let (note, _span) = link.own(
+        "notifications/initialized",
+        "session",
+        &mut headers,
+        Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
+    );
+    match link
+        .post(&client.caller, headers, note, None, ServerRequests::Withheld)
+        .await
+    {
+        Ok(resp) if resp.status().is_success() => {}
+        Ok(resp) => {
+            tracing::warn!(status = %resp.status(), "upstream refused notifications/initialized")
+        }
+        Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
+    }
+}
+
 /// A 2025-era upstream's sessions: the table, the handshake that fills it, the one
 /// re-initialisation, and the `DELETE` of every session let go. Shared by every worker.
 pub(crate) struct Sessions {
@@ -354,14 +380,20 @@ impl Sessions {
                 "clientInfo": sidecar_info(),
             },
         });
-        let headers = link.base_headers(client);
+        let mut headers = link.base_headers(client);
+        let (init_body, span) = link.own(
+            "initialize",
+            "session",
+            &mut headers,
+            Bytes::from(body.to_string()),
+        );
         let answer = link
-            .exchange(
-                &client.caller,
-                headers.clone(),
-                Bytes::from(body.to_string()),
-            )
+            .exchange(&client.caller, headers.clone(), init_body)
             .await?;
+        if let Some(span) = &span {
+            span.answered(answer.status().as_u16());
+        }
+        drop(span);
         if !answer.status().is_success() {
             return Err(answer.into_refusal());
         }
@@ -387,20 +419,7 @@ impl Sessions {
         let session = Arc::new(LegacySession { id, version, init });
         link.identity().remember(session.init.get("serverInfo"));
 
-        // notifications/initialized completes the handshake; its answer carries nothing.
-        let mut h = headers;
-        session.apply(&mut h);
-        let note = Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
-        match link
-            .post(&client.caller, h, note, None, ServerRequests::Withheld)
-            .await
-        {
-            Ok(resp) if resp.status().is_success() => {}
-            Ok(resp) => {
-                tracing::warn!(status = %resp.status(), "upstream refused notifications/initialized")
-            }
-            Err(e) => tracing::warn!(error = %e, "notifications/initialized failed"),
-        }
+        initialized(link, client, headers, &session).await;
         let closed = self.table.insert(
             client.caller.key(),
             SessionTable::credentials(client.headers),

@@ -275,6 +275,58 @@ pub(crate) fn with_trace_fields<'a>(
     (Cow::Owned(h), Cow::Owned(raw::to_bytes(&msg)))
 }
 
+/// The trace context of one of the sidecar's own requests: `strip` (the client's trace
+/// fields) gone from the headers and from the body's `params._meta`, and `fields` (its own
+/// span's, when it has one) set in both. A body that is not a JSON-RPC object keeps its bytes.
+pub(crate) fn own_trace_fields(
+    headers: &HeaderMap,
+    bytes: &Bytes,
+    strip: &[&str],
+    fields: &[(&'static str, String)],
+) -> (HeaderMap, Bytes) {
+    let mut h = headers.clone();
+    for k in strip {
+        h.remove(*k);
+    }
+    for (k, v) in fields {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            h.insert(*k, v);
+        }
+    }
+    let mentions = strip
+        .iter()
+        .any(|k| bytes.windows(k.len()).any(|w| w == k.as_bytes()));
+    if !mentions && fields.is_empty() {
+        return (h, bytes.clone());
+    }
+    let Some(mut msg) = raw::parse_message(bytes) else {
+        return (h, bytes.clone());
+    };
+    let Some(mut params) = msg
+        .get("params")
+        .map_or(Some(RawMap::default()), |p| raw::open(p))
+    else {
+        return (h, bytes.clone());
+    };
+    let mut meta = params
+        .get("_meta")
+        .and_then(|m| raw::open(m))
+        .unwrap_or_default();
+    for k in strip {
+        meta.shift_remove(*k);
+    }
+    for (k, v) in fields {
+        meta.insert((*k).into(), raw::raw(v));
+    }
+    if meta.is_empty() {
+        params.shift_remove("_meta");
+    } else {
+        params.insert("_meta".into(), raw::raw(&meta));
+    }
+    msg.insert("params".into(), raw::raw(&params));
+    (h, raw::to_bytes(&msg))
+}
+
 /// Sets the 2026-07-28 routing headers for `method` (and `Mcp-Name` when given).
 pub(crate) fn set_modern_headers(headers: &mut HeaderMap, method: &str, name: Option<&str>) {
     headers.insert(headers::PROTOCOL_VERSION, HeaderValue::from_static(MODERN));

@@ -112,8 +112,10 @@ fn sidecar_span<'a>(spans: &'a [Value], kind: &str) -> &'a Value {
 }
 
 fn python_span(spans: &[Value]) -> &Value {
-    one(spans, "the Python server's span", |s| {
-        s["resource"]["service.name"] == "py-upstream" && s["kind"] == "SPAN_KIND_SERVER"
+    one(spans, "the Python server's span of the call", |s| {
+        s["resource"]["service.name"] == "py-upstream"
+            && s["kind"] == "SPAN_KIND_SERVER"
+            && s["name"] == "tools/call echo"
     })
 }
 
@@ -303,19 +305,27 @@ async fn a_tool_call_is_one_trace_from_the_client_through_the_sidecar_to_the_pyt
             .contains(SECRET_ARGUMENT),
         "{answer}"
     );
-    let spans = receiver.trace(&trace, 3).await;
+    // The sidecar's server and hop spans, the era probe's and the catalog's, and the Python
+    // server's three.
+    let spans = receiver.trace(&trace, 7).await;
     let (server, hop) = assert_chain(&spans, &parent, "tcp");
     assert_call_attributes(&server, "2026-07-28", "7", "server span");
     assert_call_attributes(&hop, "2026-07-28", "7", "hop span");
-    // The first call made the catalog learn the tools: that tools/list is a span of the call.
-    let catalog = one(&spans, "the catalog's tools/list", |s| {
-        s["name"] == "tools/list"
-    });
-    assert_eq!(catalog["parentSpanId"], server["spanId"], "{catalog:#}");
-    assert_eq!(
-        catalog["attributes"]["epode.reason"], "catalog",
-        "{catalog:#}"
-    );
+    // The first call found the upstream's era and made the catalog learn the tools: those
+    // are requests of the sidecar's own, spans of their own under the call's, and the
+    // upstream's spans for them hang from them (not from the client's span).
+    for (name, reason) in [("server/discover", "era_probe"), ("tools/list", "catalog")] {
+        let own = one(&spans, &format!("the sidecar's {name}"), |s| {
+            s["resource"]["service.name"] == "epode-sidecar" && s["name"] == name
+        });
+        assert_eq!(own["kind"], "SPAN_KIND_CLIENT", "{own:#}");
+        assert_eq!(own["parentSpanId"], server["spanId"], "{own:#}");
+        assert_eq!(own["attributes"]["epode.reason"], reason, "{own:#}");
+        let theirs = one(&spans, &format!("the Python server's {name}"), |s| {
+            s["resource"]["service.name"] == "py-upstream" && s["name"] == name
+        });
+        assert_eq!(theirs["parentSpanId"], own["spanId"], "{theirs:#}");
+    }
     assert_eq!(hop["attributes"]["server.address"], "127.0.0.1", "{hop:#}");
     assert_eq!(hop["attributes"]["server.port"], up.port as i64, "{hop:#}");
     assert!(
@@ -523,6 +533,40 @@ async fn a_stdio_child_continues_the_trace_over_its_pipe() {
     assert_call_attributes(server, "2026-07-28", "11", "server span (stdio)");
     assert_eq!(hop["attributes"]["network.transport"], "pipe", "{hop:#}");
     assert!(hop["attributes"].get("server.address").is_none(), "{hop:#}");
+}
+
+/// A client's `server/discover` goes upstream as a request of the sidecar's own: a client span
+/// of its own under the request's server span, from which the upstream's span hangs (before,
+/// the upstream's hung from the client's span, beside the sidecar's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxied_discovery_is_a_span_of_the_sidecars_own() {
+    let receiver = Receiver::start();
+    let up = Upstream::start_with(UpstreamKind::Python, &["--otlp", &receiver.url()]);
+    let sc = Sidecar::start(
+        &up.url(),
+        &[("EPODE_SIDECAR_OTLP_ENDPOINT", &receiver.url())],
+    );
+    let (trace, parent) = trace_ids(60);
+    let mut req = http()
+        .post(sc.url())
+        .header("traceparent", format!("00-{trace}-{parent}-01"))
+        .body(modern_body(json!(1), "server/discover", json!({})).to_string());
+    for (k, v) in modern_headers("server/discover", None) {
+        req = req.header(k, v);
+    }
+    let msg = message_of(req.send().await.unwrap()).await;
+    assert!(msg["result"]["supportedVersions"].is_array(), "{msg}");
+    let spans = receiver.trace(&trace, 3).await;
+    let server = sidecar_span(&spans, "SPAN_KIND_SERVER");
+    assert_eq!(server["parentSpanId"], parent.as_str(), "{server:#}");
+    let own = sidecar_span(&spans, "SPAN_KIND_CLIENT");
+    assert_eq!(own["name"], "server/discover", "{own:#}");
+    assert_eq!(own["parentSpanId"], server["spanId"], "{own:#}");
+    assert_eq!(own["attributes"]["epode.reason"], "discover", "{own:#}");
+    let theirs = one(&spans, "the Python server's span", |s| {
+        s["resource"]["service.name"] == "py-upstream"
+    });
+    assert_eq!(theirs["parentSpanId"], own["spanId"], "{theirs:#}");
 }
 
 /// 200 calls, each checked; how long they took.
