@@ -40,6 +40,7 @@ pub(super) fn read(l: &Layers) -> Result<Limits, Refused> {
         listen_streams_per_caller: l.get(&LISTEN_STREAMS_PER_CALLER),
         questions: l.get(&QUESTIONS),
         questions_per_caller: l.get(&QUESTIONS_PER_CALLER),
+        session_stream_questions: l.get(&SESSION_STREAM_QUESTIONS),
         tasks: l.get(&TASKS),
         tasks_per_caller: l.get(&TASKS_PER_CALLER),
         upstream_sessions_per_caller: l.get(&UPSTREAM_SESSIONS_PER_CALLER),
@@ -56,6 +57,14 @@ pub(super) fn read(l: &Layers) -> Result<Limits, Refused> {
         tool_rate_limits: l.optional(&TOOL_RATE_LIMITS).map(Option::unwrap_or_default),
         trusted_proxies: l.optional(&TRUSTED_PROXIES).map(Option::unwrap_or_default),
     })
+}
+
+fn on_off(v: &str) -> Result<bool, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(Bad::Whole),
+    }
 }
 
 fn connection_cap(v: &str) -> Result<ConnectionCap, Bad> {
@@ -278,6 +287,15 @@ settings! {
             "Questions (`questions`) one caller may have open at once; past it its call ends with a JSON-RPC error on its stream (429 when it is the stream's first event).",
             number,
             |c| c.limits.questions_per_caller.to_string(),
+        ),
+        SESSION_STREAM_QUESTIONS: bool = setting(
+            "session_stream_questions",
+            &["EPODE_SIDECAR_SESSION_STREAM_QUESTIONS"],
+            Some("on"),
+            "on or off",
+            "Whether the sidecar reads a 2025-era HTTP upstream's session stream (its GET stream) while calls are in flight in the session, to ask the questions the server sends there (the Python SDK's `list_roots()`, or `create_message()` without `related_request_id`) of the newest call in flight whose client can answer them. The stream stays open 30 s after the last call, and keeps one of the connections `EPODE_SIDECAR_UPSTREAM_HOLD_SHARE` gives long-lived holders. `off`: only listen feeds read it, and such a question reaches no client.",
+            on_off,
+            |c| if c.limits.session_stream_questions { "on" } else { "off" }.to_owned(),
         ),
         TASKS: usize = bounded(
             "tasks",

@@ -561,6 +561,8 @@ pub(crate) struct Limits {
     /// Questions asked of 2025 clients and not answered yet, and per caller.
     pub(crate) questions: usize,
     pub(crate) questions_per_caller: usize,
+    /// Whether a 2025 session's GET stream is read while calls are in flight in it.
+    pub(crate) session_stream_questions: bool,
     /// Tasks followed to their terminal result, at once and for one caller.
     pub(crate) tasks: usize,
     pub(crate) tasks_per_caller: usize,

@@ -178,10 +178,13 @@ pub(crate) fn messages(body: &[u8]) -> Vec<String> {
 
 /// Reads the upstream's stream until its first event that carries data (a priming event with
 /// only an id, as some servers send first, is skipped) or its end; returns the bytes read and
-/// that event. Used where the HTTP status depends on the first message.
-pub(crate) async fn peek_first_message<B>(
+/// that event. Used where the HTTP status depends on the first message. It also stops when a
+/// question is routed to the call from elsewhere first (its session's GET stream): the call
+/// then begins with that question, which waits in the inbox's `early`.
+pub(crate) async fn peek_first<B>(
     upstream: &mut B,
     max_event: usize,
+    mut inbox: Option<&mut Inbox>,
 ) -> Result<(Bytes, Option<Bytes>), BoxError>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
@@ -196,7 +199,22 @@ where
                 return Ok((read.freeze(), Some(block)));
             }
         }
-        match upstream.frame().await {
+        let routed = async {
+            match inbox.as_mut() {
+                Some(i) => i.rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let frame = tokio::select! {
+            f = upstream.frame() => f,
+            Some(r) = routed => {
+                if let Some(i) = inbox.as_mut() {
+                    i.early = Some(r);
+                }
+                return Ok((read.freeze(), None));
+            }
+        };
+        match frame {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
                     read.extend_from_slice(&data);
@@ -232,6 +250,32 @@ pub(crate) struct StreamBounds {
     /// upstream's `list_changed` on a 2026 client's call, which 2026 sends only on listen
     /// streams).
     pub(crate) notices: Option<Notices>,
+    /// Questions the upstream asked of this call elsewhere than on its stream (a 2025
+    /// session's GET stream), asked as those on it are.
+    pub(crate) inbox: Option<Inbox>,
+}
+
+/// Questions routed to one call from elsewhere than its stream, and its place among the
+/// calls in flight (given up when the call's stream ends).
+pub(crate) struct Inbox {
+    pub(crate) rx: tokio::sync::mpsc::Receiver<Routed>,
+    /// One taken off `rx` before the stream was read (it came before any event).
+    pub(crate) early: Option<Routed>,
+    pub(crate) _place: Box<dyn Send + Sync>,
+}
+
+/// A question routed to a call: whoever claims it first (the call's stream, or the router
+/// once the call has not taken it in time) answers for it.
+pub(crate) struct Routed {
+    pub(crate) question: Question,
+    pub(crate) claimed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Routed {
+    /// Whether this claim is the first.
+    pub(crate) fn claim(&self) -> bool {
+        !self.claimed.swap(true, std::sync::atomic::Ordering::AcqRel)
+    }
 }
 
 /// Takes a change notice off a stream: its method and params.
@@ -245,12 +289,25 @@ pub(crate) enum Questions {
     /// They go on to the client as they are (a stdio child's, relayed to the 2025 client
     /// whose request caused them).
     Carried,
-    /// Nobody can answer them: the call ends at once with an error saying what works,
-    /// instead of waiting for an answer that cannot come.
+    /// Nobody can answer them (a request of a kind that asks nothing of its client): it ends
+    /// at once with an error saying so, instead of waiting for an answer that cannot come.
     Refused,
     /// A 2026 client is asked them as an `input_required` result, and the rest of the call
     /// is held until its retry brings the answers ([`Bridge`]).
     Bridged(Box<dyn Bridge>),
+    /// A 2025 client is asked them on its call's stream under ids of the sidecar's own, and
+    /// its answers go back in the upstream session ([`Relay`]).
+    Relayed(Box<dyn Relay>),
+}
+
+/// How a 2025 client is asked a 2025-era HTTP upstream's questions: the upstream side of it
+/// (the sidecar's ids, where the answers go) lives with the upstream.
+pub(crate) trait Relay: Send {
+    /// The id `question` is asked of the client under (one of the sidecar's, answerable only
+    /// by the caller asked), or why it is not asked.
+    fn relay(&mut self, question: &Question) -> Result<Box<RawValue>, Decline>;
+    /// Tells the upstream the client is not asked `question`.
+    fn decline(&self, question: &Question, why: Decline) -> Told;
 }
 
 /// A question of the upstream's, taken off its stream.
@@ -271,7 +328,7 @@ impl Question {
     }
 
     /// The question from a message of the upstream's, when it is one.
-    fn of(msg: &RawMap) -> Option<Question> {
+    pub(crate) fn of(msg: &RawMap) -> Option<Question> {
         if !is_question(msg) {
             return None;
         }
@@ -329,6 +386,8 @@ pub(crate) enum Decline {
     NotDeclared,
     /// The round already holds [`MAX_QUESTIONS`].
     TooMany,
+    /// The caller holds its share of open questions, or the sidecar its cap.
+    Bounded,
 }
 
 /// Telling the upstream something (a call's cancellation), to be awaited.
@@ -454,8 +513,10 @@ where
     let s = stream::unfold(state, |mut st| async move {
         loop {
             if let Some(block) = st.pending.pop_front() {
-                if st.taken_off(&block).await {
-                    continue;
+                match st.taken_off(&block).await {
+                    Taken::Off => continue,
+                    Taken::Replaced(b) => return Some((Ok::<_, BoxError>(Frame::data(b)), st)),
+                    Taken::Kept => {}
                 }
                 let mut block = transform(&block, &mut st).unwrap_or(block);
                 if block.len() > crate::budget::SMALL {
@@ -467,62 +528,53 @@ where
             if st.done {
                 return None;
             }
+            if let Some(early) = st.bounds.inbox.as_mut().and_then(|i| i.early.take()) {
+                if let Some(event) = st.routed(early).await {
+                    return Some((Ok(Frame::data(event)), st));
+                }
+                continue;
+            }
             if let Some(why) = st.over_bounds() {
                 return st.end(upstream_broke(&why), None);
             }
             let body = st.body.as_mut()?;
             let gather = !st.asked.is_empty();
-            let frame = match &mut st.bounds.cut {
-                Some(cut) => tokio::select! {
-                    f = body.frame() => Some(Some(f)),
-                    _ = cut.wait_for(|c| *c) => None,
-                    () = tokio::time::sleep(GATHER), if gather => Some(None),
-                },
-                None => tokio::select! {
-                    f = body.frame() => Some(Some(f)),
-                    () = tokio::time::sleep(GATHER), if gather => Some(None),
-                },
+            let open = !st.saw_response;
+            let inbox = async {
+                match st.bounds.inbox.as_mut() {
+                    Some(i) if open => i.rx.recv().await,
+                    _ => std::future::pending().await,
+                }
             };
-            let Some(frame) = frame else {
-                return st.end(Error::new(ErrorKind::ShuttingDown, ""), None);
+            let cut = async {
+                match st.bounds.cut.as_mut() {
+                    Some(cut) => drop(cut.wait_for(|c| *c).await),
+                    None => std::future::pending().await,
+                }
             };
-            let Some(frame) = frame else {
+            let next = tokio::select! {
+                f = body.frame() => Next::Frame(f.map(|r| r.map_err(Into::<BoxError>::into))),
+                () = cut => Next::Cut,
+                () = tokio::time::sleep(GATHER), if gather => Next::Quiet,
+                Some(routed) = inbox => Next::Routed(routed),
+            };
+            let frame = match next {
+                Next::Frame(f) => f,
+                Next::Cut => return st.end(Error::new(ErrorKind::ShuttingDown, ""), None),
                 // Quiet after its questions: the client is asked them now.
-                return st.ask();
+                Next::Quiet => return st.ask(),
+                Next::Routed(routed) => {
+                    if let Some(event) = st.routed(routed).await {
+                        return Some((Ok(Frame::data(event)), st));
+                    }
+                    continue;
+                }
             };
-            match frame {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => st.splitter.push(&data, &mut st.pending),
-                    Err(frame) => {
-                        if let Ok(trailers) = frame.into_trailers() {
-                            return Some((Ok(Frame::trailers(trailers)), st));
-                        }
-                    }
-                },
-                Some(Err(e)) => {
-                    if st.saw_response {
-                        // The answer is delivered; what broke after it does not matter.
-                        return None;
-                    }
-                    let e: BoxError = e.into();
-                    let why = format!("the event stream broke off ({e})");
-                    return st.end(upstream_broke(&why), Some(e));
-                }
-                None if !st.asked.is_empty() => {
-                    // The upstream ended its stream with questions unanswered.
-                    st.asked.clear();
-                    st.done = true;
-                    st.pending.push_back(Bytes::new());
-                }
-                None => {
-                    st.done = true;
-                    let rest = std::mem::take(&mut st.splitter).finish();
-                    st.pending.extend(rest);
-                    if !st.saw_response {
-                        // Decided after the tail is scanned: it may hold the response.
-                        st.pending.push_back(Bytes::new());
-                    }
-                }
+            match st.read(frame) {
+                Read::More => {}
+                Read::Emit(item) => return Some((item, st)),
+                Read::Done => return None,
+                Read::Broke(why, e) => return st.end(upstream_broke(&why), Some(e)),
             }
         }
     });
@@ -534,6 +586,43 @@ where
     B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
+    /// One frame of the upstream's stream (`None`: its end), read into the events pending.
+    fn read(&mut self, frame: Option<Result<Frame<Bytes>, BoxError>>) -> Read {
+        match frame {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => self.splitter.push(&data, &mut self.pending),
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        return Read::Emit(Ok(Frame::trailers(trailers)));
+                    }
+                }
+            },
+            Some(Err(e)) => {
+                if self.saw_response {
+                    // The answer is delivered; what broke after it does not matter.
+                    return Read::Done;
+                }
+                return Read::Broke(format!("the event stream broke off ({e})"), e);
+            }
+            None if !self.asked.is_empty() => {
+                // The upstream ended its stream with questions unanswered.
+                self.asked.clear();
+                self.done = true;
+                self.pending.push_back(Bytes::new());
+            }
+            None => {
+                self.done = true;
+                let rest = std::mem::take(&mut self.splitter).finish();
+                self.pending.extend(rest);
+                if !self.saw_response {
+                    // Decided after the tail is scanned: it may hold the response.
+                    self.pending.push_back(Bytes::new());
+                }
+            }
+        }
+        Read::More
+    }
+
     /// The question in `block` when this stream asks a bridged client its questions and
     /// its response has not come.
     fn bridged_question(&self, block: &[u8]) -> Option<Question> {
@@ -543,9 +632,10 @@ where
         Question::of(&raw::parse_message(event_data(block)?.as_bytes())?)
     }
 
-    /// Whether `block` leaves the stream here: a question for a bridged client (asked, or
-    /// declined when the client cannot answer it), or a change notice for the listeners.
-    async fn taken_off(&mut self, block: &[u8]) -> bool {
+    /// What becomes of `block` here: a question for a bridged client leaves the stream
+    /// (asked, or declined when the client cannot answer it), one for a relayed client is
+    /// asked under the sidecar's id (or declined), a change notice goes to the listeners.
+    async fn taken_off(&mut self, block: &[u8]) -> Taken {
         if let Some(q) = self.bridged_question(block) {
             if let Questions::Bridged(bridge) = &self.bounds.questions {
                 if !bridge.covers(&q) {
@@ -556,9 +646,74 @@ where
                     self.asked.push(q);
                 }
             }
-            return true;
+            return Taken::Off;
         }
-        self.diverted(block)
+        if let Some(q) = self.relayed_question(block) {
+            return match self.relay(&q).await {
+                Some(id) => Taken::Replaced(relabelled(block, &id)),
+                None => Taken::Off,
+            };
+        }
+        if self.diverted(block) {
+            Taken::Off
+        } else {
+            Taken::Kept
+        }
+    }
+
+    /// A question routed to this call from elsewhere (its session's GET stream), when the
+    /// call claims it: a bridged client's joins the round being gathered, a relayed client's
+    /// is asked on the stream now (its event returned).
+    async fn routed(&mut self, routed: Routed) -> Option<Bytes> {
+        if !routed.claim() {
+            return None;
+        }
+        let q = routed.question;
+        match &self.bounds.questions {
+            Questions::Bridged(bridge) => {
+                if self.asked.len() >= MAX_QUESTIONS {
+                    bridge.decline(&q, Decline::TooMany).await;
+                } else {
+                    self.asked.push(q);
+                }
+                None
+            }
+            Questions::Relayed(_) => {
+                let id = self.relay(&q).await?;
+                let mut m = RawMap::default();
+                m.insert("jsonrpc".to_owned(), raw::raw("2.0"));
+                m.insert("id".to_owned(), id);
+                m.insert("method".to_owned(), raw::raw(&q.method));
+                if let Some(p) = &q.params {
+                    m.insert("params".to_owned(), p.clone());
+                }
+                Some(message_event(&raw::to_bytes(&m)))
+            }
+            _ => None,
+        }
+    }
+
+    /// The question in `block` when this stream relays a 2025 client's questions and its
+    /// response has not come.
+    fn relayed_question(&self, block: &[u8]) -> Option<Question> {
+        if self.saw_response || !matches!(self.bounds.questions, Questions::Relayed(_)) {
+            return None;
+        }
+        Question::of(&raw::parse_message(event_data(block)?.as_bytes())?)
+    }
+
+    /// Asks a relayed client `q` under the sidecar's id (`None`: declined upstream instead).
+    async fn relay(&mut self, q: &Question) -> Option<Box<RawValue>> {
+        let Questions::Relayed(relay) = &mut self.bounds.questions else {
+            return None;
+        };
+        match relay.relay(q) {
+            Ok(id) => Some(id),
+            Err(why) => {
+                relay.decline(q, why).await;
+                None
+            }
+        }
     }
 
     /// Whether `block` is a change notice handed to [`StreamBounds::notices`].
@@ -691,6 +846,46 @@ fn broken_event<B>(st: &mut State<B>, error: Error) -> Option<Bytes> {
     Some(message_event(&bytes))
 }
 
+/// What a frame of the upstream's made of the stream.
+enum Read {
+    /// Read on.
+    More,
+    /// This goes out as it is (trailers).
+    Emit(Result<Frame<Bytes>, BoxError>),
+    /// The stream is over (it broke after its response).
+    Done,
+    /// It broke before its response, for this reason.
+    Broke(String, BoxError),
+}
+
+/// What woke the stream.
+enum Next<F> {
+    Frame(F),
+    Cut,
+    /// Quiet for [`GATHER`] after a question: the client is asked.
+    Quiet,
+    Routed(Routed),
+}
+
+/// What the stream does with one of its events.
+enum Taken {
+    /// It leaves the stream (a question asked otherwise, a notice for the listeners).
+    Off,
+    /// It goes on as these bytes (a question under the sidecar's id).
+    Replaced(Bytes),
+    /// It goes on through the plan.
+    Kept,
+}
+
+/// A question's event asked under `id` instead of the upstream's.
+fn relabelled(block: &[u8], id: &RawValue) -> Bytes {
+    let Some(mut msg) = event_data(block).and_then(|d| raw::parse_message(d.as_bytes())) else {
+        return Bytes::copy_from_slice(block);
+    };
+    msg.insert("id".to_owned(), id.to_owned());
+    replace_data(block, &raw::to_bytes(&msg))
+}
+
 /// A request from the server (a method and an id): a question for the client.
 fn is_question(msg: &RawMap) -> bool {
     msg.contains_key("method") && msg.contains_key("id")
@@ -715,7 +910,7 @@ fn transform<B>(block: &Bytes, st: &mut State<B>) -> Option<Bytes> {
         let error = Error::new(
             ErrorKind::UpstreamFailed,
             format!(
-                "the upstream asked {method} in the middle of this call (a 2025-era server's question), which the sidecar cannot carry to the client over an HTTP upstream yet; the call ends here rather than wait for an answer that cannot come. A 2025-11-25 client is asked over a stdio upstream (EPODE_SIDECAR_UPSTREAM_COMMAND); a 2026-07-28 server asks with an input_required result instead"
+                "the upstream asked {method} in the middle of a request of a kind that asks nothing of its client (only tools/call, prompts/get and resources/read are asked of it); the request ends here rather than wait for an answer that cannot come"
             ),
         );
         st.done = true;
@@ -822,6 +1017,7 @@ mod tests {
             on_limit: None,
             questions: Questions::Carried,
             notices: None,
+            inbox: None,
         };
         let out = rewrite_stream(Bytes::new(), body, None, plan, bounds).boxed_unsync();
         let bytes = out.collect().await.unwrap().to_bytes();
@@ -840,7 +1036,7 @@ mod tests {
         let mut body = http_body_util::Full::new(Bytes::from_static(
             b"id: abc\ndata: \n\nevent: message\ndata: {\"id\":1,\"error\":{\"code\":-32601}}\n\nrest",
         ));
-        let (read, first) = peek_first_message(&mut body, 1 << 20).await.unwrap();
+        let (read, first) = peek_first(&mut body, 1 << 20, None).await.unwrap();
         assert!(read.ends_with(b"rest"));
         assert_eq!(
             event_data(&first.unwrap()).as_deref(),

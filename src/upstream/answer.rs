@@ -180,8 +180,7 @@ pub(crate) async fn finish(
     ctx: RequestContext<'_>,
     upstream: Era,
     bounds: &AnswerBounds,
-    bridge: Option<Box<dyn sse::Bridge>>,
-    notices: Option<sse::Notices>,
+    aside: Aside,
 ) -> Result<Response<Body>, Error> {
     let (mut parts, body) = resp.into_parts();
     parts.headers.remove(SESSION_ID);
@@ -200,7 +199,7 @@ pub(crate) async fn finish(
         return Ok(Response::from_parts(parts, body.boxed_unsync()));
     }
     if is_event_stream(&parts.headers) {
-        return finish_stream(parts, body, ctx, upstream, bounds, bridge, notices).await;
+        return finish_stream(parts, body, ctx, upstream, bounds, aside).await;
     }
     let mut plan = ctx.plan;
     let (bytes, mut held) = match read_body(body, bounds).await {
@@ -268,6 +267,15 @@ pub(crate) async fn finish_read(
     Ok(resp)
 }
 
+/// What a stream's answer carries besides its events: what becomes of the questions asked in
+/// it, where its change notices go, and the questions routed to it from its session's GET
+/// stream.
+pub(crate) struct Aside {
+    pub(crate) questions: sse::Questions,
+    pub(crate) notices: Option<sse::Notices>,
+    pub(crate) inbox: Option<sse::Inbox>,
+}
+
 /// A successful SSE answer for the client, rewritten event by event (see [`finish`]).
 async fn finish_stream(
     mut parts: http::response::Parts,
@@ -275,9 +283,13 @@ async fn finish_stream(
     ctx: RequestContext<'_>,
     upstream: Era,
     bounds: &AnswerBounds,
-    mut bridge: Option<Box<dyn sse::Bridge>>,
-    notices: Option<sse::Notices>,
+    aside: Aside,
 ) -> Result<Response<Body>, Error> {
+    let Aside {
+        mut questions,
+        notices,
+        mut inbox,
+    } = aside;
     let RequestContext {
         id,
         era,
@@ -293,7 +305,7 @@ async fn finish_stream(
     if translates_status(era, upstream) {
         // The status goes out with the head, so wait for the first event: when it is
         // already the (error) response, answer it as JSON with its status.
-        let peeked = sse::peek_first_message(&mut body, bounds.max_event).await;
+        let peeked = sse::peek_first(&mut body, bounds.max_event, inbox.as_mut()).await;
         let (bytes, first) = match peeked {
             Ok(p) => p,
             Err(e) => {
@@ -319,9 +331,13 @@ async fn finish_stream(
         }
         // The call's first message asks the client: the places a held call takes are taken
         // now, so a refusal is this answer's status (429, 503), not an error event after 200.
-        if let (Some(bridge), Some(q)) = (
-            bridge.as_mut(),
-            first.as_deref().and_then(sse::Question::in_event),
+        let early = inbox
+            .as_ref()
+            .and_then(|i| i.early.as_ref())
+            .map(|r| r.question.clone());
+        if let (sse::Questions::Bridged(bridge), Some(q)) = (
+            &mut questions,
+            first.as_deref().and_then(sse::Question::in_event).or(early),
         ) {
             if bridge.covers(&q) {
                 if let Err(e) = bridge.reserve() {
@@ -339,14 +355,9 @@ async fn finish_stream(
         held: bounds.budget.start(),
         cut: Some(cut),
         on_limit: Some(bounds.on_limit.clone()),
-        // A 2026 client is asked them as input_required; a stdio child's go on to the 2025
-        // client that caused them; an HTTP upstream's cannot reach a 2025 client yet.
-        questions: match bridge {
-            Some(b) => sse::Questions::Bridged(b),
-            None if matches!(body, UpstreamBody::Stdio(_)) => sse::Questions::Carried,
-            None => sse::Questions::Refused,
-        },
+        questions,
         notices,
+        inbox,
     };
     // The stream's end reports to the plan: its response event, or the error event that
     // ends a stream broken before it.

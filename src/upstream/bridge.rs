@@ -51,7 +51,7 @@ fn target_of(params: &Value) -> Value {
 }
 
 /// The client's declared capabilities in a 2026 request.
-fn capabilities_of(request: &[u8]) -> Value {
+pub(super) fn capabilities_of(request: &[u8]) -> Value {
     serde_json::from_slice::<Value>(request)
         .ok()
         .and_then(|m| {
@@ -64,7 +64,7 @@ fn capabilities_of(request: &[u8]) -> Value {
 }
 
 /// Whether capabilities `caps` cover asking `question`.
-fn covers(caps: &Value, question: &Question) -> bool {
+pub(super) fn covers(caps: &Value, question: &Question) -> bool {
     match question.method.as_str() {
         "elicitation/create" => {
             let Some(e) = caps.get("elicitation").filter(|e| e.is_object()) else {
@@ -96,8 +96,8 @@ fn answer_message(id: &RawValue, result: &RawValue) -> Bytes {
 }
 
 /// The error the upstream gets for question `q`, not asked: the one a 2025 client without
-/// the capability sends, or one that says the round is full.
-fn declined_message(q: &Question, why: Decline) -> Bytes {
+/// the capability sends, or one that says the round (or the caller's share) is full.
+pub(super) fn declined_message(q: &Question, why: Decline) -> Bytes {
     let (code, message) = match why {
         Decline::NotDeclared => (
             code::METHOD_NOT_FOUND,
@@ -106,6 +106,10 @@ fn declined_message(q: &Question, why: Decline) -> Bytes {
         Decline::TooMany => (
             code::INTERNAL_ERROR,
             format!("epode-sidecar: this call already asks its client {MAX_QUESTIONS} questions at once, the most it asks; {} is not asked", q.method),
+        ),
+        Decline::Bounded => (
+            code::INTERNAL_ERROR,
+            format!("epode-sidecar: the client already has as many questions open as it may (EPODE_SIDECAR_QUESTIONS_PER_CALLER, EPODE_SIDECAR_QUESTIONS); {} is not asked", q.method),
         ),
     };
     let msg = json!({"jsonrpc": "2.0", "id": &*q.id, "error": {"code": code, "message": message}});
@@ -286,6 +290,8 @@ pub(super) struct Way {
     pub(super) metrics: Arc<Metrics>,
     /// Where the change notices on the rest of the call go (`listen.rs`).
     pub(super) notices: Option<crate::mcp::sse::Notices>,
+    /// The questions of the session's stream routed to the rest of the call.
+    pub(super) inbox: Option<crate::mcp::sse::Inbox>,
 }
 
 /// How a bridged call's answers reach the upstream (the upstream implements it).
@@ -419,6 +425,7 @@ async fn go_on(
         on_limit: Some(bounds.on_limit.clone()),
         questions: Questions::Bridged(Box::new(asking)),
         notices: way.notices.clone(),
+        inbox: way.inbox,
     };
     let body = sse::resume_stream(stream, ctx.id.to_owned(), ctx.plan, stream_bounds)
         .prime()

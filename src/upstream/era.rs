@@ -74,7 +74,7 @@ impl EraResolver {
         })
     }
 
-    fn known(&self) -> Option<Era> {
+    pub(crate) fn known(&self) -> Option<Era> {
         self.known_at(Instant::now())
     }
 

@@ -34,7 +34,9 @@ use crate::error::{Error, ErrorKind};
 use crate::ledger::{Charge, Ledger, Pool};
 use crate::mcp::method::{is_change_notice, CHANGE_NOTICES};
 use crate::mcp::raw::{self, RawMap};
-use crate::mcp::sse::{event_data, message_event, EventSplitter};
+use crate::mcp::sse::{
+    event_data, message_event, EventSplitter, Inbox, Question, Routed, MAX_QUESTIONS,
+};
 use crate::mcp::version::META_SUBSCRIPTION_ID;
 use crate::metrics::Metrics;
 
@@ -54,6 +56,17 @@ const BACKOFF_LAST: Duration = Duration::from_secs(30);
 
 /// A stream that lived this long was healthy: the next pause starts again from the first.
 const HEALTHY: Duration = Duration::from_secs(30);
+
+/// How long a feed keeps its stream once nobody is in it (the next call in the session then
+/// finds it open).
+const LINGER: Duration = Duration::from_secs(30);
+
+/// How long a question routed to a call waits for the call's stream to take it; then it is
+/// declined upstream (the call's answer is no stream, or it ended).
+const ROUTED_GRACE: Duration = Duration::from_secs(2);
+
+/// How long a call waits for its session's stream to open before it is sent.
+const OPEN_WAIT: Duration = Duration::from_secs(2);
 
 /// The change notices, as a listener opts into them.
 const TOOLS: &str = CHANGE_NOTICES[0];
@@ -203,9 +216,27 @@ struct Owner {
     caps: Option<String>,
 }
 
+/// A call in flight in the feed's session, which the questions the upstream sends on the
+/// session's stream may be asked of.
+struct InFlight {
+    /// Whether its client declared the capability a question takes.
+    covers: Covers,
+    tx: mpsc::Sender<Routed>,
+}
+
+/// Whether a call's client can be asked a question.
+pub(crate) type Covers = Box<dyn Fn(&Question) -> bool + Send + Sync>;
+
 #[derive(Default)]
 struct FeedState {
     listeners: HashMap<u64, Listener>,
+    /// The calls in flight in the session, by serial (the newest is asked first).
+    calls: std::collections::BTreeMap<u64, InFlight>,
+    /// Since when nobody has been in the feed (it stops [`LINGER`] later), when a task
+    /// waits to stop it.
+    idle_since: Option<Instant>,
+    /// The upstream keeps no stream for its sessions (405): calls do not wait for one.
+    no_stream: bool,
     /// The URIs the upstream was told to send updates of, on the stream open now.
     subscribed: HashSet<String>,
     task: Option<tokio::task::AbortHandle>,
@@ -215,6 +246,10 @@ struct FeedState {
 }
 
 impl FeedState {
+    fn is_empty(&self) -> bool {
+        self.listeners.is_empty() && self.calls.is_empty()
+    }
+
     fn wanted_uris(&self) -> HashSet<String> {
         self.listeners
             .values()
@@ -229,6 +264,34 @@ struct Feed {
     state: Mutex<FeedState>,
     /// Wakes the task when the URIs wanted changed.
     changed: Notify,
+    /// The session whose stream is open now, if any (a call waits for its own session's
+    /// before it is sent: a 2025 server drops what it sends on a session stream nobody reads).
+    open: tokio::sync::watch::Sender<Opened>,
+    /// Tells the task a call waits for its session's stream: one of a replaced session is
+    /// left for the new one's at once, a pause before opening again is cut short.
+    replaced: Notify,
+    /// Whether the last try to open the stream failed (a call does not wait for it then).
+    failing: std::sync::atomic::AtomicBool,
+}
+
+/// Which session's stream a feed has open.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Opened {
+    Closed,
+    /// Open, in the session of this id (`None`: an upstream without session ids).
+    Open(Option<HeaderValue>),
+}
+
+impl Feed {
+    fn new() -> Self {
+        Feed {
+            state: Mutex::default(),
+            changed: Notify::new(),
+            open: tokio::sync::watch::Sender::new(Opened::Closed),
+            replaced: Notify::new(),
+            failing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 impl Feed {
@@ -267,6 +330,30 @@ impl Feed {
             // Dropping its sender ends its stream with an error: it did not keep up.
             st.listeners.remove(&k);
         }
+    }
+
+    /// Routes a question of the session's stream to the newest call in flight whose client
+    /// can answer it: the flag that says whether it was claimed, and the question (to decline
+    /// it when nobody claims it in time); or the question back when no call can take it.
+    fn route(
+        &self,
+        q: Question,
+    ) -> Result<(Arc<std::sync::atomic::AtomicBool>, Question), Question> {
+        let st = self.lock();
+        for call in st.calls.values().rev() {
+            if !(call.covers)(&q) {
+                continue;
+            }
+            let claimed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let routed = Routed {
+                question: q.clone(),
+                claimed: claimed.clone(),
+            };
+            if call.tx.try_send(routed).is_ok() {
+                return Ok((claimed, q));
+            }
+        }
+        Err(q)
     }
 
     /// Ends every listener's stream normally.
@@ -337,10 +424,14 @@ pub(crate) struct Listeners {
     metrics: Arc<Metrics>,
     /// Told of every `tools/list_changed` heard (the binding forgets its catalog).
     tools_changed: OnceLock<Arc<dyn Fn() + Send + Sync>>,
+    /// Whether a session's stream is read while calls are in flight in it.
+    for_calls: bool,
 }
 
 impl Listeners {
-    pub(crate) fn new(ledger: Arc<Ledger>, metrics: Arc<Metrics>) -> Self {
+    /// `for_calls`: whether a session's stream is read while calls are in flight in it too
+    /// (`EPODE_SIDECAR_SESSION_STREAM_QUESTIONS`).
+    pub(crate) fn new(ledger: Arc<Ledger>, metrics: Arc<Metrics>, for_calls: bool) -> Self {
         Listeners {
             feeds: Mutex::default(),
             hasher: RandomState::new(),
@@ -348,6 +439,7 @@ impl Listeners {
             serial: AtomicUsize::new(1),
             metrics,
             tools_changed: OnceLock::new(),
+            for_calls,
         }
     }
 
@@ -413,7 +505,13 @@ impl Listeners {
             want,
             tx,
         };
-        let feed = self.join(key, (serial, listener), upstream, client, caps)?;
+        let feed = self.join(
+            key,
+            Member::Listener(serial, listener),
+            upstream,
+            client,
+            caps,
+        )?;
         self.metrics.listen.streams.inc();
         feed.changed.notify_one();
         let guard = Leaving {
@@ -421,17 +519,18 @@ impl Listeners {
             feed,
             key,
             serial,
-            _place: place,
+            call: false,
+            _place: Some(place),
         };
         Ok(listen_stream(ack, id.to_owned(), rx, cut, guard))
     }
 
-    /// Puts `listener` in the feed of `key`, starting its task when it has none (whose GET
+    /// Puts `member` in the feed of `key`, starting its task when it has none (whose GET
     /// stream, over HTTP, takes one of the caller's held upstream connections first).
     fn join<W: Watched>(
         self: &Arc<Self>,
         key: u64,
-        (serial, listener): (u64, Listener),
+        member: Member,
         upstream: Arc<W>,
         client: &Client<'_>,
         caps: Option<String>,
@@ -439,22 +538,18 @@ impl Listeners {
         let mut feeds = self.feeds();
         let feed = feeds
             .entry(key)
-            .or_insert_with(|| {
-                Arc::new(Feed {
-                    state: Mutex::default(),
-                    changed: Notify::new(),
-                })
-            })
+            .or_insert_with(|| Arc::new(Feed::new()))
             .clone();
         let mut st = feed.lock();
-        if st.task.is_none() && !upstream.shares_notices() {
+        let starts = st.task.is_none() && !st.no_stream;
+        if starts && !upstream.shares_notices() {
             match self
                 .ledger
                 .charge(Pool::HeldConnections, client.caller.key())
             {
                 Ok(c) => st.connection = Some(c),
                 Err(e) => {
-                    let empty = st.listeners.is_empty();
+                    let empty = st.is_empty();
                     drop(st);
                     if empty && feeds.get(&key).is_some_and(|f| Arc::ptr_eq(f, &feed)) {
                         feeds.remove(&key);
@@ -463,8 +558,15 @@ impl Listeners {
                 }
             }
         }
-        st.listeners.insert(serial, listener);
-        if st.task.is_none() {
+        match member {
+            Member::Listener(serial, listener) => {
+                st.listeners.insert(serial, listener);
+            }
+            Member::Call(serial, call) => {
+                st.calls.insert(serial, call);
+            }
+        }
+        if starts {
             let owner = Owner {
                 headers: client.headers.clone(),
                 caller: client.caller,
@@ -482,39 +584,139 @@ impl Listeners {
         drop(st);
         Ok(feed)
     }
+
+    /// A call in flight in the 2025 session `client`'s requests use (`caps`, as the session
+    /// is keyed; the session is open): the questions the upstream sends on the session's
+    /// stream while it runs are routed to it (the newest call whose client `covers` them
+    /// first). Waits at most [`OPEN_WAIT`] for the stream to be open, since a 2025 server
+    /// drops what it sends on a stream nobody reads. `None` when the stream is not read for
+    /// calls (a stdio child, `EPODE_SIDECAR_SESSION_STREAM_QUESTIONS` off, an upstream with
+    /// no session stream, or the caller holds its share of the connections long-lived
+    /// holders keep).
+    pub(crate) async fn in_flight<W: Watched>(
+        self: &Arc<Self>,
+        upstream: Arc<W>,
+        client: &Client<'_>,
+        (caps, session): (Option<String>, Option<HeaderValue>),
+        covers: Covers,
+    ) -> Option<Inbox> {
+        if !self.for_calls || upstream.shares_notices() {
+            return None;
+        }
+        let key = self.key(&client.caller, caps.as_deref());
+        let (tx, rx) = mpsc::channel(MAX_QUESTIONS);
+        let serial = self.serial.fetch_add(1, Ordering::Relaxed) as u64;
+        let call = InFlight { covers, tx };
+        let feed = self
+            .join(key, Member::Call(serial, call), upstream, client, caps)
+            .ok()?;
+        let leaving = Leaving {
+            listeners: self.clone(),
+            feed: feed.clone(),
+            key,
+            serial,
+            call: true,
+            _place: None,
+        };
+        if feed.lock().no_stream {
+            return None;
+        }
+        // Its stream must be its session's: one open in a session since replaced (another
+        // client's discovery opens a new one) is opened again at once.
+        let want = Opened::Open(session);
+        let mut open = feed.open.subscribe();
+        if *open.borrow() != want {
+            // Wakes a feed waiting out its back-off, or reading a replaced session's stream.
+            feed.replaced.notify_one();
+            // A stream that failed to open last time is not waited for (the call would pay
+            // the wait every time).
+            if !feed.failing.load(Ordering::Relaxed) {
+                let _ = tokio::time::timeout(OPEN_WAIT, open.wait_for(|o| *o == want)).await;
+            }
+        }
+        Some(Inbox {
+            rx,
+            early: None,
+            _place: Box::new(leaving),
+        })
+    }
+
+    /// Stops the feed of `key` once nobody has been in it for [`LINGER`] (a call or a
+    /// listener that comes back meanwhile keeps its stream): one waiting task per feed.
+    fn stop_when_idle(self: &Arc<Self>, key: u64, feed: &Arc<Feed>) {
+        let mut st = feed.lock();
+        let waiting = st.idle_since.is_some();
+        st.idle_since = Some(Instant::now());
+        drop(st);
+        if waiting {
+            return;
+        }
+        let (me, feed) = (self.clone(), feed.clone());
+        tokio::spawn(async move {
+            loop {
+                let since = match feed.lock().idle_since {
+                    Some(since) => since,
+                    None => return,
+                };
+                tokio::time::sleep_until((since + LINGER).into()).await;
+                let mut feeds = me.feeds();
+                let mut st = feed.lock();
+                if !st.is_empty() {
+                    st.idle_since = None;
+                    return;
+                }
+                if st.idle_since.is_some_and(|s| s.elapsed() < LINGER) {
+                    continue;
+                }
+                // Nobody came back: the stream closes with the task, its connection's place
+                // is given back.
+                st.idle_since = None;
+                if let Some(task) = st.task.take() {
+                    task.abort();
+                }
+                st.connection = None;
+                drop(st);
+                if feeds.get(&key).is_some_and(|f| Arc::ptr_eq(f, &feed)) {
+                    feeds.remove(&key);
+                }
+                return;
+            }
+        });
+    }
 }
 
-/// A listener's place in its feed (and in the ledger), given up when its stream ends.
+/// Who joins a feed.
+enum Member {
+    Listener(u64, Listener),
+    Call(u64, InFlight),
+}
+
+/// A listener's or a call's place in its feed (and a listener's in the ledger), given up
+/// when its stream ends.
 struct Leaving {
     listeners: Arc<Listeners>,
     feed: Arc<Feed>,
     key: u64,
     serial: u64,
-    _place: Charge,
+    /// A call in flight (not a listener).
+    call: bool,
+    _place: Option<Charge>,
 }
 
 impl Drop for Leaving {
     fn drop(&mut self) {
-        self.listeners.metrics.listen.streams.dec();
-        let mut feeds = self.listeners.feeds();
         let mut st = self.feed.lock();
-        st.listeners.remove(&self.serial);
-        if st.listeners.is_empty() {
-            // The last listener left: the GET stream closes with the task, and its
-            // connection's place is given back.
-            if let Some(task) = st.task.take() {
-                task.abort();
-            }
-            st.connection = None;
-            drop(st);
-            if feeds
-                .get(&self.key)
-                .is_some_and(|f| Arc::ptr_eq(f, &self.feed))
-            {
-                feeds.remove(&self.key);
-            }
+        if self.call {
+            st.calls.remove(&self.serial);
         } else {
-            drop(st);
+            self.listeners.metrics.listen.streams.dec();
+            st.listeners.remove(&self.serial);
+        }
+        let empty = st.is_empty();
+        drop(st);
+        if empty {
+            self.listeners.stop_when_idle(self.key, &self.feed);
+        } else if !self.call {
             self.feed.changed.notify_one();
         }
     }
@@ -601,6 +803,8 @@ enum Ended {
     /// The upstream refused the credentials: the listeners' subscriptions end (they listen
     /// again with fresh ones).
     Refused(StatusCode),
+    /// Its session was replaced: the new one's stream is opened at once.
+    Replaced,
 }
 
 async fn run_feed<W: Watched>(
@@ -614,12 +818,19 @@ async fn run_feed<W: Watched>(
     let mut stale = None;
     loop {
         let opened = Instant::now();
-        let ended = feed_once(&feed, &*upstream, &owner, &listeners, stale.take()).await;
+        let mut was_open = feed.open.subscribe();
+        was_open.mark_unchanged();
+        let ended = feed_once(&feed, &upstream, &owner, &listeners, stale.take()).await;
+        // Opened during this try, or failed before it could (a call then does not wait).
+        let failed = !was_open.has_changed().unwrap_or(false) && !matches!(ended, Ended::Replaced);
+        feed.failing.store(failed, Ordering::Relaxed);
         match ended {
             Ended::NoStream => {
                 tracing::info!("the upstream keeps no GET stream for its sessions (405): only the change notices it sends on calls' streams reach listeners");
-                // No stream, no connection kept.
-                feed.lock().connection = None;
+                // No stream, no connection kept; calls do not wait for one.
+                let mut st = feed.lock();
+                st.connection = None;
+                st.no_stream = true;
                 return;
             }
             Ended::Refused(status) => {
@@ -635,6 +846,11 @@ async fn run_feed<W: Watched>(
                 metrics.listen.reopened.inc();
                 tracing::debug!(why, "a listen feed's stream ended; reopening");
             }
+            Ended::Replaced => {
+                metrics.listen.reopened.inc();
+                pause = BACKOFF_FIRST;
+                continue;
+            }
             Ended::Forgotten(session) => {
                 metrics.listen.reopened.inc();
                 tracing::debug!(
@@ -648,7 +864,11 @@ async fn run_feed<W: Watched>(
         }
         let jitter =
             Duration::from_millis(rand::random::<u64>() % (pause.as_millis() as u64 / 4 + 1));
-        tokio::time::sleep(pause + jitter).await;
+        // A call that waits for the stream cuts the pause short.
+        tokio::select! {
+            () = tokio::time::sleep(pause + jitter) => {}
+            () = feed.replaced.notified() => {}
+        }
         pause = (pause * 2).min(BACKOFF_LAST);
     }
 }
@@ -656,7 +876,7 @@ async fn run_feed<W: Watched>(
 /// Opens the feed's stream once and reads it until it ends.
 async fn feed_once<W: Watched>(
     feed: &Feed,
-    upstream: &W,
+    upstream: &Arc<W>,
     owner: &Owner,
     listeners: &Listeners,
     stale: Option<HeaderValue>,
@@ -666,33 +886,16 @@ async fn feed_once<W: Watched>(
         caller: owner.caller,
         meta: None,
     };
-    let (headers, _) = match upstream
-        .session_headers(&client, owner.caps.as_deref(), stale.as_ref())
-        .await
-    {
-        Ok(s) => s,
-        Err(e) => return Ended::Dropped(e.to_string()),
+    let (headers, resp) = match open_stream(&**upstream, &client, owner, stale).await {
+        Ok(opened) => opened,
+        Err(ended) => return ended,
     };
-    let mut get = headers.clone();
-    get.insert(
-        header::ACCEPT,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    let resp = match upstream.watch(&owner.caller, get).await {
-        Ok(r) => r,
-        Err(e) => return Ended::Dropped(e.to_string()),
-    };
-    match resp.status() {
-        StatusCode::METHOD_NOT_ALLOWED => return Ended::NoStream,
-        StatusCode::NOT_FOUND => {
-            return Ended::Forgotten(headers.get(crate::mcp::headers::SESSION_ID).cloned())
-        }
-        s @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => return Ended::Refused(s),
-        s if !s.is_success() => return Ended::Dropped(format!("the upstream answered {s}")),
-        _ => {}
-    }
     // A new stream (perhaps a new session): what it was told is told again.
     feed.lock().subscribed.clear();
+    feed.open.send_replace(Opened::Open(
+        headers.get(crate::mcp::headers::SESSION_ID).cloned(),
+    ));
+    let _closed = Closes(&feed.open);
     let mut body = resp.into_body();
     let mut splitter = EventSplitter::default();
     let mut events = VecDeque::new();
@@ -700,7 +903,7 @@ async fn feed_once<W: Watched>(
     keep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     keep.tick().await;
     // The subscriptions are told while the stream is read: a notice never waits for them.
-    let sync = || Box::pin(sync_subscriptions(feed, upstream, owner, &headers));
+    let sync = || Box::pin(sync_subscriptions(feed, &**upstream, owner, &headers));
     let mut syncing = Some(sync());
     let mut again = false;
     loop {
@@ -723,6 +926,13 @@ async fn feed_once<W: Watched>(
                 Some(Err(e)) => return Ended::Dropped(format!("the stream broke off ({e})")),
                 None => return Ended::Dropped("the upstream ended the stream".into()),
             },
+            () = feed.replaced.notified() => {
+                // A call found its session's stream is not this one: checked, not assumed
+                // (the stream may have moved to the new session meanwhile).
+                if let Some(ended) = replaced(&**upstream, &client, owner, &headers).await {
+                    return ended;
+                }
+            }
             () = feed.changed.notified() => {
                 if syncing.is_some() {
                     again = true;
@@ -733,24 +943,81 @@ async fn feed_once<W: Watched>(
             _ = keep.tick() => {
                 // Marks the session used; one that was replaced (evicted, or the upstream
                 // forgot it) means this stream is no longer its.
-                let now = upstream.session_headers(&client, owner.caps.as_deref(), None).await;
-                let ours = headers.get(crate::mcp::headers::SESSION_ID);
-                match now {
-                    Ok((h, _)) if h.get(crate::mcp::headers::SESSION_ID) == ours => {}
-                    Ok(_) => return Ended::Dropped("its session was replaced".into()),
-                    Err(e) => return Ended::Dropped(e.to_string()),
+                if let Some(ended) = replaced(&**upstream, &client, owner, &headers).await {
+                    return ended;
                 }
             }
         }
     }
 }
 
-/// One event of the feed's stream: a notice goes to the listeners; a request of the
-/// server's is answered (nobody can be asked on the session's stream: its questions go in
-/// the call that asks them).
+/// Opens the stream of the session the feed's requests use: its headers and the stream, or
+/// how the try ended.
+async fn open_stream<W: Watched>(
+    upstream: &W,
+    client: &Client<'_>,
+    owner: &Owner,
+    stale: Option<HeaderValue>,
+) -> Result<(HeaderMap, http::Response<super::hop::UpstreamBody>), Ended> {
+    let (headers, _) = upstream
+        .session_headers(client, owner.caps.as_deref(), stale.as_ref())
+        .await
+        .map_err(|e| Ended::Dropped(e.to_string()))?;
+    let mut get = headers.clone();
+    get.insert(
+        header::ACCEPT,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    let resp = upstream
+        .watch(&owner.caller, get)
+        .await
+        .map_err(|e| Ended::Dropped(e.to_string()))?;
+    match resp.status() {
+        StatusCode::METHOD_NOT_ALLOWED => Err(Ended::NoStream),
+        StatusCode::NOT_FOUND => Err(Ended::Forgotten(
+            headers.get(crate::mcp::headers::SESSION_ID).cloned(),
+        )),
+        s @ (StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) => Err(Ended::Refused(s)),
+        s if !s.is_success() => Err(Ended::Dropped(format!("the upstream answered {s}"))),
+        _ => Ok((headers, resp)),
+    }
+}
+
+/// How the stream of the session in `headers` ends when that is no longer the session the
+/// feed's requests use (it was replaced, or looking it up failed); `None` while it is.
+async fn replaced<W: Watched>(
+    upstream: &W,
+    client: &Client<'_>,
+    owner: &Owner,
+    headers: &HeaderMap,
+) -> Option<Ended> {
+    let now = upstream
+        .session_headers(client, owner.caps.as_deref(), None)
+        .await;
+    let ours = headers.get(crate::mcp::headers::SESSION_ID);
+    match now {
+        Ok((h, _)) if h.get(crate::mcp::headers::SESSION_ID) == ours => None,
+        Ok(_) => Some(Ended::Replaced),
+        Err(e) => Some(Ended::Dropped(e.to_string())),
+    }
+}
+
+/// Marks a feed's stream closed when its reading ends.
+struct Closes<'a>(&'a tokio::sync::watch::Sender<Opened>);
+
+impl Drop for Closes<'_> {
+    fn drop(&mut self) {
+        self.0.send_replace(Opened::Closed);
+    }
+}
+
+/// One event of the feed's stream: a notice goes to the listeners; a request of the server's
+/// (a question) is asked of the newest call in flight in the session whose client can answer
+/// it, or, when none can, answered at once with the error a client without the capability
+/// sends (`ping` is answered).
 async fn on_event<W: Watched>(
     ev: &[u8],
-    upstream: &W,
+    upstream: &Arc<W>,
     owner: &Owner,
     headers: &HeaderMap,
     listeners: &Listeners,
@@ -763,24 +1030,35 @@ async fn on_event<W: Watched>(
         return;
     };
     if let Some(id) = msg.get("id") {
-        let answer = if method == "ping" {
-            format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#, id.get())
-        } else {
-            serde_json::json!({
-                "jsonrpc": "2.0",
-                "id": id,
-                "error": {
-                    "code": crate::error::code::METHOD_NOT_FOUND,
-                    "message": format!("epode-sidecar: {method} on the session's stream reaches no client (a 2026-07-28 client is asked only within the call that needs the answer: send the request related to it)"),
-                },
-            })
-            .to_string()
+        if method == "ping" {
+            let answer = format!(r#"{{"jsonrpc":"2.0","id":{},"result":{{}}}}"#, id.get());
+            tell_in_session(&**upstream, owner, headers, Bytes::from(answer)).await;
+            return;
+        }
+        let Some(question) = Question::of(&msg) else {
+            return;
         };
-        if let Err(e) = upstream
-            .post_in_session(&owner.caller, headers.clone(), Bytes::from(answer))
-            .await
-        {
-            tracing::debug!(error = %e, "an answer on a listen feed's session did not reach the upstream");
+        match feed.route(question) {
+            Ok((claimed, question)) => {
+                // A call that has not taken it in time (its answer is no stream, or it
+                // ended) does not leave the server waiting.
+                let (upstream, caller, headers) = (upstream.clone(), owner.caller, headers.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(ROUTED_GRACE).await;
+                    if !claimed.swap(true, Ordering::AcqRel) {
+                        let why = "the call in flight it was asked of did not take it (its answer is not a stream, or it ended)";
+                        let answer = unasked(&question, crate::error::code::INTERNAL_ERROR, why);
+                        if let Err(e) = upstream.post_in_session(&caller, headers, answer).await {
+                            tracing::debug!(error = %e, "a declined question did not reach the upstream");
+                        }
+                    }
+                });
+            }
+            Err(question) => {
+                let why = "no call in flight in this session has a client that can answer it (a 2026-07-28 client is asked within the call that needs the answer, when it declared the capability the question takes)";
+                let answer = unasked(&question, crate::error::code::METHOD_NOT_FOUND, why);
+                tell_in_session(&**upstream, owner, headers, answer).await;
+            }
         }
         return;
     }
@@ -797,6 +1075,31 @@ async fn on_event<W: Watched>(
         msg.get("params").map(|p| &**p),
         &listeners.metrics.listen.cut,
     );
+}
+
+/// The error the upstream gets for a question of its session's stream asked of nobody.
+fn unasked(q: &Question, code: i64, why: &str) -> Bytes {
+    let msg = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": &*q.id,
+        "error": {"code": code, "message": format!("epode-sidecar: {} is asked of nobody: {why}", q.method)},
+    });
+    Bytes::from(msg.to_string())
+}
+
+/// Posts `answer` in the feed's session (its answer read and dropped).
+async fn tell_in_session<W: Watched>(
+    upstream: &W,
+    owner: &Owner,
+    headers: &HeaderMap,
+    answer: Bytes,
+) {
+    if let Err(e) = upstream
+        .post_in_session(&owner.caller, headers.clone(), answer)
+        .await
+    {
+        tracing::debug!(error = %e, "an answer on a session's stream did not reach the upstream");
+    }
 }
 
 /// Subscriptions told at once, at most, while a feed's listeners change.
@@ -932,10 +1235,7 @@ mod tests {
 
     #[test]
     fn a_notice_goes_only_to_the_listeners_that_want_it_and_a_full_one_is_cut() {
-        let feed = Feed {
-            state: Mutex::default(),
-            changed: Notify::new(),
-        };
+        let feed = Feed::new();
         let cut = prometheus_client::metrics::counter::Counter::default();
         let (tx1, mut rx1) = mpsc::channel(LISTENER_QUEUE);
         let (tx2, mut rx2) = mpsc::channel(LISTENER_QUEUE);

@@ -9,9 +9,7 @@
 //! plan. A JSON-only client gets today's error, and so does an `input_required` that arrives
 //! as an SSE event (after progress): neither can be carried.
 
-use std::collections::HashMap;
-use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,114 +20,15 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use super::asks::{Asks, Target};
 use super::caller::Caller;
 use crate::body::{Body, BoxError};
 use crate::error::{Error, ErrorKind};
-use crate::ledger::{Charge, Ledger, Pool};
+use crate::ledger::Charge;
 use crate::mcp::method::Method;
 use crate::mcp::raw;
 use crate::mcp::rewrite::ResultPlan;
 use crate::mcp::sse::{message_event, MAX_QUESTIONS, MAX_ROUNDS};
-
-/// How the sidecar's questions to a 2025 client are named: the client answers under this id.
-pub(super) const ASK_PREFIX: &str = "epode-sidecar-ask-";
-
-/// An answer the asked client POSTed: its JSON-RPC response.
-type Answered = Value;
-
-struct Ask {
-    owner: Caller,
-    answer: oneshot::Sender<Answered>,
-    /// Its place in the ledger (`questions`), charged to its caller.
-    _charge: Charge,
-}
-
-/// The questions asked of 2025 clients and not answered yet, shared by every worker; how
-/// many may be open, in all and per caller, is the ledger's.
-pub(crate) struct Asks {
-    open: Mutex<HashMap<u128, Ask>>,
-    ledger: Arc<Ledger>,
-}
-
-impl Asks {
-    pub(crate) fn new(ledger: Arc<Ledger>) -> Self {
-        Asks {
-            open: Mutex::default(),
-            ledger,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u128, Ask>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// `n` places for `owner`'s questions, or the refusal to answer with.
-    pub(super) fn places(&self, owner: &Caller, n: usize) -> Result<Vec<Charge>, Error> {
-        (0..n)
-            .map(|_| self.ledger.charge(Pool::Questions, owner.key()))
-            .collect()
-    }
-
-    /// A new question for `owner`, in the place `charge` took: its id (JSON string) and
-    /// where its answer arrives.
-    fn ask(&self, owner: Caller, charge: Charge) -> (u128, String, oneshot::Receiver<Answered>) {
-        let mut open = self.lock();
-        let key: u128 = rand::random();
-        let (tx, rx) = oneshot::channel();
-        open.insert(
-            key,
-            Ask {
-                owner,
-                answer: tx,
-                _charge: charge,
-            },
-        );
-        let mut id = String::with_capacity(ASK_PREFIX.len() + 32);
-        let _ = write!(id, "{ASK_PREFIX}{key:032x}");
-        (key, id, rx)
-    }
-
-    fn forget(&self, key: u128) {
-        self.lock().remove(&key);
-    }
-
-    /// A client's POSTed message, when it answers one of the sidecar's questions: delivered
-    /// when `caller` is the client that was asked. `false`: not an answer to one of them.
-    pub(super) fn answer(&self, bytes: &[u8], caller: &Caller) -> bool {
-        if !bytes
-            .windows(ASK_PREFIX.len())
-            .any(|w| w == ASK_PREFIX.as_bytes())
-        {
-            return false;
-        }
-        let Ok(msg) = serde_json::from_slice::<Value>(bytes) else {
-            return false;
-        };
-        let Some(key) = msg
-            .get("id")
-            .and_then(Value::as_str)
-            .and_then(|id| id.strip_prefix(ASK_PREFIX))
-            .filter(|hex| hex.len() == 32)
-            .and_then(|hex| u128::from_str_radix(hex, 16).ok())
-        else {
-            return false;
-        };
-        if msg.get("method").is_some() {
-            return false;
-        }
-        let mut open = self.lock();
-        match open.get(&key) {
-            Some(ask) if caller.may_answer_for(&ask.owner) => {
-                if let Some(ask) = open.remove(&key) {
-                    let _ = ask.answer.send(msg);
-                }
-            }
-            Some(_) => tracing::debug!("an answer from a client the question was not asked of"),
-            None => tracing::debug!("an answer to no open question"),
-        }
-        true
-    }
-}
 
 /// Whether a 2025 client accepts an event stream as its answer.
 pub(super) fn accepts_stream(headers: &HeaderMap) -> bool {
@@ -314,7 +213,8 @@ async fn ask_round(
     let mut waiting = Vec::with_capacity(requests.len());
     for (key, request) in requests {
         let Some(place) = places.pop() else { break };
-        let (ask, id, rx) = m.asks.ask(m.caller, place);
+        let (tx_answer, rx) = oneshot::channel();
+        let (ask, id) = m.asks.ask(m.caller, place, Target::Waiting(tx_answer));
         let mut msg = json!({"jsonrpc": "2.0", "id": id, "method": request.get("method")});
         if let Some(p) = request.get("params") {
             msg["params"] = p.clone();
@@ -329,6 +229,16 @@ async fn ask_round(
         }
         waiting.push((key, ask, rx));
     }
+    gather(m, waiting, tx).await
+}
+
+/// The answers to the questions asked (`waiting`: each key, its entry, where its answer
+/// arrives), in the order asked; the first one missing or refused stops the round.
+async fn gather(
+    m: &Mirror,
+    waiting: Vec<(String, u128, oneshot::Receiver<super::asks::Answered>)>,
+    tx: &mpsc::Sender<Bytes>,
+) -> Result<Map<String, Value>, Stop> {
     let mut responses = Map::new();
     for (key, ask, rx) in waiting {
         let got = tokio::select! {
@@ -368,44 +278,4 @@ async fn ask_round(
         }
     }
     Ok(responses)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::net::SocketAddr;
-
-    fn caller(token: &str) -> Caller {
-        let mut h = HeaderMap::new();
-        h.insert("authorization", http::HeaderValue::from_str(token).unwrap());
-        let peer = "10.0.0.1:1".parse::<SocketAddr>().unwrap();
-        Caller::decide(None, &h, peer.ip(), peer)
-    }
-
-    #[test]
-    fn an_answer_counts_only_from_the_client_asked_and_only_once() {
-        let asks = Asks::new(Ledger::with(Pool::Questions, 10, 2));
-        let alice = caller("Bearer alice");
-        let place = asks.places(&alice, 1).unwrap().pop().unwrap();
-        let (_, id, mut rx) = asks.ask(alice, place);
-        let answer =
-            json!({"jsonrpc": "2.0", "id": id, "result": {"action": "accept"}}).to_string();
-        // Mallory's answer is taken as an answer to a question, but not delivered.
-        assert!(asks.answer(answer.as_bytes(), &caller("Bearer mallory")));
-        assert!(rx.try_recv().is_err());
-        assert!(asks.answer(answer.as_bytes(), &alice));
-        assert_eq!(rx.try_recv().unwrap()["result"]["action"], "accept");
-        // Not one of the sidecar's ids, a request, or garbage: not an answer of this kind.
-        assert!(!asks.answer(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#, &alice));
-        let request = json!({"jsonrpc": "2.0", "id": id, "method": "x"}).to_string();
-        assert!(!asks.answer(request.as_bytes(), &alice));
-        assert!(!asks.answer(b"epode-sidecar-ask-", &alice));
-        // Answered: its place is given back. A caller has its share of places, no more.
-        assert_eq!(asks.ledger.in_use(Pool::Questions), 0);
-        let two = asks.places(&alice, 2).unwrap();
-        let e = asks.places(&alice, 1).unwrap_err();
-        assert_eq!(e.status(), http::StatusCode::TOO_MANY_REQUESTS);
-        assert!(asks.places(&caller("Bearer bob"), 2).is_ok());
-        drop(two);
-    }
 }

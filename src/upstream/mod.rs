@@ -7,6 +7,7 @@
 //! `Upstream` puts them together for one worker.
 
 mod answer;
+mod asks;
 mod bridge;
 mod caller;
 mod context;
@@ -21,6 +22,7 @@ mod listen;
 mod mirror;
 mod pool;
 mod ready;
+mod relay;
 mod session;
 mod stdio;
 pub(crate) use self::stdio::exec;
@@ -81,8 +83,9 @@ struct Known {
     sessions: Sessions,
     /// Calls held while a 2026 client answers their questions (`bridge.rs`).
     held: Arc<held::HeldCalls>,
-    /// Questions asked of 2025 clients for a 2026 upstream (`mirror.rs`).
-    asks: Arc<mirror::Asks>,
+    /// Questions asked of 2025 clients under the sidecar's ids: a 2026 upstream's
+    /// (`mirror.rs`) and a 2025 HTTP upstream's (`relay.rs`).
+    asks: Arc<asks::Asks>,
     /// How long a question waits for its client.
     wait: std::time::Duration,
     /// The listen streams served for a 2025-era upstream, and their feeds (`listen.rs`).
@@ -185,9 +188,13 @@ impl Upstream {
                     config.feedback.key.as_ref().map(|k| k.expose_secret()),
                     &metrics.held,
                 ),
-                asks: Arc::new(mirror::Asks::new(ledger.clone())),
+                asks: Arc::new(asks::Asks::new(ledger.clone())),
                 wait: config.limits.held_call_wait,
-                listeners: Arc::new(listen::Listeners::new(ledger.clone(), metrics.clone())),
+                listeners: Arc::new(listen::Listeners::new(
+                    ledger.clone(),
+                    metrics.clone(),
+                    config.limits.session_stream_questions,
+                )),
                 ledger,
             }),
             metrics,
@@ -262,9 +269,20 @@ impl Upstream {
     /// `notifications/cancelled`. A stdio child is told (the sidecar routes them); an HTTP
     /// upstream has no session of the client's to tell, so nothing goes.
     pub(crate) async fn tell(&self, client: &Client<'_>, bytes: &Bytes) {
-        // An answer to a question the sidecar asked for a 2026 upstream (`mirror.rs`).
-        if self.known.asks.answer(bytes, &client.caller) {
-            return;
+        // An answer to a question the sidecar asked under its own id: a 2026 upstream's
+        // (`mirror.rs`), or a 2025 HTTP upstream's, which goes back in its session.
+        match self.known.asks.answer(bytes, &client.caller) {
+            asks::Heard::NotAnAnswer => {}
+            asks::Heard::Taken => return,
+            asks::Heard::Upstream(q, back) => {
+                let reply = held::Reply::Http {
+                    session: q.session,
+                    version: q.version,
+                };
+                self.answer_question(client.headers, client.caller, &reply, back)
+                    .await;
+                return;
+            }
         }
         let hop = self.link.hop();
         if !hop.takes_client_notes() {
@@ -360,12 +378,17 @@ impl Upstream {
         mut ctx: RequestContext<'_>,
     ) -> Result<Response<Body>, Error> {
         let asks = ctx.era == Era::Modern && ctx.listed.is_some_and(|m| m.entry().input_required);
+        // A call that may ask, in a 2025 session over HTTP: the questions the server sends on
+        // the session's stream while it runs may be asked of it.
+        let inbox = self.in_flight(client, bytes, ctx.listed, ctx.era).await;
         if let Some(state) = ctx
             .request_state
             .filter(|_| asks)
             .and_then(bridge::held_state)
         {
-            return bridge::resume(self.bridge_way(client), client, bytes, &state, ctx).await;
+            let mut way = self.bridge_way(client);
+            way.inbox = inbox;
+            return bridge::resume(way, client, bytes, &state, ctx).await;
         }
         let sent = match self
             .send_with_retry(client, query, bytes, ctx.called(), Asker::Client(ctx.era))
@@ -401,13 +424,7 @@ impl Upstream {
         {
             return self.answer_or_ask(client, bytes, sent, ctx).await;
         }
-        // A 2025-era upstream's questions in a 2026 client's call are asked of the client.
-        let bridge = match (asks, sent.era, ctx.listed) {
-            (true, Era::Legacy, Some(method)) => {
-                Some(self.asking(client, bytes, method, &sent, &ctx))
-            }
-            _ => None,
-        };
+        let questions = self.questions(client, bytes, &sent, &ctx);
         // 2026 sends change notices only on listen streams: a 2025 upstream's on a 2026
         // client's call (an event stream: a JSON answer holds none) go to the listeners of
         // its session.
@@ -415,15 +432,98 @@ impl Upstream {
             && sent.era == Era::Legacy
             && crate::body::is_event_stream(sent.response.headers()))
         .then(|| self.notices_for(client));
-        answer::finish(
-            sent.response,
-            ctx,
-            sent.era,
-            self.link.bounds(),
-            bridge,
+        let aside = answer::Aside {
+            questions,
             notices,
-        )
-        .await
+            inbox,
+        };
+        answer::finish(sent.response, ctx, sent.era, self.link.bounds(), aside).await
+    }
+
+    /// A call of a method that may ask, for a 2025-era HTTP upstream, in flight in its
+    /// session: the questions the server sends on the session's stream while it runs may be
+    /// asked of it, when its client declared the capability they take (a 2025 client that
+    /// declared none is asked whatever its server asks). The session is opened first, and the
+    /// call waits (a first call in a session, at most 2 s) for its stream to be read.
+    async fn in_flight(
+        self: &Arc<Self>,
+        client: &Client<'_>,
+        bytes: &Bytes,
+        listed: Option<Method>,
+        era: Era,
+    ) -> Option<crate::mcp::sse::Inbox> {
+        let may_ask = listed.is_some_and(|m| m.entry().input_required);
+        if !may_ask || self.link.hop().takes_client_notes() {
+            return None;
+        }
+        if self.era(client).await.ok()? != Era::Legacy {
+            return None;
+        }
+        let (caps, covers): (Option<Box<RawValue>>, listen::Covers) = match era {
+            Era::Modern => {
+                let declared = bridge::capabilities_of(bytes);
+                (
+                    Self::session_caps(client),
+                    Box::new(move |q| bridge::covers(&declared, q)),
+                )
+            }
+            Era::Legacy => {
+                let caps = self.client_capabilities(client.headers);
+                let declared = caps
+                    .as_deref()
+                    .and_then(|c| serde_json::from_str::<Value>(c.get()).ok());
+                let covers: listen::Covers = match declared {
+                    Some(d) => Box::new(move |q| bridge::covers(&d, q)),
+                    None => Box::new(|_| true),
+                };
+                (caps, covers)
+            }
+        };
+        let caps = caps.map(|c| c.get().to_owned());
+        // The session the call goes in, open before its stream is read.
+        let session = self
+            .known
+            .sessions
+            .session(&self.link, client, caps.as_deref())
+            .await
+            .ok()?;
+        self.known
+            .listeners
+            .clone()
+            .in_flight(self.clone(), client, (caps, session.id.clone()), covers)
+            .await
+    }
+
+    /// What becomes of the questions a 2025-era upstream asks in a call's stream: a 2026
+    /// client is asked them as `input_required` (`bridge.rs`); a 2025 client is asked them on
+    /// its stream, a stdio child's relayed by the pipe, an HTTP upstream's under the sidecar's
+    /// ids (`relay.rs`); a call of a method that never asks has nobody to ask.
+    fn questions(
+        self: &Arc<Self>,
+        client: &Client<'_>,
+        bytes: &Bytes,
+        sent: &Sent,
+        ctx: &RequestContext<'_>,
+    ) -> crate::mcp::sse::Questions {
+        use crate::mcp::sse::Questions;
+        let stdio = self.link.hop().takes_client_notes();
+        let may_ask = ctx.listed.filter(|m| m.entry().input_required);
+        match (ctx.era, sent.era, may_ask) {
+            (Era::Modern, Era::Legacy, Some(method)) => {
+                Questions::Bridged(self.asking(client, bytes, method, sent, ctx))
+            }
+            (Era::Legacy, _, _) if stdio => Questions::Carried,
+            (Era::Legacy, Era::Legacy, Some(_)) => Questions::Relayed(Box::new(relay::Relaying {
+                asks: self.known.asks.clone(),
+                answers: self.clone(),
+                headers: client.headers.clone(),
+                caller: client.caller,
+                session: relay::session_of(sent.session.as_deref()),
+                open: Vec::new(),
+            })),
+            _ if stdio => Questions::Carried,
+            _ => Questions::Refused,
+        }
     }
 
     /// A 2026 client's `subscriptions/listen` for a 2025-era upstream (which has none):
@@ -798,6 +898,7 @@ impl Upstream {
             bounds: self.link.bounds().clone(),
             metrics: self.metrics.clone(),
             notices: Some(self.notices_for(client)),
+            inbox: None,
         }
     }
 

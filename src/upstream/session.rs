@@ -296,7 +296,13 @@ async fn initialized(
         Bytes::from_static(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#),
     );
     match link
-        .post(&client.caller, headers, note, None, ServerRequests::Withheld)
+        .post(
+            &client.caller,
+            headers,
+            note,
+            None,
+            ServerRequests::Withheld,
+        )
         .await
     {
         Ok(resp) if resp.status().is_success() => {}

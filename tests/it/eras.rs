@@ -540,11 +540,11 @@ async fn a_2025_clients_get_stream_is_counted_not_warned() {
 
 /// A 2025-era HTTP server that asks its client a question in the middle of a call (a server
 /// request on the call's event stream) never leaves the call waiting: a 2026 client is asked
-/// at once, as `input_required` (the rounds themselves: `bridge.rs`), and a 2025 client's call
-/// fails at once with an error saying what works; before, the call waited for an answer that
-/// could not come (the sidecar drops a 2025 client's answer over HTTP).
+/// at once, as `input_required` (the rounds themselves: `bridge.rs`), and a 2025 client is
+/// asked at once on its call's stream, under an id of the sidecar's own (its answers:
+/// `questions.rs`); before, its call ended with an error.
 #[tokio::test]
-async fn a_2025_servers_question_over_http_fails_the_call_at_once_instead_of_hanging() {
+async fn a_2025_servers_question_over_http_is_asked_at_once_of_either_era() {
     use crate::support::scripted::{Reply, ScriptedUpstream};
     let question = r#"{"jsonrpc":"2.0","id":"q-1","method":"elicitation/create","params":{"message":"How many people?","requestedSchema":{"type":"object","properties":{"n":{"type":"integer"}}}}}"#;
     let up = ScriptedUpstream::new()
@@ -597,19 +597,30 @@ async fn a_2025_servers_question_over_http_fails_the_call_at_once_instead_of_han
         .send()
         .await
         .unwrap();
-    let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
-    let msg = last_message(&ct, &resp.text().await.unwrap());
+    let mut resp = resp;
+    let mut seen = String::new();
+    while !seen.contains("elicitation/create") {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), resp.chunk())
+            .await
+            .expect("the question within 5 s")
+            .unwrap()
+            .expect("the stream goes on");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "{:?}",
         started.elapsed()
     );
-    assert_eq!(msg["id"], 2, "{msg}");
-    assert!(
-        msg["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("elicitation/create"),
-        "{msg}"
-    );
+    let data = seen
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("data:")
+                .filter(|d| d.contains("elicitation"))
+        })
+        .unwrap();
+    let asked: Value = serde_json::from_str(data.trim()).unwrap();
+    let id = asked["id"].as_str().unwrap_or_default();
+    assert!(id.starts_with("epode-sidecar-ask-"), "{asked}");
+    assert_eq!(asked["params"]["message"], "How many people?", "{asked}");
 }

@@ -200,10 +200,11 @@ async fn one_caller_without_credentials_never_takes_what_anothers_calls_need() {
             r#"epode_sidecar_pool_refused_total{pool="held_calls",reason="share"}"#
         ) >= 284
     );
-    // 16 held calls and one listen feed: the upstream connections they keep, charged.
+    // 16 held calls, one listen feed, and the session streams read for the two callers'
+    // calls in flight: the upstream connections they keep, charged.
     assert_eq!(
         metric_value(&m, r#"epode_sidecar_pool_in_use{pool="held_connections"}"#),
-        17
+        19
     );
     // Sessions: ten capability sets, each a 2025 session of its own; the caller keeps its
     // share (4), its own least recently used making room, and another caller's calls go on.

@@ -37,6 +37,10 @@ Usage (run with the venv python from scripts/install-peers.sh):
                            roots            roots/list, as with --extras (NOT related to the call:
                                             over HTTP it goes on the standalone GET stream)
                            roots_call       roots/list related to the call (rides its SSE stream)
+                           sample_unrelated, ask_unrelated  sampling/createMessage and an
+                                            elicitation/create form {count} not related to the
+                                            call (over HTTP: the session's GET stream);
+                                            "sampled: <text>", "count N"
                            grow {name="grown", related=false}  adds tool NAME (answers "grown
                                             NAME") and sends notifications/tools/list_changed:
                                             session-wide (GET stream) or, related=true, on the
@@ -307,6 +311,30 @@ def add_question_tools() -> None:
         content = got.content
         text = getattr(content, "text", None)
         return f"sampled: {text if text is not None else content}"
+
+    @mcp.tool(structured_output=False)
+    async def sample_unrelated(ctx: Context) -> str:
+        """The same, without related_request_id: over HTTP it goes on the session's GET stream."""
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = await ctx.session.create_message(
+                messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text="Say hello"))],
+                max_tokens=50,
+            )
+        content = got.content
+        text = getattr(content, "text", None)
+        return f"sampled: {text if text is not None else content}"
+
+    @mcp.tool(structured_output=False)
+    async def ask_unrelated(ctx: Context) -> str:
+        """Ask for a count without relating the question to the call: the session's GET stream."""
+        got = await ctx.session.elicit_form(
+            "How many?",
+            {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
+        )
+        if got.action == "accept":
+            return f"count {(got.content or {}).get('count')}"
+        return "declined" if got.action == "decline" else "cancelled"
 
     @mcp.tool(structured_output=False)
     async def roots_call(ctx: Context) -> str:

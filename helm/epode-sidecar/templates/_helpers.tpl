@@ -214,6 +214,7 @@ README.
   (list "EPODE_SIDECAR_LISTEN_STREAMS_PER_CALLER" "sidecar.limits.listenStreamsPerCaller" $l.listenStreamsPerCaller)
   (list "EPODE_SIDECAR_QUESTIONS" "sidecar.limits.questions" $l.questions)
   (list "EPODE_SIDECAR_QUESTIONS_PER_CALLER" "sidecar.limits.questionsPerCaller" $l.questionsPerCaller)
+  (list "EPODE_SIDECAR_SESSION_STREAM_QUESTIONS" "sidecar.limits.sessionStreamQuestions" (ternary "on" (ternary "off" "" (eq $l.sessionStreamQuestions false)) (eq $l.sessionStreamQuestions true)))
   (list "EPODE_SIDECAR_TASKS" "sidecar.limits.tasks" $l.tasks)
   (list "EPODE_SIDECAR_TASKS_PER_CALLER" "sidecar.limits.tasksPerCaller" $l.tasksPerCaller)
   (list "EPODE_SIDECAR_UPSTREAM_SESSIONS_PER_CALLER" "sidecar.limits.upstreamSessionsPerCaller" $l.upstreamSessionsPerCaller)
