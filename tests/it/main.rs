@@ -29,6 +29,7 @@ mod limits;
 mod listeners;
 mod operations;
 mod otel;
+mod questions;
 mod rate_limits;
 mod secrets;
 mod shutdown;

@@ -22,6 +22,11 @@ A real FastMCP server whose tools ask the client questions the 2025 way
                     form {value: integer}}; the retry carrying inputResponses.count answers
                     "party for N" / "no party (decline|cancel)". On a 2025 connection FastMCP
                     refuses it (JSON-RPC -32602 "... only exists at MCP 2026-07-28 ...").
+  sample_call, roots_call -> sampling/createMessage, roots/list on the call's stream
+                    (related_request_id); "sampled: <text>", "N roots: <uris>"
+  sample_unrelated, roots_unrelated, ask_unrelated -> the same and a form {count: integer}
+                    NOT related to the call: over HTTP on the session's GET stream
+                    ("count N")
   plain          -> no question; "plain answer"
 
 Protocol eras. FastMCP 4.1.6 sits on `mcp==2.3.0`, so one URL serves both:
@@ -129,6 +134,63 @@ async def party_mrtr(ctx: Context) -> str | mcp_types.InputRequiredResult:
     if getattr(got, "action", None) == "accept":
         return f"party for {(got.content or {}).get('value')}"
     return f"no party ({getattr(got, 'action', got)})"
+
+
+def _hello() -> list:
+    return [mcp_types.SamplingMessage(role="user", content=mcp_types.TextContent(type="text", text="Say hello"))]
+
+
+def _sampled(got) -> str:
+    text = getattr(got.content, "text", None)
+    return f"sampled: {text if text is not None else got.content}"
+
+
+@mcp.tool
+async def sample_call(ctx: Context) -> str:
+    """Ask the client's model to say hello, on the call's stream."""
+    got = await ctx.session.create_message(
+        messages=_hello(), max_tokens=50, related_request_id=ctx.request_id
+    )
+    return _sampled(got)
+
+
+@mcp.tool
+async def roots_call(ctx: Context) -> str:
+    """Ask the client for its roots, on the call's stream."""
+    from mcp.shared.message import ServerMessageMetadata
+
+    got = await ctx.session.send_request(
+        mcp_types.ListRootsRequest(),
+        mcp_types.ListRootsResult,
+        metadata=ServerMessageMetadata(related_request_id=ctx.request_id),
+    )
+    return f"{len(got.roots)} roots: " + ",".join(str(r.uri) for r in got.roots)
+
+
+@mcp.tool
+async def sample_unrelated(ctx: Context) -> str:
+    """The same, not related to the call: over HTTP, the session's GET stream."""
+    got = await ctx.session.create_message(messages=_hello(), max_tokens=50)
+    return _sampled(got)
+
+
+@mcp.tool
+async def roots_unrelated(ctx: Context) -> str:
+    """Ask the client for its roots, not related to the call (the session's GET stream)."""
+    got = await ctx.session.list_roots()
+    return f"{len(got.roots)} roots: " + ",".join(str(r.uri) for r in got.roots)
+
+
+@mcp.tool
+async def ask_unrelated(ctx: Context) -> str:
+    """Ask for a count, not related to the call (the session's GET stream)."""
+    got = await ctx.session.elicit_form(
+        "How many?",
+        {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]},
+    )
+    if got.action == "accept":
+        return f"count {(got.content or {}).get('count')}"
+    return "declined" if got.action == "decline" else "cancelled"
 
 
 @mcp.tool

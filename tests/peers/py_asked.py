@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """The official Python `mcp==2.3.0` client as a 2025-11-25 client (mode="legacy") or a
 2026-07-28 one (mode="auto") that answers the server's questions: an elicitation callback
-that accepts with `{"value": N}` (or `{"count": N}` with --field count; declines with
---decline), a sampling callback that says "sampled by py", and a roots callback with one root,
-file:///py-root. Calls one tool and prints one JSON line: {"text": <first text block>,
-"isError": bool, "asked": [methods]}, or {"error": "..."}.
+that accepts with every property of the requested form filled (integers N, strings "py",
+booleans true; declines with --decline), a sampling callback that says "sampled by py", and a
+roots callback with one root, file:///py-root. Calls one tool and prints one JSON line:
+{"text": <first text block>, "isError": bool, "asked": [methods]}, or {"error": "..."}.
 
-Usage: $D/py/bin/python tests/peers/py_asked.py URL TOOL [--value N] [--field F] [--decline] [--mode legacy|auto]
+Usage: $D/py/bin/python tests/peers/py_asked.py URL TOOL [--value N] [--decline] [--mode legacy|auto] [--bearer T]
+(--bearer: sent as `Authorization: Bearer T`, to be a caller of its own)
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import mcp.types as types
 from mcp.client.client import Client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 
 asked: list[str] = []
 
@@ -29,14 +31,19 @@ async def main() -> None:
     p.add_argument("--value", type=int, default=4)
     p.add_argument("--decline", action="store_true")
     p.add_argument("--mode", default="legacy")
-    p.add_argument("--field", default="value")
+    p.add_argument("--bearer")
     a = p.parse_args()
 
     async def elicit(_ctx, params):
         asked.append("elicitation/create")
         if a.decline:
             return types.ElicitResult(action="decline")
-        return types.ElicitResult(action="accept", content={a.field: a.value})
+        props = (getattr(params, "requested_schema", None) or {}).get("properties") or {}
+        content = {
+            k: ("py" if v.get("type") == "string" else True if v.get("type") == "boolean" else a.value)
+            for k, v in props.items()
+        }
+        return types.ElicitResult(action="accept", content=content)
 
     async def sample(_ctx, params):
         asked.append("sampling/createMessage")
@@ -50,7 +57,12 @@ async def main() -> None:
 
     try:
         async with Client(
-            streamable_http_client(a.url),
+            streamable_http_client(
+                a.url,
+                http_client=create_mcp_http_client(
+                    headers={"Authorization": f"Bearer {a.bearer}"} if a.bearer else None
+                ),
+            ),
             mode=a.mode,
             elicitation_callback=elicit,
             sampling_callback=sample,
