@@ -556,6 +556,20 @@ struct Prepared {
     cut: tokio::sync::watch::Sender<bool>,
 }
 
+/// The other replicas, with `EPODE_SIDECAR_REPLICA_URL` (the configuration made sure the
+/// product key that seals their states is set).
+fn replicas(config: &Config) -> Result<Option<Arc<crate::replica::Replicas>>, String> {
+    let (Some(_), Some(key)) = (&config.replica_url, &config.feedback.key) else {
+        return Ok(None);
+    };
+    crate::replica::Replicas::new(
+        key.expose_secret(),
+        config.upstream_timeout,
+        config.limits.max_upstream_answer,
+    )
+    .map(|r| Some(Arc::new(r)))
+}
+
 fn failed(what: &str, e: impl std::fmt::Display) -> ExitCode {
     eprintln!("epode-sidecar: {what}: {e}");
     ExitCode::FAILURE
@@ -620,11 +634,12 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         upstream.trace_own_requests(Arc::new(crate::otel::OwnRequests));
     }
     // The one front and the one record, for the MCP path and the HTTP surface alike.
+    let replicas = replicas(config).map_err(|e| failed("cannot start", e))?;
     let front = Front::new(
         config.clone(),
         (rates.clone(), budget.clone()),
         metrics.clone(),
-        auth.clone(),
+        (auth.clone(), replicas.clone()),
         in_flight,
     );
     let records = Recorder::new(config.clone(), metrics.clone(), observer, otel.clone());
@@ -659,6 +674,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         cut: cut_rx,
         auth,
         otel: otel.clone(),
+        replicas,
     });
     Ok(Prepared {
         listeners,

@@ -37,6 +37,7 @@ mod mcp;
 mod metrics;
 mod observe;
 mod otel;
+mod replica;
 mod request;
 mod server;
 mod surface;

@@ -365,6 +365,8 @@ pub(crate) struct HeldMetrics {
     pub(crate) expired: Counter,
     /// Retries whose `requestState` continued nothing, by reason.
     refused: Family<SkipLabels, Counter>,
+    /// Retries forwarded to the replica that holds their call, by outcome.
+    forwarded: Family<OutcomeLabels, Counter>,
 }
 
 /// The authorization front door's families.
@@ -645,8 +647,13 @@ impl Metrics {
         );
         r.register(
             "held_call_refused",
-            "Retries whose requestState continued no held call, by reason (forged, other_replica, expired, gone, other_caller, other_request)",
+            "Retries whose requestState continued no held call, by reason (forged, other_replica, owner_gone, expired, gone, other_caller, other_request)",
             self.held.refused.clone(),
+        );
+        r.register(
+            "held_call_forwarded",
+            "Retries forwarded to the replica that holds their call (EPODE_SIDECAR_REPLICA_URL), by outcome (answered, owner_gone, timeout, failed)",
+            self.held.forwarded.clone(),
         );
         r.register(
             "auth_identity_disagreements",
@@ -667,6 +674,13 @@ impl Metrics {
             .refused
             .get_or_create(&SkipLabels { reason })
             .inc_by(by);
+    }
+
+    pub(crate) fn held_call_forwarded(&self, outcome: &'static str) {
+        self.held
+            .forwarded
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
     }
 
     pub(crate) fn auth_key_fetch(&self, outcome: &'static str) {

@@ -51,6 +51,15 @@ settings! {
             |c| c.path.clone(),
         )
         .flag("path", "PATH", "Path clients post to"),
+        REPLICA_URL: Url = setting(
+            "replica_url",
+            &["EPODE_SIDECAR_REPLICA_URL"],
+            None,
+            "an http:// or https:// URL at which the other replicas reach this one's MCP path, such as http://10.1.2.3:8080/mcp (a Kubernetes $(POD_IP) must be defined earlier in env to be expanded)",
+            "This replica's own address for the others (the chart sets it from the pod's IP). A held call's `requestState` names it, sealed; a retry that reaches another replica is forwarded there (the caller checked again there, the head within `EPODE_SIDECAR_UPSTREAM_TIMEOUT`, a replica that is gone told within a second as a call to start again). Replicas must share the product key (`EPODE_API_KEY`), which seals states. Unset: a retry must reach the replica that asked (client affinity).",
+            replica_url,
+            |c| c.replica_url.as_ref().map_or_else(|| "<unset: retries stay on their replica>".to_owned(), |u| u.to_string()),
+        ),
         ALLOWED_ORIGINS: OriginPolicy = setting(
             "allowed_origins",
             &["EPODE_SIDECAR_ALLOWED_ORIGINS"],
@@ -201,6 +210,26 @@ settings! {
             boolean,
             |c| if c.access_log { "on" } else { "off" }.to_owned(),
         ),
+    }
+}
+
+fn replica_url(v: &str) -> Result<Url, Bad> {
+    // `$(POD_IP)` left as written: the variable it names was not defined before it.
+    if v.contains("$(") {
+        return Err(Bad::Whole);
+    }
+    let u = Url::parse(v).map_err(|_| Bad::Whole)?;
+    let ok = matches!(u.scheme(), "http" | "https")
+        && u.host().is_some()
+        && u.username().is_empty()
+        && u.password().is_none()
+        && u.query().is_none()
+        && u.fragment().is_none()
+        && u.as_str().len() <= 512;
+    if ok {
+        Ok(u)
+    } else {
+        Err(Bad::Whole)
     }
 }
 

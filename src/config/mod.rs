@@ -389,6 +389,7 @@ impl Config {
         let loopback = listen.as_ref().is_ok_and(|a| a.ip().is_loopback());
         let (dev, dev_on) = trial(l, &listen);
         let feedback = feedback::read(l, dev_on);
+        let replica_url = replica_url(l, &feedback);
         let stdio = matches!(upstream, Ok(UpstreamTransport::Stdio(_)));
         let (tls, upstream_tls, admin_listen) = match tls {
             Ok((tls, upstream_tls, admin_listen)) => (Ok(tls), Ok(upstream_tls), Ok(admin_listen)),
@@ -437,6 +438,7 @@ impl Config {
             log: l.get(&core::LOG),
             log_format: l.get(&core::LOG_FORMAT),
             access_log: l.get(&core::ACCESS_LOG),
+            replica_url,
         })
     }
 
@@ -484,6 +486,25 @@ impl fmt::Display for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.describe())
     }
+}
+
+/// `EPODE_SIDECAR_REPLICA_URL`, refused without the product key that seals the states
+/// naming a replica.
+fn replica_url(
+    l: &Layers,
+    feedback: &Result<FeedbackConfig, Refused>,
+) -> Result<Option<url::Url>, Refused> {
+    let replica_url = l.optional(&core::REPLICA_URL);
+    if let (Ok(Some(url)), Ok(f)) = (&replica_url, feedback) {
+        if f.key.is_none() {
+            l.refuse(&core::REPLICA_URL.doc, ConfigError::Invalid {
+                name: core::REPLICA_URL.doc.name(),
+                value: url.to_string(),
+                accepts: "a URL only with EPODE_API_KEY set, the same on every replica: the product key seals the requestState that names this replica".into(),
+            });
+        }
+    }
+    replica_url
 }
 
 /// The local trial's settings when `dev` is on, and whether it is (`None`: `dev` refused).

@@ -112,6 +112,8 @@ pub(crate) struct Config {
     pub(crate) log_format: LogFormat,
     /// One access line per request (`epode_sidecar::access`), whatever `log` says.
     pub(crate) access_log: bool,
+    /// Where the other replicas reach this one (a held call's retry is forwarded there).
+    pub(crate) replica_url: Option<url::Url>,
     /// The local trial (`--dev`), when on.
     pub(crate) dev: Option<DevConfig>,
     /// The HTTP surface, when on.

@@ -25,8 +25,9 @@ use crate::mcp::end::Abandoned;
 use crate::mcp::method::Method;
 use crate::metrics::Metrics;
 use crate::otel::{self, Otel};
-use crate::request::{Front, Record, Recorder, Surface};
-use crate::upstream::{Client, Upstream};
+use crate::replica::{Replicas, Retry};
+use crate::request::{Admitted, Front, Record, Recorder, Surface};
+use crate::upstream::{Client, Refusal, Upstream};
 
 use self::table::MethodTable;
 
@@ -40,6 +41,10 @@ pub(crate) struct Dispatcher {
     records: Arc<Recorder>,
     /// The authorization front door, when on (the scopes of a request).
     auth: Option<Arc<Authorizer>>,
+    /// The other replicas, with `EPODE_SIDECAR_REPLICA_URL` (a retry of a call one of them
+    /// holds goes there).
+    replicas: Option<Arc<Replicas>>,
+    metrics: Arc<Metrics>,
 }
 
 /// What a request path is made of: the pieces it shares with the routes and the shutdown
@@ -58,6 +63,7 @@ pub(crate) struct Parts {
     pub(crate) cut: watch::Receiver<bool>,
     pub(crate) auth: Option<Arc<Authorizer>>,
     pub(crate) otel: Option<Arc<Otel>>,
+    pub(crate) replicas: Option<Arc<Replicas>>,
 }
 
 impl Dispatcher {
@@ -75,13 +81,24 @@ impl Dispatcher {
             cut,
             auth,
             otel,
+            replicas,
         } = parts;
         Dispatcher {
-            table: MethodTable::new(config.clone(), upstream, binding, metrics, rates, cut, otel),
+            table: MethodTable::new(
+                config.clone(),
+                upstream,
+                binding,
+                metrics.clone(),
+                rates,
+                cut,
+                otel,
+            ),
             config,
             front,
             records,
             auth,
+            replicas,
+            metrics,
         }
     }
 
@@ -94,6 +111,8 @@ impl Dispatcher {
             front: self.front.clone(),
             records: self.records.clone(),
             auth: self.auth.clone(),
+            replicas: self.replicas.clone(),
+            metrics: self.metrics.clone(),
         }
     }
 
@@ -153,8 +172,56 @@ impl Dispatcher {
             Ok(r) => r,
             Err(refused) => return *refused,
         };
+        if let Some((replicas, owner)) = self.held_elsewhere(&request, &admitted) {
+            return self
+                .forward(replicas, owner, &request, &admitted, record)
+                .await;
+        }
         self.answer(&request, admitted.caller, abandoned, record)
             .await
+    }
+
+    /// Where a retry continuing a call another replica holds goes (the owner its sealed
+    /// `requestState` names), unless another replica forwarded it here already.
+    fn held_elsewhere(
+        &self,
+        request: &frontdoor::Request<'_>,
+        admitted: &Admitted,
+    ) -> Option<(&Replicas, url::Url)> {
+        let replicas = self.replicas.as_deref().filter(|_| !admitted.forwarded)?;
+        request.listed.filter(|m| m.entry().input_required)?;
+        let owner = self
+            .table
+            .held_elsewhere(request.rpc.params.request_state?)?;
+        Some((replicas, owner))
+    }
+
+    /// The retry sent to the replica that holds its call, and that replica's answer; no
+    /// decoration nor event here (the owner's plan is the call's).
+    async fn forward(
+        &self,
+        replicas: &Replicas,
+        owner: url::Url,
+        request: &frontdoor::Request<'_>,
+        admitted: &Admitted,
+        record: &mut Record,
+    ) -> Response<Body> {
+        let retry = Retry {
+            headers: &admitted.parts.headers,
+            authorization: admitted.authorization.as_ref(),
+            address: admitted.address,
+            body: admitted.bytes.clone(),
+        };
+        let (answered, outcome) = replicas.forward(owner, retry).await;
+        self.metrics.held_call_forwarded(outcome);
+        if outcome == "owner_gone" {
+            self.metrics.held_call_refused(Refusal::OwnerGone.label());
+        }
+        answered.unwrap_or_else(|e| {
+            record.failed(e.code());
+            tracing::debug!(error = %e, outcome, "a retry forwarded to the replica that holds its call");
+            e.into_response(Some(request.id))
+        })
     }
 
     /// The request with its caller, once its token holds every scope it needs (with auth on);

@@ -99,6 +99,11 @@ impl MethodTable {
         }
     }
 
+    /// Where another replica holding the call a retry's `requestState` names is reached.
+    pub(super) fn held_elsewhere(&self, state: &serde_json::value::RawValue) -> Option<url::Url> {
+        self.upstream.held_elsewhere(state)
+    }
+
     /// Whether the upstream lists the tool `name` (as far as the catalog has learned).
     pub(super) fn lists(&self, name: &str) -> bool {
         self.binding.listed(name).is_some()

@@ -21,6 +21,7 @@ use crate::frontdoor;
 use crate::gate::{Gate, Permit};
 use crate::limits::{retry_after_secs, RateLimits};
 use crate::metrics::{HeadRefusal, LimitKind, Metrics};
+use crate::replica::Replicas;
 
 /// A step's refusal, the client's answer (boxed: an answer is large beside a step's `Ok`).
 type Refused = Box<Response<Body>>;
@@ -42,6 +43,8 @@ pub(crate) struct Front {
     budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
     auth: Option<Arc<Authorizer>>,
+    /// The other replicas, with `EPODE_SIDECAR_REPLICA_URL` (their forwarded retries).
+    replicas: Option<Arc<Replicas>>,
     /// The MCP requests being served (every worker's), and the surface's, apart and bounded
     /// the same (`EPODE_SIDECAR_MAX_IN_FLIGHT`), so neither can fill the other's.
     in_flight: [Gate; 2],
@@ -57,6 +60,14 @@ pub(crate) struct Admitted {
     pub(crate) caller: Caller,
     /// Who its verified token says is calling (with auth on).
     pub(crate) principal: Option<Arc<Principal>>,
+    /// The client's address, as the front decided it (the one another replica sealed, for a
+    /// retry it forwarded).
+    pub(crate) address: IpAddr,
+    /// The client's `Authorization` as it sent it, with auth on (the headers going upstream
+    /// may not carry it): a retry forwarded to another replica carries it there.
+    pub(crate) authorization: Option<HeaderValue>,
+    /// Whether another replica forwarded it (it is never forwarded again).
+    pub(crate) forwarded: bool,
     pub(crate) _in_flight: Permit,
 }
 
@@ -67,7 +78,7 @@ impl Front {
         config: Arc<Config>,
         (rates, budget): (Arc<RateLimits>, Arc<MemoryBudget>),
         metrics: Arc<Metrics>,
-        auth: Option<Arc<Authorizer>>,
+        (auth, replicas): (Option<Arc<Authorizer>>, Option<Arc<Replicas>>),
         in_flight: Gate,
     ) -> Arc<Front> {
         let surface = Gate::new(config.limits.max_in_flight);
@@ -77,6 +88,7 @@ impl Front {
             budget,
             metrics,
             auth,
+            replicas,
             in_flight: [in_flight, surface],
         })
     }
@@ -93,7 +105,7 @@ impl Front {
         record: &mut Record,
     ) -> Result<Admitted, Response<Body>> {
         self.head(surface, &parts, record).map_err(|r| *r)?;
-        let address = self.rates.client_address(peer, &parts.headers);
+        let (address, forwarded) = self.address(peer, &mut parts.headers);
         self.rate(surface, address, record).map_err(|r| *r)?;
         let in_flight = self.in_flight(surface, record).map_err(|r| *r)?;
         let limits = &self.config.limits;
@@ -107,6 +119,10 @@ impl Front {
         .await;
         let (bytes, held) = read.map_err(|e| self.body_refused(surface, e))?;
         let at = Caller::of_address(address, peer);
+        let authorization = self
+            .auth
+            .as_ref()
+            .and_then(|_| parts.headers.get(header::AUTHORIZATION).cloned());
         let principal = self.token(surface, &mut parts, &bytes, &at, record).await?;
         // Who the caller is, decided once: every table keyed by caller uses it.
         let caller = Caller::decide(
@@ -121,8 +137,24 @@ impl Front {
             held,
             caller,
             principal,
+            address,
+            authorization,
+            forwarded,
             _in_flight: in_flight,
         })
+    }
+
+    /// The client's address: the one another replica of this deployment sealed, for a retry
+    /// it forwarded here; else the connection's (behind a trusted proxy, its
+    /// `X-Forwarded-For`'s). The sealed header goes no further either way.
+    fn address(&self, peer: SocketAddr, headers: &mut http::HeaderMap) -> (IpAddr, bool) {
+        let sealed = headers
+            .remove(&crate::replica::FORWARDED)
+            .and_then(|v| self.replicas.as_ref()?.forwarded_for(&v));
+        match sealed {
+            Some(address) => (address, true),
+            None => (self.rates.client_address(peer, headers), false),
+        }
     }
 
     /// The MCP path's head: Host, Origin, POST, `Content-Type`; the surface's: Host.

@@ -19,5 +19,5 @@
 mod front;
 mod record;
 
-pub(crate) use self::front::{plain, plain_refusal, Front, Surface};
+pub(crate) use self::front::{plain, plain_refusal, Admitted, Front, Surface};
 pub(crate) use self::record::{HttpOutcome, Record, Recorder};

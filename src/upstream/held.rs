@@ -7,7 +7,10 @@
 //!
 //! The state is sealed (HMAC-SHA256, keyed from the product key, or at random per process
 //! without one) and binds the held call's key, the replica that holds it (a random id per
-//! process), the caller (its key, `crate::caller`) and an expiry. The call itself, with
+//! process, and where the others reach it, `EPODE_SIDECAR_REPLICA_URL`, when set), the
+//! caller (its key, `crate::caller`) and an expiry. Another replica with the same key reads
+//! where the call is held and forwards the retry there (`src/replica.rs`): the address is
+//! sealed, so no client chooses where a retry goes. The call itself, with
 //! what the retry must repeat (the method and its target), stays here: a state opens at most
 //! once, since opening takes the call out of the table.
 
@@ -44,7 +47,8 @@ pub(crate) const CAPS_PREFIX: &str = "epode-sidecar.caps.v1.";
 /// The longest capability set a session id carries (a header stays small).
 const MAX_CAPS: usize = 2048;
 
-/// Bytes of a sealed state's payload: key (16), replica (8), expiry (8) and owner (16).
+/// Bytes of a sealed state's payload before the replica's URL (when it has one): key (16),
+/// replica (8), expiry (8) and owner (16).
 const PAYLOAD: usize = 48;
 
 /// How a held call's answers reach the upstream.
@@ -119,8 +123,11 @@ impl HeldCall {
 pub(crate) enum Refusal {
     /// Not one this sidecar sealed (forged, altered, or sealed with another key).
     Forged,
-    /// Sealed by another replica of the sidecar, which holds the call.
+    /// Sealed by another replica of the sidecar, which holds the call, and which this one
+    /// cannot reach (it has no URL, or the retry was forwarded here already).
     OtherReplica,
+    /// Held by another replica that could not be reached (stopped, or restarted).
+    OwnerGone,
     /// Past its wait.
     Expired,
     /// Answered already (a replay), or cancelled.
@@ -137,6 +144,7 @@ impl Refusal {
         match self {
             Refusal::Forged => "forged",
             Refusal::OtherReplica => "other_replica",
+            Refusal::OwnerGone => "owner_gone",
             Refusal::Expired => "expired",
             Refusal::Gone => "gone",
             Refusal::OtherCaller => "other_caller",
@@ -148,7 +156,8 @@ impl Refusal {
     pub(crate) fn error(self) -> Error {
         let why = match self {
             Refusal::Forged => "the requestState is not one this sidecar issued (altered, or from another deployment)",
-            Refusal::OtherReplica => "the requestState names a call another replica of the sidecar holds; a retry must reach the replica that asked (give the Service client affinity: the chart's service.sessionAffinity: ClientIP)",
+            Refusal::OtherReplica => "the requestState names a call another replica of the sidecar holds, and this one cannot reach it (set EPODE_SIDECAR_REPLICA_URL on every replica, as the chart does, or give the Service client affinity)",
+            Refusal::OwnerGone => "the replica of the sidecar that holds this call cannot be reached (it stopped or restarted), and its call is gone with it",
             Refusal::Expired => "the requestState has expired: the call waited longer than EPODE_SIDECAR_HELD_CALL_WAIT for its answers and was cancelled",
             Refusal::Gone => "the requestState was answered already, or its call was cancelled",
             Refusal::OtherCaller => "the requestState was issued to another caller",
@@ -175,6 +184,8 @@ pub(crate) struct HeldCalls {
     wait: Duration,
     mac: Hmac<Sha256>,
     replica: u64,
+    /// Where the other replicas reach this one, sealed into every state.
+    url: Option<String>,
     /// Whether the task that lets expired calls go runs.
     sweeping: AtomicBool,
     /// Calls held now, and those cancelled at their deadline.
@@ -185,7 +196,13 @@ pub(crate) struct HeldCalls {
 impl HeldCalls {
     /// Calls each waiting `wait`; states keyed from `secret` (the product key), or at random
     /// when there is none. (How many may be held, in all and per caller, is the ledger's.)
-    pub(crate) fn new(wait: Duration, secret: Option<&str>, metrics: &HeldMetrics) -> Arc<Self> {
+    /// `url`: where the other replicas reach this one.
+    pub(crate) fn new(
+        wait: Duration,
+        secret: Option<&str>,
+        url: Option<&url::Url>,
+        metrics: &HeldMetrics,
+    ) -> Arc<Self> {
         let random: [u8; 32] = rand::random();
         let key: Vec<u8> = match secret {
             Some(s) => {
@@ -202,6 +219,7 @@ impl HeldCalls {
             mac: <Hmac<Sha256> as Mac>::new_from_slice(&key)
                 .expect("HMAC takes a key of any length"),
             replica: rand::random(),
+            url: url.map(|u| u.as_str().to_owned()),
             sweeping: AtomicBool::new(false),
             gauge: metrics.calls.clone(),
             expired: metrics.expired.clone(),
@@ -280,14 +298,15 @@ impl HeldCalls {
         method: Method,
         target: &Value,
     ) -> Result<HeldCall, Refusal> {
-        let (key, replica, expires, sealed_owner) = self.open(state)?;
-        if replica != self.replica {
+        let sealed = self.open(state)?;
+        if sealed.replica != self.replica {
             return Err(Refusal::OtherReplica);
         }
-        if unix_now() > expires {
+        if unix_now() > sealed.expires {
             return Err(Refusal::Expired);
         }
-        if sealed_owner != owner.to_bytes() {
+        let key = sealed.key;
+        if sealed.owner != owner.to_bytes() {
             return Err(Refusal::OtherCaller);
         }
         let mut table = self.lock();
@@ -301,6 +320,18 @@ impl HeldCalls {
         }
         self.gauge.set(table.calls.len() as i64);
         Ok(call)
+    }
+
+    /// Where the replica that holds the call `state` names is reached, when it is another
+    /// replica with a URL (not this one's), and the state is unaltered and unexpired: a retry
+    /// of it is forwarded there. (Who may continue it is the owner's to check.)
+    pub(crate) fn held_elsewhere(&self, state: &str) -> Option<url::Url> {
+        let sealed = self.open(state).ok()?;
+        if sealed.replica == self.replica || unix_now() > sealed.expires {
+            return None;
+        }
+        let url = sealed.url.filter(|u| Some(u) != self.url.as_ref())?;
+        url::Url::parse(&url).ok()
     }
 
     /// A 2025 client's session id holding its declared capabilities `caps` (compact JSON);
@@ -338,6 +369,9 @@ impl HeldCalls {
         payload.extend_from_slice(&self.replica.to_le_bytes());
         payload.extend_from_slice(&expires.to_le_bytes());
         payload.extend_from_slice(&owner.to_bytes());
+        if let Some(url) = &self.url {
+            payload.extend_from_slice(url.as_bytes());
+        }
         let mut mac = self.mac.clone();
         mac.update(STATE_PREFIX.as_bytes());
         mac.update(&payload);
@@ -349,7 +383,7 @@ impl HeldCalls {
         )
     }
 
-    fn open(&self, state: &str) -> Result<(u128, u64, u64, [u8; 16]), Refusal> {
+    fn open(&self, state: &str) -> Result<Sealed, Refusal> {
         let rest = state.strip_prefix(STATE_PREFIX).ok_or(Refusal::Forged)?;
         let (payload, tag) = rest.split_once('.').ok_or(Refusal::Forged)?;
         let payload = URL_SAFE_NO_PAD
@@ -360,15 +394,33 @@ impl HeldCalls {
         mac.update(STATE_PREFIX.as_bytes());
         mac.update(&payload);
         mac.verify_slice(&tag).map_err(|_| Refusal::Forged)?;
-        if payload.len() != PAYLOAD {
+        if payload.len() < PAYLOAD {
             return Err(Refusal::Forged);
         }
         let word =
             |at: usize| u64::from_le_bytes(payload[at..at + 8].try_into().unwrap_or_default());
-        let key = u128::from_le_bytes(payload[..16].try_into().unwrap_or_default());
-        let owner: [u8; 16] = payload[32..48].try_into().unwrap_or_default();
-        Ok((key, word(16), word(24), owner))
+        let url = &payload[PAYLOAD..];
+        Ok(Sealed {
+            key: u128::from_le_bytes(payload[..16].try_into().unwrap_or_default()),
+            replica: word(16),
+            expires: word(24),
+            owner: payload[32..48].try_into().unwrap_or_default(),
+            url: (!url.is_empty())
+                .then(|| String::from_utf8(url.to_vec()).ok())
+                .flatten(),
+        })
     }
+}
+
+/// What a state holds, opened.
+#[derive(Debug, PartialEq, Eq)]
+struct Sealed {
+    key: u128,
+    replica: u64,
+    expires: u64,
+    owner: [u8; 16],
+    /// Where the replica that holds the call is reached, when it said.
+    url: Option<String>,
 }
 
 fn unix_now() -> u64 {
@@ -383,7 +435,22 @@ mod tests {
     use super::*;
 
     fn table(secret: Option<&str>) -> Arc<HeldCalls> {
-        HeldCalls::new(Duration::from_secs(60), secret, &HeldMetrics::default())
+        HeldCalls::new(
+            Duration::from_secs(60),
+            secret,
+            None,
+            &HeldMetrics::default(),
+        )
+    }
+
+    fn replica(secret: &str, url: &str) -> Arc<HeldCalls> {
+        let url = url::Url::parse(url).unwrap();
+        HeldCalls::new(
+            Duration::from_secs(60),
+            Some(secret),
+            Some(&url),
+            &HeldMetrics::default(),
+        )
     }
 
     #[test]
@@ -391,9 +458,16 @@ mod tests {
         let t = table(Some("k"));
         let owner = CallerKey::of_token("https://as", Some("alice"), None, &[0; 32]);
         let s = t.seal(7, unix_now() + 60, owner);
+        let expires = unix_now() + 60;
         assert_eq!(
             t.open(&s),
-            Ok((7, t.replica, unix_now() + 60, owner.to_bytes()))
+            Ok(Sealed {
+                key: 7,
+                replica: t.replica,
+                expires,
+                owner: owner.to_bytes(),
+                url: None
+            })
         );
         // Another key (another deployment), a flipped byte, a cut tag, no prefix.
         assert_eq!(table(Some("other")).open(&s), Err(Refusal::Forged));
@@ -409,8 +483,8 @@ mod tests {
         assert_eq!(t.open("epode-sidecar.held.v1.x.y"), Err(Refusal::Forged));
         // The same product key on another replica opens it, and is told whose call it is.
         let other_replica = table(Some("k"));
-        let (_, replica, _, _) = other_replica.open(&s).unwrap();
-        assert_ne!(replica, other_replica.replica);
+        let sealed = other_replica.open(&s).unwrap();
+        assert_ne!(sealed.replica, other_replica.replica);
         // A session id's capabilities open with the same key only, unaltered.
         let sid = t.seal_capabilities(r#"{"roots":{}}"#).unwrap();
         assert_eq!(
@@ -425,6 +499,39 @@ mod tests {
         assert_eq!(
             table(None).open(&table(None).seal(1, 0, owner)),
             Err(Refusal::Forged)
+        );
+    }
+
+    #[test]
+    fn a_state_names_its_replica_to_the_others_and_to_no_one_else() {
+        let owner = CallerKey::of_token("https://as", Some("alice"), None, &[0; 32]);
+        let a = replica("k", "http://10.0.0.1:8080/mcp");
+        let b = replica("k", "http://10.0.0.2:8080/mcp");
+        let s = a.seal(9, unix_now() + 60, owner);
+        // Another replica with the key is told where the call is; the owner is not sent
+        // to itself, nor is a replica that shares its URL (the owner restarted).
+        assert_eq!(
+            b.held_elsewhere(&s).map(|u| u.to_string()).as_deref(),
+            Some("http://10.0.0.1:8080/mcp")
+        );
+        assert_eq!(a.held_elsewhere(&s), None);
+        assert_eq!(
+            replica("k", "http://10.0.0.1:8080/mcp").held_elsewhere(&s),
+            None
+        );
+        // The URL is sealed: another key, an altered state, an expired one name nowhere.
+        assert_eq!(replica("other", "http://x:1/mcp").held_elsewhere(&s), None);
+        let altered = s.replacen('A', "B", 1);
+        assert!(altered == s || b.held_elsewhere(&altered).is_none());
+        assert_eq!(b.held_elsewhere(&a.seal(9, unix_now() - 1, owner)), None);
+        // A state sealed without a URL names nowhere: the retry stays refused.
+        assert_eq!(
+            b.held_elsewhere(&table(Some("k")).seal(9, unix_now() + 60, owner)),
+            None
+        );
+        assert_eq!(
+            b.take(&s, owner, Method::ToolsCall, &Value::Null).err(),
+            Some(Refusal::OtherReplica)
         );
     }
 }

@@ -41,6 +41,7 @@ use self::caller::ServerRequests;
 pub(crate) use self::context::RequestContext;
 pub(crate) use self::era::Discovery;
 use self::era::EraResolver;
+pub(crate) use self::held::Refusal;
 use self::hop::Hop;
 pub(crate) use self::hop::UpstreamBody;
 use self::http::{HttpBounds, HttpUpstream};
@@ -186,6 +187,7 @@ impl Upstream {
                 held: held::HeldCalls::new(
                     config.limits.held_call_wait,
                     config.feedback.key.as_ref().map(|k| k.expose_secret()),
+                    config.replica_url.as_ref(),
                     &metrics.held,
                 ),
                 asks: Arc::new(asks::Asks::new(ledger.clone())),
@@ -364,6 +366,13 @@ impl Upstream {
                 )
                 .await,
         )
+    }
+
+    /// Where another replica holding the call a retry's `requestState` names is reached
+    /// (`src/replica.rs` forwards the retry there), when it is one.
+    pub(crate) fn held_elsewhere(&self, state: &RawValue) -> Option<url::Url> {
+        let state = bridge::held_state(state)?;
+        self.known.held.held_elsewhere(&state)
     }
 
     /// Sends a client's request in the upstream's era, translating it from the client's,

@@ -31,6 +31,7 @@ mod operations;
 mod otel;
 mod questions;
 mod rate_limits;
+mod replicas;
 mod secrets;
 mod shutdown;
 mod soak;

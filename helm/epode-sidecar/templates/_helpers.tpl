@@ -103,6 +103,19 @@ off
 {{- if ne (include "epode-sidecar.mode" .) "off" }}true{{ end -}}
 {{- end -}}
 
+{{/* EPODE_SIDECAR_REPLICA_URL: sidecar.replicaUrl as given; "auto": this pod's IP (the POD_IP
+     env, from the downward API), the MCP port and path, over plain HTTP, when the product key
+     (which seals the states that name a replica) is set and the listener has no TLS of its own
+     (whose certificate would not name a pod's IP); else unset. */}}
+{{- define "epode-sidecar.replicaUrl" -}}
+{{- $s := .Values.sidecar -}}
+{{- if ne $s.replicaUrl "auto" -}}
+{{- $s.replicaUrl -}}
+{{- else if and (include "epode-sidecar.feedbackOn" .) (not $s.tls.enabled) -}}
+{{- printf "http://$(POD_IP):%v%s" ($s.port | int) $s.path -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Seconds the server keeps serving after the pod is told to stop (its preStop sleep). */}}
 {{- define "epode-sidecar.upstreamPreStop" -}}
 {{- $v := .Values.upstream.preStopSleepSeconds -}}
@@ -181,6 +194,7 @@ README.
   (list "EPODE_SIDECAR_LISTEN" "sidecar.listenAddress and sidecar.port" (printf "%s:%v" $s.listenAddress ($s.port | int)))
   (list "EPODE_SIDECAR_ADMIN_LISTEN" "sidecar.listenAddress and sidecar.adminPort" (printf "%s:%v" $s.listenAddress ($s.adminPort | int)))
   (list "EPODE_SIDECAR_PATH" "sidecar.path" $s.path)
+  (list "EPODE_SIDECAR_REPLICA_URL" "sidecar.replicaUrl" (include "epode-sidecar.replicaUrl" .))
   (list "EPODE_SIDECAR_UPSTREAM_PROTOCOL" "sidecar.upstreamProtocol" $s.upstreamProtocol)
   (list "EPODE_SIDECAR_UPSTREAM_TIMEOUT" "sidecar.upstreamTimeout" $s.upstreamTimeout)
   (list "EPODE_SIDECAR_ALLOWED_ORIGINS" "sidecar.allowedOrigins" (join "," $s.allowedOrigins))
@@ -414,6 +428,12 @@ authorization client secret (auth.clientSecret), and auth on needs what the side
 
 {{/* The sidecar container's env entries (a YAML list). */}}
 {{- define "epode-sidecar.env" -}}
+{{- if contains "$(POD_IP)" (include "epode-sidecar.replicaUrl" .) }}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+{{- end -}}
 {{- range (include "epode-sidecar.settings" . | fromJsonArray) -}}
 {{- $value := include "epode-sidecar.settingValue" (index . 2) -}}
 {{- if ne $value "" }}
