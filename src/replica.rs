@@ -16,7 +16,7 @@
 //! event stream passed on chunk by chunk, as the owner bounds its events.
 
 use std::net::IpAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
@@ -28,7 +28,7 @@ use sha2::Sha256;
 
 use crate::body::{self, Body, BoxError};
 use crate::error::{Error, ErrorKind};
-use crate::upstream::Refusal;
+use crate::upstream::{unix_now, Refusal};
 
 /// The header a forwarded retry carries: the client's address, sealed. The sidecar's own:
 /// taken off every request at the front.
@@ -251,13 +251,6 @@ fn streamed(answer: reqwest::Response) -> Body {
         }
     });
     http_body_util::StreamBody::new(chunks).boxed_unsync()
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

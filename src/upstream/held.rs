@@ -423,7 +423,8 @@ struct Sealed {
     url: Option<String>,
 }
 
-fn unix_now() -> u64 {
+/// Seconds since the Unix epoch (0 before it): what sealed states and addresses expire by.
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -41,7 +41,7 @@ use self::caller::ServerRequests;
 pub(crate) use self::context::RequestContext;
 pub(crate) use self::era::Discovery;
 use self::era::EraResolver;
-pub(crate) use self::held::Refusal;
+pub(crate) use self::held::{unix_now, Refusal};
 use self::hop::Hop;
 pub(crate) use self::hop::UpstreamBody;
 use self::http::{HttpBounds, HttpUpstream};

@@ -93,18 +93,30 @@ fn to_json(yaml: &[u8]) -> Value {
 }
 
 /// The sidecar container's plain `env` values in a rendered Deployment.
+/// The sidecar container's env as the kubelet gives it: `fieldRef: status.podIP` as a pod's
+/// address, and `$(NAME)` in a value expanded from the entries before it.
 fn sidecar_env(deployment: &Value) -> Vec<(String, String)> {
-    deployment["spec"]["template"]["spec"]["initContainers"][0]["env"]
+    let mut env: Vec<(String, String)> = Vec::new();
+    let entries = deployment["spec"]["template"]["spec"]["initContainers"][0]["env"]
         .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|e| {
-            Some((
-                e["name"].as_str()?.to_owned(),
-                e["value"].as_str()?.to_owned(),
-            ))
-        })
-        .collect()
+        .unwrap();
+    for e in entries {
+        let Some(name) = e["name"].as_str() else {
+            continue;
+        };
+        let value = match (
+            e["value"].as_str(),
+            e["valueFrom"]["fieldRef"]["fieldPath"].as_str(),
+        ) {
+            (Some(v), _) => env
+                .iter()
+                .fold(v.to_owned(), |v, (k, x)| v.replace(&format!("$({k})"), x)),
+            (None, Some("status.podIP")) => "10.1.2.3".to_owned(),
+            _ => continue,
+        };
+        env.push((name.to_owned(), value));
+    }
+    env
 }
 
 /// `epode-sidecar --check-config` with `env` alone (and a key of the real format).
@@ -385,6 +397,16 @@ fn the_default_render_has_the_native_sidecar_and_the_security_context() {
         .find(|e| e["name"] == "EPODE_SIDECAR_UPSTREAM")
         .unwrap();
     assert_eq!(upstream["value"], "http://127.0.0.1:8000/mcp");
+    // Where the other replicas reach this one: the pod's IP from the downward API, defined
+    // before the value that names it (the kubelet expands only earlier entries).
+    let at = |name: &str| env.iter().position(|e| e["name"] == name).unwrap();
+    let replica = &env[at("EPODE_SIDECAR_REPLICA_URL")];
+    assert_eq!(replica["value"], "http://$(POD_IP):8080/mcp");
+    assert_eq!(
+        env[at("POD_IP")]["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.podIP"
+    );
+    assert!(at("POD_IP") < at("EPODE_SIDECAR_REPLICA_URL"));
 
     // Security.
     assert_restrictive(sidecar, "sidecar");

@@ -56,7 +56,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 
 # No banner, no update check, no rich logging on stdout (stdio carries JSON-RPC).
@@ -64,7 +63,7 @@ os.environ.setdefault("FASTMCP_SHOW_SERVER_BANNER", "false")
 os.environ.setdefault("FASTMCP_CHECK_FOR_UPDATES", "off")
 
 import mcp_types  # noqa: E402
-import uvicorn  # noqa: E402
+import uvicorn_ready  # noqa: E402
 from fastmcp import Context, FastMCP  # noqa: E402
 from fastmcp.server.elicitation import AcceptedElicitation, CancelledElicitation  # noqa: E402
 
@@ -199,18 +198,6 @@ def plain() -> str:
     return "plain answer"
 
 
-class ReadyServer(uvicorn.Server):
-    """Prints `READY <port>` once uvicorn has started serving."""
-
-    def __init__(self, config: uvicorn.Config, port: int) -> None:
-        super().__init__(config)
-        self.ready_port = port
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            print(f"READY {self.ready_port}", flush=True)
-
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,18 +212,7 @@ def main() -> int:
 
     app = mcp.http_app(path="/mcp", stateless_http=False, json_response=False)
 
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
-    server = ReadyServer(config, port)
-    try:
-        asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
+    uvicorn_ready.serve(app, args.port)
     return 0
 
 

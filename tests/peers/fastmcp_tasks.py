@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import uuid
 from datetime import datetime, timezone
@@ -41,7 +40,7 @@ os.environ.setdefault("FASTMCP_SHOW_SERVER_BANNER", "false")
 os.environ.setdefault("FASTMCP_CHECK_FOR_UPDATES", "off")
 
 import mcp_types  # noqa: E402
-import uvicorn  # noqa: E402
+import uvicorn_ready  # noqa: E402
 from fastmcp import FastMCP  # noqa: E402
 from fastmcp.server.extensions import MethodBinding, ServerExtension  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
@@ -171,32 +170,13 @@ def plain() -> str:
     return "plain answer"
 
 
-class ReadyServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, port: int) -> None:
-        super().__init__(config)
-        self.ready_port = port
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            print(f"READY {self.ready_port}", flush=True)
-
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--port", type=int, required=True)
     args = p.parse_args()
     app = mcp.http_app(path="/mcp", stateless_http=False, json_response=False)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
-    try:
-        asyncio.run(ReadyServer(config, port).serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
+    uvicorn_ready.serve(app, args.port)
     return 0
 
 

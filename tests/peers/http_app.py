@@ -46,10 +46,9 @@ import contextlib
 import gzip
 import json
 import os
-import socket
 import sys
 
-import uvicorn
+import uvicorn_ready
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import StreamingResponse
 
@@ -288,18 +287,6 @@ def build(with_mcp: bool) -> FastAPI:
     return app
 
 
-class ReadyServer(uvicorn.Server):
-    """Prints `READY <port>` once uvicorn has started serving."""
-
-    def __init__(self, config: uvicorn.Config, port: int) -> None:
-        super().__init__(config)
-        self.ready_port = port
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            print(f"READY {self.ready_port}", flush=True)
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -307,17 +294,7 @@ def main() -> None:
     p.add_argument("--mcp", action="store_true", help="also serve the Python MCP peer at /mcp")
     args = p.parse_args()
     app = build(args.mcp)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False)
-    server = ReadyServer(config, port)
-    try:
-        asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
+    uvicorn_ready.serve(app, args.port)
 
 
 if __name__ == "__main__":

@@ -88,13 +88,11 @@ DNS-rebinding protection is on (SDK default for host 127.0.0.1): Host must be
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import socket
 import sys
 
 import anyio
-import uvicorn
+import uvicorn_ready
 from pydantic import BaseModel
 
 import mcp.types as types
@@ -538,18 +536,6 @@ class RequireBearer:
         await self.app(scope, receive, send)
 
 
-class ReadyServer(uvicorn.Server):
-    """Prints `READY <port>` once uvicorn has started serving."""
-
-    def __init__(self, config: uvicorn.Config, port: int) -> None:
-        super().__init__(config)
-        self.ready_port = port
-
-    async def startup(self, sockets=None) -> None:
-        await super().startup(sockets=sockets)
-        if not self.should_exit:
-            print(f"READY {self.ready_port}", flush=True)
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -612,22 +598,8 @@ def main() -> None:
     asgi = Era2025Only(app) if args.era == "2025" else app
     asgi = RequireBearer(asgi, args.require_token) if args.require_token else asgi
 
-    # Bind ourselves so that --port 0 works and the port is known up front.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))
-    sock.listen(128)
-    port = sock.getsockname()[1]
-
     tls = {"ssl_certfile": args.tls_cert, "ssl_keyfile": args.tls_key} if args.tls_cert else {}
-    config = uvicorn.Config(
-        asgi, log_level="warning", lifespan="on", access_log=False, timeout_keep_alive=args.keep_alive, **tls
-    )
-    server = ReadyServer(config, port)
-    try:
-        asyncio.run(server.serve(sockets=[sock]))
-    except KeyboardInterrupt:
-        pass
+    uvicorn_ready.serve(asgi, args.port, timeout_keep_alive=args.keep_alive, **tls)
 
 
 if __name__ == "__main__":
