@@ -558,14 +558,17 @@ struct Prepared {
 
 /// The other replicas, with `EPODE_SIDECAR_REPLICA_URL` (the configuration made sure the
 /// product key that seals their states is set).
-fn replicas(config: &Config) -> Result<Option<Arc<crate::replica::Replicas>>, String> {
+fn replicas(
+    config: &Config,
+    budget: &Arc<MemoryBudget>,
+) -> Result<Option<Arc<crate::replica::Replicas>>, String> {
     let (Some(_), Some(key)) = (&config.replica_url, &config.feedback.key) else {
         return Ok(None);
     };
     crate::replica::Replicas::new(
         key.expose_secret(),
         config.upstream_timeout,
-        config.limits.max_upstream_answer,
+        (config.limits.max_upstream_answer, budget.clone()),
     )
     .map(|r| Some(Arc::new(r)))
 }
@@ -634,7 +637,7 @@ fn prepare(config: &Arc<Config>, trial: Option<&Trial>) -> Result<Prepared, Exit
         upstream.trace_own_requests(Arc::new(crate::otel::OwnRequests));
     }
     // The one front and the one record, for the MCP path and the HTTP surface alike.
-    let replicas = replicas(config).map_err(|e| failed("cannot start", e))?;
+    let replicas = replicas(config, &budget).map_err(|e| failed("cannot start", e))?;
     let front = Front::new(
         config.clone(),
         (rates.clone(), budget.clone()),

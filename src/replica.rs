@@ -12,10 +12,12 @@
 //!
 //! Bounds: the owner must accept the connection within a second (else it is gone, and the
 //! client is told to start the call again), and begin its answer within the upstream
-//! timeout; a JSON answer is read whole up to `EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES`, an
-//! event stream passed on chunk by chunk, as the owner bounds its events.
+//! timeout; a JSON answer is read whole up to `EPODE_SIDECAR_MAX_UPSTREAM_ANSWER_BYTES`, in
+//! the memory budget until written, an event stream passed on chunk by chunk, as the owner
+//! bounds its events. A retry being forwarded is a request in flight, and its caller's.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -27,6 +29,7 @@ use http_body_util::BodyExt as _;
 use sha2::Sha256;
 
 use crate::body::{self, Body, BoxError};
+use crate::budget::{MemoryBudget, Reservation};
 use crate::error::{Error, ErrorKind};
 use crate::upstream::{unix_now, Refusal};
 
@@ -61,6 +64,8 @@ pub(crate) struct Replicas {
     head_within: Duration,
     /// The longest JSON answer passed on.
     max_answer: usize,
+    /// Where a JSON answer's bytes are counted while it is read and until it is written.
+    budget: Arc<MemoryBudget>,
 }
 
 /// A retry to forward: what the client sent, as the front let it in.
@@ -79,7 +84,7 @@ impl Replicas {
     pub(crate) fn new(
         secret: &str,
         head_within: Duration,
-        max_answer: usize,
+        (max_answer, budget): (usize, Arc<MemoryBudget>),
     ) -> Result<Replicas, String> {
         let mut derive =
             <Hmac<Sha256> as Mac>::new_from_slice(secret.as_bytes()).map_err(|e| e.to_string())?;
@@ -98,6 +103,7 @@ impl Replicas {
             http,
             head_within,
             max_answer,
+            budget,
         })
     }
 
@@ -198,7 +204,8 @@ impl Replicas {
         let body = if streams {
             streamed(answer)
         } else {
-            body::full(self.whole(answer).await?)
+            let (bytes, held) = self.whole(answer).await?;
+            body::held(bytes, held)
         };
         let mut resp = Response::new(body);
         *resp.status_mut() = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::OK);
@@ -206,10 +213,12 @@ impl Replicas {
         Ok(resp)
     }
 
-    /// A JSON answer, read whole within the upstream timeout and the answer limit.
-    async fn whole(&self, mut answer: reqwest::Response) -> Result<Bytes, Error> {
+    /// A JSON answer, read whole within the upstream timeout, the answer limit and the memory
+    /// budget (its bytes stay counted until they are written).
+    async fn whole(&self, mut answer: reqwest::Response) -> Result<(Bytes, Reservation), Error> {
         let read = async {
             let mut whole = Vec::new();
+            let mut held = self.budget.start();
             while let Some(chunk) = answer.chunk().await.map_err(|e| {
                 Error::new(
                     ErrorKind::UpstreamFailed,
@@ -224,9 +233,15 @@ impl Replicas {
                         "the answer of the replica that holds this call",
                     ));
                 }
+                if !held.grow(chunk.len()) {
+                    return Err(Error::new(
+                        ErrorKind::Overloaded { retry_after: 1 },
+                        "its memory budget is spent",
+                    ));
+                }
                 whole.extend_from_slice(&chunk);
             }
-            Ok(Bytes::from(whole))
+            Ok((Bytes::from(whole), held))
         };
         tokio::time::timeout(self.head_within, read)
             .await
@@ -258,7 +273,8 @@ mod tests {
     use super::*;
 
     fn replicas(key: &str) -> Replicas {
-        Replicas::new(key, Duration::from_secs(1), 1024).unwrap()
+        let budget = MemoryBudget::new(1 << 20);
+        Replicas::new(key, Duration::from_secs(1), (1024, budget)).unwrap()
     }
 
     #[test]

@@ -59,14 +59,14 @@ fn retry(id: u64, asked: &Value, people: u64) -> Value {
     again
 }
 
-/// Posts `body` to `sc` (with `authorization`, when given): the last message of its answer.
-async fn post(sc: &Sidecar, body: &Value, authorization: Option<&str>) -> Value {
+/// Posts `body` to `sc` with `headers` besides the 2026 ones: the last message of its answer.
+async fn post(sc: &Sidecar, body: &Value, headers: &[(&str, &str)]) -> Value {
     let mut req = http().post(sc.url()).body(body.to_string());
     for (k, v) in modern_headers("tools/call", Some("party")) {
         req = req.header(k, v);
     }
-    if let Some(a) = authorization {
-        req = req.header("authorization", a);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
     }
     let resp = req.send().await.unwrap();
     let ct = resp.headers()["content-type"].to_str().unwrap().to_owned();
@@ -76,6 +76,8 @@ async fn post(sc: &Sidecar, body: &Value, authorization: Option<&str>) -> Value 
 fn asked(msg: &Value) {
     assert_eq!(msg["result"]["resultType"], "input_required", "{msg}");
 }
+
+const ALICE: &[(&str, &str)] = &[("authorization", "Bearer alice")];
 
 /// Retries `sc` forwarded with `outcome` (none yet: 0).
 fn forwarded(sc: &Sidecar, outcome: &str) -> u64 {
@@ -97,10 +99,12 @@ async fn a_held_calls_retry_completes_on_any_replica_and_is_refused_in_time_once
     let b = replica(&up.url(), &epode);
     let c = replica(&up.url(), &epode);
 
-    // The first round on A, the retry on B: answered by A's held call, decorated once.
-    let first = post(&a, &party(1), None).await;
+    // The first round on A, the retry on B: answered by A's held call, decorated once. A
+    // client's own Epode-Sidecar-Forwarded (not sealed by the deployment) changes nothing.
+    let first = post(&a, &party(1), &[]).await;
     asked(&first);
-    let done = post(&b, &retry(2, &first, 7), None).await;
+    let forged = [("epode-sidecar-forwarded", "AAAAAAAAAAB_AAAB.AAAA")];
+    let done = post(&b, &retry(2, &first, 7), &forged).await;
     assert_eq!(done["id"], 2, "{done}");
     assert_eq!(done["result"]["resultType"], "complete", "{done}");
     assert_eq!(
@@ -119,14 +123,19 @@ async fn a_held_calls_retry_completes_on_any_replica_and_is_refused_in_time_once
 
     // The owner checks the caller: a retry of alice's call from mallory, through C, is
     // refused by A, and alice's own retry through C completes.
-    let alice = post(&a, &party(3), Some("Bearer alice")).await;
+    let alice = post(&a, &party(3), ALICE).await;
     asked(&alice);
-    let msg = post(&c, &retry(4, &alice, 3), Some("Bearer mallory")).await;
+    let msg = post(
+        &c,
+        &retry(4, &alice, 3),
+        &[("authorization", "Bearer mallory")],
+    )
+    .await;
     let why = msg["error"]["message"]
         .as_str()
         .unwrap_or_else(|| panic!("{msg}"));
     assert!(why.contains("another caller"), "{msg}");
-    let msg = post(&c, &retry(5, &alice, 3), Some("Bearer alice")).await;
+    let msg = post(&c, &retry(5, &alice, 3), ALICE).await;
     assert_eq!(msg["result"]["content"][0]["text"], "party for 3", "{msg}");
     // Each call counted once, at the replica that held it.
     let two = eventually_async(Duration::from_secs(10), || {
@@ -138,7 +147,7 @@ async fn a_held_calls_retry_completes_on_any_replica_and_is_refused_in_time_once
     assert_eq!(epode.events().len(), 2, "{:?}", epode.events());
 
     // The owner stopped: the retry on C is told to start again, within a second.
-    let held = post(&a, &party(6), None).await;
+    let held = post(&a, &party(6), &[]).await;
     asked(&held);
     a.terminate();
     assert!(
@@ -146,7 +155,7 @@ async fn a_held_calls_retry_completes_on_any_replica_and_is_refused_in_time_once
         "A did not stop"
     );
     let started = Instant::now();
-    let msg = post(&c, &retry(7, &held, 5), None).await;
+    let msg = post(&c, &retry(7, &held, 5), &[]).await;
     let took = started.elapsed();
     assert!(took < Duration::from_secs(1), "{took:?}: {msg}");
     assert_eq!(msg["id"], 7, "{msg}");
