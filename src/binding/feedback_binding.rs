@@ -30,6 +30,10 @@ use crate::mcp::raw::raw;
 use crate::metrics::{DecorationLabels, FeedbackCallLabels, FeedbackOutcome, Metrics};
 use crate::observe::{Decorated, FeedbackTool, Note, Noted, Observer, Refused};
 
+/// The extension id Epode's SDKs advertise the binding under (its Python SDK's
+/// `MCPInstrumentation.identifier`).
+pub(crate) const EPODE_EXTENSION: &str = "ai.epode/agent-feedback";
+
 /// The parts that exist only when feedback is on.
 struct Active {
     /// The two tool definitions, serialised once.
@@ -310,9 +314,11 @@ impl FeedbackBinding {
         }
     }
 
-    /// A discovery result with the feedback rule near the start of its instructions and the
-    /// `tools` capability the feedback tools need (unchanged when feedback is off).
-    pub(crate) fn with_instructions(&self, mut discover: Value) -> Value {
+    /// A discovery result with the feedback rule near the start of its instructions, the
+    /// `tools` capability the feedback tools need, and the binding advertised as Epode's SDKs
+    /// advertise it (`capabilities.extensions["ai.epode/agent-feedback"]`, beside the
+    /// upstream's extensions); unchanged when feedback is off.
+    pub(crate) fn with_binding(&self, mut discover: Value) -> Value {
         if !self.enabled() {
             return discover;
         }
@@ -326,6 +332,12 @@ impl FeedbackBinding {
             let caps = obj.entry("capabilities").or_insert_with(|| json!({}));
             if let Some(caps) = caps.as_object_mut() {
                 caps.entry("tools").or_insert_with(|| json!({}));
+                let extensions = caps.entry("extensions").or_insert_with(|| json!({}));
+                if let Some(extensions) = extensions.as_object_mut() {
+                    extensions
+                        .entry(EPODE_EXTENSION)
+                        .or_insert_with(|| json!({}));
+                }
             }
         }
         discover

@@ -222,7 +222,7 @@ impl MethodTable {
             .upstream
             .discover(client, Some(req.bytes.clone()), None)
             .await?;
-        let result = self.binding.with_instructions(discovery.result);
+        let result = self.binding.with_binding(discovery.result);
         Ok(ctx.local_result(result))
     }
 
@@ -245,7 +245,7 @@ impl MethodTable {
             .upstream
             .discover(client, None, caps.as_deref())
             .await?;
-        let discover = self.binding.with_instructions(discovery.result);
+        let discover = self.binding.with_binding(discovery.result);
         let requested = req.rpc.params.protocol_version.and_then(raw::as_str);
         let protocol = requested
             .as_deref()

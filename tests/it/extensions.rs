@@ -20,6 +20,7 @@ use crate::support::{
 
 const TASKS: &str = "io.modelcontextprotocol/tasks";
 const UI: &str = "io.modelcontextprotocol/ui";
+const EPODE: &str = "ai.epode/agent-feedback";
 
 /// A 2026 request of `method` to `url`, declaring `caps`: the raw body of its answer.
 async fn send(
@@ -374,14 +375,16 @@ async fn apps_and_the_upstreams_extensions_pass_in_both_eras() {
     assert_eq!(contents, read(up.url()).await);
     assert!(contents.contains("text/html;profile=mcp-app"), "{contents}");
 
+    // Beside the upstream's, the binding's own, as Epode's SDKs advertise it.
     let discover = send(&sc.url(), 3, "server/discover", None, json!({}), json!({})).await;
     let v: Value = serde_json::from_str(&discover).unwrap();
-    for ext in [TASKS, UI] {
+    for ext in [TASKS, UI, EPODE] {
         assert!(
             v["result"]["capabilities"]["extensions"].get(ext).is_some(),
             "{discover}"
         );
     }
+    assert_eq!(v["result"]["capabilities"]["extensions"][EPODE], json!({}));
     let init = http()
         .post(sc.url())
         .header("content-type", "application/json")
@@ -397,10 +400,19 @@ async fn apps_and_the_upstreams_extensions_pass_in_both_eras() {
         .unwrap();
     let ct = init.headers()["content-type"].to_str().unwrap().to_owned();
     let v = last_message(&ct, &init.text().await.unwrap());
-    for ext in [TASKS, UI] {
+    for ext in [TASKS, UI, EPODE] {
         assert!(
             v["result"]["capabilities"]["extensions"].get(ext).is_some(),
             "{v}"
         );
     }
+    // Feedback off: the upstream's extensions only.
+    let off = Sidecar::start(&up.url(), &[]);
+    let discover = send(&off.url(), 4, "server/discover", None, json!({}), json!({})).await;
+    let v: Value = serde_json::from_str(&discover).unwrap();
+    let extensions = &v["result"]["capabilities"]["extensions"];
+    assert!(
+        extensions.get(TASKS).is_some() && extensions.get(EPODE).is_none(),
+        "{discover}"
+    );
 }
