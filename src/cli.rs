@@ -334,12 +334,16 @@ const STARTUP_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60)
 
 /// Probes the upstream once it can (it may start after the sidecar, as in a pod) and says
 /// what it found: one line, plain enough to act on.
-async fn startup_check(upstream: Arc<Upstream>) {
+async fn startup_check(upstream: Arc<Upstream>, binding: Arc<FeedbackBinding>) {
+    say_upstream_epode(&binding);
     let started = std::time::Instant::now();
     loop {
         match upstream.ready().await {
             Ok(()) => {
                 tracing::info!("the upstream MCP server answers: ready");
+                if binding.looks_for_epode() {
+                    hear_discovery(&upstream).await;
+                }
                 return;
             }
             Err(not) if not.lasting => {
@@ -355,6 +359,39 @@ async fn startup_check(upstream: Arc<Upstream>) {
                 return;
             }
             Err(_) => tokio::time::sleep(std::time::Duration::from_secs(1)).await,
+        }
+    }
+}
+
+/// Says once at start whether the binding looks for Epode in the upstream itself.
+fn say_upstream_epode(binding: &FeedbackBinding) {
+    if !binding.enabled() {
+        return;
+    }
+    if binding.looks_for_epode() {
+        tracing::info!(upstream_epode = "auto", "the feedback binding looks for Epode in the upstream itself (its capabilities, its tools, its results); where it is found the sidecar steps back, so no call is counted twice");
+    } else {
+        tracing::info!(upstream_epode = "none", "the upstream is taken to carry no Epode of its own (EPODE_SIDECAR_UPSTREAM_EPODE=none): the sidecar binds whatever it says");
+    }
+}
+
+/// Asks a 2026 upstream's discovery once, in the sidecar's own name, so that whether it
+/// carries Epode itself is known before the first client call (a 2025 upstream says its
+/// capabilities in the handshake of the first session anyway). A refusal (an upstream that
+/// wants credentials) leaves it to the clients' own discoveries.
+async fn hear_discovery(upstream: &Upstream) {
+    let headers = http::HeaderMap::new();
+    let itself = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let client = crate::upstream::Client::new(
+        &headers,
+        crate::caller::Caller::of_address(itself.ip(), itself),
+    );
+    if matches!(
+        upstream.era(&client).await,
+        Ok(crate::mcp::era::Era::Modern)
+    ) {
+        if let Err(e) = upstream.discover(&client, None, None).await {
+            tracing::debug!(error = %e, "the upstream's discovery, for whether it carries Epode");
         }
     }
 }
@@ -435,6 +472,13 @@ fn handles(
     upstream.on_tools_changed(Arc::new(move || {
         if let Some(b) = forget.upgrade() {
             b.tools_changed();
+        }
+    }));
+    // The upstream's capabilities tell whether it carries Epode itself.
+    let hears = Arc::downgrade(&binding);
+    upstream.on_capabilities(Arc::new(move |caps| {
+        if let Some(b) = hears.upgrade() {
+            b.heard_capabilities(caps);
         }
     }));
     Ok(Handles {
@@ -740,7 +784,7 @@ async fn run(config: Config) -> ExitCode {
         trial.serve(bounds);
     }
     let sweeper = spawn_sweeper(&config, kept.upstream.clone(), kept.rates.clone());
-    let first_check = tokio::spawn(startup_check(kept.upstream.clone()));
+    let first_check = tokio::spawn(startup_check(kept.upstream.clone(), kept.binding.clone()));
     let serving = server::serve(listeners, &dispatcher, &operations, shared, stopped);
     tokio::pin!(serving);
     let mut cut_short = false;

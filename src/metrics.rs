@@ -324,6 +324,8 @@ pub(crate) struct Metrics {
     pub(crate) upstream_connections: Gauge,
     pub(crate) auth: AuthMetrics,
     pub(crate) held: HeldMetrics,
+    /// 1 for what of Epode the upstream carries itself (`nothing`, `telemetry`, `binding`).
+    pub(crate) upstream_epode: Family<CarriesLabels, Gauge>,
     pub(crate) listen: ListenMetrics,
     pub(crate) otlp: OtlpMetrics,
     pub(crate) pools: PoolMetrics,
@@ -383,6 +385,12 @@ pub(crate) struct AuthMetrics {
     pub(crate) identity_disagreements: Counter,
 }
 
+/// What of Epode the upstream carries itself (`epode_sidecar_upstream_epode`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct CarriesLabels {
+    pub(crate) carries: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct OutcomeLabels {
     pub(crate) outcome: &'static str,
@@ -414,6 +422,7 @@ impl Metrics {
             upstream_connections: Gauge::default(),
             auth: AuthMetrics::default(),
             held: HeldMetrics::default(),
+            upstream_epode: Family::default(),
             listen: ListenMetrics::default(),
             otlp: OtlpMetrics::default(),
             pools: PoolMetrics::default(),
@@ -649,6 +658,11 @@ impl Metrics {
             "held_call_refused",
             "Retries whose requestState continued no held call, by reason (forged, other_replica, owner_gone, expired, gone, other_caller, other_request)",
             self.held.refused.clone(),
+        );
+        r.register(
+            "upstream_epode",
+            "1 for what of Epode the upstream carries itself, as far as the sidecar has seen (carries: nothing; telemetry, its capabilities advertise ai.epode/agent-feedback; binding, it lists Epode's tools or decorates its results); where it carries any, the sidecar steps back from the binding (EPODE_SIDECAR_UPSTREAM_EPODE)",
+            self.upstream_epode.clone(),
         );
         r.register(
             "held_call_forwarded",

@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use super::catalog::ToolCatalog;
 use super::tasks::{Followed, FollowedTasks};
+use super::upstream_epode::{self, Carried, Carries};
 use crate::caller::CallerKey;
 use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
@@ -26,7 +27,7 @@ use crate::feedback::identity::IdentityRefs;
 use crate::feedback::tools::{self, Decision, EpodeFailure, FeedbackTools};
 use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
 use crate::log_summary::LogSummary;
-use crate::mcp::raw::raw;
+use crate::mcp::raw::{raw, RawMap};
 use crate::metrics::{DecorationLabels, FeedbackCallLabels, FeedbackOutcome, Metrics};
 use crate::observe::{Decorated, FeedbackTool, Note, Noted, Observer, Refused};
 
@@ -65,6 +66,8 @@ pub(crate) struct FeedbackBinding {
     /// Product calls answered with a task, followed to their outcome.
     tasks: FollowedTasks,
     warned_shadowing: AtomicBool,
+    /// What of Epode the upstream carries itself (the sidecar steps back where it does).
+    carried: Carried,
     /// ask_once calls that had no customerRef to ask once for (logged now and then).
     no_subject: LogSummary,
     metrics: Arc<Metrics>,
@@ -182,9 +185,7 @@ impl FeedbackBinding {
     /// feedback is on, the settings include the tool, and its name is an operation Epode
     /// takes.
     pub(super) fn observes(&self, tool: &str) -> bool {
-        self.enabled()
-            && self.config.includes(tool)
-            && crate::epode::telemetry::valid_operation(tool)
+        self.binds() && self.config.includes(tool) && crate::epode::telemetry::valid_operation(tool)
     }
 
     /// Whether the settings decorate results of `tool` (an observed tool may be recorded only).
@@ -215,9 +216,9 @@ impl FeedbackBinding {
     }
 
     /// Appends the two feedback tools' definitions to a `tools/list` page (the last); returns
-    /// whether it did (not when feedback is off).
+    /// whether it did (not when feedback is off, nor where the upstream carries Epode).
     pub(super) fn append_feedback_tools(&self, tools: &mut Vec<Box<RawValue>>) -> bool {
-        let Some(active) = &self.active else {
+        let Some(active) = self.active.as_ref().filter(|_| self.binds()) else {
             return false;
         };
         tools.extend(active.definitions.iter().cloned());
@@ -283,12 +284,14 @@ impl FeedbackBinding {
             _ => None,
         };
         let catalog = ToolCatalog::new(config.max_tools);
+        let carried = Carried::new(config.upstream_epode, metrics.clone());
         Ok(Arc::new(FeedbackBinding {
             config,
             active,
             catalog,
             tasks: FollowedTasks::new(ledger),
             warned_shadowing: AtomicBool::new(false),
+            carried,
             no_subject: LogSummary::new(
                 "AGENT_FEEDBACK_MODE=ask_once, but tool results name no customer, so agents are asked for consent on every call as in ask_always. Name the caller on each tool result with _meta[\"ai.epode/identity\"] = {\"customerRef\": \"<your customer id>\"} (the sidecar removes it before the client sees it), or have a gateway set a header listed in EPODE_SIDECAR_IDENTITY_HEADERS; see \"Who the caller is\" in the README",
                 std::time::Duration::from_secs(600),
@@ -300,6 +303,52 @@ impl FeedbackBinding {
 
     pub(crate) fn enabled(&self) -> bool {
         self.active.is_some()
+    }
+
+    /// Whether the binding is the sidecar's to make: feedback is on and the upstream does not
+    /// carry Epode itself (`upstream_epode.rs`).
+    pub(crate) fn binds(&self) -> bool {
+        self.enabled() && !self.carried.stepped_back()
+    }
+
+    /// Whether the sidecar looks for Epode in the upstream (feedback on, `auto`).
+    pub(crate) fn looks_for_epode(&self) -> bool {
+        self.enabled() && self.carried.looks()
+    }
+
+    /// The upstream's discovery capabilities (a `server/discover` or `initialize` answer), for
+    /// whether it advertises Epode's binding.
+    pub(crate) fn heard_capabilities(&self, caps: &Value) {
+        if self.enabled() && upstream_epode::advertises(caps) {
+            self.carried.heard(
+                Carries::Telemetry,
+                "its capabilities advertise ai.epode/agent-feedback",
+            );
+        }
+    }
+
+    /// Whether a tool the upstream lists is one of Epode's own, kept as it is because the
+    /// upstream carries Epode (then the sidecar steps back); `false` when the sidecar looks
+    /// for none (a feedback tool's name is then the sidecar's).
+    pub(super) fn upstreams_epode_tool(&self, name: &str) -> bool {
+        let epode = upstream_epode::EPODE_TOOLS.contains(&name);
+        if epode && self.enabled() && self.carried.looks() {
+            self.carried
+                .heard(Carries::Binding, "its tools/list names Epode's tools");
+            return true;
+        }
+        false
+    }
+
+    /// A product result that already carries `_agentFeedback` (its upstream's Epode made it):
+    /// never decorated again nor counted.
+    pub(super) fn decorated_upstream(&self, result: &RawMap) -> bool {
+        let decorated = self.enabled() && upstream_epode::already_decorated(result);
+        if decorated {
+            self.carried
+                .heard(Carries::Binding, "its results carry _agentFeedback");
+        }
+        decorated
     }
 
     pub(crate) fn telemetry(&self) -> Option<&Arc<Telemetry>> {
@@ -319,7 +368,10 @@ impl FeedbackBinding {
     /// advertise it (`capabilities.extensions["ai.epode/agent-feedback"]`, beside the
     /// upstream's extensions); unchanged when feedback is off.
     pub(crate) fn with_binding(&self, mut discover: Value) -> Value {
-        if !self.enabled() {
+        if let Some(caps) = discover.get("capabilities") {
+            self.heard_capabilities(caps);
+        }
+        if !self.binds() {
             return discover;
         }
         let upstream = discover
@@ -345,7 +397,7 @@ impl FeedbackBinding {
 
     /// Whether a tool call is one of the two feedback tools the sidecar answers itself.
     pub(crate) fn is_local_tool(&self, name: &str) -> bool {
-        self.enabled() && tools::is_feedback_tool(name)
+        self.binds() && tools::is_feedback_tool(name)
     }
 
     /// Whether the sidecar should list the upstream's tools before this call: the tool is one
@@ -357,6 +409,9 @@ impl FeedbackBinding {
     /// Learns the upstream's tools: a `tools/list` page passing through, or the listing the
     /// sidecar made itself.
     pub(crate) fn learn(&self, tools: Vec<(String, bool)>) {
+        for (name, _) in &tools {
+            self.upstreams_epode_tool(name);
+        }
         self.catalog.learn(tools);
     }
 

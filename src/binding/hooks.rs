@@ -112,6 +112,11 @@ impl ResultHook for ListHook {
                 kept.push(tool);
                 continue;
             };
+            // The upstream's own Epode tools: it carries Epode, and they pass as they are.
+            if self.binding.upstreams_epode_tool(&name) {
+                kept.push(tool);
+                continue;
+            }
             if self.feedback && tools::is_feedback_tool(&name) {
                 self.binding.warn_shadowing(&name);
                 changed = true;
@@ -335,7 +340,8 @@ impl ResultHook for CallHook {
             }
             Some(_) => return changed,
         }
-        if !self.observed() {
+        // Decorated upstream (its own Epode): never decorated twice nor counted twice.
+        if !self.observed() || self.binding.decorated_upstream(result) {
             return changed;
         }
         let identity = identity.unwrap_or(Value::Null);

@@ -4,13 +4,15 @@
 //! feedback tools' calls; the HTTP surface asks it for an HTTP response's envelope
 //! (`http_surface`). `feedback_binding` is the binding itself, whose fields only it touches;
 //! `catalog` is what it knows of the upstream's tools; `tasks`, the tasks (the 2026 tasks
-//! extension) it follows to their outcome.
+//! extension) it follows to their outcome; `upstream_epode`, whether the upstream carries
+//! Epode itself (then it steps back).
 
 mod catalog;
 mod feedback_binding;
 mod hooks;
 mod http_surface;
 mod tasks;
+mod upstream_epode;
 
 pub(crate) use self::feedback_binding::FeedbackBinding;
 pub(crate) use self::http_surface::HttpEnvelope;

@@ -9,7 +9,7 @@ use super::setting::{
     a_duration, boolean, bounded, duration, number, read_all, setting, settings, split_list,
     Accepts, Bad, ConfigError, Layers, Refused, AT_LEAST_1MS,
 };
-use super::types::{redact_url, Config, FeedbackConfig, ToolPatterns};
+use super::types::{redact_url, Config, FeedbackConfig, ToolPatterns, UpstreamEpode};
 use crate::feedback::capability::{ProductKey, ProductKeyError};
 use crate::feedback::identity::RefKind;
 use crate::feedback::FeedbackMode;
@@ -53,7 +53,16 @@ pub(super) fn read(l: &Layers, dev: Option<bool>) -> Result<FeedbackConfig, Refu
         telemetry_flush: l.get(&TELEMETRY_FLUSH),
         telemetry_retry_base: l.get(&TELEMETRY_RETRY_BASE),
         telemetry_shutdown: l.get(&TELEMETRY_SHUTDOWN),
+        upstream_epode: l.get(&UPSTREAM_EPODE),
     })
+}
+
+fn upstream_epode(v: &str) -> Result<UpstreamEpode, Bad> {
+    match v.to_ascii_lowercase().as_str() {
+        "auto" => Ok(UpstreamEpode::Auto),
+        "none" => Ok(UpstreamEpode::None),
+        _ => Err(Bad::Whole),
+    }
 }
 
 fn product_key(raw: &str) -> Result<ProductKey, Bad> {
@@ -182,6 +191,18 @@ settings! {
             "Deadline of the two feedback tools' calls to Epode; past it the tool answers a retryable failure.",
             a_duration,
             |c| duration(c.feedback.tool_timeout),
+        ),
+        UPSTREAM_EPODE: UpstreamEpode = setting(
+            "upstream_epode",
+            &["EPODE_SIDECAR_UPSTREAM_EPODE"],
+            Some("auto"),
+            "auto or none",
+            "An upstream that carries Epode itself (one of Epode's SDKs): `auto` looks for it (`ai.epode/agent-feedback` in its `server/discover` or `initialize` capabilities, Epode's tool names in its `tools/list`, `_agentFeedback` already in a result) and, where found, steps back from the binding, so that no call is counted twice: no telemetry event, no `_agentFeedback`, no feedback tools or instructions of its own (the upstream's pass untouched); said once in the log and in `epode_sidecar_upstream_epode`. `none`: the upstream is taken to carry none and the sidecar binds whatever it says. Either way a result that already carries `_agentFeedback` is never decorated again nor counted.",
+            upstream_epode,
+            |c| match c.feedback.upstream_epode {
+                UpstreamEpode::Auto => "auto".to_owned(),
+                UpstreamEpode::None => "none".to_owned(),
+            },
         ),
         INCLUDE_TOOLS: ToolPatterns = setting(
             "include_tools",

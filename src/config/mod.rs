@@ -42,7 +42,7 @@ pub(crate) use self::types::{
     redact_url, AuthConfig, AuthMode, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues,
     HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OperationKind,
     OriginPolicy, OtelConfig, Rate, RouteTemplate, RunAs, Sampling, StdioChildren, StdioCommand,
-    UpstreamProtocol, UpstreamTarget, UpstreamTls, UpstreamTransport,
+    UpstreamEpode, UpstreamProtocol, UpstreamTarget, UpstreamTls, UpstreamTransport,
 };
 
 /// An `auth_operation_scopes` value read, for other modules' tests.

@@ -470,6 +470,19 @@ pub(crate) struct FeedbackConfig {
     pub(crate) telemetry_flush: Duration,
     pub(crate) telemetry_retry_base: Duration,
     pub(crate) telemetry_shutdown: Duration,
+    /// Whether the sidecar looks for Epode in the upstream itself, and steps back there.
+    pub(crate) upstream_epode: UpstreamEpode,
+}
+
+/// What the sidecar assumes of Epode in the upstream (`EPODE_SIDECAR_UPSTREAM_EPODE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamEpode {
+    /// Looked for (its capabilities, its tools, its results); where found, the sidecar steps
+    /// back from the binding so that no call is counted twice.
+    Auto,
+    /// Taken to carry none: the sidecar binds whatever the upstream says (a result already
+    /// carrying `_agentFeedback` is still neither decorated again nor counted).
+    None,
 }
 
 impl FeedbackConfig {

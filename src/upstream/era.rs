@@ -197,6 +197,7 @@ impl EraResolver {
         }
         if let Some(result) = answer.result().filter(|r| supports_modern(r)).cloned() {
             self.decide(Era::Modern);
+            link.heard_capabilities(&result);
             link.identity().remember(
                 result
                     .get("_meta")

@@ -9,6 +9,7 @@ use std::sync::{Arc, OnceLock};
 
 use ::http::{header, HeaderMap, HeaderValue, Response};
 use bytes::Bytes;
+use serde_json::Value;
 
 use super::answer::{read_answer, AnswerBounds, ReadAnswer};
 use super::caller::Caller;
@@ -52,7 +53,12 @@ struct Shared {
     counter: AtomicU64,
     identity: ServerIdentity,
     spans: OnceLock<Arc<dyn OwnSpans>>,
+    /// Who hears the upstream's capabilities, each time a discovery or a handshake says them.
+    capabilities: OnceLock<HearsCapabilities>,
 }
+
+/// Who hears the upstream's capabilities.
+pub(crate) type HearsCapabilities = Arc<dyn Fn(&Value) + Send + Sync>;
 
 /// One worker's way to the upstream.
 pub(crate) struct Link {
@@ -70,6 +76,7 @@ impl Link {
                 counter: AtomicU64::new(0),
                 identity,
                 spans: OnceLock::new(),
+                capabilities: OnceLock::new(),
             }),
         }
     }
@@ -103,6 +110,20 @@ impl Link {
     /// starts).
     pub(crate) fn trace_own_requests(&self, spans: Arc<dyn OwnSpans>) {
         let _ = self.shared.spans.set(spans);
+    }
+
+    /// `f` hears the upstream's capabilities whenever its `server/discover` or `initialize`
+    /// answer says them (set once).
+    pub(crate) fn on_capabilities(&self, f: HearsCapabilities) {
+        let _ = self.shared.capabilities.set(f);
+    }
+
+    /// The upstream said its capabilities (in a discovery, or a 2025 handshake's result).
+    pub(crate) fn heard_capabilities(&self, answer: &Value) {
+        if let (Some(f), Some(caps)) = (self.shared.capabilities.get(), answer.get("capabilities"))
+        {
+            f(caps);
+        }
     }
 
     /// One of the sidecar's own requests (`name`, for `reason`), as it goes upstream: never

@@ -217,6 +217,11 @@ impl Upstream {
         self.link.trace_own_requests(spans);
     }
 
+    /// `f` hears the upstream's capabilities whenever a discovery or a handshake says them.
+    pub(crate) fn on_capabilities(&self, f: Arc<dyn Fn(&Value) + Send + Sync>) {
+        self.link.on_capabilities(f);
+    }
+
     /// Closes upstream the sessions unused for the idle time (call now and then).
     pub(crate) fn sweep_sessions(&self) {
         self.known.sessions.sweep(&self.link);

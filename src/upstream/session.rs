@@ -415,6 +415,7 @@ impl Sessions {
                 format!("the upstream refused the initialize handshake: {why}"),
             ));
         };
+        link.heard_capabilities(&init);
         let version = init
             .get("protocolVersion")
             .and_then(Value::as_str)

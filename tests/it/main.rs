@@ -41,3 +41,4 @@ mod targets;
 mod telemetry;
 mod tls;
 mod transparency;
+mod upstream_epode;

@@ -255,6 +255,7 @@ README.
   (list "EPODE_SIDECAR_INCLUDE_TOOLS" "epode.includeTools" (join "," $e.includeTools))
   (list "EPODE_SIDECAR_EXCLUDE_TOOLS" "epode.excludeTools" (join "," $e.excludeTools))
   (list "EPODE_SIDECAR_FEEDBACK_TOOLS" "epode.feedbackTools" (join "," $e.feedbackTools))
+  (list "EPODE_SIDECAR_UPSTREAM_EPODE" "epode.upstreamEpode" $e.upstreamEpode)
   (list "EPODE_SIDECAR_IDENTITY_HEADERS" "epode.identityHeaders" (join "," $ids))
   (list "EPODE_SIDECAR_MAX_TOOLS" "epode.maxTools" $e.maxTools)
   (list "EPODE_SIDECAR_HTTP_SURFACE" "epode.httpSurface.enabled" (ternary "on" "" (eq $e.httpSurface.enabled true)))

@@ -162,6 +162,9 @@ pub enum UpstreamKind {
     /// FastMCP 4.1.6 with the 2026 tasks and MCP Apps extensions
     /// (`tests/peers/fastmcp_tasks.py`).
     FastMcpExtensions,
+    /// Python `mcp==2.3.0` carrying Epode itself (`tests/peers/epode_carrier.py`: give
+    /// `--carries telemetry|binding`).
+    EpodeCarrier,
 }
 
 pub struct Upstream {
@@ -200,9 +203,12 @@ impl Upstream {
                 }
                 c
             }
-            UpstreamKind::FastMcp | UpstreamKind::FastMcpExtensions => {
+            UpstreamKind::FastMcp
+            | UpstreamKind::FastMcpExtensions
+            | UpstreamKind::EpodeCarrier => {
                 let script = match kind {
                     UpstreamKind::FastMcp => "tests/peers/fastmcp_server.py",
+                    UpstreamKind::EpodeCarrier => "tests/peers/epode_carrier.py",
                     _ => "tests/peers/fastmcp_tasks.py",
                 };
                 let mut c = Command::new(python());
