@@ -36,6 +36,7 @@ fn cache_mode(v: &str) -> Result<HttpCacheMode, Bad> {
     match v.to_ascii_lowercase().as_str() {
         "safe" => Ok(HttpCacheMode::Safe),
         "private" => Ok(HttpCacheMode::Private),
+        "request" => Ok(HttpCacheMode::Request),
         _ => Err(Bad::Whole),
     }
 }
@@ -113,12 +114,13 @@ settings! {
             "http_cache_mode",
             &["EPODE_SIDECAR_HTTP_CACHE_MODE"],
             Some("safe"),
-            "safe or private",
-            "With the HTTP surface: `safe` leaves responses a shared cache may keep (`public`, `s-maxage`, `max-age`, `immutable`, `stale-while-revalidate` in `Cache-Control` or a CDN's cache header) untouched; `private` instruments them too. Every instrumented response is made `Cache-Control: private, no-store`.",
+            "safe, private or request",
+            "With the HTTP surface: `safe` leaves responses a shared cache may keep (`public`, `s-maxage`, `max-age`, `immutable`, `stale-while-revalidate` in `Cache-Control` or a CDN's cache header) untouched; `private` instruments them too; `request` (Epode's `cacheMode: \"request\"`) instruments a response only when its request carries `Agent-Feedback-Request: 1`, cacheable or not, advertises that on an ordinary complete JSON or HTML `GET`/`HEAD` response with `Link: </path?query>; rel=\"agent-feedback\"; request-header=\"Agent-Feedback-Request: 1\"`, and adds `Vary: Agent-Feedback-Request` to every response of an instrumented path, as Epode's Node SDK does. Every instrumented response is made `Cache-Control: private, no-store`.",
             cache_mode,
             |c| shown(c, |h| match h.cache_mode {
                 HttpCacheMode::Safe => "safe",
                 HttpCacheMode::Private => "private",
+                HttpCacheMode::Request => "request",
             }.to_owned()).unwrap_or_else(|| "<not used>".into()),
         ),
         HTTP_EXCLUDE: Vec<String> = setting(

@@ -621,7 +621,7 @@ fn http_surface_values_are_checked_and_named() {
         ("EPODE_SIDECAR_HTTP_SURFACE", "yes"),
         ("EPODE_SIDECAR_HTTP_MAX_BODY", "2GiB"),
         ("EPODE_SIDECAR_HTTP_MAX_BODY", "lots"),
-        ("EPODE_SIDECAR_HTTP_CACHE_MODE", "request"),
+        ("EPODE_SIDECAR_HTTP_CACHE_MODE", "shared"),
         ("EPODE_SIDECAR_HTTP_EXCLUDE", "/ok,nope"),
         ("EPODE_SIDECAR_OPERATIONS_PREFIX", "/ops/"),
         ("EPODE_SIDECAR_HTTP_ROUTES", "/users/{id},/orders/{id"),

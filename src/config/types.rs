@@ -298,6 +298,9 @@ pub(crate) enum HttpCacheMode {
     Safe,
     /// Instruments them, and makes them private.
     Private,
+    /// Instruments a response only for a request with `Agent-Feedback-Request: 1` (cacheable
+    /// or not), and advertises that on the others (Epode's `cacheMode: "request"`).
+    Request,
 }
 
 /// The HTTP surface's settings, present when it is on.

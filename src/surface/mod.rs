@@ -16,6 +16,7 @@
 //! `Share::Surface`), so it cannot starve the MCP path. Every response not instrumented is the upstream's, untouched but for its
 //! hop-by-hop headers and `Epode-Identity`; every reason is counted.
 
+mod discovery;
 mod operation;
 mod place;
 mod rules;
@@ -120,6 +121,7 @@ impl HttpSurfaceRoute {
             cache: match cache_mode {
                 HttpCacheMode::Safe => CacheMode::Safe,
                 HttpCacheMode::Private => CacheMode::Private,
+                HttpCacheMode::Request => CacheMode::Request,
             },
             max_body,
             front,
@@ -196,10 +198,10 @@ impl HttpSurfaceRoute {
         };
         let (mut head, upstream_body) = sent.into_parts();
         let identity = take_identity(&mut head.headers);
-        if !self.binding.enabled() {
+        if let Some(skip) = self.on_request(parts, path, &mut head) {
             return (
                 passed(head, upstream_body),
-                HttpOutcome::Skipped(Skip::ModeOff.label()),
+                HttpOutcome::Skipped(skip.label()),
             );
         }
         let kind = match self.candidate(path, &parts.method, &mut head) {
@@ -257,6 +259,33 @@ impl HttpSurfaceRoute {
             identity,
             started,
         )
+    }
+
+    /// Feedback off: `ModeOff`. In request cache mode, on a path the surface instruments: the answer varies on
+    /// `Agent-Feedback-Request`, and one its request did not ask for is passed with the
+    /// discovery link when it could have been instrumented (`Skip::NotRequested`).
+    fn on_request(
+        &self,
+        parts: &Parts,
+        path: &str,
+        head: &mut http::response::Parts,
+    ) -> Option<Skip> {
+        if !self.binding.enabled() {
+            return Some(Skip::ModeOff);
+        }
+        if self.cache != CacheMode::Request || self.paths.excluded(path) {
+            return None;
+        }
+        discovery::vary(&mut head.headers);
+        if discovery::requested(&parts.headers) {
+            return None;
+        }
+        let target = parts
+            .uri
+            .path_and_query()
+            .map_or_else(|| parts.uri.path(), |p| p.as_str());
+        discovery::advertise(&parts.method, target, head.status, &mut head.headers);
+        Some(Skip::NotRequested)
     }
 
     /// Whether the answer's head makes it a candidate, and its kind; a HEAD answer's fields are

@@ -24,11 +24,13 @@ pub(crate) enum Skip {
     AlreadyInstrumented,
     SharedCacheable,
     InvalidOperation,
+    /// In request cache mode, a request without `Agent-Feedback-Request: 1`.
+    NotRequested,
 }
 
 impl Skip {
     /// Every reason, so each label can be registered at 0.
-    pub(crate) const ALL: [Skip; 14] = [
+    pub(crate) const ALL: [Skip; 15] = [
         Skip::ModeOff,
         Skip::NotSuccess,
         Skip::Redirect,
@@ -43,6 +45,7 @@ impl Skip {
         Skip::AlreadyInstrumented,
         Skip::SharedCacheable,
         Skip::InvalidOperation,
+        Skip::NotRequested,
     ];
 
     /// The `reason` label of `epode_sidecar_http_skipped_total`.
@@ -62,16 +65,19 @@ impl Skip {
             Skip::AlreadyInstrumented => "already_instrumented",
             Skip::SharedCacheable => "shared_cacheable",
             Skip::InvalidOperation => "invalid_operation",
+            Skip::NotRequested => "not_requested",
         }
     }
 }
 
 /// `EPODE_SIDECAR_HTTP_CACHE_MODE`: whether explicitly shared-cacheable responses are skipped
-/// (`Safe`) or instrumented and made private (`Private`).
+/// (`Safe`) or instrumented and made private (`Private`), or only a request that asks with
+/// `Agent-Feedback-Request: 1` is instrumented, cacheable or not (`Request`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CacheMode {
     Safe,
     Private,
+    Request,
 }
 
 /// What an instrumented body is.
@@ -215,13 +221,13 @@ fn static_asset(path: &str) -> bool {
 }
 
 /// The response's media type, lower-cased, without parameters.
-fn media_type(headers: &HeaderMap) -> Option<String> {
+pub(super) fn media_type(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(CONTENT_TYPE)?.to_str().ok()?;
     let essence = value.split(';').next().unwrap_or_default().trim();
     Some(essence.to_ascii_lowercase())
 }
 
-fn kind_of(media: &str) -> Option<Candidate> {
+pub(super) fn kind_of(media: &str) -> Option<Candidate> {
     let json = media == "application/json"
         || media
             .split_once('/')
@@ -376,7 +382,7 @@ mod tests {
         assert_eq!(
             labels.join(" "),
             "mode_off not_success redirect head method excluded_path static_asset content_type stream \
-             too_large compressed already_instrumented shared_cacheable invalid_operation"
+             too_large compressed already_instrumented shared_cacheable invalid_operation not_requested"
         );
     }
 

@@ -969,6 +969,73 @@ async fn private_cache_mode_instruments_shared_cacheable_responses() {
     check_event(&all[0], "http_json", "/cached", 200);
 }
 
+/// Epode's `cacheMode: "request"`, with the values Epode's Node SDK sends for the same route
+/// (its own test, `sdk/node/test/express.test.mjs`): an ordinary GET or HEAD of a JSON or
+/// HTML route keeps its body and its cache policy and advertises the opt-in for the exact
+/// target; one with `Agent-Feedback-Request: 1` is instrumented (cacheable or not) and
+/// private; both vary on the header; an excluded path gets neither.
+#[tokio::test]
+async fn request_cache_mode_instruments_only_what_asks_and_advertises_the_rest() {
+    let r = rig("never_ask", &[("EPODE_SIDECAR_HTTP_CACHE_MODE", "request")]);
+    let link = |target: &str| {
+        format!(r#"<{target}>; rel="agent-feedback"; request-header="Agent-Feedback-Request: 1""#)
+    };
+    let varies = |got: &Got| {
+        got.headers
+            .get_all("vary")
+            .iter()
+            .any(|v| v.to_str().unwrap().contains("Agent-Feedback-Request"))
+    };
+    let plain = |path: &str| client().get(format!("{}{path}", r.sc.base()));
+    let asking = |path: &str| plain(path).header("agent-feedback-request", "1");
+    for (path, target, product) in [
+        (
+            "/cached?scope=private",
+            "/cached?scope=private",
+            &br#"{"cached": true}"#[..],
+        ),
+        ("/search?", "/search", SEARCH),
+        ("/docs/test", "/docs/test", DOCS),
+    ] {
+        let ordinary = send(plain(path)).await;
+        assert_eq!(ordinary.body, product, "{path}: untouched");
+        assert_eq!(
+            ordinary.header("link").as_deref(),
+            Some(link(target).as_str()),
+            "{path}"
+        );
+        assert!(varies(&ordinary), "{path}: {:?}", ordinary.headers);
+        assert!(ordinary.header("agent-feedback").is_none(), "{path}");
+        assert_ne!(
+            ordinary.header("cache-control").as_deref(),
+            Some("private, no-store")
+        );
+        let asked = send(asking(path)).await;
+        instrumented(&asked, &r.epode, path);
+        assert!(
+            asked.header("link").is_none(),
+            "{path}: {:?}",
+            asked.headers
+        );
+        assert!(varies(&asked), "{path}");
+    }
+    let head = send(client().head(format!("{}/search", r.sc.base()))).await;
+    assert_eq!(
+        head.header("link").as_deref(),
+        Some(link("/search").as_str())
+    );
+    // An excluded path: neither the link nor the Vary.
+    let health = send(plain("/health")).await;
+    assert!(
+        health.header("link").is_none() && !varies(&health),
+        "{:?}",
+        health.headers
+    );
+    // Only the requests that asked are interactions.
+    let all = events(&r.epode, 3).await;
+    assert_eq!(all.len(), 3, "{all:?}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Size, streams, memory
 // ---------------------------------------------------------------------------------------
