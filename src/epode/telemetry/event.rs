@@ -272,6 +272,83 @@ mod tests {
         }
     }
 
+    /// The `mcpLinkedJourney` vectors, as Epode's SDK suites check them: each completion's
+    /// identity and run `sessionRef` come as a product result's `_meta` identity would bring
+    /// them (with the private content beside them, which must never reach an event); every
+    /// event is `mcp`, confirmed by `mcp`, carries the identity and the runtime hint, the run's
+    /// `sessionRef` (with `sessionSource: mcp`) when its proof holds and none when it is
+    /// missing or invalid, 200 or 500 by outcome, under an interaction id of its own.
+    /// (`sequence` is the queue's, numbered in `queue.rs`.)
+    #[test]
+    fn conformance_mcp_linked_journey_vectors() {
+        let v = vectors();
+        let j = &v["mcpLinkedJourney"];
+        let sentinel = j["privateContentSentinel"].as_str().unwrap();
+        let hint = j["runtimeHint"].as_str().unwrap();
+        let mut expected = Vec::new();
+        for run in j["runs"].as_array().unwrap() {
+            for c in run["completions"].as_array().unwrap() {
+                expected.push((c.clone(), run["sessionRef"].as_str().map(str::to_owned)));
+            }
+        }
+        for u in j["unlinked"].as_array().unwrap() {
+            expected.push((u.clone(), None));
+        }
+        assert_eq!(expected.len(), 10);
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, (c, session)) in expected.iter().enumerate() {
+            let mut meta = j["identity"].clone();
+            meta["runtimeHint"] = json!(hint);
+            meta["content"] = json!(sentinel);
+            let proof = session
+                .clone()
+                .or_else(|| c["candidateSessionRef"].as_str().map(str::to_owned));
+            if let Some(s) = proof {
+                meta["sessionRef"] = json!(s);
+            }
+            let mut completion = completion(&json!({
+                "operation": c["operation"], "outcome": c["outcome"],
+            }));
+            completion.refs = IdentityRefs::from_meta(&meta);
+            completion.runtime_hint = Some(hint.to_owned());
+            completion.interaction_id = uuid::Uuid::new_v4().hyphenated().to_string();
+            let e = Value::Object(build_event(&completion, SystemTime::now()).unwrap());
+            let what = format!("completion {i}: {e}");
+            assert!(!e.to_string().contains(sentinel), "{what}");
+            assert!(
+                ids.insert(e["interactionId"].as_str().unwrap().to_owned()),
+                "{what}"
+            );
+            assert_eq!(e["surface"], "mcp", "{what}");
+            assert_eq!(e["operation"], c["operation"], "{what}");
+            assert_eq!(
+                (&e["classification"], &e["confirmationMethod"]),
+                (&json!("confirmed"), &json!("mcp")),
+                "{what}"
+            );
+            let status = if c["outcome"] == "error" { 500 } else { 200 };
+            assert_eq!(e["statusCode"], status, "{what}");
+            for k in ["accountRef", "userRef", "anonymousRef"] {
+                assert_eq!(e[k], j["identity"][k], "{what}");
+            }
+            assert_eq!(
+                (&e["runtimeHint"], &e["runtimeHintSource"]),
+                (&json!(hint), &json!("mcp")),
+                "{what}"
+            );
+            match session {
+                Some(s) => {
+                    assert_eq!(e["sessionRef"], json!(s), "{what}");
+                    assert_eq!(e["sessionSource"], "mcp", "{what}");
+                }
+                None => assert!(
+                    e.get("sessionRef").is_none() && e.get("sessionSource").is_none(),
+                    "{what}"
+                ),
+            }
+        }
+    }
+
     #[test]
     fn events_validate_against_the_batch_schema() {
         let path = concat!(
