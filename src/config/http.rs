@@ -20,6 +20,7 @@ pub(super) fn read(l: &Layers) -> Result<Option<HttpSurface>, Refused> {
         operations_prefix: l.get(&OPERATIONS_PREFIX),
         routes: l.optional(&HTTP_ROUTES).map(Option::unwrap_or_default),
         upstream_share: l.get(&HTTP_UPSTREAM_SHARE),
+        request_observation: l.get(&REQUEST_OBSERVATION),
     })
     .map(Some)
 }
@@ -150,6 +151,15 @@ settings! {
             routes,
             |c| shown(c, |h| h.routes.iter().map(|r| r.written.as_str()).collect::<Vec<_>>().join(",")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<the default operation names only>".into()),
         ),
+        REQUEST_OBSERVATION: bool = setting(
+            "request_observation",
+            &["EPODE_SIDECAR_REQUEST_OBSERVATION"],
+            Some("off"),
+            "on or off",
+            "With the HTTP surface: `on` adds to each instrumented response's telemetry event what the request says of its client (Epode's `requestObservation`), from the fixed allowlist Epode's Node adapters use: the client's address (as `EPODE_SIDECAR_TRUSTED_PROXIES` resolves it), the method, `User-Agent`, `Accept-Language`, the referrer's origin and the client hints `Sec-CH-UA`, `Sec-CH-UA-Platform`, `Sec-CH-UA-Mobile`, each trimmed and cut to Epode's bounds; never cookies, credentials, bodies, a full referrer or a query string. Epode takes it on HTTP events only, so MCP events never carry it. Off by default: it is personal data the product must be entitled to send.",
+            on_off,
+            |c| shown(c, |h| if h.request_observation { "on" } else { "off" }.to_owned()).unwrap_or_else(|| "<not used>".into()),
+        ),
         HTTP_UPSTREAM_SHARE: u8 = bounded(
             "http_upstream_share",
             &["EPODE_SIDECAR_HTTP_UPSTREAM_SHARE"],
@@ -246,6 +256,7 @@ mod tests {
             operations_prefix: "/_ops".into(),
             routes: Vec::new(),
             upstream_share: share,
+            request_observation: false,
         };
         for (share, max, want) in [
             (50, 4, 2),

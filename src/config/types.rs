@@ -317,6 +317,8 @@ pub(crate) struct HttpSurface {
     pub(crate) routes: Vec<RouteTemplate>,
     /// The percentage of `upstream_max_connections` the surface may hold at once.
     pub(crate) upstream_share: u8,
+    /// Whether instrumented responses' events carry the request's observation.
+    pub(crate) request_observation: bool,
 }
 
 impl HttpSurface {

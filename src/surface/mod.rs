@@ -45,7 +45,7 @@ use crate::body::{self, Body, BoxError};
 use crate::budget::{self, MemoryBudget, Reservation};
 use crate::caller::CallerKey;
 use crate::config::{Config, HttpCacheMode, HttpSurface};
-use crate::epode::telemetry::{HttpCompletion, Surface as Placed};
+use crate::epode::telemetry::{HttpCompletion, RequestObservation, Surface as Placed};
 use crate::feedback::identity::{sanitize_ref, IdentityRefs, RefKind};
 use crate::log_summary::LogSummary;
 use crate::metrics::Metrics;
@@ -73,6 +73,15 @@ const VALIDATORS: [&str; 6] = [
     "accept-ranges",
 ];
 
+/// Who a surface request's client is, for its event: the verified caller its handle is bound
+/// to (with auth on the surface), and what the request said of it (with
+/// `EPODE_SIDECAR_REQUEST_OBSERVATION`).
+#[derive(Clone, Copy)]
+struct Requester<'a> {
+    bound: Option<CallerKey>,
+    observed: Option<&'a RequestObservation>,
+}
+
 /// The HTTP surface, shared by every worker (each passes its own view of the upstream).
 pub(crate) struct HttpSurfaceRoute {
     config: Arc<Config>,
@@ -80,6 +89,8 @@ pub(crate) struct HttpSurfaceRoute {
     operations: OperationNames,
     cache: CacheMode,
     max_body: u64,
+    /// Whether events carry the request's observation.
+    observe: bool,
     /// The one front (the surface's rate, in-flight requests, body and token) and where the
     /// records are written.
     front: Arc<Front>,
@@ -108,6 +119,7 @@ impl HttpSurfaceRoute {
             cache_mode,
             exclude,
             routes,
+            request_observation,
             ..
         } = settings;
         let paths = Paths::new(&exclude).map_err(|e| format!("EPODE_SIDECAR_HTTP_EXCLUDE: {e}"))?;
@@ -124,6 +136,7 @@ impl HttpSurfaceRoute {
                 HttpCacheMode::Request => CacheMode::Request,
             },
             max_body,
+            observe: request_observation,
             front,
             records,
             binding,
@@ -168,8 +181,15 @@ impl HttpSurfaceRoute {
         let body = (admitted.bytes, admitted.held);
         // With auth on the surface, the handle is issued to the verified caller.
         let bound = admitted.principal.as_ref().map(|p| p.caller);
+        let observed = self
+            .observe
+            .then(|| RequestObservation::of(&parts.method, admitted.address, &parts.headers));
+        let requester = Requester {
+            bound,
+            observed: observed.as_ref(),
+        };
         let (resp, outcome) = self
-            .proxy(upstream, (&parts, path, bound), body, started)
+            .proxy(upstream, (&parts, path, requester), body, started)
             .await;
         record.outcome(outcome);
         record.end(resp)
@@ -178,7 +198,7 @@ impl HttpSurfaceRoute {
     async fn proxy(
         &self,
         upstream: &Upstream,
-        (parts, path, bound): (&Parts, &str, Option<CallerKey>),
+        (parts, path, requester): (&Parts, &str, Requester<'_>),
         body: (Bytes, Reservation),
         started: Instant,
     ) -> (Response<Body>, HttpOutcome) {
@@ -252,7 +272,7 @@ impl HttpSurfaceRoute {
             }
         };
         self.instrument(
-            (parts, path, bound),
+            (parts, path, requester),
             head,
             (bytes, held),
             kind,
@@ -339,7 +359,7 @@ impl HttpSurfaceRoute {
     /// A held candidate body, instrumented unless its content says otherwise.
     fn instrument(
         &self,
-        (parts, path, bound): (&Parts, &str, Option<CallerKey>),
+        (parts, path, requester): (&Parts, &str, Requester<'_>),
         mut head: http::response::Parts,
         (bytes, held): (Bytes, Reservation),
         kind: Candidate,
@@ -355,7 +375,7 @@ impl HttpSurfaceRoute {
         };
         let (app_refs, hint) = self.app_refs(identity);
         let refs = self.binding.http_refs(app_refs, &parts.headers);
-        let Some(envelope) = self.binding.http_envelope(&refs, bound) else {
+        let Some(envelope) = self.binding.http_envelope(&refs, requester.bound) else {
             return untouched(head, bytes, held, Skip::ModeOff);
         };
         let (surface, body) = self.place(&mut head.headers, surface, (bytes, held), &envelope);
@@ -367,6 +387,7 @@ impl HttpSurfaceRoute {
             duration: started.elapsed(),
             refs,
             runtime_hint: hint,
+            observation: requester.observed.cloned(),
         };
         self.binding.http_answered(&envelope, &completion);
         let served = HttpOutcome::Instrumented {

@@ -1036,6 +1036,44 @@ async fn request_cache_mode_instruments_only_what_asks_and_advertises_the_rest()
     assert_eq!(all.len(), 3, "{all:?}");
 }
 
+/// `EPODE_SIDECAR_REQUEST_OBSERVATION=on`: an instrumented response's event carries what the
+/// request said of its client, by Epode's allowlist only (the strict fake Epode validates it
+/// and, as the real service does, would refuse it on an MCP event); off (the default), none.
+#[tokio::test]
+async fn request_observations_follow_the_allowlist_and_are_off_by_default() {
+    let ask = |sc: &Sidecar| {
+        client()
+            .get(format!("{}/search?q=private-query", sc.base()))
+            .header("user-agent", "  agent-browser/1.0  ")
+            .header("accept-language", "fr-CH, fr;q=0.9")
+            .header("referer", "https://user:pw@shop.example/cart?id=42")
+            .header("sec-ch-ua", r#""Chromium";v="140""#)
+            .header("sec-ch-ua-platform", r#""Linux""#)
+            .header("sec-ch-ua-mobile", "?1")
+            .header("cookie", "session=cookie-secret")
+    };
+    let on = rig("never_ask", &[("EPODE_SIDECAR_REQUEST_OBSERVATION", "on")]);
+    let got = send(ask(&on.sc)).await;
+    instrumented(&got, &on.epode, "/search observed");
+    let e = &events(&on.epode, 1).await[0];
+    assert_eq!(
+        e["requestObservation"],
+        json!({
+            "clientIp": "127.0.0.1", "method": "GET", "userAgent": "agent-browser/1.0",
+            "acceptLanguage": "fr-CH, fr;q=0.9", "referrerOrigin": "https://shop.example",
+            "secChUa": r#""Chromium";v="140""#, "secChUaPlatform": r#""Linux""#,
+            "secChUaMobile": "?1"
+        }),
+        "{e}"
+    );
+    let text = e.to_string();
+    assert!(!text.contains("secret") && !text.contains("cart") && !text.contains("private-query"));
+    let off = rig("never_ask", &[]);
+    send(ask(&off.sc)).await;
+    let e = &events(&off.epode, 1).await[0];
+    assert!(e.get("requestObservation").is_none(), "{e}");
+}
+
 // ---------------------------------------------------------------------------------------
 // Size, streams, memory
 // ---------------------------------------------------------------------------------------

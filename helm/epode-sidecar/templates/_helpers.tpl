@@ -265,6 +265,7 @@ README.
   (list "EPODE_SIDECAR_OPERATIONS_PREFIX" "epode.httpSurface.operationsPrefix" $e.httpSurface.operationsPrefix)
   (list "EPODE_SIDECAR_HTTP_ROUTES" "epode.httpSurface.routes" (join "," $e.httpSurface.routes))
   (list "EPODE_SIDECAR_HTTP_UPSTREAM_SHARE" "epode.httpSurface.upstreamShare" $e.httpSurface.upstreamShare)
+  (list "EPODE_SIDECAR_REQUEST_OBSERVATION" "epode.httpSurface.requestObservation" (ternary "on" (ternary "off" "" (eq $e.httpSurface.requestObservation false)) (eq $e.httpSurface.requestObservation true)))
   (list "EPODE_SIDECAR_TELEMETRY_QUEUE" "epode.telemetry.queue" $t.queue)
   (list "EPODE_SIDECAR_TELEMETRY_BATCH" "epode.telemetry.batch" $t.batch)
   (list "EPODE_SIDECAR_TELEMETRY_CONCURRENCY" "epode.telemetry.concurrency" $t.concurrency)

@@ -68,6 +68,8 @@ pub(crate) struct HttpCompletion {
     /// The identity references, the mode's customerRef rule already applied.
     pub(crate) refs: IdentityRefs,
     pub(crate) runtime_hint: Option<String>,
+    /// What the request said of its client (`EPODE_SIDECAR_REQUEST_OBSERVATION`).
+    pub(crate) observation: Option<super::RequestObservation>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -140,7 +142,7 @@ pub(super) fn build_http_event(
     if !(100..=599).contains(&c.status) {
         return Err(InvalidCompletion::Outcome);
     }
-    event(Event {
+    let mut e = event(Event {
         interaction_id: &c.interaction_id,
         surface: c.surface.as_str(),
         operation: &c.operation,
@@ -153,7 +155,15 @@ pub(super) fn build_http_event(
         runtime_hint: c.runtime_hint.as_deref(),
         session_source: "customer",
         hint_source: "http",
-    })
+    })?;
+    if let Some(o) = c
+        .observation
+        .as_ref()
+        .and_then(super::RequestObservation::to_json)
+    {
+        e.insert("requestObservation".into(), o);
+    }
+    Ok(e)
 }
 
 /// What an event of either surface says; [`event`] writes it in the order Epode documents.
@@ -388,6 +398,7 @@ mod tests {
                 &json!({"accountRef":"acct_1","userRef":"user.acct_1","customerRef":"acct_1","sessionRef":"s1"}),
             ),
             runtime_hint: Some("claude-code".into()),
+            observation: None,
         }
     }
 

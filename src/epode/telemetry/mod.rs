@@ -21,11 +21,13 @@ mod customers;
 mod delivery;
 mod event;
 mod limit;
+mod observation;
 mod queue;
 mod receipt;
 mod shared;
 
 pub(crate) use counters::Counters;
 pub(crate) use event::{valid_operation, HttpCompletion, McpCompletion, Outcome, Surface};
+pub(crate) use observation::RequestObservation;
 pub(crate) use queue::Telemetry;
 pub(crate) use shared::QueueSettings;
