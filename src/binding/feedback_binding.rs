@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::catalog::ToolCatalog;
 use super::tasks::{Followed, FollowedTasks};
-use super::upstream_epode::{self, Carried, Carries};
+use super::upstream_epode::{self, Carried, Carries, EPODE_EXTENSION};
 use crate::caller::CallerKey;
 use crate::config::FeedbackConfig;
 use crate::epode::client::{EpodeClient, EpodeError};
@@ -31,9 +31,6 @@ use crate::mcp::raw::{raw, RawMap};
 use crate::metrics::{DecorationLabels, FeedbackCallLabels, FeedbackOutcome, Metrics};
 use crate::observe::{Decorated, FeedbackTool, Note, Noted, Observer, Refused};
 
-/// The extension id Epode's SDKs advertise the binding under (its Python SDK's
-/// `MCPInstrumentation.identifier`).
-pub(crate) const EPODE_EXTENSION: &str = "ai.epode/agent-feedback";
 
 /// The parts that exist only when feedback is on.
 struct Active {

@@ -17,10 +17,13 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use super::feedback_binding::EPODE_EXTENSION;
 use crate::config::UpstreamEpode;
 use crate::mcp::raw::RawMap;
 use crate::metrics::{CarriesLabels, Metrics};
+
+/// The extension id Epode's SDKs advertise the binding under (its Python SDK's
+/// `MCPInstrumentation.identifier`).
+pub(crate) const EPODE_EXTENSION: &str = "ai.epode/agent-feedback";
 
 /// The tools Epode's SDKs register (the Node binding's control tools).
 pub(super) const EPODE_TOOLS: [&str; 4] = [

@@ -69,7 +69,7 @@ pub(crate) struct HttpCompletion {
     pub(crate) refs: IdentityRefs,
     pub(crate) runtime_hint: Option<String>,
     /// What the request said of its client (`EPODE_SIDECAR_REQUEST_OBSERVATION`).
-    pub(crate) observation: Option<super::RequestObservation>,
+    pub(crate) observation: Option<super::observation::RequestObservation>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -159,7 +159,7 @@ pub(super) fn build_http_event(
     if let Some(o) = c
         .observation
         .as_ref()
-        .and_then(super::RequestObservation::to_json)
+        .and_then(super::observation::RequestObservation::to_json)
     {
         e.insert("requestObservation".into(), o);
     }
