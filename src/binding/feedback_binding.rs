@@ -31,7 +31,6 @@ use crate::mcp::raw::{raw, RawMap};
 use crate::metrics::{DecorationLabels, FeedbackCallLabels, FeedbackOutcome, Metrics};
 use crate::observe::{Decorated, FeedbackTool, Note, Noted, Observer, Refused};
 
-
 /// The parts that exist only when feedback is on.
 struct Active {
     /// The two tool definitions, serialised once.
