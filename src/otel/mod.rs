@@ -171,15 +171,7 @@ impl crate::upstream::OwnSpan for Child {
     }
 
     fn answered(&self, status: u16) {
-        let span = self.cx.span();
-        span.set_attribute(KeyValue::new(
-            "http.response.status_code",
-            i64::from(status),
-        ));
-        if status >= 500 {
-            span.set_attribute(KeyValue::new("error.type", status.to_string()));
-            span.set_status(Status::error(status.to_string()));
-        }
+        span::answered_with(&self.cx.span(), status, &status.to_string());
     }
 }
 

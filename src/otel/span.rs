@@ -619,15 +619,25 @@ impl HttpSpan {
         }
         self.ended = true;
         let span = self.cx.span();
-        span.set_attribute(KeyValue::new(
-            "http.response.status_code",
-            i64::from(status),
-        ));
-        if status >= 500 {
-            span.set_attribute(KeyValue::new("error.type", status.to_string()));
-            span.set_status(Status::error(""));
-        }
+        answered_with(&span, status, "");
         span.end();
+    }
+}
+
+/// An HTTP client span's answer: its status, and from 500 on the error type and status
+/// (`description`: the status's, where one is wanted).
+pub(super) fn answered_with(
+    span: &opentelemetry::trace::SpanRef<'_>,
+    status: u16,
+    description: &str,
+) {
+    span.set_attribute(KeyValue::new(
+        "http.response.status_code",
+        i64::from(status),
+    ));
+    if status >= 500 {
+        span.set_attribute(KeyValue::new("error.type", status.to_string()));
+        span.set_status(Status::error(description.to_owned()));
     }
 }
 
