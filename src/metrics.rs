@@ -383,6 +383,14 @@ pub(crate) struct AuthMetrics {
     pub(crate) keys_fetched: Gauge,
     /// Tool calls whose product identity and the verified identity name different refs.
     pub(crate) identity_disagreements: Counter,
+    /// Requests to the authorization facade, by endpoint and outcome.
+    facade: Family<FacadeLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct FacadeLabels {
+    pub(crate) endpoint: &'static str,
+    pub(crate) outcome: &'static str,
 }
 
 /// What of Epode the upstream carries itself (`epode_sidecar_upstream_epode`).
@@ -620,6 +628,11 @@ impl Metrics {
             self.auth.refused.clone(),
         );
         r.register(
+            "auth_facade_requests",
+            "Requests to the authorization facade (EPODE_SIDECAR_AUTH_FACADE), by endpoint (metadata, authorize, token) and outcome (served, refused, failed)",
+            self.auth.facade.clone(),
+        );
+        r.register(
             "auth_key_fetches",
             "Fetches of the authorization server's keys (JWKS), by outcome (fetched, failed)",
             self.auth.key_fetches.clone(),
@@ -694,6 +707,13 @@ impl Metrics {
         self.held
             .forwarded
             .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    pub(crate) fn auth_facade(&self, endpoint: &'static str, outcome: &'static str) {
+        self.auth
+            .facade
+            .get_or_create(&FacadeLabels { endpoint, outcome })
             .inc();
     }
 

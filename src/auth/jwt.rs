@@ -148,12 +148,13 @@ pub(super) fn check_claims(claims: &Map<String, Value>, config: &AuthConfig) -> 
     Ok(())
 }
 
-/// `aud` must hold the resource (a string or an array of strings); no `aud` is refused.
+/// `aud` must hold the resource or one of the audiences configured besides it (a string or
+/// an array of strings); no `aud` is refused.
 pub(super) fn check_audience(
     claims: &Map<String, Value>,
     config: &AuthConfig,
 ) -> Result<(), Reason> {
-    let ours = |a: &str| a == config.resource;
+    let ours = |a: &str| a == config.resource || config.audience.iter().any(|o| o == a);
     let holds = match claims.get("aud") {
         Some(Value::String(a)) => ours(a),
         Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).any(ours),

@@ -30,6 +30,8 @@ pub(super) const MAX_KEYS: usize = 100;
 pub(super) struct Metadata {
     pub(super) jwks_uri: Option<Url>,
     pub(super) introspection_endpoint: Option<Url>,
+    /// The whole document (what the authorization facade copies).
+    pub(super) document: serde_json::Map<String, Value>,
 }
 
 /// The metadata URLs to try for `issuer`, in order: RFC 8414's (the well-known segment
@@ -94,6 +96,7 @@ pub(super) async fn discover(
                 return Ok(Metadata {
                     jwks_uri: link("jwks_uri"),
                     introspection_endpoint: link("introspection_endpoint"),
+                    document: a.json.as_object().cloned().unwrap_or_default(),
                 });
             }
             Ok(a) => why.push(format!("{} answered {}", fetch::shown(&url), a.status)),

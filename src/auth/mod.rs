@@ -21,6 +21,7 @@
 //! `cargo test --release --lib auth_costs -- --ignored --nocapture`, docs/benchmark.md); an
 //! opaque token one introspection round trip, then cached.
 
+mod facade;
 mod fetch;
 mod introspect;
 mod jwt;
@@ -47,6 +48,7 @@ use crate::feedback::identity::IdentityRefs;
 use crate::ledger::{self, Ledger, Pool};
 use crate::metrics::Metrics;
 
+pub(crate) use self::facade::{Facade, FacadeRoute, MAX_FORM as FACADE_MAX_FORM};
 use self::keys::{KeyFetch, KeyStore, Metadata};
 pub(crate) use self::reason::Reason;
 
@@ -194,6 +196,8 @@ pub(crate) struct Authorizer {
     challenge_tail: String,
     /// Where the introspections in flight are charged to the client's address.
     ledger: Arc<Ledger>,
+    /// The authorization facade, with `auth_facade`.
+    facade: Option<Facade>,
 }
 
 impl Authorizer {
@@ -221,10 +225,14 @@ impl Authorizer {
         let metadata_url = metadata_url(&config.resource);
         let mut doc = Map::new();
         doc.insert("resource".into(), Value::from(config.resource.clone()));
-        doc.insert(
-            "authorization_servers".into(),
-            Value::from(vec![config.issuer.clone()]),
-        );
+        let facade = config
+            .facade
+            .then(|| Facade::new(&config.resource))
+            .flatten();
+        let named = facade
+            .as_ref()
+            .map_or_else(|| config.issuer.clone(), Facade::issuer);
+        doc.insert("authorization_servers".into(), Value::from(vec![named]));
         // Every scope a call may need: the base ones, the operations', and the hierarchy's.
         let mut supported = config.scopes.clone();
         let more = config.operation_scopes.iter().flat_map(|r| r.scopes.iter());
@@ -271,6 +279,7 @@ impl Authorizer {
             metadata: Bytes::from(Value::Object(doc).to_string()),
             challenge_tail,
             ledger,
+            facade,
         }))
     }
 
@@ -324,6 +333,9 @@ impl Authorizer {
         let metadata = keys::discover(&self.client, &self.config.issuer, self.config.fetch_timeout)
             .await
             .map_err(|e| e.0)?;
+        if let Some(f) = &self.facade {
+            f.learn(&metadata.document)?;
+        }
         let backend = self.backend_from(metadata)?;
         if let Backend::Jwt(store) = &backend {
             let (fetched, result) = store.refresh(None, keys::Why::Start).await;
@@ -387,6 +399,23 @@ impl Authorizer {
         Some(resp)
     }
 
+    /// The 404's words for an OAuth endpoint a client looked for on the sidecar: the
+    /// authorization server is elsewhere, and where the client learns it.
+    pub(crate) fn not_here(&self, path: &str) -> String {
+        let issuer = self
+            .facade
+            .as_ref()
+            .map_or_else(|| self.config.issuer.clone(), Facade::issuer);
+        format!(
+            "not found: epode-sidecar serves no {path}. It is this MCP server's resource server, \
+             not its authorization server: that is {issuer}, named in the protected resource \
+             metadata at {} (MCP 2025-06-18 and later; RFC 9728). A client looking for {path} \
+             here guessed it from the MCP server's address (the 2025-03-26 fallback): it should \
+             read that metadata, or be given the authorization server's endpoints",
+            metadata_url(&self.config.resource)
+        )
+    }
+
     /// The caller of one MCP request, or why it is refused (counted); `asked` notes the
     /// introspection call the check made, if any; `address` is the client's address as a
     /// caller (an introspection in flight is charged to it).
@@ -447,16 +476,30 @@ impl Authorizer {
     /// hierarchy); else the 403 that names them all (counted).
     pub(crate) fn require(&self, principal: &Principal, needed: &[String]) -> Result<(), Error> {
         let holds = |want: &String| {
-            principal
-                .scopes
-                .iter()
-                .any(|s| s == want || self.config.implies.get(s).is_some_and(|g| g.contains(want)))
+            let bare = self.bare_scope(want);
+            principal.scopes.iter().any(|s| {
+                s == want
+                    || Some(s.as_str()) == bare
+                    || self.config.implies.get(s).is_some_and(|g| g.contains(want))
+            })
         };
         if needed.iter().all(holds) {
             return Ok(());
         }
         self.count(&Reason::InsufficientScope.into());
         Err(self.insufficient(needed))
+    }
+
+    /// The bare name of a scope written `<audience>/<name>` for one of the audiences
+    /// configured (Entra asks clients for `api://…/mcp.tools` and writes `mcp.tools` in the
+    /// token's `scp`).
+    fn bare_scope<'a>(&self, scope: &'a str) -> Option<&'a str> {
+        self.config.audience.iter().find_map(|a| {
+            scope
+                .strip_prefix(a.as_str())?
+                .strip_prefix('/')
+                .filter(|s| !s.is_empty())
+        })
     }
 
     /// The step-up answer: 403 naming every scope the request needs, in one challenge.

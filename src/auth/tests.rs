@@ -111,6 +111,8 @@ pub(super) fn test_config() -> AuthConfig {
         http_surface: false,
         operation_scopes: Vec::new(),
         implies: Default::default(),
+        audience: Vec::new(),
+        facade: false,
     }
 }
 
@@ -363,6 +365,61 @@ fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
         challenge.contains("scope=\"mcp:tools mcp:admin\""),
         "{challenge}"
     );
+}
+
+#[test]
+fn an_audience_of_the_issuers_own_is_accepted_and_its_prefixed_scopes_held_bare() {
+    let mut config = test_config();
+    config.audience = vec!["api://1b2c".into(), "1b2c".into()];
+    config.scopes = vec!["api://1b2c/mcp.tools".into()];
+    let claims = |aud: Value| {
+        let mut m = serde_json::Map::new();
+        m.insert("aud".into(), aud);
+        m
+    };
+    for good in [
+        serde_json::json!("api://1b2c"),
+        serde_json::json!(["other", "1b2c"]),
+        serde_json::json!("http://127.0.0.1:2/mcp"),
+    ] {
+        assert!(
+            super::jwt::check_audience(&claims(good.clone()), &config).is_ok(),
+            "{good}"
+        );
+    }
+    for bad in [
+        serde_json::json!("api://1b2"),
+        serde_json::json!(["1b2c/x"]),
+        Value::Null,
+    ] {
+        assert_eq!(
+            super::jwt::check_audience(&claims(bad.clone()), &config),
+            Err(Reason::WrongAudience),
+            "{bad}"
+        );
+    }
+    let a = Authorizer::new(config, Arc::new(Metrics::new(|_| {})), None, test_ledger()).unwrap();
+    let holding = |scopes: &[&str]| Principal {
+        subject: None,
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        client_id: None,
+        refs: IdentityRefs::default(),
+        caller: crate::caller::CallerKey::of_token("i", None, None, &[0; 32]),
+    };
+    let needed = a.base_scopes().to_vec();
+    assert!(
+        a.require(&holding(&["mcp.tools"]), &needed).is_ok(),
+        "Entra's bare scp"
+    );
+    assert!(a
+        .require(&holding(&["api://1b2c/mcp.tools"]), &needed)
+        .is_ok());
+    assert!(a.require(&holding(&["mcp.read"]), &needed).is_err());
+    assert!(
+        a.require(&holding(&["1b2c/mcp.tools"]), &needed).is_err(),
+        "another audience's prefix is no bare name"
+    );
+    assert_eq!(a.bare_scope("api://1b2c/"), None, "an empty name is none");
 }
 
 /// A fixed RS256 key pair for the cost measurement below (ring, under jsonwebtoken, cannot make

@@ -77,6 +77,8 @@ pub(super) fn read(l: &Layers) -> Result<Option<AuthConfig>, Refused> {
         implies: l
             .optional(&AUTH_SCOPE_IMPLIES)
             .map(Option::unwrap_or_default),
+        audience: l.optional(&AUTH_AUDIENCE).map(Option::unwrap_or_default),
+        facade: l.get(&AUTH_FACADE),
     })
     .map(Some)
 }
@@ -127,6 +129,25 @@ fn resource(raw: &str) -> Result<String, Bad> {
         canonical.pop();
     }
     Ok(canonical)
+}
+
+/// The audiences a token may name besides the resource: identifiers as the issuer writes
+/// them in `aud` (an Entra application id, `api://…`, a Keycloak client id), at most 8.
+fn audiences(raw: &str) -> Result<Vec<String>, Bad> {
+    let mut out: Vec<String> = Vec::new();
+    for a in split_list(raw) {
+        let printable = a.bytes().all(|b| (0x21..=0x7E).contains(&b));
+        if !printable || a.len() > 256 {
+            return Err(Bad::Entry(a));
+        }
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    if out.len() > 8 {
+        return Err(Bad::Described("more than 8 audiences"));
+    }
+    Ok(out)
 }
 
 /// A URL the metadata may point people to.
@@ -507,6 +528,24 @@ settings! {
             "With auth on: scopes a `tools/call`, `prompts/get` or `resources/read` needs besides `EPODE_SIDECAR_AUTH_SCOPES`, by the tool's or prompt's name or the resource's URI (`*` within a `/` segment, `**` across; every rule that matches adds its scopes). A token lacking one gets 403 `insufficient_scope` naming every scope the call needs, so the client can ask for them at once. The two feedback tools need only the base scopes.",
             operation_scopes,
             |c| shown(c, |a| a.operation_scopes.iter().map(|r| format!("{}:{}={}", match r.kind { OperationKind::Tool => "tool", OperationKind::Prompt => "prompt", OperationKind::Resource => "resource" }, r.pattern, r.scopes.join(" "))).collect::<Vec<_>>().join("; ")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<none>".into()),
+        ),
+        AUTH_AUDIENCE: Vec<String> = setting(
+            "auth_audience",
+            &["EPODE_SIDECAR_AUTH_AUDIENCE"],
+            None,
+            "audience identifiers separated by commas, at most 8, each as the issuer writes it in aud (such as api://1b2c… or an application id)",
+            "With auth on: the `aud` values a token may name instead of `EPODE_SIDECAR_AUTH_RESOURCE`, for an issuer whose tokens name an audience of its own (Entra ID: the application id, or its Application ID URI `api://…`; Keycloak: a client id; Okta and Auth0: the audience configured there). A token naming the resource is accepted either way. A scope the sidecar needs written `<audience>/<name>` (Entra's `api://…/mcp.tools`, what the client must ask for) is also held by a token whose scope claim says the bare `<name>` when `<audience>` is one of these. Unset: only the resource. See docs/oauth/.",
+            audiences,
+            |c| shown(c, |a| a.audience.join(",")).filter(|s| !s.is_empty()).unwrap_or_else(|| "<the resource>".into()),
+        ),
+        AUTH_FACADE: bool = setting(
+            "auth_facade",
+            &["EPODE_SIDECAR_AUTH_FACADE"],
+            Some("false"),
+            "true or false (on or off)",
+            "With auth on: `true` makes the sidecar stand in front of the issuer's authorization and token endpoints for an issuer that refuses RFC 8707's `resource` parameter, which every MCP client sends (Entra ID: `AADSTS9010010`). It serves authorization server metadata of its own (issuer `<the resource's origin>/oauth`, at `/.well-known/oauth-authorization-server/oauth` and `/.well-known/openid-configuration/oauth`), copied from the issuer's but for `authorization_endpoint` (`/oauth/authorize`: a redirect to the issuer's without `resource`), `token_endpoint` (`/oauth/token`: the form passed to the issuer's without `resource`, 64 KiB at most, within `EPODE_SIDECAR_AUTH_FETCH_TIMEOUT`, in the caller's place of `EPODE_SIDECAR_AUTH_INTROSPECTIONS_PER_CALLER`), `code_challenge_methods_supported` (`S256` when the issuer omits it) and no RFC 9207 `iss` promise; the Protected Resource Metadata names it as the authorization server. Tokens are still the issuer's, checked as before. For an issuer that sends RFC 9207's `iss` in its authorization responses (Keycloak, oidc-provider) it cannot work: a client compares that `iss` with the facade's. See docs/oauth/entra-id.md.",
+            boolean,
+            |c| shown(c, |a| a.facade.to_string()).unwrap_or_else(|| NOT_USED.into()),
         ),
         AUTH_SCOPE_IMPLIES: BTreeMap<String, Vec<String>> = setting(
             "auth_scope_implies",

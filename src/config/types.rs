@@ -256,6 +256,10 @@ pub(crate) struct AuthConfig {
     /// What each scope also grants (the operator's hierarchy, already closed: a scope maps
     /// to every scope it grants, directly or through others).
     pub(crate) implies: BTreeMap<String, Vec<String>>,
+    /// The `aud` values accepted besides the resource.
+    pub(crate) audience: Vec<String>,
+    /// Whether the sidecar serves the issuer's endpoints through its own (`auth::facade`).
+    pub(crate) facade: bool,
 }
 
 /// What kind of thing an operation scope rule names.

@@ -116,6 +116,11 @@ impl Dispatcher {
         }
     }
 
+    /// The one front (the authorization facade's token requests are let in there too).
+    pub(crate) fn front(&self) -> &Arc<Front> {
+        &self.front
+    }
+
     /// One message to the MCP path, from the front to the answer, recorded once after its
     /// body.
     pub(crate) async fn mcp(

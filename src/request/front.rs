@@ -144,6 +144,34 @@ impl Front {
         })
     }
 
+    /// A request the sidecar passes to the authorization server for its client (the
+    /// authorization facade's token request): its `Host`, the client's address and its rate
+    /// (the MCP path's), then its body, at most `limit` bytes, in the memory budget and
+    /// within the body deadline. The refusals are plain messages; `Ok` is the client's
+    /// address as a caller, and the body.
+    pub(crate) async fn admit_issuer_call(
+        &self,
+        mut parts: Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        limit: usize,
+    ) -> Result<(Parts, crate::caller::CallerKey, Bytes), Response<Body>> {
+        frontdoor::check_host(&self.config.allowed_hosts, &parts)
+            .map_err(|e| plain(StatusCode::FORBIDDEN, &e.to_string()))?;
+        let (address, _) = self.address(peer, &mut parts.headers);
+        self.rate_of(Surface::Mcp, address).map_err(|r| *r)?;
+        let read = frontdoor::read_body(
+            &parts,
+            body,
+            limit,
+            &self.budget,
+            self.config.limits.body_timeout,
+        )
+        .await;
+        let (bytes, _held) = read.map_err(|e| self.body_refused(Surface::Http, e))?;
+        Ok((parts, Caller::of_address(address, peer).key(), bytes))
+    }
+
     /// The client's address: the one another replica of this deployment sealed, for a retry
     /// it forwarded here; else the connection's (behind a trusted proxy, its
     /// `X-Forwarded-For`'s). The sealed header goes no further either way.
@@ -181,12 +209,20 @@ impl Front {
     /// The client's rate, counted per route. A client over its rate gets no span: the
     /// refusal costs as little as it can, and a flood never crowds the span queue.
     fn rate(&self, surface: Surface, address: IpAddr, record: &mut Record) -> Result<(), Refused> {
+        let refused = self.rate_of(surface, address);
+        if refused.is_err() {
+            record.unspanned();
+        }
+        refused
+    }
+
+    /// The client's rate, counted per route (the refusal not recorded).
+    fn rate_of(&self, surface: Surface, address: IpAddr) -> Result<(), Refused> {
         let checked = match surface {
             Surface::Mcp => self.rates.check_client(address),
             Surface::Http => self.rates.check_surface_client(address),
         };
         let Err(wait) = checked else { return Ok(()) };
-        record.unspanned();
         self.metrics.limit(LimitKind::ClientRate);
         let e = Error::new(
             ErrorKind::RateLimited {

@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::auth::Authorizer;
+use crate::auth::{Authorizer, FacadeRoute};
 use crate::body::{self, Body};
 use crate::budget::MemoryBudget;
 use crate::config::Config;
@@ -514,6 +514,9 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
         if let Some(resp) = auth.metadata_route(req.method(), routed.key(), &routes.config.path) {
             return resp;
         }
+        if let Some(facade) = auth.facade_route(routed.key()) {
+            return serve_facade(routes, auth, facade, req, peer).await;
+        }
     }
     match routed.owner {
         Owner::Mcp => {
@@ -550,11 +553,78 @@ async fn route(routes: &Routes, req: Request<Incoming>, peer: SocketAddr) -> Res
                     .await
             }
             None => {
+                if let Some(resp) = oauth_hint(routes.auth.as_deref(), routed.key()) {
+                    return resp;
+                }
                 let metrics = metrics_here.then(|| req.headers());
                 operations(&routes.operations, req.method(), routed.key(), metrics).await
             }
         },
     }
+}
+
+/// A request to the authorization facade (`auth_facade`): its metadata and the authorization
+/// request's redirect at once; a token request let in by the front (its host, its client's
+/// rate, its body) and passed to the issuer.
+async fn serve_facade(
+    routes: &Routes,
+    auth: &Authorizer,
+    route: FacadeRoute,
+    req: Request<Incoming>,
+    peer: SocketAddr,
+) -> Response<Body> {
+    if route != FacadeRoute::Token {
+        return auth
+            .facade_plain(route, req.method(), req.uri().query())
+            .await;
+    }
+    if req.method() == Method::OPTIONS {
+        return crate::auth::Facade::token_preflight();
+    }
+    if let Err(resp) = auth.facade_token_head(req.method(), req.headers()).await {
+        return resp;
+    }
+    let (parts, body) = req.into_parts();
+    let front = routes.mcp.front();
+    match front
+        .admit_issuer_call(parts, body, peer, crate::auth::FACADE_MAX_FORM)
+        .await
+    {
+        Ok((parts, caller, form)) => auth.facade_token(&parts.headers, &form, caller).await,
+        Err(refused) => refused,
+    }
+}
+
+/// The 404 for an OAuth endpoint a client looked for on the sidecar (`/register`,
+/// `/authorize`, `/token`, the authorization server's metadata): what it is looking for and
+/// where it is.
+fn oauth_hint(auth: Option<&Authorizer>, path: &str) -> Option<Response<Body>> {
+    let oauth = matches!(path, "/register" | "/authorize" | "/token")
+        || [
+            "/.well-known/oauth-authorization-server",
+            "/.well-known/openid-configuration",
+            crate::auth::METADATA_PATH,
+        ]
+        .iter()
+        .any(|p| {
+            path == *p
+                || path
+                    .strip_prefix(p)
+                    .is_some_and(|rest| rest.starts_with('/'))
+        });
+    if !oauth {
+        return None;
+    }
+    let message = match auth {
+        Some(auth) => auth.not_here(path),
+        None => format!(
+            "not found: epode-sidecar serves no {path}. Its authorization front door is off \
+             (EPODE_SIDECAR_AUTH), so it publishes no authorization server; a client asked \
+             for a token by the MCP server behind it needs that server's own protected \
+             resource metadata (docs/authorization.md)"
+        ),
+    };
+    Some(body::error(StatusCode::NOT_FOUND, &message))
 }
 
 /// What every route of the MCP port refuses before one is chosen: CONNECT (501: the sidecar

@@ -396,3 +396,102 @@ fn the_typescript_client_steps_up_to_the_scope_a_tool_needs() {
     assert_eq!(claims["sub"], "alice", "{claims}");
     assert!(took < Duration::from_secs(20), "{took:?}");
 }
+
+/// An issuer that refuses RFC 8707's `resource` as Entra ID does (`AADSTS9010010`, OpenID
+/// discovery only, no RFC 9207 `iss`, tokens for its application id URI with the bare scope
+/// names): the Python client, unchanged, fails against it directly, and completes the flow
+/// through the sidecar's authorization facade (`EPODE_SIDECAR_AUTH_FACADE`), which passes its
+/// authorization and token requests on without `resource`; the token's audience and bare
+/// scope are accepted by `EPODE_SIDECAR_AUTH_AUDIENCE`.
+#[test]
+fn the_python_client_completes_the_flow_through_the_facade_of_an_issuer_that_refuses_resource() {
+    const APP: &str = "api://epode-test";
+    let (port, resource) = crate::auth::resource();
+    let mut options = AuthOptions::for_resource(&resource);
+    options.resources = vec![APP.to_owned()];
+    options.default_resource = Some(APP.to_owned());
+    options.entra = true;
+    let auth = AuthServer::start(options);
+    let upstream = Upstream::start_with(UpstreamKind::Python, &["--whoami"]);
+    let listen = format!("127.0.0.1:{port}");
+    let scope = format!("{APP}/mcp:tools");
+    let mut env = vec![
+        ("EPODE_SIDECAR_LISTEN", listen.as_str()),
+        ("EPODE_SIDECAR_AUTH", "jwt"),
+        ("EPODE_SIDECAR_AUTH_ISSUER", auth.issuer()),
+        ("EPODE_SIDECAR_AUTH_RESOURCE", resource.as_str()),
+        ("EPODE_SIDECAR_AUTH_SCOPES", scope.as_str()),
+        ("EPODE_SIDECAR_AUTH_AUDIENCE", APP),
+        ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+    ];
+    // Without the facade the issuer refuses the client's authorization request.
+    let sidecar = Sidecar::start(&upstream.url(), &env);
+    let refused = Command::new(python())
+        .arg(repo_root().join("tests/peers/py_oauth.py"))
+        .args([&sidecar.url(), "pin", "--account", "carol"])
+        .output()
+        .expect("run the Python client");
+    let said = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        said.contains("invalid_target") && said.contains("AADSTS9010010"),
+        "without the facade: {said}"
+    );
+    drop(sidecar);
+    env.push(("EPODE_SIDECAR_AUTH_FACADE", "true"));
+    let sidecar = Sidecar::start(&upstream.url(), &env);
+    let calls = [("whoami", json!({}))];
+    let (report, _) = run_client(OAuthClient::Python, &sidecar.url(), "pin", "carol", &calls);
+    assert_in_order(
+        &steps(&report),
+        &[
+            "POST sidecar /mcp",
+            "GET sidecar /.well-known/oauth-protected-resource/mcp 200",
+            "GET sidecar /.well-known/oauth-authorization-server/oauth 200",
+            "POST as /reg 201",
+            "authorize as carol -> code",
+            "POST sidecar /oauth/token 200",
+            "POST sidecar /mcp",
+        ],
+    );
+    let params = &report["authorizations"][0]["params"];
+    assert!(
+        report["authorizations"][0]["url"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("http://{listen}/oauth/authorize?")),
+        "{report:#}"
+    );
+    assert_eq!(
+        params["resource"], resource,
+        "the client sent it, unchanged"
+    );
+    let asked = params["scope"].as_str().unwrap_or_default();
+    assert!(asked.split(' ').any(|s| s == scope), "{params}");
+    assert_eq!(
+        report["tokenRequests"][0]["resource"], resource,
+        "{report:#}"
+    );
+    let claims = &report["claims"];
+    assert_eq!(claims["aud"], APP, "{claims}");
+    assert_eq!(claims["scope"], "mcp:tools", "{claims}");
+    assert_eq!(claims["iss"], auth.issuer(), "{claims}");
+    let said = whoami(call(&report, 0, "whoami"));
+    assert_eq!(said["subject"], "carol", "{said}");
+    assert_eq!(said["authorization"], false, "the token goes no further");
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let metrics = get_blocking(addr, "/metrics");
+    for endpoint in ["metadata", "authorize", "token"] {
+        let name = format!(
+            "epode_sidecar_auth_facade_requests_total{{endpoint=\"{endpoint}\",outcome=\"served\"}}"
+        );
+        assert!(metric_value(&metrics, &name) >= 1, "{endpoint}\n{metrics}");
+    }
+    // A client that looks for the issuer's endpoints on the MCP server is told where they are.
+    let body = get_blocking(addr, "/register");
+    assert!(body.contains("not found"), "{body}");
+    assert!(
+        body.contains("/.well-known/oauth-protected-resource/mcp")
+            && body.contains(&format!("http://{listen}/oauth")),
+        "{body}"
+    );
+}

@@ -33,6 +33,18 @@
 //                {"client_id":"sidecar-introspector","client_secret":"introspector-secret"}
 //   accounts     {"<account id>": {"org": "..."}} for the authorization-code flow;
 //                any account id may log in, unknown ones get the default org.
+//   entra        true: behave as Microsoft Entra ID does where MCP clients meet it: an
+//                authorization or token request carrying RFC 8707's `resource` is refused
+//                (invalid_target, "AADSTS9010010: The resource parameter provided in the
+//                request doesn't match with the requested scopes."; the authorization
+//                request's error goes to the client's redirect_uri, as Entra sends it);
+//                no RFC 8414 document (404: OpenID discovery only), whose
+//                code_challenge_methods_supported and
+//                authorization_response_iss_parameter_supported are left out, and no
+//                RFC 9207 `iss` in authorization responses. Tokens are then for
+//                `defaultResource`. Default false.
+//   defaultResource the resource indicator a request without `resource` gets (one of
+//                `resource`, such as an application id URI "api://…"), default none.
 //   algs         signing algorithms of the generated keys, default
 //                ["RS256","ES256","EdDSA"]; RS256 (when listed) signs access tokens,
 //                else the first one listed.
@@ -143,6 +155,8 @@ const cfg = {
   },
   accounts: cfgIn.accounts ?? {},
   algs: cfgIn.algs ?? ['RS256', 'ES256', 'EdDSA'],
+  entra: cfgIn.entra === true,
+  defaultResource: cfgIn.defaultResource,
 };
 if (!Number.isInteger(cfg.port) || cfg.port < 0) usage('--port N must be a port number');
 if (!['jwt', 'opaque'].includes(cfg.format)) usage('format must be "jwt" or "opaque"');
@@ -264,7 +278,7 @@ function makeProvider(keys) {
       },
       resourceIndicators: {
         enabled: true,
-        defaultResource: async (ctx, client, oneOf) => oneOf,
+        defaultResource: async (ctx, client, oneOf) => oneOf ?? cfg.defaultResource,
         useGrantedResource: async () => true,
         getResourceServerInfo: async (ctx, indicator) => resourceServerInfo(ctx, indicator),
       },
@@ -526,10 +540,75 @@ async function testControl(req, res, path) {
 }
 
 // ---- the server --------------------------------------------------------------------
+// ---- Entra ID's ways (cfg.entra) -----------------------------------------------------
+const AADSTS9010010 = "AADSTS9010010: The resource parameter provided in the request doesn't match with the requested scopes.";
+
+// Answers as Entra does, or returns false to let oidc-provider answer. A token request's
+// form is read here and handed on (oidc-provider reads `req.body` when it is set).
+async function entra(req, res, path) {
+  const url = new URL(req.url, 'http://x');
+  if (path === '/.well-known/oauth-authorization-server') return sendJson(res, 404, { error: 'not found' });
+  if (path === '/.well-known/openid-configuration') {
+    // oidc-provider's own document, asked of itself (past this function).
+    const own = await fetch(`${issuer}/.well-known/openid-configuration`, { headers: { 'x-stand-in-own': '1' } });
+    const doc = await own.json();
+    delete doc.code_challenge_methods_supported;
+    delete doc.authorization_response_iss_parameter_supported;
+    return sendJson(res, 200, doc);
+  }
+  // Entra reads a scope `<application id URI>/<name>` as <name> of that application.
+  const bare = (scope) => scope?.split(' ').map((x) => (
+    cfg.defaultResource && x.startsWith(`${cfg.defaultResource}/`) ? x.slice(cfg.defaultResource.length + 1) : x)).join(' ');
+  if (path === '/auth' && url.searchParams.has('scope')) {
+    url.searchParams.set('scope', bare(url.searchParams.get('scope')));
+    req.url = `${url.pathname}?${url.searchParams}`;
+  }
+  if (path === '/auth' && url.searchParams.has('resource')) {
+    const back = new URL(url.searchParams.get('redirect_uri') ?? 'http://invalid/');
+    back.searchParams.set('error', 'invalid_target');
+    back.searchParams.set('error_description', AADSTS9010010);
+    if (url.searchParams.has('state')) back.searchParams.set('state', url.searchParams.get('state'));
+    res.writeHead(302, { location: back.toString() });
+    return res.end();
+  }
+  if (path === '/reg' && req.method === 'POST') {
+    // (Entra has no registration endpoint; the stand-in keeps oidc-provider's, which reads
+    // the client's scope as Entra would.)
+    const doc = JSON.parse(await readBody(req));
+    if (typeof doc.scope === 'string') doc.scope = bare(doc.scope);
+    req.body = doc;
+    return false;
+  }
+  if (path === '/token' && req.method === 'POST') {
+    const text = await readBody(req);
+    const form = new URLSearchParams(text);
+    if (form.has('resource')) return sendJson(res, 400, { error: 'invalid_target', error_description: AADSTS9010010 });
+    if (form.has('scope')) form.set('scope', bare(form.get('scope')));
+    req.body = Object.fromEntries(form);
+    return false;
+  }
+  if (path === '/auth' || path.startsWith('/auth/') || path.startsWith('/interaction/')) {
+    // No RFC 9207 `iss` on the way back to the client.
+    const writeHead = res.writeHead.bind(res);
+    res.writeHead = (status, ...rest) => {
+      const loc = res.getHeader('location');
+      if (typeof loc === 'string' && loc.includes('iss=')) {
+        const u = new URL(loc);
+        u.searchParams.delete('iss');
+        res.setHeader('location', u.toString());
+      }
+      return writeHead(status, ...rest);
+    };
+  }
+  return false;
+}
+
 const server = createServer(async (req, res) => {
   const path = new URL(req.url, 'http://x').pathname;
   try {
     if (path.startsWith('/_test/')) return await testControl(req, res, path);
+    const own = req.headers['x-stand-in-own'] === '1';
+    if (cfg.entra && !own && (await entra(req, res, path)) !== false) return undefined;
     if (path === '/jwks') {
       jwksHits += 1;
       if (jwksMode === 'hang') return undefined; // never answered

@@ -83,7 +83,7 @@ class Trace:
                 self.unauthorized += 1
             if response.status_code == 403:
                 self.forbidden += 1
-        if who == "as" and req.method == "POST":
+        if req.method == "POST" and not (who == "sidecar" and url.path == self.mcp.path):
             try:
                 form = dict(parse_qsl(req.content.decode()))
             except (UnicodeDecodeError, httpx2.RequestNotRead):
@@ -116,10 +116,10 @@ class MemoryStorage:
 
 
 async def approve(authorization_url: str, account: str) -> str:
-    """as_login.mjs's approve(): follows the authorization URL through the AS's login and
-    consent interactions (logging in as `account`, granting what is asked) with a cookie jar
-    of its own, and returns the URL the AS finally redirects to, unfetched."""
-    as_origin = urlparse(authorization_url).netloc
+    """as_login.mjs's approve(): follows the authorization URL, as a browser does, through
+    whatever redirects it (an authorization facade's included) and the AS's login and consent
+    interactions (logging in as `account`, granting what is asked) with a cookie jar of its
+    own, and returns the URL of the client's redirect_uri it finally reaches, unfetched."""
     url = authorization_url
     post = False
     async with httpx2.AsyncClient(follow_redirects=False, timeout=10) as http:
@@ -133,10 +133,7 @@ async def approve(authorization_url: str, account: str) -> str:
                 raise RuntimeError(f"approve: {'POST' if post else 'GET'} {url} answered {res.status_code}: {res.text[:500]}")
             nxt = urljoin(url, location)
             parsed = urlparse(nxt)
-            on_as = parsed.netloc == as_origin and (
-                parsed.path.startswith("/auth") or parsed.path.startswith("/interaction/")
-            )
-            if not on_as:
+            if nxt.startswith(REDIRECT_URI):
                 return nxt
             post = parsed.path.startswith("/interaction/")
             url = nxt

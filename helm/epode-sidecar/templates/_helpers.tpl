@@ -294,6 +294,8 @@ README.
   (list "EPODE_SIDECAR_AUTH_DOCUMENTATION" "auth.documentation" $a.documentation)
   (list "EPODE_SIDECAR_AUTH_OPERATION_SCOPES" "auth.operationScopes" (join "; " $opScopes))
   (list "EPODE_SIDECAR_AUTH_SCOPE_IMPLIES" "auth.scopeImplies" (join "; " $implies))
+  (list "EPODE_SIDECAR_AUTH_AUDIENCE" "auth.audience" (join "," $a.audience))
+  (list "EPODE_SIDECAR_AUTH_FACADE" "auth.facade" (ternary "true" "" (eq $a.facade true)))
   (list "EPODE_SIDECAR_AUTH_CLIENT_SECRET" "auth.clientSecret.existingSecret and auth.clientSecret.existingSecretKey" "")
   (list "EPODE_SIDECAR_OTLP_ENDPOINT" "observability.otlp.endpoint" $o.endpoint)
   (list "OTEL_EXPORTER_OTLP_ENDPOINT" "observability.otlp.endpoint" "")

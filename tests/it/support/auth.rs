@@ -60,6 +60,11 @@ pub(crate) struct AuthOptions {
     pub(crate) accounts: Vec<(String, String)>,
     /// The signing keys' algorithms (RS256 signs the access tokens when listed).
     pub(crate) algs: Vec<String>,
+    /// Entra ID's ways: `resource` refused (AADSTS9010010), OpenID discovery only, no
+    /// RFC 9207 `iss`, a scope `<default resource>/<name>` read as `<name>`.
+    pub(crate) entra: bool,
+    /// The resource indicator a request without `resource` gets.
+    pub(crate) default_resource: Option<String>,
 }
 
 impl AuthOptions {
@@ -88,6 +93,8 @@ impl AuthOptions {
             ),
             accounts: vec![("bob".to_owned(), "globex".to_owned())],
             algs: ["RS256", "ES256", "EdDSA"].map(str::to_owned).to_vec(),
+            entra: false,
+            default_resource: None,
         }
     }
 
@@ -112,6 +119,8 @@ impl AuthOptions {
                 .map(|(a, org)| (a.clone(), json!({ "org": org })))
                 .collect::<serde_json::Map<_, _>>(),
             "algs": self.algs,
+            "entra": self.entra,
+            "defaultResource": self.default_resource,
         })
     }
 }
@@ -272,7 +281,12 @@ impl AuthServer {
         });
         let issuer = ready["issuer"].as_str().unwrap().to_owned();
         let port = u16::try_from(ready["port"].as_u64().unwrap()).unwrap();
-        let (status, body) = get_http10(port, "/.well-known/oauth-authorization-server");
+        let discovery = if options.entra {
+            "/.well-known/openid-configuration"
+        } else {
+            "/.well-known/oauth-authorization-server"
+        };
+        let (status, body) = get_http10(port, discovery);
         assert_eq!(status, 200, "AS discovery: {body}");
         let metadata: Value = serde_json::from_str(&body).expect("AS discovery is JSON");
         AuthServer {
