@@ -633,7 +633,22 @@ fn start_otel(
         .as_ref()
         .map(|c| {
             let read = Box::new(move || gauges.read());
-            crate::otel::Otel::start(c, &config.upstream, metrics.clone(), read)
+            let started = crate::otel::Otel::start(c, &config.upstream, metrics.clone(), read);
+            if started.is_ok() {
+                let every = c.metrics_every.map_or_else(
+                    || "off".to_owned(),
+                    |d| humantime::format_duration(d).to_string(),
+                );
+                let shown = |u: &url::Url| crate::config::redact_url(u.as_str()).into_owned();
+                tracing::info!(
+                    traces = %shown(&c.traces_url),
+                    metrics = %c.metrics_url.as_ref().filter(|_| c.metrics_every.is_some()).map_or_else(|| "off".to_owned(), shown),
+                    metrics_every = %every,
+                    timeout = %humantime::format_duration(c.timeout),
+                    "OpenTelemetry on: spans and metrics go over OTLP/HTTP"
+                );
+            }
+            started
         })
         .transpose()
         .map_err(|e| failed("cannot start OpenTelemetry", e))

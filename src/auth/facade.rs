@@ -13,8 +13,8 @@
 //! - `/oauth/token`: the form (at most [`MAX_FORM`]) sent to the issuer's token endpoint
 //!   less `resource`, with the client's own `Authorization` (its credentials at the issuer,
 //!   where they were issued for) and `DPoP`; the issuer's answer (at most [`MAX_ANSWER`])
-//!   returned as it is. One call at a time per client address and 32 for the process (the
-//!   ledger's place for calls to the issuer), within `auth_fetch_timeout`. Nothing of the
+//!   returned as it is. In one of the caller's places for calls to the issuer (the
+//!   introspections' pool: `auth_introspections`, `_per_caller`), within `auth_fetch_timeout`. Nothing of the
 //!   form or the answer is logged.
 //!
 //! Everything else (registration, keys, revocation) stays the issuer's own. The tokens are

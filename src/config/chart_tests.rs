@@ -38,6 +38,9 @@ const LEFT_OUT: &[&str] = &[
     "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
     // The one protocol spoken (http/protobuf); read only to refuse another.
     "OTEL_EXPORTER_OTLP_PROTOCOL",
+    // Likewise: read only to refuse gzip, and a client certificate for the collector.
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
     // The local trial: it refuses a non-loopback listener, which a pod's sidecar is not.
     "EPODE_SIDECAR_DEV",
     "EPODE_SIDECAR_DEV_LOG",

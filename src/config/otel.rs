@@ -38,6 +38,9 @@ pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
     };
     let metrics_url = metrics.or_else(|| endpoint.as_ref().map(|b| signal_url(b, "metrics")));
     l.get(&OTLP_PROTOCOL)?;
+    // Read so a value the sidecar cannot honour is refused, never ignored.
+    l.optional(&OTLP_COMPRESSION)?;
+    l.optional(&OTLP_CLIENT_CERTIFICATE)?;
     let sampler = l.get(&TRACES_SAMPLER);
     let arg = l.optional(&TRACES_SAMPLER_ARG);
     let sampling = match (sampler, arg) {
@@ -63,6 +66,7 @@ pub(super) fn read(l: &Layers) -> Result<Option<OtelConfig>, Refused> {
             .optional(&RESOURCE_ATTRIBUTES)
             .map(Option::unwrap_or_default),
         sampling,
+        ca_file: l.optional(&OTLP_CERTIFICATE),
     })
     .map(Some)
 }
@@ -97,6 +101,45 @@ fn signal_url(base: &Url, signal: &str) -> Url {
     let path = format!("{}/v1/{signal}", base.path().trim_end_matches('/'));
     url.set_path(&path);
     url
+}
+
+/// A duration as the OpenTelemetry specification writes its timeouts and intervals, a whole
+/// number of milliseconds (`10000`), or with a unit (`10s`).
+fn millis_or_duration(v: &str) -> Result<Duration, Bad> {
+    match v.trim().parse::<u64>() {
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => a_duration(v),
+    }
+}
+
+/// `none`: the one OTLP compression the sidecar sends (gzip is refused at start, never
+/// ignored).
+fn compression(v: &str) -> Result<(), Bad> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "none" => Ok(()),
+        "gzip" => Err(Bad::Described(
+            "gzip: the sidecar sends OTLP uncompressed (its exports are small and local to the pod's network); unset it or set none",
+        )),
+        _ => Err(Bad::Whole),
+    }
+}
+
+/// A client certificate for the collector: refused (not supported), never ignored.
+fn client_certificate(_: &str) -> Result<(), Bad> {
+    Err(Bad::Described(
+        "the sidecar presents no client certificate to a collector: terminate mutual TLS in a collector beside it (an OpenTelemetry Collector agent), or unset this",
+    ))
+}
+
+/// A PEM file of CA certificates, readable and holding at least one.
+fn pem_bundle(v: &str) -> Result<std::path::PathBuf, Bad> {
+    let text =
+        std::fs::read(v.trim()).map_err(|_| Bad::Described("no readable file at that path"))?;
+    reqwest::Certificate::from_pem_bundle(&text)
+        .ok()
+        .filter(|c| !c.is_empty())
+        .map(|_| std::path::PathBuf::from(v.trim()))
+        .ok_or(Bad::Described("a file with no PEM certificate in it"))
 }
 
 /// `http/protobuf`, the one OTLP protocol the sidecar speaks.
@@ -255,11 +298,11 @@ settings! {
         ),
         OTLP_TIMEOUT: Duration = bounded(
             "otlp_timeout",
-            &["EPODE_SIDECAR_OTLP_TIMEOUT"],
+            &["EPODE_SIDECAR_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT"],
             Some("10s"),
-            Accepts::duration(Duration::from_millis(100), Duration::from_secs(300), "10s or 500ms"),
-            "How long one export may take before it counts as failed (`epode_sidecar_otlp_export_failed_total`). A failed batch is not retried: its spans are counted as dropped.",
-            a_duration,
+            Accepts::duration(Duration::from_millis(100), Duration::from_secs(300), "10s, 500ms, or 10000 (milliseconds, as OTEL_EXPORTER_OTLP_TIMEOUT writes it)"),
+            "How long one export may take before it counts as failed (`epode_sidecar_otlp_export_failed_total`); one timeout for traces and metrics. A failed batch is not retried: its spans are counted as dropped.",
+            millis_or_duration,
             |c| shown(c, |o| duration(o.timeout)).unwrap_or_else(|| OFF.to_owned()),
         ),
         OTLP_METRICS: MetricsExport = setting(
@@ -273,12 +316,39 @@ settings! {
         ),
         OTLP_METRICS_INTERVAL: Duration = bounded(
             "otlp_metrics_interval",
-            &["EPODE_SIDECAR_OTLP_METRICS_INTERVAL"],
+            &["EPODE_SIDECAR_OTLP_METRICS_INTERVAL", "OTEL_METRIC_EXPORT_INTERVAL"],
             Some("60s"),
-            Accepts::duration(Duration::from_secs(1), Duration::from_secs(3600), "60s or 10s"),
+            Accepts::duration(Duration::from_secs(1), Duration::from_secs(3600), "60s, 10s, or 60000 (milliseconds, as OTEL_METRIC_EXPORT_INTERVAL writes it)"),
             "How often the metrics are exported over OTLP.",
-            a_duration,
+            millis_or_duration,
             |c| shown(c, |o| o.metrics_every.map_or("<not used: otlp_metrics off>".to_owned(), duration)).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_CERTIFICATE: std::path::PathBuf = setting(
+            "otlp_certificate",
+            &["OTEL_EXPORTER_OTLP_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE"],
+            None,
+            "the path of a PEM file of CA certificates",
+            "Roots trusted for an `https://` collector, besides the bundled Mozilla roots (a collector with a private CA's certificate); read at start, a file with no certificate refused.",
+            pem_bundle,
+            |c| shown(c, |o| o.ca_file.as_ref().map_or_else(|| "<none>".to_owned(), |p| p.display().to_string())).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_COMPRESSION: () = setting(
+            "otlp_compression",
+            &["OTEL_EXPORTER_OTLP_COMPRESSION", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "OTEL_EXPORTER_OTLP_METRICS_COMPRESSION"],
+            None,
+            "none",
+            "The exports' compression: `none`, the one the sidecar sends; `gzip` is refused at start (never silently ignored).",
+            compression,
+            |c| shown(c, |_| "none".to_owned()).unwrap_or_else(|| OFF.to_owned()),
+        ),
+        OTLP_CLIENT_CERTIFICATE: () = setting(
+            "otlp_client_certificate",
+            &["OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_CLIENT_KEY", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", "OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY"],
+            None,
+            "nothing: refused when set",
+            "A client certificate for the collector (mutual TLS): not supported, so refused at start rather than ignored; terminate mutual TLS in a collector beside the sidecar.",
+            client_certificate,
+            |c| shown(c, |_| "<none>".to_owned()).unwrap_or_else(|| OFF.to_owned()),
         ),
         SERVICE_NAME: String = setting(
             "otel_service_name",

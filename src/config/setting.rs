@@ -105,7 +105,12 @@ impl Accepts {
                 word == Some(v) || n.parse::<u64>().is_ok_and(|n| (min..=max).contains(&n))
             }
             Accepts::Duration { min, max, .. } => {
-                humantime::parse_duration(v).is_ok_and(|d| (min..=max).contains(&d))
+                // A bare number is milliseconds, for the settings whose parser takes it (the
+                // OpenTelemetry variables' form); the others' parsers refuse it.
+                let d = humantime::parse_duration(v)
+                    .ok()
+                    .or_else(|| v.trim().parse::<u64>().ok().map(Duration::from_millis));
+                d.is_some_and(|d| (min..=max).contains(&d))
             }
             Accepts::Size { min, max, .. } => {
                 bytes_with_unit(v).is_some_and(|n| (min..=max).contains(&n))

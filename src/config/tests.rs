@@ -1117,6 +1117,72 @@ fn otel_settings_are_read_checked_and_the_headers_never_shown() {
     }
 }
 
+/// The standard `OTEL_*` variables of the exporter are read (a timeout and an interval in
+/// milliseconds as the specification writes them, a CA bundle) or refused at start (gzip, a
+/// client certificate), never ignored.
+#[test]
+fn the_standard_otlp_variables_are_read_or_refused() {
+    let ep = ("EPODE_SIDECAR_OTLP_ENDPOINT", "https://collector:4318");
+    let c = read(&[
+        ep,
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "15000"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+    ])
+    .unwrap();
+    let o = c.otel.as_ref().unwrap();
+    assert_eq!(o.timeout, Duration::from_millis(2500));
+    assert_eq!(o.metrics_every, Some(Duration::from_secs(15)));
+    let dir = tempfile::tempdir().unwrap();
+    let (good, empty) = (dir.path().join("ca.pem"), dir.path().join("empty.pem"));
+    let cert = rcgen::generate_simple_self_signed(vec!["collector".into()]).unwrap();
+    std::fs::write(&good, cert.cert.pem()).unwrap();
+    std::fs::write(&empty, "no certificate here").unwrap();
+    let c = read(&[
+        ep,
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", good.to_str().unwrap()),
+    ])
+    .unwrap();
+    assert_eq!(c.otel.unwrap().ca_file.as_deref(), Some(good.as_path()));
+    // (An error names the setting's first name, which says what it accepts.)
+    for (name, bad, named) in [
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip", "uncompressed"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            "br",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "/etc/cert.pem",
+            "mutual TLS",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            empty.to_str().unwrap(),
+            "no PEM certificate",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            "/nonexistent/ca.pem",
+            "no readable file",
+        ),
+        (
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+            "10",
+            "EPODE_SIDECAR_OTLP_TIMEOUT",
+        ),
+        (
+            "OTEL_METRIC_EXPORT_INTERVAL",
+            "soon",
+            "EPODE_SIDECAR_OTLP_METRICS_INTERVAL",
+        ),
+    ] {
+        let err = read(&[ep, (name, bad)]).unwrap_err().to_string();
+        assert!(err.contains(named), "{name}={bad}: {err}");
+    }
+}
+
 /// `EPODE_SIDECAR_OTLP_METRICS`: all (the default, and what on and true mean), conventions (the
 /// MCP histograms only), off; anything else refused, naming what it accepts.
 #[test]

@@ -146,6 +146,8 @@ pub(crate) struct OtelConfig {
     pub(crate) service_name: Option<String>,
     pub(crate) resource: Vec<(String, String)>,
     pub(crate) sampling: Sampling,
+    /// More roots for an `https://` collector (`OTEL_EXPORTER_OTLP_CERTIFICATE`).
+    pub(crate) ca_file: Option<std::path::PathBuf>,
 }
 
 /// The samplers the OpenTelemetry specification names (`OTEL_TRACES_SAMPLER`).

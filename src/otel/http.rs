@@ -14,12 +14,25 @@ const MAX_ANSWER: usize = 64 * 1024;
 pub(super) struct Client(reqwest::Client);
 
 impl Client {
-    pub(super) fn new(timeout: std::time::Duration) -> Result<Client, String> {
-        reqwest::Client::builder()
+    /// A client whose exports end within `timeout`, trusting the roots in `ca_file` too.
+    pub(super) fn new(
+        timeout: std::time::Duration,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Client, String> {
+        let mut builder = reqwest::Client::builder()
             .user_agent(concat!("epode-sidecar/", env!("CARGO_PKG_VERSION")))
             .timeout(timeout)
             .pool_idle_timeout(std::time::Duration::from_secs(30))
-            .redirect(reqwest::redirect::Policy::none())
+            .redirect(reqwest::redirect::Policy::none());
+        if let Some(path) = ca_file {
+            let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            let roots = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            for root in roots {
+                builder = builder.add_root_certificate(root);
+            }
+        }
+        builder
             .build()
             .map(Client)
             .map_err(|e| format!("cannot build the OTLP HTTP client: {e}"))

@@ -416,7 +416,7 @@ impl Otel {
         let resource = resource(config);
         let headers: std::collections::HashMap<String, String> =
             config.headers.iter().cloned().collect();
-        let client = http::Client::new(config.timeout)?;
+        let client = http::Client::new(config.timeout, config.ca_file.as_deref())?;
         let mut spans = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_http_client(client.clone())

@@ -32,6 +32,7 @@ fn config_with(sampling: Sampling, metrics_every: Option<Duration>) -> OtelConfi
         service_name: None,
         resource: Vec::new(),
         sampling,
+        ca_file: None,
     }
 }
 
