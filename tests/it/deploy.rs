@@ -112,6 +112,10 @@ fn sidecar_env(deployment: &Value) -> Vec<(String, String)> {
                 .iter()
                 .fold(v.to_owned(), |v, (k, x)| v.replace(&format!("$({k})"), x)),
             (None, Some("status.podIP")) => "10.1.2.3".to_owned(),
+            (None, Some("metadata.name")) => "demo-7c9f-abcde".to_owned(),
+            (None, Some("metadata.uid")) => "0b9c1f7e-1111-2222-3333-444455556666".to_owned(),
+            (None, Some("metadata.namespace")) => "shop".to_owned(),
+            (None, Some("spec.nodeName")) => "node-a".to_owned(),
             _ => continue,
         };
         env.push((name.to_owned(), value));
@@ -410,10 +414,53 @@ fn the_default_render_has_the_native_sidecar_and_the_security_context() {
 
     // Security.
     assert_restrictive(sidecar, "sidecar");
-    assert_restrictive(&containers[0], "MCP server");
+    // The server's container runs as its image defines it (its user, its writable
+    // filesystem), less what no server needs; hardened by a value, as the sidecar is.
+    let sc = &containers[0]["securityContext"];
+    for unset in [
+        "runAsNonRoot",
+        "runAsUser",
+        "runAsGroup",
+        "readOnlyRootFilesystem",
+    ] {
+        assert!(sc.get(unset).is_none(), "MCP server {unset}: {sc}");
+    }
+    assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+    assert_eq!(
+        sc["capabilities"]["drop"],
+        serde_json::json!(["ALL"]),
+        "{sc}"
+    );
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{sc}");
+    let hardened = render_one("deployment.yaml", &["--set", "upstream.hardened=true"]);
+    assert_restrictive(
+        &hardened["spec"]["template"]["spec"]["containers"][0],
+        "MCP server, hardened",
+    );
+    let own_user = render_one(
+        "deployment.yaml",
+        &[
+            "--set",
+            "upstream.hardened=true",
+            "--set",
+            "upstream.securityContext.runAsUser=1000",
+        ],
+    );
+    let sc = &own_user["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(
+        sc["runAsUser"], 1000,
+        "the value merged over the hardening: {sc}"
+    );
+    assert_eq!(sc["readOnlyRootFilesystem"], true, "{sc}");
     let psc = &pod["securityContext"];
-    assert_eq!(psc["runAsNonRoot"], true);
-    assert_eq!(psc["runAsUser"], 65532);
+    assert!(
+        psc.get("runAsUser").is_none() && psc.get("runAsNonRoot").is_none(),
+        "{psc}"
+    );
+    assert_eq!(
+        psc["fsGroup"], 65532,
+        "the sidecar reads its Secrets (0440) by group"
+    );
     assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault");
     assert_eq!(pod["automountServiceAccountToken"], false);
     assert_eq!(pod["terminationGracePeriodSeconds"], 30);
@@ -470,7 +517,7 @@ fn newly_mapped_values_render_as_settings_the_sidecar_accepts() {
         ("observability.otlp.metrics=false", "otlp_metrics = \"off\""),
         (
             "observability.otlp.resourceAttributes.deployment\\.environment=prod",
-            "otel_resource_attributes = \"deployment.environment=prod\"",
+            ",deployment.environment=prod\"",
         ),
         (
             "observability.otlp.sampler=parentbased_traceidratio",
@@ -577,5 +624,197 @@ fn the_otlp_metrics_value_takes_its_words() {
     assert!(
         !refused.status.success(),
         "the schema took metrics=sometimes"
+    );
+}
+
+/// The ways in from outside: an Ingress and an HTTPRoute to the Service's MCP port only, all
+/// paths (the MCP path, the OAuth metadata, the facade), never the admin port; with auth on,
+/// `auth.resource` must be what a client outside reaches, else the render fails naming both.
+#[test]
+fn the_ingress_and_the_httproute_lead_to_the_mcp_port_and_the_resource_is_checked_against_them() {
+    let values = |name: &str| chart().join("ci").join(name).to_string_lossy().into_owned();
+    let ingress = render_one("ingress.yaml", &["-f", &values("ingress-values.yaml")]);
+    let rule = &ingress["spec"]["rules"][0];
+    assert_eq!(rule["host"], "mcp.example.com");
+    let path = &rule["http"]["paths"][0];
+    assert_eq!(
+        (path["path"].as_str(), path["pathType"].as_str()),
+        (Some("/"), Some("Prefix"))
+    );
+    assert_eq!(path["backend"]["service"]["port"]["name"], "mcp");
+    assert_eq!(
+        ingress["spec"]["tls"][0]["secretName"],
+        "mcp-example-com-tls"
+    );
+    assert_eq!(ingress["spec"]["ingressClassName"], "nginx");
+    let route = render_one("httproute.yaml", &["-f", &values("httproute-values.yaml")]);
+    assert_eq!(route["apiVersion"], "gateway.networking.k8s.io/v1");
+    assert_eq!(route["spec"]["parentRefs"][0]["sectionName"], "https");
+    assert_eq!(
+        route["spec"]["hostnames"],
+        serde_json::json!(["mcp.example.com"])
+    );
+    let backend = &route["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(backend["port"], 8080, "the Service's MCP port");
+    assert_eq!(
+        route["spec"]["rules"][0]["matches"][0]["path"]["value"],
+        "/"
+    );
+    // Off by default: neither is rendered.
+    let all = helm_template(&chart(), &[]);
+    let all = text(&all);
+    assert!(!all.contains("kind: Ingress") && !all.contains("kind: HTTPRoute"));
+    // The resource clients are given must be the host they come in through, and the MCP path.
+    let auth = |resource: &str| {
+        vec![
+            "--set".to_owned(),
+            "auth.mode=jwt".to_owned(),
+            "--set".to_owned(),
+            "auth.issuer=https://as.example.com".to_owned(),
+            "--set".to_owned(),
+            format!("auth.resource={resource}"),
+        ]
+    };
+    for (way, args, resource, says) in [
+        (
+            "ingress",
+            vec![
+                "--set",
+                "ingress.enabled=true",
+                "--set",
+                "ingress.host=mcp.example.com",
+            ],
+            "https://mcp.internal/mcp",
+            "names the host \"mcp.internal\"",
+        ),
+        (
+            "ingress",
+            vec![
+                "--set",
+                "ingress.enabled=true",
+                "--set",
+                "ingress.host=mcp.example.com",
+            ],
+            "https://mcp.example.com/api",
+            "has the path \"/api\"",
+        ),
+        (
+            "httpRoute",
+            vec![
+                "--set",
+                "httpRoute.enabled=true",
+                "--set",
+                "httpRoute.hostnames={a.example.com}",
+                "--set",
+                "httpRoute.parentRefs[0].name=gw",
+            ],
+            "https://b.example.com/mcp",
+            "clients come in through a.example.com",
+        ),
+    ] {
+        let mut all: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        all.extend(auth(resource));
+        let out = helm_template(&chart(), &all);
+        assert!(!out.status.success(), "{way} with {resource}");
+        assert!(text(&out).contains(says), "{way}: {}", text(&out));
+    }
+    let mut ok: Vec<String> = [
+        "--set",
+        "ingress.enabled=true",
+        "--set",
+        "ingress.host=mcp.example.com",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    ok.extend(auth("https://mcp.example.com/mcp"));
+    assert!(helm_template(&chart(), &ok).status.success());
+    let no_host = helm_template(
+        &chart(),
+        &["--set".to_owned(), "ingress.enabled=true".to_owned()],
+    );
+    assert!(
+        text(&no_host).contains("ingress.enabled needs ingress.host"),
+        "{}",
+        text(&no_host)
+    );
+}
+
+/// The admin port (/metrics has no authentication) is admitted only from the peers
+/// `networkPolicy.adminFrom` names: by default no rule admits it.
+#[test]
+fn the_admin_port_is_admitted_only_from_the_peers_named() {
+    let np = render_one("networkpolicy.yaml", &[]);
+    let rules = np["spec"]["ingress"].as_array().unwrap();
+    assert_eq!(rules.len(), 1, "the MCP port alone: {np}");
+    assert_eq!(rules[0]["ports"][0]["port"], 8080);
+    let values = chart().join("ci/hardened-values.yaml");
+    let np = render_one("networkpolicy.yaml", &["-f", values.to_str().unwrap()]);
+    let rules = np["spec"]["ingress"].as_array().unwrap();
+    let admin = rules
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 9090)
+        .expect("an admin rule");
+    assert_eq!(
+        admin["from"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    assert!(admin["from"].as_array().unwrap().len() == 1, "{admin}");
+}
+
+/// With OTLP on, the Kubernetes resource attributes come from the downward API, defined
+/// before the value that names them, and the sidecar reads them as its resource.
+#[test]
+fn otlp_data_carries_the_kubernetes_resource_attributes() {
+    let d = render_one(
+        "deployment.yaml",
+        &[
+            "--set",
+            "observability.otlp.endpoint=http://otel-collector.observability:4318",
+            "--set",
+            "observability.otlp.resourceAttributes.deployment\\.environment=prod",
+        ],
+    );
+    let sidecar = &d["spec"]["template"]["spec"]["initContainers"][0];
+    let env = sidecar["env"].as_array().unwrap();
+    let at = |name: &str| {
+        env.iter()
+            .position(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("{name}"))
+    };
+    let attrs = env[at("OTEL_RESOURCE_ATTRIBUTES")]["value"]
+        .as_str()
+        .unwrap();
+    for (name, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_UID", "metadata.uid"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("NODE_NAME", "spec.nodeName"),
+    ] {
+        assert_eq!(env[at(name)]["valueFrom"]["fieldRef"]["fieldPath"], field);
+        assert!(
+            at(name) < at("OTEL_RESOURCE_ATTRIBUTES"),
+            "{name} is defined first"
+        );
+    }
+    for want in [
+        "k8s.pod.name=$(POD_NAME)",
+        "k8s.namespace.name=$(POD_NAMESPACE)",
+        "k8s.node.name=$(NODE_NAME)",
+        "k8s.pod.uid=$(POD_UID)",
+        "k8s.deployment.name=t-epode-sidecar",
+        "k8s.container.name=epode-sidecar",
+    ] {
+        assert!(attrs.contains(want), "{want} in {attrs}");
+    }
+    assert!(
+        attrs.ends_with(",deployment.environment=prod"),
+        "the values' own last: {attrs}"
+    );
+    let out = check_config(&sidecar_env(&d));
+    let shown = text(&out);
+    assert!(out.status.success(), "{shown}");
+    assert!(
+        shown.contains("k8s.pod.name=demo-7c9f-abcde") && shown.contains("k8s.namespace.name=shop"),
+        "{shown}"
     );
 }

@@ -28,6 +28,7 @@ mod ledger;
 mod limits;
 mod listeners;
 mod operations;
+mod operations_kit;
 mod otel;
 mod questions;
 mod rate_limits;

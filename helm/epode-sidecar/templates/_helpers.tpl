@@ -187,7 +187,13 @@ README.
 {{- if and (kindIs "invalid" $o.metrics) $o.endpoint (or .Values.metrics.annotations .Values.metrics.podMonitor.enabled) -}}
 {{- $otlpMetrics = "conventions" -}}
 {{- end -}}
+{{- /* With OTLP on: the Kubernetes resource attributes (semantic conventions, k8s.*), the
+     pod's from the downward API (epode-sidecar.env defines POD_NAME … first); the values'
+     own after them, so a value given wins. */ -}}
 {{- $resAttrs := list -}}
+{{- if and $o.endpoint $o.kubernetesAttributes -}}
+{{- $resAttrs = list "k8s.pod.name=$(POD_NAME)" "k8s.pod.uid=$(POD_UID)" "k8s.namespace.name=$(POD_NAMESPACE)" "k8s.node.name=$(NODE_NAME)" (printf "k8s.deployment.name=%s" (include "epode-sidecar.fullname" .)) (printf "k8s.container.name=%s" $s.name) -}}
+{{- end -}}
 {{- range $k, $v := $o.resourceAttributes -}}{{- $resAttrs = append $resAttrs (printf "%s=%s" $k (toString $v)) -}}{{- end -}}
 {{- $rows := list
   (list "EPODE_SIDECAR_UPSTREAM" "sidecar.upstreamUrl (or upstream.scheme/port/path)" $upstream)
@@ -302,8 +308,15 @@ README.
   (list "OTEL_EXPORTER_OTLP_HEADERS" "observability.otlp.headers.existingSecret and observability.otlp.headers.existingSecretKey" "")
   (list "EPODE_SIDECAR_OTLP_QUEUE" "observability.otlp.queue" $o.queue)
   (list "EPODE_SIDECAR_OTLP_TIMEOUT" "observability.otlp.timeout" $o.timeout)
+  (list "OTEL_EXPORTER_OTLP_TIMEOUT" "observability.otlp.timeout" "")
+  (list "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT" "observability.otlp.timeout" "")
+  (list "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT" "observability.otlp.timeout" "")
+  (list "OTEL_EXPORTER_OTLP_CERTIFICATE" "observability.otlp.certificate" $o.certificate)
+  (list "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE" "observability.otlp.certificate" "")
+  (list "OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE" "observability.otlp.certificate" "")
   (list "EPODE_SIDECAR_OTLP_METRICS" "observability.otlp.metrics" $otlpMetrics)
   (list "EPODE_SIDECAR_OTLP_METRICS_INTERVAL" "observability.otlp.metricsInterval" $o.metricsInterval)
+  (list "OTEL_METRIC_EXPORT_INTERVAL" "observability.otlp.metricsInterval" "")
   (list "OTEL_SERVICE_NAME" "observability.otlp.serviceName" $o.serviceName)
   (list "OTEL_RESOURCE_ATTRIBUTES" "observability.otlp.resourceAttributes" (join "," $resAttrs))
   (list "OTEL_TRACES_SAMPLER" "observability.otlp.sampler" $o.sampler)
@@ -437,6 +450,14 @@ authorization client secret (auth.clientSecret), and auth on needs what the side
   valueFrom:
     fieldRef:
       fieldPath: status.podIP
+{{- end -}}
+{{- if and .Values.observability.otlp.endpoint .Values.observability.otlp.kubernetesAttributes }}
+{{- range $name, $field := dict "POD_NAME" "metadata.name" "POD_UID" "metadata.uid" "POD_NAMESPACE" "metadata.namespace" "NODE_NAME" "spec.nodeName" }}
+- name: {{ $name }}
+  valueFrom:
+    fieldRef:
+      fieldPath: {{ $field }}
+{{- end -}}
 {{- end -}}
 {{- range (include "epode-sidecar.settings" . | fromJsonArray) -}}
 {{- $value := include "epode-sidecar.settingValue" (index . 2) -}}
@@ -607,4 +628,65 @@ context (from another chart: index .Subcharts "epode-sidecar").
       - key: tls.key
         path: tls.key
 {{- end }}
+{{- end -}}
+
+{{/*
+The MCP server's container security context: what no server needs taken away, and with
+upstream.hardened the sidecar's own hardening; upstream.securityContext merged over it.
+*/}}
+{{- define "epode-sidecar.upstreamSecurityContext" -}}
+{{- $sc := dict "allowPrivilegeEscalation" false "privileged" false "capabilities" (dict "drop" (list "ALL")) "seccompProfile" (dict "type" "RuntimeDefault") -}}
+{{- if .Values.upstream.hardened -}}
+{{- $sc = merge (dict "runAsNonRoot" true "runAsUser" 65532 "runAsGroup" 65532 "readOnlyRootFilesystem" true) $sc -}}
+{{- end -}}
+{{- toYaml (mergeOverwrite $sc (deepCopy (.Values.upstream.securityContext | default dict))) -}}
+{{- end -}}
+
+{{/*
+The external ways in (ingress, httpRoute) checked: each names its host(s); with auth on,
+auth.resource must be what a client outside reaches: one of those hosts and the MCP path
+(clients compare it with the URL they were given, and tokens name it).
+*/}}
+{{- define "epode-sidecar.checkExternal" -}}
+{{- $v := .Values -}}
+{{- $hosts := list -}}
+{{- if $v.ingress.enabled -}}
+{{- if not $v.ingress.host -}}
+{{- fail "epode-sidecar: ingress.enabled needs ingress.host, the name clients use (e.g. mcp.example.com)" -}}
+{{- end -}}
+{{- $hosts = append $hosts $v.ingress.host -}}
+{{- end -}}
+{{- if $v.httpRoute.enabled -}}
+{{- if not $v.httpRoute.parentRefs -}}
+{{- fail "epode-sidecar: httpRoute.enabled needs httpRoute.parentRefs, the Gateway (and listener) it attaches to, e.g. [{name: public, namespace: gateways, sectionName: https}]" -}}
+{{- end -}}
+{{- if not $v.httpRoute.hostnames -}}
+{{- fail "epode-sidecar: httpRoute.enabled needs httpRoute.hostnames, the names clients use (e.g. [mcp.example.com])" -}}
+{{- end -}}
+{{- $hosts = concat $hosts $v.httpRoute.hostnames -}}
+{{- end -}}
+{{- if ne (include "epode-sidecar.authMode" .) "off" -}}
+{{- $u := urlParse (toString $v.auth.resource) -}}
+{{- if not (has $u.host $hosts) -}}
+{{- fail (printf "epode-sidecar: auth.resource (%s) names the host %q, but clients come in through %s: set auth.resource to https://<that host>%s (the URL clients are given, which every token must name)" $v.auth.resource $u.host (join ", " $hosts) $v.sidecar.path) -}}
+{{- end -}}
+{{- if ne $u.path $v.sidecar.path -}}
+{{- fail (printf "epode-sidecar: auth.resource (%s) has the path %q, but the MCP path is sidecar.path (%s): the resource is the URL clients reach, https://<host>%s" $v.auth.resource $u.path $v.sidecar.path $v.sidecar.path) -}}
+{{- end -}}
+{{- if and $v.ingress.enabled $v.ingress.tls.secretName (ne $u.scheme "https") -}}
+{{- fail (printf "epode-sidecar: auth.resource (%s) must be https:// when the Ingress ends TLS (ingress.tls.secretName)" $v.auth.resource) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The URL clients outside reach, when an Ingress or an HTTPRoute is rendered; else "". */}}
+{{- define "epode-sidecar.externalUrl" -}}
+{{- $v := .Values -}}
+{{- if ne (include "epode-sidecar.authMode" .) "off" -}}
+{{- if or $v.ingress.enabled $v.httpRoute.enabled -}}{{ $v.auth.resource }}{{- end -}}
+{{- else if $v.ingress.enabled -}}
+{{- printf "%s://%s%s" (ternary "https" "http" (not (empty $v.ingress.tls.secretName))) $v.ingress.host $v.sidecar.path -}}
+{{- else if $v.httpRoute.enabled -}}
+{{- printf "https://%s%s" (first $v.httpRoute.hostnames) $v.sidecar.path -}}
+{{- end -}}
 {{- end -}}
