@@ -10,7 +10,11 @@
 #                                   # prints its path on its last line
 #
 # Environment: EPODE_SIDECAR_IMAGE (default epode-sidecar:<Cargo.toml version>); CARGO_TARGET_DIR
-# (where cargo builds, as for cargo itself; CI builds the image in its own while the tests run).
+# (where cargo builds, as for cargo itself); EPODE_SIDECAR_BINARY: a static binary already built
+# (CI: the one its tests ran, the `ci` profile), used instead of step 2's build, stripped of its
+# symbols on the way into the image as the dist profile strips them; EPODE_SIDECAR_BINARY_PROFILE
+# names its profile in the image's label ai.epode.build-profile (default prebuilt; dist when
+# built here).
 # When no Docker engine answers, installs Debian's docker.io (as root) and starts dockerd in
 # the background (log: ${TMPDIR:-/tmp}/epode-dockerd.log); it is left running.
 set -euo pipefail
@@ -53,10 +57,18 @@ fi
 # from the filesystem, so it runs FROM scratch. The dist profile: fat LTO, symbols stripped.
 TRIPLE=x86_64-unknown-linux-gnu
 [[ "$(uname -m)" == x86_64 ]] || die "this offline build makes an x86_64 image; on $(uname -m) use: docker build -f docker/Dockerfile ."
-log "building the static binary (cargo build --profile dist --target $TRIPLE)"
-RUSTFLAGS="-C target-feature=+crt-static" \
-  cargo build --profile dist --target "$TRIPLE" --bin epode-sidecar >&2
-BIN="${CARGO_TARGET_DIR:-target}/$TRIPLE/dist/epode-sidecar"
+PROFILE=dist
+if [[ -n "${EPODE_SIDECAR_BINARY:-}" ]]; then
+  BIN="$EPODE_SIDECAR_BINARY"
+  PROFILE="${EPODE_SIDECAR_BINARY_PROFILE:-prebuilt}"
+  [[ -x "$BIN" ]] || die "EPODE_SIDECAR_BINARY=$BIN is not an executable file"
+  log "using the binary already built: $BIN"
+else
+  log "building the static binary (cargo build --profile dist --target $TRIPLE)"
+  RUSTFLAGS="-C target-feature=+crt-static" \
+    cargo build --profile dist --target "$TRIPLE" --bin epode-sidecar >&2
+  BIN="${CARGO_TARGET_DIR:-target}/$TRIPLE/dist/epode-sidecar"
+fi
 file_out="$(file -b "$BIN" 2>/dev/null || true)"
 if [[ -n "$file_out" && "$file_out" != *static* ]]; then
   die "$BIN is not statically linked: $file_out"
@@ -77,11 +89,16 @@ fi
 CTX="$(mktemp -d)"
 trap 'rm -rf "$CTX"' EXIT
 install -m 0555 "$BIN" "$CTX/epode-sidecar"
+if [[ -n "${EPODE_SIDECAR_BINARY:-}" ]]; then
+  # As the dist profile does (strip = "symbols"): the symbols are no use in an image.
+  strip --strip-all "$CTX/epode-sidecar" || die "strip $BIN failed (binutils' strip is needed)"
+fi
 log "building $IMAGE (docker/Dockerfile, target prebuilt)"
 docker build --quiet \
   -f docker/Dockerfile --target prebuilt \
   --build-arg "VERSION=$VERSION" \
   --build-arg "REVISION=$REVISION" \
+  --build-arg "PROFILE=$PROFILE" \
   --build-arg "CREATED=$(git log -1 --format=%cI 2>/dev/null || echo unknown)" \
   -t "$IMAGE" "$CTX" >&2
 

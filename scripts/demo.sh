@@ -53,26 +53,24 @@ else
   say "building epode-sidecar in release mode: the first build takes minutes (about 6 on an idle 2-core machine, longer on a busy one); cargo shows its progress below"
 fi
 build() { cargo build --release --bin epode-sidecar; }
-if [[ -t 2 ]]; then
-  build
-else
-  # Without a terminal cargo prints a line per crate and nothing while the last one links:
-  # say every minute that it is still working.
-  build &
-  pid=$!
-  trap 'kill "$pid" 2>/dev/null || true' EXIT
-  started=$SECONDS
-  next=$((started + 60))
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 1
-    if ((SECONDS >= next)); then
-      say "still building ($(((SECONDS - started) / 60)) min)"
-      next=$((next + 60))
-    fi
-  done
-  wait "$pid"
-  trap - EXIT
-fi
+# cargo prints a line per crate (on a terminal, a progress bar) and then nothing while its last
+# crate, epode-sidecar itself, is optimised and linked: minutes of one core. Say every 30 s
+# that it is still working, on a terminal too.
+build &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true' EXIT
+started=$SECONDS
+next=$((started + 30))
+while kill -0 "$pid" 2>/dev/null; do
+  sleep 1
+  if ((SECONDS >= next)); then
+    [[ -t 2 ]] && printf '\n' >&2
+    say "still building ($((SECONDS - started)) s so far)"
+    next=$((next + 30))
+  fi
+done
+wait "$pid"
+trap - EXIT
 
 say "starting: the sidecar says where MCP clients connect, the console, and a command to try"
 exec cargo run --release --quiet --bin epode-sidecar -- \

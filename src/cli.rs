@@ -658,13 +658,39 @@ fn start_otel(
 fn bind_all(
     config: &Config,
 ) -> Result<(server::Listeners, Option<std::net::TcpListener>), ExitCode> {
-    let listeners = server::bind(config.listen, config.workers)
-        .map_err(|e| failed(&format!("cannot listen on {}", config.listen), e))?;
+    let listeners = server::bind(config.listen, config.workers).map_err(|e| {
+        failed(
+            &format!("cannot listen on {}", config.listen),
+            bind_error(&e, "EPODE_SIDECAR_LISTEN (or --listen)"),
+        )
+    })?;
     let admin = (config.admin_listen)
-        .map(std::net::TcpListener::bind)
-        .transpose()
-        .map_err(|e| failed("cannot listen on the admin address", e))?;
+        .map(|at| {
+            std::net::TcpListener::bind(at).map_err(|e| {
+                failed(
+                    &format!("cannot listen on the admin address {at}"),
+                    bind_error(&e, "EPODE_SIDECAR_ADMIN_LISTEN"),
+                )
+            })
+        })
+        .transpose()?;
     Ok((listeners, admin))
+}
+
+/// Why an address could not be bound, and the setting that chooses it.
+fn bind_error(e: &std::io::Error, setting: &str) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "{e}: another process listens there (`ss -ltnp` names it); stop it, or set {setting} to a free address"
+        ),
+        std::io::ErrorKind::PermissionDenied => format!(
+            "{e}: a port below 1024 needs privileges; set {setting} to a port of 1024 or above"
+        ),
+        std::io::ErrorKind::AddrNotAvailable => format!(
+            "{e}: no interface of this machine has that address; set {setting} to one it has (0.0.0.0 for all, 127.0.0.1 for this machine only)"
+        ),
+        _ => format!("{e} (the address comes from {setting})"),
+    }
 }
 
 /// Binds the listeners and builds the request path (with `trial`, observed by its console and

@@ -29,8 +29,6 @@ use serde_json::{Map, Value};
 use url::Url;
 
 use crate::body::{self, Body};
-use crate::caller::CallerKey;
-use crate::ledger::Pool;
 
 /// The facade's issuer path on the resource's origin.
 const ISSUER_PATH: &str = "/oauth";
@@ -245,14 +243,14 @@ impl Facade {
         &self,
         method: &Method,
         headers: &HeaderMap,
-    ) -> Result<(), Response<Body>> {
+    ) -> Result<(), Box<Response<Body>>> {
         if let Some(resp) = only(method, &[Method::POST], "POST") {
-            return Err(resp);
+            return Err(Box::new(resp));
         }
         if self.learned.get().is_none() {
-            return Err(unavailable(
+            return Err(Box::new(unavailable(
                 "the authorization server's metadata has not been read yet",
-            ));
+            )));
         }
         let form = headers
             .get(header::CONTENT_TYPE)
@@ -263,11 +261,11 @@ impl Facade {
                     .eq_ignore_ascii_case("application/x-www-form-urlencoded")
             });
         if !form {
-            return Err(oauth_error(
+            return Err(Box::new(oauth_error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request",
                 "a token request is a form: Content-Type: application/x-www-form-urlencoded (RFC 6749 §3.2)",
-            ));
+            )));
         }
         Ok(())
     }
@@ -280,10 +278,10 @@ impl Facade {
         headers: &HeaderMap,
         form: &Bytes,
         deadline: std::time::Duration,
-    ) -> Result<Response<Body>, (Response<Body>, String)> {
+    ) -> Result<Response<Body>, Box<(Response<Body>, String)>> {
         let Some(learned) = self.learned.get() else {
             let why = "the authorization server's metadata has not been read yet";
-            return Err((unavailable(why), why.into()));
+            return Err(Box::new((unavailable(why), why.into())));
         };
         let mut req = client
             .post(learned.token.clone())
@@ -299,7 +297,7 @@ impl Facade {
         let failed = |status: StatusCode, why: String| {
             let text =
                 format!("the authorization server's token endpoint ({shown}) {why}; try again");
-            (oauth_error(status, "temporarily_unavailable", &text), text)
+            Box::new((oauth_error(status, "temporarily_unavailable", &text), text))
         };
         let mut answer = req.body(without_resource(form)).send().await.map_err(|e| {
             if e.is_timeout() {
@@ -346,103 +344,6 @@ impl Facade {
             HeaderValue::from_static("*"),
         );
         Ok(resp)
-    }
-}
-
-impl super::Authorizer {
-    /// Which facade route `path` is, when the facade is on.
-    pub(crate) fn facade_route(&self, path: &str) -> Option<FacadeRoute> {
-        self.facade.as_ref().and(Facade::route(path))
-    }
-
-    /// The facade, its issuer's metadata read (tried now when it was not yet, at most as
-    /// often as the front door tries).
-    async fn facade_read(&self) -> Option<&Facade> {
-        let f = self.facade.as_ref()?;
-        if !f.ready() {
-            let _ = self.prepare().await;
-        }
-        Some(f)
-    }
-
-    /// A GET of the facade's metadata, or the authorization request's redirect.
-    pub(crate) async fn facade_plain(
-        &self,
-        route: FacadeRoute,
-        method: &Method,
-        query: Option<&str>,
-    ) -> Response<Body> {
-        let Some(f) = self.facade_read().await else {
-            return body::error(StatusCode::NOT_FOUND, "no authorization facade here");
-        };
-        let resp = match route {
-            FacadeRoute::Authorize => f.authorize(method, query),
-            _ => f.metadata(method),
-        };
-        let outcome = if resp.status().is_success() || resp.status().is_redirection() {
-            "served"
-        } else {
-            "refused"
-        };
-        self.metrics.auth_facade(route.as_str(), outcome);
-        resp
-    }
-
-    /// The token request's head: `Err` is the answer (counted).
-    pub(crate) async fn facade_token_head(
-        &self,
-        method: &Method,
-        headers: &HeaderMap,
-    ) -> Result<(), Response<Body>> {
-        let Some(f) = self.facade_read().await else {
-            return Err(body::error(
-                StatusCode::NOT_FOUND,
-                "no authorization facade here",
-            ));
-        };
-        f.token_head(method, headers).inspect_err(|_| {
-            self.metrics
-                .auth_facade(FacadeRoute::Token.as_str(), "refused");
-        })
-    }
-
-    /// The token request passed to the issuer, in one of the caller's places for calls to
-    /// the issuer (the introspections' pool): 429 or 503 past them.
-    pub(crate) async fn facade_token(
-        &self,
-        headers: &HeaderMap,
-        form: &Bytes,
-        caller: CallerKey,
-    ) -> Response<Body> {
-        let endpoint = FacadeRoute::Token.as_str();
-        let Some(f) = self.facade.as_ref() else {
-            return body::error(StatusCode::NOT_FOUND, "no authorization facade here");
-        };
-        let _place = match self.ledger.try_charge(Pool::Introspections, caller) {
-            Ok(place) => place,
-            Err(why) => {
-                self.metrics.auth_facade(endpoint, "refused");
-                let e = self.ledger.refusal(Pool::Introspections, why);
-                let mut resp = oauth_error(e.status(), "temporarily_unavailable", &e.to_string());
-                resp.headers_mut()
-                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-                return resp;
-            }
-        };
-        match f
-            .token(&self.client, headers, form, self.config.fetch_timeout)
-            .await
-        {
-            Ok(resp) => {
-                self.metrics.auth_facade(endpoint, "served");
-                resp
-            }
-            Err((resp, why)) => {
-                self.metrics.auth_facade(endpoint, "failed");
-                tracing::warn!(%why, "the authorization facade could not pass a token request on");
-                resp
-            }
-        }
     }
 }
 

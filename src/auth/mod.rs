@@ -892,6 +892,106 @@ fn is_owned_spelling(name: &str) -> bool {
     })
 }
 
+/// The authorization facade's routes (`facade.rs`), as the front door serves them.
+impl Authorizer {
+    /// Which facade route `path` is, when the facade is on.
+    pub(crate) fn facade_route(&self, path: &str) -> Option<FacadeRoute> {
+        self.facade.as_ref().and(Facade::route(path))
+    }
+
+    /// The facade, its issuer's metadata read (tried now when it was not yet, at most as
+    /// often as the front door tries).
+    async fn facade_read(&self) -> Option<&Facade> {
+        let f = self.facade.as_ref()?;
+        if !f.ready() {
+            let _ = self.prepare().await;
+        }
+        Some(f)
+    }
+
+    /// A GET of the facade's metadata, or the authorization request's redirect.
+    pub(crate) async fn facade_plain(
+        &self,
+        route: FacadeRoute,
+        method: &Method,
+        query: Option<&str>,
+    ) -> Response<Body> {
+        let Some(f) = self.facade_read().await else {
+            return body::error(StatusCode::NOT_FOUND, "no authorization facade here");
+        };
+        let resp = match route {
+            FacadeRoute::Authorize => f.authorize(method, query),
+            _ => f.metadata(method),
+        };
+        let outcome = if resp.status().is_success() || resp.status().is_redirection() {
+            "served"
+        } else {
+            "refused"
+        };
+        self.metrics.auth_facade(route.as_str(), outcome);
+        resp
+    }
+
+    /// The token request's head: `Err` is the answer (counted).
+    pub(crate) async fn facade_token_head(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+    ) -> Result<(), Box<Response<Body>>> {
+        let Some(f) = self.facade_read().await else {
+            return Err(Box::new(body::error(
+                StatusCode::NOT_FOUND,
+                "no authorization facade here",
+            )));
+        };
+        f.token_head(method, headers).inspect_err(|_| {
+            self.metrics
+                .auth_facade(FacadeRoute::Token.as_str(), "refused");
+        })
+    }
+
+    /// The token request passed to the issuer, in one of the caller's places for calls to
+    /// the issuer (the introspections' pool): 429 or 503 past them.
+    pub(crate) async fn facade_token(
+        &self,
+        headers: &HeaderMap,
+        form: &Bytes,
+        caller: CallerKey,
+    ) -> Response<Body> {
+        let endpoint = FacadeRoute::Token.as_str();
+        let Some(f) = self.facade.as_ref() else {
+            return body::error(StatusCode::NOT_FOUND, "no authorization facade here");
+        };
+        let _place = match self.ledger.try_charge(Pool::Introspections, caller) {
+            Ok(place) => place,
+            Err(why) => {
+                self.metrics.auth_facade(endpoint, "refused");
+                let e = self.ledger.refusal(Pool::Introspections, why);
+                let mut resp =
+                    facade::oauth_error(e.status(), "temporarily_unavailable", &e.to_string());
+                resp.headers_mut()
+                    .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+                return resp;
+            }
+        };
+        match f
+            .token(&self.client, headers, form, self.config.fetch_timeout)
+            .await
+        {
+            Ok(resp) => {
+                self.metrics.auth_facade(endpoint, "served");
+                resp
+            }
+            Err(failed) => {
+                let (resp, why) = *failed;
+                self.metrics.auth_facade(endpoint, "failed");
+                tracing::warn!(%why, "the authorization facade could not pass a token request on");
+                resp
+            }
+        }
+    }
+}
+
 /// The PRM URL for a resource (RFC 9728 §3.1: the well-known segment between the host and
 /// the resource's path).
 fn metadata_url(resource: &str) -> String {

@@ -582,7 +582,7 @@ async fn serve_facade(
         return crate::auth::Facade::token_preflight();
     }
     if let Err(resp) = auth.facade_token_head(req.method(), req.headers()).await {
-        return resp;
+        return *resp;
     }
     let (parts, body) = req.into_parts();
     let front = routes.mcp.front();

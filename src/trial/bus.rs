@@ -24,17 +24,20 @@ const LAG: usize = 256;
 pub(crate) struct Bus {
     /// The MCP endpoint's path (the console shows where clients connect).
     mcp_path: String,
+    /// Whether MCP requests need a bearer token (authorization on): the command to try says so.
+    bearer: bool,
     live: broadcast::Sender<Arc<str>>,
     history: Mutex<VecDeque<Arc<str>>>,
     closed: watch::Sender<bool>,
 }
 
 impl Bus {
-    pub(crate) fn new(mcp_path: &str) -> Arc<Self> {
+    pub(crate) fn new(mcp_path: &str, bearer: bool) -> Arc<Self> {
         let (live, _) = broadcast::channel(LAG);
         let (closed, _) = watch::channel(false);
         Arc::new(Bus {
             mcp_path: mcp_path.to_owned(),
+            bearer,
             live,
             history: Mutex::new(VecDeque::with_capacity(HISTORY)),
             closed,
@@ -68,6 +71,11 @@ impl Bus {
 
     pub(crate) fn mcp_path(&self) -> &str {
         &self.mcp_path
+    }
+
+    /// Whether MCP requests need a bearer token.
+    pub(crate) fn bearer(&self) -> bool {
+        self.bearer
     }
 
     /// Ends every console stream (the sidecar is stopping).
@@ -153,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_history_is_bounded_and_followers_see_what_comes_next() {
-        let bus = Bus::new("/mcp");
+        let bus = Bus::new("/mcp", false);
         for i in 0..HISTORY + 10 {
             bus.publish("call", serde_json::json!({"n": i}));
         }
@@ -167,7 +175,7 @@ mod tests {
 
     #[test]
     fn an_http_request_shows_its_surface_or_why_it_was_skipped() {
-        let bus = Bus::new("/mcp");
+        let bus = Bus::new("/mcp", false);
         bus.http(HttpServed {
             started: SystemTime::UNIX_EPOCH,
             method: "GET",
@@ -190,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_request_shows_what_was_noted_of_it_then_how_it_was_served() {
-        let bus = Bus::new("/mcp");
+        let bus = Bus::new("/mcp", false);
         bus.request(McpServed {
             started: SystemTime::UNIX_EPOCH,
             noted: vec![Noted::IsError(false), Noted::InteractionId("i".into())],

@@ -38,7 +38,7 @@ impl Mounted for Console {
 /// The console's routes: `Some` answer for a path under `/_dev/`.
 fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> {
     let resp = match (method, path) {
-        (&Method::GET, "/_dev" | "/_dev/") => page(bus.mcp_path()),
+        (&Method::GET, "/_dev" | "/_dev/") => page(bus.mcp_path(), bus.bearer()),
         (&Method::GET, "/_dev/events") => events(bus),
         (_, p) if p == "/_dev" || p.starts_with("/_dev/") => body::error(
             StatusCode::NOT_FOUND,
@@ -50,10 +50,12 @@ fn route(bus: &Arc<Bus>, method: &Method, path: &str) -> Option<Response<Body>> 
 }
 
 /// One command that calls the sidecar at `endpoint` as a 2026 MCP client would: `tools/list`,
-/// which every server answers (the terminal and the empty console show it).
-pub(super) fn try_command(endpoint: &str) -> String {
+/// which every server answers (the terminal and the empty console show it); with `bearer`
+/// (authorization on) it sends the token in `$TOKEN`.
+pub(super) fn try_command(endpoint: &str, bearer: bool) -> String {
     format!(
-        "curl -s {endpoint} -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' -H 'mcp-protocol-version: 2026-07-28' -H 'mcp-method: tools/list' -d '{body}'",
+        "curl -s {endpoint} -H 'content-type: application/json' -H 'accept: application/json, text/event-stream' -H 'mcp-protocol-version: 2026-07-28' -H 'mcp-method: tools/list'{auth} -d '{body}'",
+        auth = if bearer { r#" -H "authorization: Bearer $TOKEN""# } else { "" },
         body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#
     )
 }
@@ -68,11 +70,11 @@ fn escape(text: &str) -> String {
 
 /// The page, with the MCP endpoint and the command to try filled in (the page's script puts
 /// its own origin in place of [`ORIGIN`]).
-fn page(mcp_path: &str) -> Response<Body> {
+fn page(mcp_path: &str, bearer: bool) -> Response<Body> {
     let endpoint = format!("{ORIGIN}{mcp_path}");
     let filled = PAGE
         .replace("__ENDPOINT__", &escape(&endpoint))
-        .replace("__TRY__", &escape(&try_command(&endpoint)));
+        .replace("__TRY__", &escape(&try_command(&endpoint, bearer)));
     let html = Some("text/html; charset=utf-8");
     let mut resp = body::answer(StatusCode::OK, html, body::full(filled));
     let h = resp.headers_mut();

@@ -54,7 +54,7 @@ impl Trial {
             .local_addr()
             .map_err(|e| format!("the embedded Epode's address: {e}"))?;
         let origin = format!("http://{addr}");
-        let bus = Bus::new(&config.path);
+        let bus = Bus::new(&config.path, config.auth.is_some());
         let key = config
             .feedback
             .key
@@ -120,10 +120,24 @@ impl Trial {
         );
         tracing::info!(target: "epode_sidecar::dev", "--dev: MCP clients connect to {origin}{}", config.path);
         tracing::info!(target: "epode_sidecar::dev", "--dev: watch it live on the console: {origin}/_dev/");
+        if let Some(auth) = &config.auth {
+            let scopes = if auth.scopes.is_empty() {
+                String::new()
+            } else {
+                format!(" with the scopes {}", auth.scopes.join(" "))
+            };
+            tracing::info!(
+                target: "epode_sidecar::dev",
+                "--dev: authorization is on (EPODE_SIDECAR_AUTH={}): every MCP request needs an access token from {} for {}{scopes}. An MCP client with OAuth gets one itself; for curl, put one in TOKEN (e.g. a client-credentials grant at the issuer's token endpoint): without a token the answer is 401 with the challenge, with an empty one 400",
+                auth.mode.as_str(),
+                auth.issuer,
+                auth.resource
+            );
+        }
         tracing::info!(
             target: "epode_sidecar::dev",
             "--dev: try it (lists the tools; then call one the same way with tools/call): {}",
-            console::try_command(&format!("{origin}{}", config.path))
+            console::try_command(&format!("{origin}{}", config.path), config.auth.is_some())
         );
     }
 }

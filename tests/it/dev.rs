@@ -346,6 +346,74 @@ fn at_start_dev_says_at_info_where_clients_connect_the_console_and_a_command_tha
     );
 }
 
+/// With authorization on, `--dev` says what a request needs and its command to try sends the
+/// token in `$TOKEN`: pasted as printed it lists the tools with a token, and gets the 401
+/// challenge without one.
+#[tokio::test]
+async fn with_authorization_on_dev_says_how_to_call_with_a_token() {
+    use crate::support::auth::{AuthOptions, AuthServer};
+    let (port, resource) = crate::auth::resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("r.jsonl");
+    let listen = format!("127.0.0.1:{port}");
+    let sc = start(&[
+        ("EPODE_SIDECAR_DEV", "1"),
+        ("EPODE_SIDECAR_DEV_LOG", record.to_str().unwrap()),
+        ("EPODE_SIDECAR_LISTEN", &listen),
+        ("EPODE_SIDECAR_AUTH", "jwt"),
+        ("EPODE_SIDECAR_AUTH_ISSUER", auth.issuer()),
+        ("EPODE_SIDECAR_AUTH_RESOURCE", &resource),
+        ("EPODE_SIDECAR_AUTH_SCOPES", "mcp:tools"),
+    ]);
+    let mut logs = Vec::new();
+    wait_logs(&sc, &mut logs, |l| {
+        l.iter().any(|l| l.contains("--dev: try it"))
+    });
+    let said = line_with(&logs, "--dev: authorization is on");
+    assert!(
+        said.contains(auth.issuer()) && said.contains(&resource) && said.contains("mcp:tools"),
+        "{said}"
+    );
+    let tried = line_with(&logs, "--dev: try it");
+    let command = tried[tried.find("curl ").unwrap()..].to_owned();
+    assert!(
+        command.contains(r#"-H "authorization: Bearer $TOKEN""#),
+        "{command}"
+    );
+    let token = auth.client_credentials("mcp:tools", Some(&resource)).await;
+    let with = {
+        let command = command.clone();
+        tokio::task::spawn_blocking(move || {
+            Command::new("sh")
+                .arg("-c")
+                .arg(&command)
+                .env("TOKEN", token)
+                .output()
+                .unwrap()
+        })
+    };
+    let out = with.await.unwrap();
+    let answer: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stdout)));
+    assert!(
+        tool_names(&answer).contains(&"search_help".to_owned()),
+        "{answer}"
+    );
+    // Pasted with no token, the empty bearer is refused, saying what is missing.
+    let without = tokio::task::spawn_blocking(move || {
+        Command::new("sh")
+            .arg("-c")
+            .arg(command.replace("curl -s ", "curl -s -w ' %{http_code}' "))
+            .env_remove("TOKEN")
+            .output()
+            .unwrap()
+    });
+    let out = without.await.unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.ends_with(" 400") && said.contains("Bearer"), "{said}");
+}
+
 #[tokio::test]
 async fn a_record_that_cannot_be_written_goes_to_the_temporary_directory_or_nowhere_and_says_so() {
     // /proc takes no new file, whoever asks: as the filesystem of a read-only container.

@@ -6,7 +6,7 @@ use crate::feedback::capability;
 fn epode(mode: FeedbackMode) -> (DevEpode, ProductKey, Arc<Bus>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let key = ProductKey::ephemeral();
-    let bus = Bus::new("/mcp");
+    let bus = Bus::new("/mcp", false);
     let dev = DevConfig {
         log: dir.path().join("dev.jsonl"),
         log_max_bytes: 1 << 20,
@@ -202,7 +202,7 @@ fn the_record_stops_growing_at_its_cap() {
         FeedbackMode::NeverAsk,
         "http://x".into(),
         &dev,
-        Bus::new("/mcp"),
+        Bus::new("/mcp", false),
     )
     .unwrap();
     for _ in 0..20 {
