@@ -18,7 +18,7 @@
 #      dashboard (deploy/grafana/) valid JSON whose every expression parses as PromQL; the chart's
 #      copies in helm/epode-sidecar/files/ byte-identical; the PrometheusRule and the dashboard's
 #      ConfigMap rendered from them (and absent from the default render)
-#   6. the image (bash docker/build.sh): the binary alone, under 20 MB (a dist build) or 32 MB (CI's
+#   6. the image (bash docker/build.sh): the binary alone, under 20 MB (a dist build) or 64 MB (CI's
 #      ci-profile build), UID 65532, no shell; run read-only with no
 #      capabilities in front of the example Python server; the official TypeScript client calls
 #      a tool through it (pin and legacy), feedback off and in --dev; HEALTHCHECK healthy;
@@ -363,12 +363,12 @@ IMAGE="${EPODE_CHECK_IMAGE:-$(bash docker/build.sh | tail -1)}"
 docker image inspect "$IMAGE" >/dev/null 2>&1 || fail "no image $IMAGE (EPODE_CHECK_IMAGE names an image docker/build.sh built)"
 size="$(docker image inspect -f '{{.Size}}' "$IMAGE")"
 # A release image (the dist profile: fat LTO, 15.6 MB) must stay under 20 MB. CI's image holds
-# the binary its tests ran (the ci profile: no LTO, debug assertions on; about 25 MB stripped),
-# so the tests and the image come from one compile: it is held to 32 MB, which still catches
-# a dependency that doubles the binary. Either way the image is the binary and nothing else
-# (FROM scratch; its metadata aside).
+# the binary its tests ran (the ci profile: the test build's, unoptimised; about 42 MB
+# stripped), so the tests and the image come from one compile: it is held to 64 MB, which
+# still catches a dependency that grows the binary by half. Either way the image is the
+# binary and nothing else (FROM scratch; its metadata aside).
 profile="$(docker image inspect -f '{{index .Config.Labels "ai.epode.build-profile"}}' "$IMAGE")"
-case "$profile" in dist) limit=20000000 ;; *) limit=32000000 ;; esac
+case "$profile" in dist) limit=20000000 ;; *) limit=64000000 ;; esac
 (( size < limit )) || fail "$IMAGE ($profile profile) is $size bytes, not under $((limit / 1000000)) MB"
 cid="$(docker create "$IMAGE")"
 docker cp "$cid:/epode-sidecar" "$WORK/image-binary" >/dev/null
@@ -414,7 +414,7 @@ docker build --quiet --network none -f "$CTX/Dockerfile.python3" -t "$PY3_IMAGE"
   || { cat "$WORK/py3-build.txt"; fail "docker build of the python:3-style server image"; }
 [[ -z "$(docker image inspect -f '{{.Config.User}}' "$PY3_IMAGE")" ]] || fail "$PY3_IMAGE should run as its base's user (root)"
 "$HELM" template demo "$CHART" --set upstream.image.repository=registry.example.com/acme/python3-server \
-  --set upstream.image.tag=3 >"$R/chart-python3-image.yaml" || fail "helm template (default values, a python:3-style image)"
+  --set-string upstream.image.tag=3 >"$R/chart-python3-image.yaml" || fail "helm template (default values, a python:3-style image)"
 say "python:3-style server image $PY3_IMAGE (root, unhardened), for the chart's default values"
 # A product key of the right shape, made here and never printed (no Epode is reachable from the
 # pods' network anyway: it has no way out).

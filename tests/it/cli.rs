@@ -452,3 +452,42 @@ fn the_setting_flags_keep_their_help() {
     let at = |flag: &str| out.find(flag).unwrap();
     assert!(at("--config <FILE>") < at("--listen") && at("--dev ") < at("--check-config"));
 }
+
+/// A port already in use ends the start with a message that names the setting to change
+/// (the MCP listener's and the admin listener's), never a bare "Address already in use".
+#[test]
+fn a_port_in_use_names_the_setting_that_chooses_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = taken.local_addr().unwrap().to_string();
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let free_at = free.local_addr().unwrap().to_string();
+    drop(free);
+    for (name, other, setting) in [
+        (
+            "EPODE_SIDECAR_LISTEN",
+            "EPODE_SIDECAR_ADMIN_LISTEN",
+            "set EPODE_SIDECAR_LISTEN (or --listen) to a free address",
+        ),
+        (
+            "EPODE_SIDECAR_ADMIN_LISTEN",
+            "EPODE_SIDECAR_LISTEN",
+            "set EPODE_SIDECAR_ADMIN_LISTEN to a free address",
+        ),
+    ] {
+        let (code, _, err) = sidecar(
+            &[
+                ("EPODE_SIDECAR_UPSTREAM", "http://127.0.0.1:9/mcp"),
+                ("AGENT_FEEDBACK_MODE", "off"),
+                (name, &at),
+                (other, &free_at),
+            ],
+            &[],
+        );
+        assert_ne!(code, 0, "{name}: {err}");
+        assert!(
+            err.contains(&at) && err.contains("another process listens there"),
+            "{name}: {err}"
+        );
+        assert!(err.contains(setting), "{name}: {err}");
+    }
+}
