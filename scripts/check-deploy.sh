@@ -28,8 +28,9 @@
 #      running as root), its hardened, classic-sidecar and server-exec-probes value sets, the
 #      example parent chart and deploy/kubernetes/deployment.yaml, each pod's containers on
 #      Docker in one network namespace, native-sidecar start order, every declared probe
-#      executed from outside against the pod's address for 30 s (EPODE_POD_CHECK_SECONDS: three
-#      periods of the liveness probe), an MCP call through the pod's address (the official
+#      executed from outside against the pod's address for 40 s (EPODE_POD_CHECK_SECONDS: the
+#      pods ready within about 25 s on a loaded CI machine, then more than two periods of the
+#      liveness probe), an MCP call through the pod's address once it is ready (the official
 #      TypeScript client), then the pod deleted: no probe past its threshold, no restart, the
 #      server stopped before the sidecar, within terminationGracePeriodSeconds
 #
@@ -382,7 +383,7 @@ say "image $IMAGE ${EPODE_CHECK_IMAGE:+(built while the tests ran) }ready in $((
 if docker run --rm --entrypoint /bin/sh "$IMAGE" -c true >/dev/null 2>&1; then fail "$IMAGE has a shell"; fi
 say "image: user 65532:65532, HEALTHCHECK [/epode-sidecar healthcheck], no /bin/sh"
 
-# ---- 7. starts here: the pods, as the kubelet runs them (30 s of probing), in the background
+# ---- 7. starts here: the pods, as the kubelet runs them (40 s of probing), in the background
 # while 6 checks the image. The tools above read the manifests; this runs them. The server's
 # image is docker/example-server.Dockerfile with its FROM line swapped for a Python base made
 # from this machine's Python with mcp installed (no registry to pull python:… from), built
@@ -420,7 +421,7 @@ say "python:3-style server image $PY3_IMAGE (root, unhardened), for the chart's 
 # pods' network anyway: it has no way out).
 FAKE_KEY="$("$PY" -c 'import secrets; print("af_live_" + secrets.token_hex(16) + "_" + secrets.token_hex(16) + "_" + secrets.token_urlsafe(24))')"
 t0=$SECONDS
-"$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-30}" \
+"$PY" scripts/pod-check.py --seconds "${EPODE_POD_CHECK_SECONDS:-40}" \
   --pod chart="$R/chart-default.yaml" \
   --pod chart-python3-image="$R/chart-python3-image.yaml" \
   --pod chart-hardened="$R/chart-hardened-values.yaml" \

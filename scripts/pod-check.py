@@ -20,7 +20,7 @@ For each --pod LABEL=FILE (a render holding one Deployment, StatefulSet, DaemonS
   readiness wait for the startup probe; a startup or liveness probe that reaches its
   failureThreshold restarts the container, as the kubelet does, and so does a container that
   exits;
-- once the pod is ready (or half the run has gone by), the --mcp-call command is run against
+- once the pod is ready (else at the run's end), the --mcp-call command is run against
   http://<pod address>:<--mcp-port><--mcp-path> and its output must hold --mcp-expect;
 - after --seconds of probing from the app containers' start, the pod is deleted as the kubelet
   deletes it: the app containers' preStop hooks then their stop signal, in parallel; when all
@@ -479,9 +479,9 @@ class Pod:
     def watch(self):
         """Until the run's end: containers that exit on their own, the MCP call."""
         end = self.app_start + self.args.seconds
-        mcp_at = self.app_start + self.args.seconds / 2
         while time.monotonic() < end:
-            if self.mcp is None and (self.pod_ready() or time.monotonic() >= mcp_at):
+            # As a Service sends traffic: once the pod is ready (else at the run's end).
+            if self.mcp is None and self.pod_ready():
                 self.mcp_call()
             self.check_exits()
             time.sleep(2)

@@ -174,17 +174,13 @@ impl Facade {
         let Some(learned) = self.learned.get() else {
             return unavailable("the authorization server's metadata has not been read yet");
         };
-        let mut resp = body::json(StatusCode::OK, learned.document.clone());
-        let h = resp.headers_mut();
-        h.insert(
-            header::CACHE_CONTROL,
-            HeaderValue::from_static("public, max-age=3600"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_ORIGIN,
-            HeaderValue::from_static("*"),
-        );
-        resp
+        with(
+            body::json(StatusCode::OK, learned.document.clone()),
+            &[
+                (header::CACHE_CONTROL, "public, max-age=3600"),
+                (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+            ],
+        )
     }
 
     /// The authorization request: a redirect to the issuer's endpoint, less `resource`.
@@ -218,24 +214,18 @@ impl Facade {
     pub(crate) fn token_preflight() -> Response<Body> {
         let mut resp = Response::new(body::empty());
         *resp.status_mut() = StatusCode::NO_CONTENT;
-        let h = resp.headers_mut();
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_ORIGIN,
-            HeaderValue::from_static("*"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_METHODS,
-            HeaderValue::from_static("POST"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_ALLOW_HEADERS,
-            HeaderValue::from_static("authorization, content-type, dpop"),
-        );
-        h.insert(
-            header::ACCESS_CONTROL_MAX_AGE,
-            HeaderValue::from_static("600"),
-        );
-        resp
+        with(
+            resp,
+            &[
+                (header::ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
+                (header::ACCESS_CONTROL_ALLOW_METHODS, "POST"),
+                (
+                    header::ACCESS_CONTROL_ALLOW_HEADERS,
+                    "authorization, content-type, dpop",
+                ),
+                (header::ACCESS_CONTROL_MAX_AGE, "600"),
+            ],
+        )
     }
 
     /// The token request's head, before its body is read: `Err` is the answer.
@@ -345,6 +335,15 @@ impl Facade {
         );
         Ok(resp)
     }
+}
+
+/// `resp` with these headers set.
+fn with(mut resp: Response<Body>, headers: &[(http::HeaderName, &'static str)]) -> Response<Body> {
+    for (name, value) in headers {
+        resp.headers_mut()
+            .insert(name.clone(), HeaderValue::from_static(value));
+    }
+    resp
 }
 
 /// The answer's headers a token client reads.

@@ -116,6 +116,17 @@ pub(super) fn test_config() -> AuthConfig {
     }
 }
 
+/// A verified caller holding `scopes`.
+fn holding(scopes: &[&str]) -> Principal {
+    Principal {
+        subject: None,
+        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
+        client_id: None,
+        refs: IdentityRefs::default(),
+        caller: crate::caller::CallerKey::of_token("i", None, None, &[0; 32]),
+    }
+}
+
 fn test_ledger() -> Arc<crate::ledger::Ledger> {
     crate::ledger::Ledger::with(crate::ledger::Pool::Introspections, 4, 2)
 }
@@ -341,13 +352,6 @@ fn an_operation_needs_its_rules_scopes_and_the_hierarchy_grants_them() {
         a.needed(Some(OperationKind::Prompt), Some("x"), false),
         ["mcp:tools", "mcp:prompts"]
     );
-    let holding = |scopes: &[&str]| Principal {
-        subject: None,
-        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
-        client_id: None,
-        refs: IdentityRefs::default(),
-        caller: crate::caller::CallerKey::of_token("i", None, None, &[0; 32]),
-    };
     assert!(a
         .require(&holding(&["mcp:tools", "mcp:admin"]), &needed)
         .is_ok());
@@ -399,13 +403,6 @@ fn an_audience_of_the_issuers_own_is_accepted_and_its_prefixed_scopes_held_bare(
         );
     }
     let a = Authorizer::new(config, Arc::new(Metrics::new(|_| {})), None, test_ledger()).unwrap();
-    let holding = |scopes: &[&str]| Principal {
-        subject: None,
-        scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
-        client_id: None,
-        refs: IdentityRefs::default(),
-        caller: crate::caller::CallerKey::of_token("i", None, None, &[0; 32]),
-    };
     let needed = a.base_scopes().to_vec();
     assert!(
         a.require(&holding(&["mcp.tools"]), &needed).is_ok(),
