@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: installs the pinned real peers into .peers/ (or $EPODE_PEERS_DIR) when they
 # are missing, then `cargo test --no-fail-fast` (every test binary runs, and every failure is
-# reported). Extra arguments go to cargo test (e.g. `--lib`, or `--test it -- stdio::` for one area).
+# reported; it builds the binary the integration tests start, with the features the tests
+# unify, so nothing is built twice). Extra arguments go to cargo test (e.g. `--lib`, or
+# `--test it -- stdio::` for one area).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/install-peers.sh >/dev/null
@@ -11,8 +13,6 @@ echo "-- test.sh: peers ready at ${SECONDS} s" >&2
 # binary the image holds); both unset: a plain debug build.
 read -r -a build_args <<<"${EPODE_TEST_CARGO_ARGS:-}"
 if [[ -n "${EPODE_TEST_RUSTFLAGS:-}" ]]; then export RUSTFLAGS="$EPODE_TEST_RUSTFLAGS"; fi
-cargo build --quiet "${build_args[@]}" --bin epode-sidecar
-echo "-- test.sh: built at ${SECONDS} s" >&2
 # Most tests wait on sockets and child processes (the suite uses about 0.6 of a core at 4 test
 # threads): 8 at a time finish it in about half the time of the default (one per core), and
 # each test is written to hold on a loaded machine. RUST_TEST_THREADS overrides.
