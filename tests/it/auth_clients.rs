@@ -486,6 +486,56 @@ fn the_python_client_completes_the_flow_through_the_facade_of_an_issuer_that_ref
         );
         assert!(metric_value(&metrics, &name) >= 1, "{endpoint}\n{metrics}");
     }
+    // The token endpoint's bounds and refusals, each with its status and an OAuth error body.
+    let token_url = format!("http://{listen}/oauth/token");
+    let curl = |args: &[&str]| -> String {
+        let out = Command::new("curl")
+            .args(["-s", "-w", " %{http_code}"])
+            .args(args)
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let big = format!(
+        "grant_type=authorization_code&code={}",
+        "x".repeat(70 * 1024)
+    );
+    let said = curl(&[
+        "-H",
+        "content-type: application/x-www-form-urlencoded",
+        "--data-binary",
+        &big,
+        &token_url,
+    ]);
+    assert!(said.ends_with(" 413"), "a 70 KiB token request: {said}");
+    let said = curl(&[
+        "-H",
+        "content-type: application/json",
+        "-d",
+        "{}",
+        &token_url,
+    ]);
+    assert!(
+        said.ends_with(" 400") && said.contains("application/x-www-form-urlencoded"),
+        "{said}"
+    );
+    let said = curl(&[&token_url]);
+    assert!(said.ends_with(" 405"), "GET: {said}");
+    let said = curl(&[
+        "-X",
+        "OPTIONS",
+        "-i",
+        "-H",
+        "origin: https://inspector.example",
+        &token_url,
+    ]);
+    assert!(
+        said.ends_with(" 204")
+            && said
+                .to_ascii_lowercase()
+                .contains("access-control-allow-origin: *"),
+        "{said}"
+    );
     // A client that looks for the issuer's endpoints on the MCP server is told where they are.
     let body = get_blocking(addr, "/register");
     assert!(body.contains("not found"), "{body}");
