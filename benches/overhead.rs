@@ -189,6 +189,8 @@ fn run_responder(port: u16) {
 fn start_sidecar(port: u16, upstream: u16, http_surface: bool, extra: &[(&str, &str)]) -> Proc {
     let child = Command::new(sidecar_binary())
         .env_clear()
+        // The allocator's own options pass (an experiment with MIMALLOC_PURGE_DELAY, say).
+        .envs(std::env::vars().filter(|(k, _)| k.starts_with("MIMALLOC_")))
         .env("EPODE_SIDECAR_LISTEN", format!("127.0.0.1:{port}"))
         .env(
             "EPODE_SIDECAR_UPSTREAM",
