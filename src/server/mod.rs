@@ -615,6 +615,10 @@ fn oauth_hint(auth: Option<&Authorizer>, path: &str) -> Option<Response<Body>> {
     if !oauth {
         return None;
     }
+    // The path is the client's: cut to the bound every echoed path has.
+    let (shown, more) = shown_path(path);
+    let path = format!("{shown}{more}");
+    let path = path.as_str();
     let message = match auth {
         Some(auth) => auth.not_here(path),
         None => format!(
@@ -671,17 +675,23 @@ fn wants_openmetrics(headers: &http::HeaderMap) -> bool {
 
 /// The 400 for a path whose canonical form is refused, naming the path (shortened) and why.
 fn refused_target(path: &str, why: Refusal) -> Response<Body> {
+    let (shown, more) = shown_path(path);
+    Error::new(
+        ErrorKind::InvalidRequest,
+        format!("the request path {shown}{more} {}", why.reason()),
+    )
+    .into_response(None)
+}
+
+/// A client's path as a message shows it: its first 200 bytes (at a character's boundary),
+/// and `…` when there was more.
+fn shown_path(path: &str) -> (&str, &'static str) {
     const SHOWN: usize = 200;
     let mut end = path.len().min(SHOWN);
     while !path.is_char_boundary(end) {
         end -= 1;
     }
-    let more = if end < path.len() { "…" } else { "" };
-    Error::new(
-        ErrorKind::InvalidRequest,
-        format!("the request path {}{more} {}", &path[..end], why.reason()),
-    )
-    .into_response(None)
+    (&path[..end], if end < path.len() { "…" } else { "" })
 }
 
 /// `/healthz` (and `/health`), `/readyz`, and `/metrics` when `metrics` (the request's

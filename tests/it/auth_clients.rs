@@ -537,6 +537,14 @@ fn the_python_client_completes_the_flow_through_the_facade_of_an_issuer_that_ref
         "{said}"
     );
     // A client that looks for the issuer's endpoints on the MCP server is told where they are.
+    // A long path is echoed cut to 200 bytes.
+    let long = format!("/.well-known/openid-configuration/{}", "a".repeat(20_000));
+    let body = get_blocking(addr, &long);
+    assert!(
+        body.contains("not found") && body.contains('…') && body.len() < 2_000,
+        "{}",
+        body.len()
+    );
     let body = get_blocking(addr, "/register");
     assert!(body.contains("not found"), "{body}");
     assert!(

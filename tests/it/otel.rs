@@ -966,6 +966,16 @@ async fn a_request_refused_before_the_front_door_admits_it_is_an_http_server_spa
     let up = Upstream::start(UpstreamKind::PythonJson);
     let url = receiver.url();
     let sc = Sidecar::start(&up.url(), &[("EPODE_SIDECAR_OTLP_ENDPOINT", &url)]);
+    // The start says OpenTelemetry is on, and where its spans go.
+    let traces = format!("{}/v1/traces", url.trim_end_matches('/'));
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), || sc
+            .logs()
+            .iter()
+            .any(|l| l.contains("OpenTelemetry on") && l.contains(&traces))),
+        "{:#?}",
+        sc.logs()
+    );
     // Refusals with no trace context start no trace: sent first, they would be exported
     // before the ones below.
     for _ in 0..3 {
