@@ -483,6 +483,7 @@ fn main() {
                      "parts_idle": parts_idle, "parts_final": parts_final},
         "left_behind": left,
     });
+    keep_artefact(&report);
     if as_json {
         println!("{report}");
     } else {

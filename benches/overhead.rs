@@ -644,8 +644,10 @@ fn main() {
     }
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    // Three rounds either way, the targets' order rotated each round; a quick run's slices
+    // are shorter.
     let (rounds, slice) = if quick {
-        (1, Duration::from_millis(1500))
+        (3, Duration::from_millis(500))
     } else {
         (3, Duration::from_secs(2))
     };
@@ -821,6 +823,8 @@ fn main() {
     let tick_us = 1_000_000.0 / clock_ticks_per_sec() as f64;
 
     let mut rows = Vec::new();
+    // Every slice measured, in the order measured (the artefact's raw figures).
+    let mut raw: Vec<Value> = Vec::new();
     for concurrency in [1usize, 32] {
         for scenario in scenarios.iter().copied() {
             log(format!("{} at concurrency {concurrency}", scenario.name()));
@@ -851,36 +855,81 @@ fn main() {
                 plain_ticks += cpu_ticks(sc_pid) - before;
             };
             for round in 0..rounds {
-                // Interleaved: each target in turn, so drift in the machine hits all three.
-                row.direct
-                    .merge(rt.block_on(load(direct, scenario, false, concurrency, slice)));
-                if let (Some(n), Some(p)) = (row.nginx.as_mut(), nginx.as_ref()) {
-                    let before = tree_cpu_ticks(p.pid());
-                    n.merge(rt.block_on(load(via_nginx, scenario, false, concurrency, slice)));
-                    nginx_ticks += tree_cpu_ticks(p.pid()) - before;
-                }
-                // The JWT scenario: its sidecar and the baseline beside it in `AUTH_PAIRS`
-                // pairs of shorter slices, each pair in the other order, so that the
-                // difference between the two is not the machine's drift.
-                let pairs = if scenario.auth() { AUTH_PAIRS } else { 1 };
-                let part = slice / pairs;
-                let (via_sidecar, pid) = sidecar_for(scenario);
-                for pair in 0..pairs {
-                    let plain_first = (round as u32 + pair) % 2 == 0;
-                    if scenario.auth() && plain_first {
-                        plain_slice(part);
+                // Interleaved: each target in turn, so drift in the machine hits all three;
+                // the order rotated each round (direct, nginx, sidecar; then nginx, sidecar,
+                // direct; …), so none is always measured first or last.
+                for position in 0..3 {
+                    let target = (round + position) % 3;
+                    let (name, ticks, sample) = match target {
+                        0 => {
+                            let s = rt.block_on(load(direct, scenario, false, concurrency, slice));
+                            ("direct", None, s)
+                        }
+                        1 => {
+                            let Some(p) = nginx.as_ref() else { continue };
+                            let before = tree_cpu_ticks(p.pid());
+                            let s =
+                                rt.block_on(load(via_nginx, scenario, false, concurrency, slice));
+                            ("nginx", Some(tree_cpu_ticks(p.pid()) - before), s)
+                        }
+                        _ => {
+                            // The JWT scenario: its sidecar and the baseline beside it in
+                            // `AUTH_PAIRS` pairs of shorter slices, each pair in the other
+                            // order, so that the difference between the two is not the
+                            // machine's drift.
+                            let pairs = if scenario.auth() { AUTH_PAIRS } else { 1 };
+                            let part = slice / pairs;
+                            let (via_sidecar, pid) = sidecar_for(scenario);
+                            let mut s = Sample::default();
+                            let mut ticks = 0;
+                            for pair in 0..pairs {
+                                let plain_first = (round as u32 + pair) % 2 == 0;
+                                if scenario.auth() && plain_first {
+                                    plain_slice(part);
+                                }
+                                let before = cpu_ticks(pid);
+                                s.merge(rt.block_on(load(
+                                    via_sidecar,
+                                    scenario,
+                                    true,
+                                    concurrency,
+                                    part,
+                                )));
+                                ticks += cpu_ticks(pid) - before;
+                                if scenario.auth() && !plain_first {
+                                    plain_slice(part);
+                                }
+                            }
+                            ("sidecar", Some(ticks), s)
+                        }
+                    };
+                    // Every slice's own figures, kept in the artefact as measured.
+                    let mut figures = stats(&sample);
+                    if let Some(t) = ticks {
+                        figures["cpu_ticks"] = json!(t);
+                        figures["cpu_us_per_request"] = json!(
+                            (t as f64 * tick_us / sample.latencies_us.len().max(1) as f64 * 10.0)
+                                .round()
+                                / 10.0
+                        );
                     }
-                    let before = cpu_ticks(pid);
-                    row.sidecar.merge(rt.block_on(load(
-                        via_sidecar,
-                        scenario,
-                        true,
-                        concurrency,
-                        part,
-                    )));
-                    sidecar_ticks += cpu_ticks(pid) - before;
-                    if scenario.auth() && !plain_first {
-                        plain_slice(part);
+                    raw.push(
+                        json!({"scenario": scenario.name(), "concurrency": concurrency,
+                                    "round": round, "position": position, "target": name,
+                                    "figures": figures}),
+                    );
+                    match target {
+                        0 => row.direct.merge(sample),
+                        1 => {
+                            nginx_ticks += ticks.unwrap_or(0);
+                            if let Some(n) = row.nginx.as_mut() {
+                                n.merge(sample);
+                            }
+                        }
+                        _ => {
+                            sidecar_ticks += ticks.unwrap_or(0);
+                            row.sidecar.merge(sample);
+                        }
                     }
                 }
             }
@@ -948,8 +997,10 @@ fn main() {
         "rss_http_surface_load_kib": rss_http_peak,
         "rss_auth_load_kib": rss_jwt_peak,
         "failures": failures,
+        "raw": raw,
     });
 
+    keep_artefact(&report);
     if as_json {
         println!("{report}");
     } else {

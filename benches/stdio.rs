@@ -332,8 +332,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
     let as_json = args.iter().any(|a| a == "--json");
+    // Three rounds either way, the targets' order rotated each round; a quick run's slices
+    // are shorter.
     let (rounds, slice) = if quick {
-        (1, Duration::from_millis(1500))
+        (3, Duration::from_millis(500))
     } else {
         (3, Duration::from_secs(2))
     };
@@ -366,6 +368,7 @@ fn main() {
         .unwrap();
     let at = |p: u16| Some(SocketAddr::from(([127, 0, 0, 1], p)));
     let mut report = Vec::new();
+    let mut raw: Vec<serde_json::Value> = Vec::new();
     for concurrency in [1usize, 8] {
         let mut targets = vec![
             Target {
@@ -421,8 +424,11 @@ fn main() {
                 t.conns = rt.block_on(over_http(addr, conns, t.client, warm)).1;
             }
         }
-        for _ in 0..rounds {
-            for t in &mut targets {
+        for round in 0..rounds {
+            // The order rotated each round, so no target is always measured first or last.
+            let n = targets.len();
+            for position in 0..n {
+                let t = &mut targets[(round + position) % n];
                 eprintln!("bench: stdio {} at concurrency {concurrency}", t.name);
                 let slice = if t.slow {
                     slice.min(Duration::from_secs(2))
@@ -438,6 +444,11 @@ fn main() {
                         s
                     }
                 };
+                // Every slice's own figures, kept in the artefact as measured.
+                raw.push(
+                    json!({"target": t.name, "concurrency": concurrency, "round": round,
+                                "position": position, "figures": stats(&s)}),
+                );
                 t.sample.merge(s);
             }
         }
@@ -477,13 +488,14 @@ fn main() {
             ));
         }
     }
-    let report = json!({"quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64, "rows": report, "failures": failed});
+    let report = json!({"quick": quick, "rounds": rounds, "slice_ms": slice.as_millis() as u64, "rows": report, "failures": failed, "raw": raw});
     if !failed.is_empty() {
         for f in &failed {
             eprintln!("bench: FAILED: {f}");
         }
         eprintln!("bench: this run is not a result: a path had errors or left processes behind");
     }
+    keep_artefact(&report);
     if as_json {
         println!("{report}");
         std::process::exit(i32::from(

@@ -604,6 +604,7 @@ fn main() {
         "closed_loop_calls_per_s": top.map(f64::round),
         "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
     });
+    keep_artefact(&report);
     if plan.as_json {
         println!("{report}");
     } else {

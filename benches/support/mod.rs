@@ -252,3 +252,13 @@ pub(crate) fn mcp_request(
     }
     req
 }
+
+/// Writes a benchmark's whole report (every raw figure with it) where `EPODE_BENCH_JSON`
+/// names, for `bench/run`'s artefact; nothing when unset.
+pub(crate) fn keep_artefact(report: &Value) {
+    if let Some(path) = std::env::var_os("EPODE_BENCH_JSON") {
+        if let Err(e) = std::fs::write(&path, report.to_string()) {
+            eprintln!("bench: cannot write {}: {e}", PathBuf::from(path).display());
+        }
+    }
+}

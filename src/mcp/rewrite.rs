@@ -33,6 +33,39 @@ pub(crate) fn modern_error_status(msg: &RawMap) -> Option<http::StatusCode> {
     }
 }
 
+/// The fields of a message a plan reads first, borrowed from its bytes.
+#[derive(Deserialize)]
+struct Glance<'a> {
+    #[serde(borrow, default)]
+    method: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    result: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    error: Option<&'a RawValue>,
+}
+
+/// The fields of a result a plan may add or change, borrowed.
+#[derive(Deserialize)]
+struct ResultGlance<'a> {
+    #[serde(rename = "resultType", borrow, default)]
+    result_type: Option<&'a RawValue>,
+    #[serde(rename = "ttlMs", borrow, default)]
+    ttl_ms: Option<&'a RawValue>,
+    #[serde(rename = "cacheScope", borrow, default)]
+    cache_scope: Option<&'a RawValue>,
+    #[serde(rename = "isError", borrow, default)]
+    is_error: Option<&'a RawValue>,
+    #[serde(rename = "_meta", borrow, default)]
+    meta: Option<&'a RawValue>,
+}
+
+/// The server identity in a result's `_meta`, borrowed.
+#[derive(Deserialize)]
+struct MetaGlance<'a> {
+    #[serde(rename = "io.modelcontextprotocol/serverInfo", borrow, default)]
+    server_info: Option<&'a RawValue>,
+}
+
 /// What a plan did to one message.
 enum Outcome {
     Same,
@@ -54,7 +87,7 @@ pub(crate) struct ResultPlan {
     /// 2025 client gets 2025 shapes.
     client_era: Era,
     /// Server identity for `_meta` (modern client): set when absent, or always when `force`.
-    pub(crate) server_info: Option<serde_json::Value>,
+    pub(crate) server_info: Option<std::sync::Arc<serde_json::Value>>,
     pub(crate) force_server_info: bool,
     /// Defaults for `ttlMs` / `cacheScope` on cacheable methods (modern client).
     pub(crate) cache: Option<(u64, &'static str)>,
@@ -123,6 +156,54 @@ impl ResultPlan {
                 Self::written(outcome, msg).unwrap_or_default()
             }
         }
+    }
+
+    /// Whether the plan leaves one whole response message as it is, told from a glance at
+    /// the few fields it reads, borrowed from `bytes` (nothing parsed into maps, nothing
+    /// written again): a 2026 client's result that already carries what the plan would add,
+    /// with no hook to pass through. When so, the request's end is recorded here as
+    /// [`ResultPlan::rewrite_from`] would record it; when not (or when in doubt: a field
+    /// spelled with escapes, a duplicated one, a `_meta` that is no object), nothing is
+    /// recorded and the message takes the full way.
+    pub(crate) fn leaves_as_is(&mut self, bytes: &[u8]) -> bool {
+        if self.end.hook.is_some() || self.client_era != Era::Modern {
+            return false;
+        }
+        let Ok(Glance {
+            method: None,
+            error: None,
+            result: Some(result),
+        }) = serde_json::from_slice::<Glance<'_>>(bytes)
+        else {
+            return false;
+        };
+        let Ok(r) = serde_json::from_str::<ResultGlance<'_>>(result.get()) else {
+            return false;
+        };
+        let Some(result_type) = r.result_type else {
+            return false;
+        };
+        let complete = match result_type.get() {
+            "\"complete\"" => true,
+            other if other.contains('\\') => return false,
+            _ => false,
+        };
+        if complete && self.cache.is_some() && (r.ttl_ms.is_none() || r.cache_scope.is_none()) {
+            return false;
+        }
+        if self.server_info.is_some() {
+            let seen = r
+                .meta
+                .and_then(|m| serde_json::from_str::<MetaGlance<'_>>(m.get()).ok());
+            if self.force_server_info || seen.is_none_or(|m| m.server_info.is_none()) {
+                return false;
+            }
+        }
+        if r.is_error.is_some_and(|v| v.get() == "true") {
+            self.end.error_seen(None);
+        }
+        self.end.end(Ending::Answered);
+        true
     }
 
     fn written(outcome: Outcome, msg: &mut RawMap) -> Option<bytes::Bytes> {
@@ -218,11 +299,11 @@ impl ResultPlan {
                 None => true,
                 Some(_) if !self.force_server_info => false,
                 Some(p) => {
-                    serde_json::from_str::<serde_json::Value>(p.get()).map_or(true, |p| &p != info)
+                    serde_json::from_str::<serde_json::Value>(p.get()).map_or(true, |p| p != **info)
                 }
             };
             if replace {
-                meta.insert(META_SERVER_INFO.into(), raw(info));
+                meta.insert(META_SERVER_INFO.into(), raw(&**info));
                 result.insert("_meta".into(), raw(&meta));
                 changed = true;
             }
@@ -377,6 +458,71 @@ mod tests {
         seen.lock().unwrap().clone()
     }
 
+    /// The glance ([`ResultPlan::leaves_as_is`]) and the full way agree: wherever the glance
+    /// says a message is left as it is, the full way gives back the same bytes and records the
+    /// same ending and failure; and the glance takes the conforming answers it is for.
+    #[test]
+    fn the_glance_leaves_as_is_only_what_the_full_way_leaves_as_is() {
+        let info = r#"{"io.modelcontextprotocol/serverInfo":{"name":"up","version":"1"}}"#;
+        let messages = [
+            format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"complete","prompts":[],"ttlMs":0,"cacheScope":"private","_meta":{info}}}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"complete","isError":true,"content":[],"_meta":{info}}}}}"#),
+            format!(r#"{{"jsonrpc":"2.0","id":1,"result":{{"resultType":"input_required","_meta":{info}}}}}"#),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","prompts":[]}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"prompts":[],"ttlMs":5,"cacheScope":"public"}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"\u0063omplete","_meta":{}}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","ttlMs":null,"cacheScope":"x","_meta":"no object"}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"result":{"resultType":"complete","resultType":"complete"}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"result":null}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"no"}}"#.to_owned(),
+            r#"{"jsonrpc":"2.0","method":"notifications/progress","params":{}}"#.to_owned(),
+            r#"[1,2]"#.to_owned(),
+        ];
+        let shown = std::sync::Arc::new(json!({"name": "up", "version": "1"}));
+        let mut glanced = 0;
+        for m in &messages {
+            for (cache, info, forced) in [
+                (None, None, false),
+                (Some((0, "private")), None, false),
+                (Some((0, "private")), Some(shown.clone()), false),
+                (None, Some(shown.clone()), true),
+            ] {
+                let plans = [(); 2].map(|()| {
+                    let slot = Abandoned::default();
+                    let mut p = ResultPlan::new(
+                        Method::from_wire("prompts/list"),
+                        Era::Modern,
+                        slot.clone(),
+                    );
+                    p.cache = cache;
+                    p.server_info = info.clone();
+                    p.force_server_info = forced;
+                    (p, slot)
+                });
+                let [(mut glance, glance_slot), (mut full, full_slot)] = plans;
+                if !glance.leaves_as_is(m.as_bytes()) {
+                    assert_eq!(
+                        glance.end.ended(),
+                        None,
+                        "nothing recorded when it declines: {m}"
+                    );
+                    continue;
+                }
+                glanced += 1;
+                let bytes = bytes::Bytes::from(m.clone());
+                let mut parsed = parse_message(&bytes).unwrap();
+                let out = full.rewrite_from(&mut parsed, bytes.clone());
+                assert_eq!(out, bytes, "the full way changed what the glance left: {m}");
+                assert_eq!(glance.end.ended(), full.end.ended(), "{m}");
+                assert_eq!(glance_slot.failure(), full_slot.failure(), "{m}");
+            }
+        }
+        // The conforming list under the first three plans, the tool error and the first
+        // result without cache hints under the plan that adds none, `input_required` under
+        // the first three, the `null` ttlMs under the plan that reads nothing: 3+1+3+1+1.
+        assert_eq!(glanced, 9);
+    }
+
     #[test]
     fn every_plan_ends_exactly_once() {
         use Ending::*;
@@ -446,7 +592,7 @@ mod tests {
     #[test]
     fn modern_fields_are_added_only_when_missing() {
         let mut plan = new_plan("tools/list", Era::Modern);
-        plan.server_info = Some(json!({"name": "up", "version": "1"}));
+        plan.server_info = Some(std::sync::Arc::new(json!({"name": "up", "version": "1"})));
         plan.cache = Some((0, "private"));
         let mut m = msg(r#"{"jsonrpc":"2.0","id":1,"result":{"tools":[],"ttlMs":5000}}"#);
         assert!(apply(&mut plan, &mut m));

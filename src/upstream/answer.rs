@@ -374,6 +374,9 @@ const OFF_WORKER_BYTES: usize = 256 * 1024;
 /// A whole JSON answer rewritten by the plan, and the status 2026 gives it when it is an
 /// error a 2025 upstream sent a 2026 client.
 fn rewrite_whole(bytes: Bytes, mut plan: ResultPlan, upstream: Era) -> (Bytes, Option<StatusCode>) {
+    if plan.leaves_as_is(&bytes) {
+        return (bytes, None);
+    }
     let rewritten = rewrite_message(bytes, &mut plan, upstream);
     // The whole answer was read: a request it held no result for failed.
     plan.fail();

@@ -2,7 +2,7 @@
 //! itself (a 2026 discovery's `_meta`, a 2025 handshake's `serverInfo`), with the configured
 //! name and version over it. Shared by every worker; the `ResultPlan` puts it on results.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 
@@ -18,13 +18,20 @@ pub(crate) struct ServerIdentity {
     /// `EPODE_SIDECAR_SERVER_NAME` / `_VERSION`: forced over what the upstream says.
     name: Option<String>,
     version: Option<String>,
-    /// The upstream's identity as last seen, for results that lack it.
-    last_seen: Mutex<Option<Value>>,
+    /// The upstream's identity as last seen, and the one shown for it, made once each time
+    /// it changes (every 2026 result's plan shares it: no copy per request).
+    last_seen: Mutex<Seen>,
+}
+
+#[derive(Default)]
+struct Seen {
+    upstream: Option<Value>,
+    shown: Option<Arc<Value>>,
 }
 
 /// The identity to show, and whether it is forced over what results carry.
 pub(crate) struct Shown {
-    pub(crate) info: Option<Value>,
+    pub(crate) info: Option<Arc<Value>>,
     pub(crate) forced: bool,
 }
 
@@ -33,30 +40,52 @@ impl ServerIdentity {
         ServerIdentity {
             name: config.server_name.clone(),
             version: config.server_version.clone(),
-            last_seen: Mutex::new(None),
+            last_seen: Mutex::new(Seen::default()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Value>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Seen> {
         self.last_seen.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Keeps the upstream's identity when it gave one (an object).
     pub(crate) fn remember(&self, info: Option<&Value>) {
         if let Some(info) = info.filter(|i| i.is_object()) {
-            *self.lock() = Some(info.clone());
+            let mut seen = self.lock();
+            if seen.upstream.as_ref() != Some(info) {
+                seen.shown = self.over(Some(info.clone()));
+                seen.upstream = Some(info.clone());
+            }
         }
+    }
+
+    fn forced(&self) -> bool {
+        self.name.is_some() || self.version.is_some()
     }
 
     /// The identity clients see: `upstream` (or the one last seen), with the configured
     /// name/version over it.
     pub(crate) fn shown(&self, upstream: Option<Value>) -> Shown {
-        let base = upstream.or_else(|| self.lock().clone());
-        if self.name.is_none() && self.version.is_none() {
-            return Shown {
-                info: base,
-                forced: false,
-            };
+        let info = match upstream {
+            Some(upstream) => self.over(Some(upstream)),
+            None => {
+                let mut seen = self.lock();
+                if seen.shown.is_none() && self.forced() {
+                    seen.shown = self.over(None);
+                }
+                seen.shown.clone()
+            }
+        };
+        Shown {
+            info,
+            forced: self.forced(),
+        }
+    }
+
+    /// `base` with the configured name and version over it.
+    fn over(&self, base: Option<Value>) -> Option<Arc<Value>> {
+        if !self.forced() {
+            return base.map(Arc::new);
         }
         let mut info = base.filter(Value::is_object).unwrap_or_else(placeholder);
         if let Some(n) = &self.name {
@@ -65,15 +94,14 @@ impl ServerIdentity {
         if let Some(v) = &self.version {
             info["version"] = Value::from(v.as_str());
         }
-        Shown {
-            info: Some(info),
-            forced: true,
-        }
+        Some(Arc::new(info))
     }
 
     /// The identity a 2025 client's `initialize` result carries (always one).
     pub(crate) fn for_initialize(&self, upstream: Option<Value>) -> Value {
-        self.shown(upstream).info.unwrap_or_else(placeholder)
+        self.shown(upstream)
+            .info
+            .map_or_else(placeholder, |i| Value::clone(&i))
     }
 }
 
@@ -85,7 +113,7 @@ mod tests {
         ServerIdentity {
             name: name.map(str::to_owned),
             version: version.map(str::to_owned),
-            last_seen: Mutex::new(None),
+            last_seen: Mutex::new(Seen::default()),
         }
     }
 
@@ -103,7 +131,10 @@ mod tests {
         named.remember(Some(&json!({"name": "up", "version": "1"})));
         let shown = named.shown(None);
         assert!(shown.forced);
-        assert_eq!(shown.info.unwrap(), json!({"name": "mine", "version": "1"}));
+        assert_eq!(
+            *shown.info.unwrap(),
+            json!({"name": "mine", "version": "1"})
+        );
         assert_eq!(
             identity(None, Some("2")).for_initialize(None),
             json!({"name": "mcp-server", "version": "2"})

@@ -425,7 +425,7 @@ impl Upstream {
             return Ok(answer::stream_back(sent.response));
         }
         if ctx.era == Era::Modern && !ctx.plan.force_server_info && sent.server_info.is_some() {
-            ctx.plan.server_info = sent.server_info.clone();
+            ctx.plan.server_info = sent.server_info.clone().map(Arc::new);
         }
         // A 2026 upstream's input_required for a 2025 client that takes a stream is asked of
         // it as 2025 servers ask.

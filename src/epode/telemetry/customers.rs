@@ -17,23 +17,27 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher as _, Hash as _, Hasher as _};
 
-use serde_json::{Map, Value};
 use tokio::task;
+
+use super::event::TelemetryEvent;
+use crate::feedback::identity::RefKind;
 
 /// The identity references of an event that name a customer (its session is locked in a
 /// sorted order by Epode, so it is not one), as keys.
-pub(super) fn customer_keys(event: &Map<String, Value>) -> Vec<u64> {
+pub(super) fn customer_keys(event: &TelemetryEvent) -> Vec<u64> {
     static HASHER: std::sync::OnceLock<std::collections::hash_map::RandomState> =
         std::sync::OnceLock::new();
     let hasher = HASHER.get_or_init(Default::default);
-    ["accountRef", "userRef", "anonymousRef", "customerRef"]
+    event
+        .refs()
         .iter()
-        .filter_map(|field| {
-            let value = event.get(*field)?.as_str()?;
+        .filter(|(kind, _)| *kind != RefKind::Session)
+        .map(|(kind, value)| {
+            let field = kind.key();
             let mut h = hasher.build_hasher();
             field.hash(&mut h);
             value.hash(&mut h);
-            Some(h.finish())
+            h.finish()
         })
         .collect()
 }

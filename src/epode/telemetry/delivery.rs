@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
-use serde_json::{Map, Value};
 
+use super::event::TelemetryEvent;
 use super::limit::Limiter;
 use super::receipt::{judge, Delivery};
 use super::shared::TelemetryCore;
@@ -34,12 +34,12 @@ impl Drop for Slot {
 /// The request body of a batch, serialised once for all its attempts.
 #[derive(serde::Serialize)]
 struct BatchBody<'a> {
-    events: &'a [Map<String, Value>],
+    events: &'a [TelemetryEvent],
 }
 
 /// The batch as request bodies Epode will read whole: halved until each part is at most
 /// [`MAX_BATCH_BYTES`] (or a single event). In order, with each part's event count.
-fn bodies(batch: Vec<Map<String, Value>>) -> Vec<(usize, Bytes)> {
+fn bodies(batch: Vec<TelemetryEvent>) -> Vec<(usize, Bytes)> {
     let mut out = Vec::new();
     let mut todo = vec![batch];
     while let Some(mut part) = todo.pop() {
@@ -59,7 +59,7 @@ fn bodies(batch: Vec<Map<String, Value>>) -> Vec<(usize, Bytes)> {
 /// Delivers one batch (in parts when its body would be too large), holding its slot.
 pub(super) async fn deliver(
     slot: Slot,
-    batch: Vec<Map<String, Value>>,
+    batch: Vec<TelemetryEvent>,
     links: Vec<opentelemetry::trace::SpanContext>,
 ) {
     // With OpenTelemetry on, the delivery is a span of its own, linked to the calls whose
@@ -201,11 +201,8 @@ async fn attempt_once(shared: &TelemetryCore, body: Bytes, n: usize) -> Delivery
 mod tests {
     use super::*;
 
-    fn event_of(bytes: usize, sequence: u64) -> Map<String, Value> {
-        let mut e = Map::new();
-        e.insert("sequence".into(), Value::from(sequence));
-        e.insert("runtimeHint".into(), Value::from("é".repeat(bytes / 2)));
-        e
+    fn event_of(bytes: usize, sequence: u64) -> TelemetryEvent {
+        TelemetryEvent::filler(sequence, "é".repeat(bytes / 2))
     }
 
     /// A batch whose body would pass Epode's 64 KiB limit goes in parts that each fit, in
@@ -218,7 +215,7 @@ mod tests {
         let mut seen = Vec::new();
         for (n, body) in &parts {
             assert!(body.len() <= MAX_BATCH_BYTES, "{}", body.len());
-            let v: Value = serde_json::from_slice(body).unwrap();
+            let v: serde_json::Value = serde_json::from_slice(body).unwrap();
             let events = v["events"].as_array().unwrap();
             assert_eq!(events.len(), *n);
             seen.extend(events.iter().map(|e| e["sequence"].as_u64().unwrap()));

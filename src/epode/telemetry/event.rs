@@ -4,7 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use serde_json::{Map, Value};
+#[cfg(test)]
+use serde_json::Map;
+use serde_json::Value;
 
 use crate::feedback::identity::{IdentityRefs, RefKind};
 
@@ -104,27 +106,136 @@ fn runtime_hint(raw: &str) -> Option<String> {
     ((1..=200).contains(&n) && !t.chars().any(char::is_control)).then(|| t.to_owned())
 }
 
+/// One telemetry event as Epode's batch carries it, written straight from these fields in the
+/// order Epode documents (absent fields omitted, never null or empty): no map of values is
+/// built per event, and `occurredAt` is formatted as it is written.
+#[derive(Debug, Clone)]
+pub(crate) struct TelemetryEvent {
+    interaction_id: String,
+    surface: &'static str,
+    operation: String,
+    classification: &'static str,
+    confirmation: Option<&'static str>,
+    occurred_at: SystemTime,
+    status: u16,
+    duration_ms: Option<u64>,
+    /// The references, the conflict rule applied.
+    refs: IdentityRefs,
+    /// Where a session and a runtime hint came from (`mcp`, or `customer` and `http`).
+    session_source: &'static str,
+    runtime_hint: Option<String>,
+    hint_source: &'static str,
+    observation: Option<Value>,
+    /// Given when the event is batched (the queue's number).
+    pub(super) sequence: Option<u64>,
+}
+
+impl TelemetryEvent {
+    /// The identity references it carries (for the customers of a batch).
+    pub(super) fn refs(&self) -> &IdentityRefs {
+        &self.refs
+    }
+
+    /// The event as JSON values (tests compare it with Epode's vectors).
+    #[cfg(test)]
+    pub(super) fn to_map(&self) -> Map<String, Value> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(map)) => map,
+            other => panic!("an event is an object: {other:?}"),
+        }
+    }
+
+    /// An event with only a sequence and a runtime hint (the batching tests' filler).
+    #[cfg(test)]
+    pub(super) fn filler(sequence: u64, hint: String) -> Self {
+        TelemetryEvent {
+            interaction_id: String::new(),
+            surface: "mcp",
+            operation: String::new(),
+            classification: "confirmed",
+            confirmation: None,
+            occurred_at: SystemTime::UNIX_EPOCH,
+            status: 200,
+            duration_ms: None,
+            refs: IdentityRefs::default(),
+            session_source: "mcp",
+            runtime_hint: Some(hint),
+            hint_source: "mcp",
+            observation: None,
+            sequence: Some(sequence),
+        }
+    }
+}
+
+impl serde::Serialize for TelemetryEvent {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap as _;
+        let mut m = serializer.serialize_map(None)?;
+        m.serialize_entry("interactionId", &self.interaction_id)?;
+        m.serialize_entry("surface", self.surface)?;
+        m.serialize_entry("operation", &self.operation)?;
+        m.serialize_entry("classification", self.classification)?;
+        if let Some(method) = self.confirmation {
+            m.serialize_entry("confirmationMethod", method)?;
+        }
+        m.serialize_entry("occurredAt", &Rfc3339(self.occurred_at))?;
+        m.serialize_entry("statusCode", &self.status)?;
+        if let Some(d) = self.duration_ms {
+            m.serialize_entry("durationMs", &d)?;
+        }
+        for (kind, value) in self.refs.iter() {
+            if kind != RefKind::Session {
+                m.serialize_entry(kind.key(), value)?;
+            }
+        }
+        if let Some(s) = &self.refs.session_ref {
+            m.serialize_entry("sessionRef", s)?;
+            m.serialize_entry("sessionSource", self.session_source)?;
+        }
+        if let Some(h) = &self.runtime_hint {
+            m.serialize_entry("runtimeHint", h)?;
+            m.serialize_entry("runtimeHintSource", self.hint_source)?;
+        }
+        if let Some(o) = &self.observation {
+            m.serialize_entry("requestObservation", o)?;
+        }
+        if let Some(n) = self.sequence {
+            m.serialize_entry("sequence", &n)?;
+        }
+        m.end()
+    }
+}
+
+/// A time written as RFC 3339 with milliseconds, formatted into the output as it is written.
+struct Rfc3339(SystemTime);
+
+impl serde::Serialize for Rfc3339 {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&humantime::format_rfc3339_millis(self.0))
+    }
+}
+
 /// The event for a completion, without its `sequence` (given when it is enqueued, added when
 /// it is batched): absent fields are omitted, never null or empty.
 pub(super) fn build_event(
-    c: &McpCompletion,
+    c: McpCompletion,
     occurred_at: SystemTime,
-) -> Result<Map<String, Value>, InvalidCompletion> {
+) -> Result<TelemetryEvent, InvalidCompletion> {
     let status = match c.outcome {
         Some(Outcome::Success) => 200,
         Some(Outcome::Error) => 500,
         None => return Err(InvalidCompletion::Outcome),
     };
     event(Event {
-        interaction_id: &c.interaction_id,
+        interaction_id: c.interaction_id,
         surface: "mcp",
-        operation: &c.operation,
+        operation: c.operation,
         classification: "confirmed",
         confirmation: Some("mcp"),
         occurred_at,
         status,
         duration: c.duration,
-        refs: &c.refs,
+        refs: c.refs,
         runtime_hint: c.runtime_hint.as_deref(),
         session_source: "mcp",
         hint_source: "mcp",
@@ -138,92 +249,74 @@ pub(super) fn build_event(
 pub(super) fn build_http_event(
     c: &HttpCompletion,
     occurred_at: SystemTime,
-) -> Result<Map<String, Value>, InvalidCompletion> {
+) -> Result<TelemetryEvent, InvalidCompletion> {
     if !(100..=599).contains(&c.status) {
         return Err(InvalidCompletion::Outcome);
     }
     let mut e = event(Event {
-        interaction_id: &c.interaction_id,
+        interaction_id: c.interaction_id.clone(),
         surface: c.surface.as_str(),
-        operation: &c.operation,
+        operation: c.operation.clone(),
         classification: "unclassified",
         confirmation: None,
         occurred_at,
         status: c.status,
         duration: Some(c.duration),
-        refs: &c.refs,
+        refs: c.refs.clone(),
         runtime_hint: c.runtime_hint.as_deref(),
         session_source: "customer",
         hint_source: "http",
     })?;
-    if let Some(o) = c
+    e.observation = c
         .observation
         .as_ref()
-        .and_then(super::observation::RequestObservation::to_json)
-    {
-        e.insert("requestObservation".into(), o);
-    }
+        .and_then(super::observation::RequestObservation::to_json);
     Ok(e)
 }
 
-/// What an event of either surface says; [`event`] writes it in the order Epode documents.
+/// What an event of either surface says; [`event`] checks it and makes the event.
 struct Event<'a> {
-    interaction_id: &'a str,
+    interaction_id: String,
     surface: &'static str,
-    operation: &'a str,
+    operation: String,
     classification: &'static str,
     confirmation: Option<&'static str>,
     occurred_at: SystemTime,
     status: u16,
     duration: Option<Duration>,
-    refs: &'a IdentityRefs,
+    refs: IdentityRefs,
     runtime_hint: Option<&'a str>,
     /// Where a session and a runtime hint came from (`mcp`, or `customer` and `http`).
     session_source: &'static str,
     hint_source: &'static str,
 }
 
-fn event(f: Event<'_>) -> Result<Map<String, Value>, InvalidCompletion> {
-    if !valid_operation(f.operation) {
+fn event(f: Event<'_>) -> Result<TelemetryEvent, InvalidCompletion> {
+    if !valid_operation(&f.operation) {
         return Err(InvalidCompletion::Operation);
     }
     // References reach here valid (IdentityRefs only keeps valid ones); the conflict rule
     // holds for every event.
-    let mut refs = f.refs.clone();
+    let mut refs = f.refs;
     refs.drop_conflicting_customer();
-    let mut e = Map::new();
-    e.insert("interactionId".into(), Value::from(f.interaction_id));
-    e.insert("surface".into(), f.surface.into());
-    e.insert("operation".into(), Value::from(f.operation));
-    e.insert("classification".into(), f.classification.into());
-    if let Some(method) = f.confirmation {
-        e.insert("confirmationMethod".into(), method.into());
-    }
-    e.insert(
-        "occurredAt".into(),
-        Value::from(humantime::format_rfc3339_millis(f.occurred_at).to_string()),
-    );
-    e.insert("statusCode".into(), Value::from(f.status));
-    if let Some(d) = f.duration {
-        e.insert(
-            "durationMs".into(),
-            Value::from(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        );
-    }
-    for (kind, value) in refs.iter() {
-        if kind != RefKind::Session {
-            e.insert(kind.key().into(), Value::from(value));
-        }
-    }
-    if let Some(s) = refs.session_ref {
-        e.insert("sessionRef".into(), Value::from(s));
-        e.insert("sessionSource".into(), f.session_source.into());
-    }
-    if let Some(h) = f.runtime_hint.and_then(runtime_hint) {
-        e.insert("runtimeHint".into(), Value::from(h));
-        e.insert("runtimeHintSource".into(), f.hint_source.into());
-    }
-    Ok(e)
+    Ok(TelemetryEvent {
+        interaction_id: f.interaction_id,
+        surface: f.surface,
+        operation: f.operation,
+        classification: f.classification,
+        confirmation: f.confirmation,
+        occurred_at: f.occurred_at,
+        status: f.status,
+        duration_ms: f
+            .duration
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        refs,
+        session_source: f.session_source,
+        runtime_hint: f.runtime_hint.and_then(runtime_hint),
+        hint_source: f.hint_source,
+        observation: None,
+        sequence: None,
+    })
 }
 
 #[cfg(test)]
@@ -265,7 +358,8 @@ mod tests {
         assert!(cases.len() >= 11);
         for case in cases {
             let name = case["name"].as_str().unwrap();
-            let got = build_event(&completion(&case["input"]), SystemTime::now());
+            let got =
+                build_event(completion(&case["input"]), SystemTime::now()).map(|e| e.to_map());
             match case.get("expectedErrorKind").and_then(Value::as_str) {
                 Some(kind) => {
                     let err = got.expect_err(name);
@@ -322,7 +416,7 @@ mod tests {
             completion.refs = IdentityRefs::from_meta(&meta);
             completion.runtime_hint = Some(hint.to_owned());
             completion.interaction_id = uuid::Uuid::new_v4().hyphenated().to_string();
-            let e = Value::Object(build_event(&completion, SystemTime::now()).unwrap());
+            let e = Value::Object(build_event(completion, SystemTime::now()).unwrap().to_map());
             let what = format!("completion {i}: {e}");
             assert!(!e.to_string().contains(sentinel), "{what}");
             assert!(
@@ -371,8 +465,8 @@ mod tests {
             &json!({"operation":"get_summary","outcome":"error","accountRef":"a_1","sessionRef":"s:1","runtimeHint":"x 1"}),
         );
         c.duration = Some(Duration::from_millis(12));
-        let mut event = build_event(&c, SystemTime::now()).unwrap();
-        event.insert("sequence".into(), Value::from(1));
+        let mut event = build_event(c, SystemTime::now()).unwrap();
+        event.sequence = Some(1);
         let batch = json!({"events": [event]});
         assert!(validator.is_valid(&batch), "{batch}");
         assert_eq!(batch["events"][0]["durationMs"], 12);
@@ -404,7 +498,9 @@ mod tests {
 
     #[test]
     fn an_http_event_is_unclassified_with_its_surface_and_real_status() {
-        let mut event = build_http_event(&http_completion(), SystemTime::now()).unwrap();
+        let mut event = build_http_event(&http_completion(), SystemTime::now())
+            .unwrap()
+            .to_map();
         assert!(event.remove("occurredAt").is_some());
         assert_eq!(
             Value::Object(event.clone()),
@@ -441,7 +537,7 @@ mod tests {
             let mut c = http_completion();
             c.surface = surface;
             let mut event = build_http_event(&c, SystemTime::now()).unwrap();
-            event.insert("sequence".into(), Value::from(1));
+            event.sequence = Some(1);
             let batch = json!({"events": [event]});
             assert!(validator.is_valid(&batch), "{batch}");
         }

@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{Map, Value};
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinSet;
 
@@ -17,7 +16,7 @@ use super::counters::Counters;
 use super::customers::{customer_keys, Forming, InFlight};
 use super::delivery::{deliver, Slot};
 use super::event::{
-    build_event, build_http_event, HttpCompletion, InvalidCompletion, McpCompletion,
+    build_event, build_http_event, HttpCompletion, InvalidCompletion, McpCompletion, TelemetryEvent,
 };
 use super::limit::{Limiter, Wait};
 use super::shared::{QueueSettings, TelemetryCore};
@@ -30,7 +29,7 @@ const DROP_SUMMARY_EVERY: Duration = Duration::from_secs(10);
 /// An event on its way to the dispatcher, with the sequence number it was given.
 /// Its third part is the span of the request it came from, for the delivery's span to link
 /// to (with OpenTelemetry on and that span sampled).
-type Queued = (u64, Map<String, Value>, Option<SpanContext>);
+type Queued = (u64, TelemetryEvent, Option<SpanContext>);
 
 /// The handle the request path holds: enqueueing is a `try_send` on a bounded channel.
 pub(crate) struct Telemetry {
@@ -111,8 +110,9 @@ impl Telemetry {
     /// Builds, numbers and enqueues the event for a completion; never waits. Invalid
     /// completions and a full queue are counted and summarised in the log, not errors for
     /// the caller.
-    pub(crate) fn record(&self, c: McpCompletion) {
-        self.enqueue(build_event(&c, SystemTime::now()), c.link);
+    pub(crate) fn record(&self, mut c: McpCompletion) {
+        let link = c.link.take();
+        self.enqueue(build_event(c, SystemTime::now()), link);
     }
 
     /// The same for an instrumented HTTP response, through the same queue.
@@ -120,11 +120,7 @@ impl Telemetry {
         self.enqueue(build_http_event(c, SystemTime::now()), None);
     }
 
-    fn enqueue(
-        &self,
-        event: Result<Map<String, Value>, InvalidCompletion>,
-        link: Option<SpanContext>,
-    ) {
+    fn enqueue(&self, event: Result<TelemetryEvent, InvalidCompletion>, link: Option<SpanContext>) {
         let event = match event {
             Ok(e) => e,
             Err(e) => {
@@ -269,7 +265,7 @@ impl BatchDispatcher {
             let events = batch
                 .into_iter()
                 .map(|(sequence, mut event, link)| {
-                    event.insert("sequence".into(), Value::from(sequence));
+                    event.sequence = Some(sequence);
                     links.extend(link);
                     event
                 })
