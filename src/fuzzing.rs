@@ -40,8 +40,9 @@ pub fn header(data: &[u8]) {
     if let Ok(value) = HeaderValue::from_bytes(data) {
         if let Some(decoded) = headers::decode(&value) {
             // What decodes encodes back to something that decodes to the same text.
-            let again = headers::encode(&decoded).and_then(|v| headers::decode(&v));
-            assert_eq!(again.as_deref(), Some(decoded.as_str()));
+            let again = headers::encode(&decoded)
+                .and_then(|v| headers::decode(&v).map(std::borrow::Cow::into_owned));
+            assert_eq!(again.as_deref(), Some(&*decoded));
         }
     }
 }
@@ -119,7 +120,7 @@ mod tests {
         #[test]
         fn base64_header_values_round_trip(text in "\\PC{0,40}") {
             if let Some(v) = headers::encode(&text) {
-                prop_assert_eq!(headers::decode(&v), Some(text));
+                prop_assert_eq!(headers::decode(&v).map(std::borrow::Cow::into_owned), Some(text));
             }
         }
 

@@ -194,7 +194,14 @@ pub(crate) struct Claims {
 impl Claims {
     /// Compact JSON in protocol order (`preserve_order` keeps insertion order); absent `s`/`r`
     /// are omitted, never null.
+    #[cfg(test)]
     pub(crate) fn to_json(&self) -> String {
+        String::from_utf8(self.to_json_bytes()).unwrap_or_default()
+    }
+
+    /// The same JSON as bytes, in a buffer sized once (claims are under 256 bytes but for a
+    /// long subject): what the handle signs.
+    fn to_json_bytes(&self) -> Vec<u8> {
         /// The claims as they are signed, written field by field (no map built first).
         #[derive(serde::Serialize)]
         struct Wire<'a> {
@@ -217,7 +224,10 @@ impl Claims {
             s: self.s.as_deref(),
             r: self.r,
         };
-        serde_json::to_string(&wire).unwrap_or_default()
+        let mut out = Vec::with_capacity(256);
+        // Writing these fields into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut out, &wire);
+        out
     }
 }
 
@@ -246,13 +256,22 @@ impl fmt::Debug for FeedbackHandle {
 
 /// Signs `claims` with `key`.
 pub(crate) fn sign(key: &ProductKey, claims: &Claims) -> FeedbackHandle {
-    let payload = URL_SAFE_NO_PAD.encode(claims.to_json());
-    let signing_input = format!("{HANDLE_PREFIX}{}.{payload}", key.key_id);
+    // The handle written once into a string of its final size: prefix, key id, payload, then
+    // the signature of what precedes it.
+    let json = claims.to_json_bytes();
+    let mut handle = String::with_capacity(
+        HANDLE_PREFIX.len() + key.key_id.len() + 2 + json.len().div_ceil(3) * 4 + 43,
+    );
+    handle.push_str(HANDLE_PREFIX);
+    handle.push_str(&key.key_id);
+    handle.push('.');
+    URL_SAFE_NO_PAD.encode_string(&json, &mut handle);
     let mut mac = key.signer.clone();
-    mac.update(signing_input.as_bytes());
+    mac.update(handle.as_bytes());
     let signature: [u8; 32] = mac.finalize().into_bytes().into();
-    let signature = URL_SAFE_NO_PAD.encode(signature);
-    FeedbackHandle(format!("{signing_input}.{signature}"))
+    handle.push('.');
+    URL_SAFE_NO_PAD.encode_string(signature, &mut handle);
+    FeedbackHandle(handle)
 }
 
 /// A freshly minted handle and the claims inside it.
@@ -316,17 +335,18 @@ pub(crate) fn mint(
     caller: Option<&[u8]>,
 ) -> Minted {
     let iat = unix_seconds(now);
-    let nonce: Vec<u8> = match caller {
+    let n = match caller {
         None => {
             let mut nonce = [0_u8; NONCE_BYTES];
             rand::rng().fill_bytes(&mut nonce);
-            nonce.to_vec()
+            URL_SAFE_NO_PAD.encode(nonce)
         }
         Some(caller) => {
-            let mut random = [0_u8; BOUND_RANDOM];
-            rand::rng().fill_bytes(&mut random);
-            let tag = binding_tag(key, &random, caller);
-            [&random[..], &tag[..]].concat()
+            let mut nonce = [0_u8; BOUND_RANDOM + BOUND_TAG];
+            let (random, tag) = nonce.split_at_mut(BOUND_RANDOM);
+            rand::rng().fill_bytes(random);
+            tag.copy_from_slice(&binding_tag(key, random, caller));
+            URL_SAFE_NO_PAD.encode(nonce)
         }
     };
     let (s, r) = match subject_and_revision {
@@ -342,7 +362,7 @@ pub(crate) fn mint(
         i: Uuid::new_v4().hyphenated().to_string(),
         iat,
         exp: iat.saturating_add(HANDLE_LIFETIME_SECS),
-        n: URL_SAFE_NO_PAD.encode(nonce),
+        n,
         s,
         r,
     };

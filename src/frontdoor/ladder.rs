@@ -168,7 +168,7 @@ fn check_envelope(rpc: &RpcMessage<'_>, is_notification: bool) -> Result<Option<
 
 /// The `MCP-Protocol-Version` header against the envelope's version (-32020); returns the
 /// version the request names.
-fn check_version_header(header: HeaderRead, body: Option<String>) -> Result<String, Error> {
+fn check_version_header(header: HeaderRead<'_>, body: Option<String>) -> Result<String, Error> {
     match (header, body) {
         (HeaderRead::Invalid(why), _) => Err(mismatch(format!(
             "MCP-Protocol-Version header {why}"
@@ -181,7 +181,7 @@ fn check_version_header(header: HeaderRead, body: Option<String>) -> Result<Stri
             truncate(&h),
             truncate(&b)
         ))),
-        (HeaderRead::One(h), _) => Ok(h),
+        (HeaderRead::One(h), _) => Ok(h.into_owned()),
     }
 }
 

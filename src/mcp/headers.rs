@@ -1,6 +1,8 @@
 //! The MCP routing headers (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`): reading them
 //! strictly (a repeated header is an error) and the `=?base64?…?=` value encoding.
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use http::{HeaderMap, HeaderValue};
 
@@ -11,14 +13,14 @@ pub(crate) const SESSION_ID: &str = "mcp-session-id";
 
 /// A routing header as the client sent it.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum HeaderRead {
+pub(crate) enum HeaderRead<'a> {
     Absent,
-    One(String),
+    One(Cow<'a, str>),
     /// Repeated, or not valid visible text: either way it cannot be compared with the body.
     Invalid(&'static str),
 }
 
-pub(crate) fn read(headers: &HeaderMap, name: &str) -> HeaderRead {
+pub(crate) fn read<'a>(headers: &'a HeaderMap, name: &str) -> HeaderRead<'a> {
     let mut all = headers.get_all(name).iter();
     let Some(first) = all.next() else {
         return HeaderRead::Absent;
@@ -32,8 +34,8 @@ pub(crate) fn read(headers: &HeaderMap, name: &str) -> HeaderRead {
     }
 }
 
-/// Decodes a header value: plain visible ASCII, or `=?base64?…?=` holding UTF-8.
-pub(crate) fn decode(value: &HeaderValue) -> Option<String> {
+/// Decodes a header value: plain visible ASCII (borrowed), or `=?base64?…?=` holding UTF-8.
+pub(crate) fn decode(value: &HeaderValue) -> Option<Cow<'_, str>> {
     let s = value.to_str().ok()?;
     if let Some(inner) = s
         .strip_prefix("=?base64?")
@@ -42,12 +44,12 @@ pub(crate) fn decode(value: &HeaderValue) -> Option<String> {
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(inner)
             .ok()?;
-        return String::from_utf8(bytes).ok();
+        return String::from_utf8(bytes).ok().map(Cow::Owned);
     }
     if s.chars().any(|c| c.is_ascii_control()) {
         return None;
     }
-    Some(s.to_owned())
+    Some(Cow::Borrowed(s))
 }
 
 /// Encodes a value for a header: as is when it is safe plain ASCII, else `=?base64?…?=`.

@@ -1,14 +1,6 @@
 //! One worker's keep-alive connections to an HTTP upstream: hyper's HTTP/1 connections, each
-//! driven by the request that uses it, and a stack of the idle ones; and the process's bound
-//! on them all ([`ConnectionBound`]), shared by every worker's pool.
-//!
-//! A connection has no task of its own ([`Link`]): the request that holds it polls hyper's
-//! side of it (which reads and writes the socket) beside its own wait for the answer, and
-//! then its answer's body does while it is read. The upstream's answer wakes the request's
-//! own task, the one that serves its client: no hop to a connection task and back per
-//! request, which was the largest cost of a pass-through request beside nginx's (issue 45).
-//! An idle connection is polled when it is taken and by the reaper, so an upstream's close
-//! is seen then.
+//! driven by a task on the worker's own event loop, and a stack of the idle ones; and the
+//! process's bound on them all ([`ConnectionBound`]), shared by every worker's pool.
 //!
 //! What hyper-util's general-purpose client did besides (a map of pools keyed by host, a
 //! lock taken twice per request, a task spawned per request to wait for the connection to be
@@ -42,11 +34,10 @@
 //!   idle (`EPODE_SIDECAR_UPSTREAM_MAX_IDLE`, `EPODE_SIDECAR_UPSTREAM_IDLE_TIMEOUT`).
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -85,83 +76,6 @@ fn reap_every(timeout: Duration) -> Duration {
 
 pub(crate) type Connector = HttpsConnector<HttpConnector<Resolver>>;
 type Sender = http1::SendRequest<Full<Bytes>>;
-/// hyper's side of one connection: it reads and writes the socket when polled.
-type Driver = http1::Connection<<Connector as Service<Uri>>::Response, Full<Bytes>>;
-
-/// One open connection to the upstream: its sender, hyper's side of it, polled by whoever
-/// uses the connection, and its place under the process's cap, given back (after the socket
-/// is closed) when it is dropped.
-pub(crate) struct Link {
-    sender: Sender,
-    /// `None` once the connection ended (the upstream closed it, or it failed).
-    driver: Option<Pin<Box<Driver>>>,
-    gauge: Gauge,
-    /// Dropped after `driver`: another connection may open only once this one is closed.
-    _open: Permit,
-}
-
-impl Link {
-    /// Runs the connection's reads and writes as far as they go now (waking `cx` when there is
-    /// more); false once it has ended.
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        let Some(driver) = self.driver.as_mut() else {
-            return false;
-        };
-        match driver.as_mut().poll(cx) {
-            Poll::Pending => true,
-            Poll::Ready(ended) => {
-                if let Err(e) = ended {
-                    tracing::debug!(error = %e, "upstream connection ended");
-                }
-                // Dropped at once: a request it held learns that it will get no answer.
-                self.driver = None;
-                false
-            }
-        }
-    }
-
-    /// Whether it may carry a request: polled once, with no one to wake, so that a close by
-    /// the upstream while it was idle is seen.
-    fn usable_now(&mut self) -> bool {
-        let mut cx = Context::from_waker(Waker::noop());
-        self.drive(&mut cx) && !self.sender.is_closed()
-    }
-
-    /// Waits until the connection takes a request, driving it; false when it never will.
-    async fn ready(&mut self) -> bool {
-        std::future::poll_fn(|cx| {
-            let alive = self.drive(cx);
-            match self.sender.poll_ready(cx) {
-                Poll::Ready(r) => Poll::Ready(r.is_ok() && alive),
-                Poll::Pending if !alive => Poll::Ready(false),
-                Poll::Pending => Poll::Pending,
-            }
-        })
-        .await
-    }
-
-    /// Waits for `answer` (a request sent on this connection), driving the connection
-    /// meanwhile; when it ends, hyper fails the request, so `answer` always completes.
-    async fn exchange<T>(&mut self, answer: impl Future<Output = T>) -> T {
-        let mut answer = std::pin::pin!(answer);
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(out) = answer.as_mut().poll(cx) {
-                return Poll::Ready(out);
-            }
-            self.drive(cx);
-            answer.as_mut().poll(cx)
-        })
-        .await
-    }
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        // The socket closes first, then the gauge and the permit say so.
-        self.driver = None;
-        self.gauge.dec();
-    }
-}
 
 /// Why a request got no answer.
 #[derive(Debug)]
@@ -306,7 +220,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 struct Idle {
-    link: Link,
+    sender: Sender,
     since: Instant,
 }
 
@@ -314,7 +228,7 @@ struct Idle {
 struct Slots {
     idle: Vec<Idle>,
     /// Requests of this worker waiting for a connection, oldest first.
-    waiting: VecDeque<oneshot::Sender<Link>>,
+    waiting: VecDeque<oneshot::Sender<Sender>>,
 }
 
 struct PoolInner {
@@ -328,16 +242,16 @@ struct PoolInner {
 impl PoolInner {
     /// A connection whose answer ended: to the oldest request waiting for one, else kept idle
     /// (or closed, when another worker's requests wait for room or the idle stack is full).
-    fn put(&self, mut link: Link) {
-        if !link.usable_now() {
+    fn put(&self, mut sender: Sender) {
+        if sender.is_closed() {
             return;
         }
         let mut slots = lock(&self.slots);
         while let Some(waiter) = slots.waiting.pop_front() {
-            match waiter.send(link) {
+            match waiter.send(sender) {
                 Ok(()) => return,
                 // That request gave up or took a new connection meanwhile.
-                Err(back) => link = back,
+                Err(back) => sender = back,
             }
         }
         if self.gate.starved() {
@@ -345,28 +259,28 @@ impl PoolInner {
         }
         if slots.idle.len() >= self.bound.max {
             // Entries expired or closed since the last reap make room first.
-            slots.idle.retain_mut(|i| self.usable(i));
+            slots.idle.retain(|i| self.usable(i));
         }
         if slots.idle.len() < self.bound.max {
             slots.idle.push(Idle {
-                link,
+                sender,
                 since: Instant::now(),
             });
         }
     }
 
-    fn take(&self) -> Option<Link> {
+    fn take(&self) -> Option<Sender> {
         let mut slots = lock(&self.slots);
-        while let Some(mut i) = slots.idle.pop() {
-            if self.usable(&mut i) {
-                return Some(i.link);
+        while let Some(i) = slots.idle.pop() {
+            if self.usable(&i) {
+                return Some(i.sender);
             }
         }
         None
     }
 
     /// Puts a request in line for the next connection this worker gets back.
-    fn wait_in_line(&self) -> oneshot::Receiver<Link> {
+    fn wait_in_line(&self) -> oneshot::Receiver<Sender> {
         let (tx, rx) = oneshot::channel();
         let mut slots = lock(&self.slots);
         // Those that gave up leave their place at the front.
@@ -381,23 +295,24 @@ impl PoolInner {
         rx
     }
 
-    /// Closes the connections idle too long or closed by the upstream (each polled once).
+    /// Drops the connections idle too long or closed by the upstream; what drops a sender
+    /// ends its connection's task.
     fn reap(&self) -> usize {
         let mut slots = lock(&self.slots);
-        slots.idle.retain_mut(|i| self.usable(i));
+        slots.idle.retain(|i| self.usable(i));
         slots.idle.len()
     }
 
-    fn usable(&self, i: &mut Idle) -> bool {
-        i.since.elapsed() < self.bound.timeout && i.link.usable_now()
+    fn usable(&self, i: &Idle) -> bool {
+        !i.sender.is_closed() && i.since.elapsed() < self.bound.timeout
     }
 }
 
 /// A connection for one request: one that has carried requests before (it may have been
 /// closed since), or one opened for it.
 enum Conn {
-    Warm(Link),
-    New(Link),
+    Warm(Sender),
+    New(Sender),
 }
 
 /// One worker's connections to the upstream at `origin` (scheme and authority). Clones share
@@ -459,25 +374,23 @@ impl Pool {
         // unsent. A fresh connection's failure is final.
         loop {
             match self.checkout(deadline).await? {
-                Conn::Warm(mut link) => {
-                    if !link.ready().await {
+                Conn::Warm(mut sender) => {
+                    if sender.ready().await.is_err() {
                         continue;
                     }
-                    let answer = link.sender.try_send_request(req);
-                    match link.exchange(answer).await {
-                        Ok(resp) => return Ok(self.pooled(resp, link, place)),
+                    match sender.try_send_request(req).await {
+                        Ok(resp) => return Ok(self.pooled(resp, sender, place)),
                         Err(mut e) => match e.take_message() {
                             Some(back) => req = back,
                             None => return Err(PoolError::Request(e.into_error())),
                         },
                     }
                 }
-                Conn::New(mut link) => {
-                    let answer = link.sender.send_request(req);
-                    return match link.exchange(answer).await {
-                        Ok(resp) => Ok(self.pooled(resp, link, place)),
+                Conn::New(mut sender) => {
+                    return match sender.send_request(req).await {
+                        Ok(resp) => Ok(self.pooled(resp, sender, place)),
                         Err(e) => Err(PoolError::Request(e)),
-                    };
+                    }
                 }
             }
         }
@@ -486,8 +399,8 @@ impl Pool {
     /// An idle connection, else a new one if the bounds allow it now, else the first of a
     /// connection given back and a new one to come, until `deadline`.
     async fn checkout(&self, deadline: tokio::time::Instant) -> Result<Conn, PoolError> {
-        if let Some(link) = self.shared.take() {
-            return Ok(Conn::Warm(link));
+        if let Some(sender) = self.shared.take() {
+            return Ok(Conn::Warm(sender));
         }
         if let Some(slot) = self.shared.gate.try_slot() {
             return self.connect(slot).await.map(Conn::New);
@@ -501,14 +414,14 @@ impl Pool {
         }
         let slot = tokio::select! {
             biased;
-            Ok(link) = &mut back => return Ok(Conn::Warm(link)),
+            Ok(sender) = &mut back => return Ok(Conn::Warm(sender)),
             slot = gate.slot() => slot,
             () = tokio::time::sleep_until(deadline) => None,
         };
         // A connection given back meanwhile is taken rather than a new one opened.
         back.close();
-        if let Ok(link) = back.try_recv() {
-            return Ok(Conn::Warm(link));
+        if let Ok(sender) = back.try_recv() {
+            return Ok(Conn::Warm(sender));
         }
         match slot {
             Some(slot) => self.connect(slot).await.map(Conn::New),
@@ -519,23 +432,22 @@ impl Pool {
     fn pooled(
         &self,
         resp: Response<Incoming>,
-        link: Link,
+        sender: Sender,
         place: Option<Permit>,
     ) -> Response<PooledBody> {
         // After a 101 the connection speaks another protocol: it is never used again.
         if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS {
-            drop(link);
+            drop(sender);
             return resp.map(|body| PooledBody {
                 body,
-                link: None,
-                shared: Weak::new(),
+                back: None,
                 place,
             });
         }
-        resp.map(|body| PooledBody::new(body, link, &self.shared, place))
+        resp.map(|body| PooledBody::new(body, sender, &self.shared, place))
     }
 
-    async fn connect(&self, slot: Slot) -> Result<Link, PoolError> {
+    async fn connect(&self, slot: Slot) -> Result<Sender, PoolError> {
         let mut connector = self.connector.clone();
         std::future::poll_fn(|cx| connector.poll_ready(cx))
             .await
@@ -552,13 +464,18 @@ impl Pool {
         drop(opening);
         let gauge = self.shared.gate.gauge.clone();
         gauge.inc();
+        tokio::spawn(async move {
+            // An upstream that closes or breaks the connection ends this task; the pool
+            // finds the sender closed.
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+            // Only once its socket is closed may another connection open.
+            gauge.dec();
+            drop(open);
+        });
         self.start_reaper();
-        Ok(Link {
-            sender,
-            driver: Some(Box::pin(conn)),
-            gauge,
-            _open: open,
-        })
+        Ok(sender)
     }
 
     fn start_reaper(&self) {
@@ -595,25 +512,20 @@ pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
-/// An answer's body, which drives its connection while it is read and gives it back to the
-/// pool once read to its end.
+/// An answer's body that gives its connection back to the pool once read to its end.
 pub(crate) struct PooledBody {
     body: Incoming,
-    /// The connection the body comes on (dropped, and so closed, with a body dropped before
-    /// its end: HTTP/1 cannot skip the rest).
-    link: Option<Link>,
-    shared: Weak<PoolInner>,
+    back: Option<(Sender, Weak<PoolInner>)>,
     /// The request's place in its path's share: given back with the connection (or when the
     /// body is dropped, which closes it).
     place: Option<Permit>,
 }
 
 impl PooledBody {
-    fn new(body: Incoming, link: Link, shared: &Arc<PoolInner>, place: Option<Permit>) -> Self {
+    fn new(body: Incoming, sender: Sender, shared: &Arc<PoolInner>, place: Option<Permit>) -> Self {
         let mut b = PooledBody {
             body,
-            link: Some(link),
-            shared: Arc::downgrade(shared),
+            back: Some((sender, Arc::downgrade(shared))),
             place,
         };
         // An empty body (a 202, say) may never be read.
@@ -626,9 +538,9 @@ impl PooledBody {
     fn give_back(&mut self) {
         // The place in the share goes with the connection.
         self.place = None;
-        if let Some(link) = self.link.take() {
-            if let Some(shared) = self.shared.upgrade() {
-                shared.put(link);
+        if let Some((sender, shared)) = self.back.take() {
+            if let Some(shared) = shared.upgrade() {
+                shared.put(sender);
             }
         }
     }
@@ -643,17 +555,13 @@ impl http_body::Body for PooledBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        // The connection first: what it reads now is in the body when the body is polled.
-        if let Some(link) = this.link.as_mut() {
-            link.drive(cx);
-        }
         let polled = Pin::new(&mut this.body).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => this.give_back(),
             Poll::Ready(Some(Ok(_))) if this.body.is_end_stream() => this.give_back(),
             // An error ends the connection; its sender is dropped with this body.
             Poll::Ready(Some(Err(_))) => {
-                this.link = None;
+                this.back = None;
                 this.place = None;
             }
             _ => {}

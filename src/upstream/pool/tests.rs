@@ -349,36 +349,3 @@ async fn each_path_holds_at_most_its_share_and_leaves_the_other_its_own() {
     drop(second);
     assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
 }
-
-/// A connection is driven by the request that uses it, then by its answer's body: opening
-/// three (three requests at once) adds no task but the pool's reaper.
-#[test]
-fn a_connection_has_no_task_of_its_own() {
-    // The upstream on a runtime of its own: the pool's runtime then counts only its tasks.
-    let upstream = tokio::runtime::Runtime::new().unwrap();
-    let (origin, counts) = upstream.block_on(server("hello", 200, After::KeepAlive, None));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let metrics = tokio::runtime::Handle::current().metrics();
-        let pool = pool(origin.clone());
-        let before = metrics.num_alive_tasks();
-        let sent = (0..3).map(|_| pool.send(request(&origin)));
-        for answer in futures_util::future::join_all(sent).await {
-            assert_eq!(&read(answer.unwrap()).await[..], b"hello");
-        }
-        assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
-        assert_eq!(metrics.num_alive_tasks() - before, 1, "the reaper only");
-        assert_eq!(pool.idle(), 3);
-        // And they carry requests again, driven by those requests.
-        for _ in 0..3 {
-            assert_eq!(
-                &read(pool.send(request(&origin)).await.unwrap()).await[..],
-                b"hello"
-            );
-        }
-        assert_eq!(counts.connections.load(Ordering::SeqCst), 3);
-    });
-}
