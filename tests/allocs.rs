@@ -27,9 +27,11 @@ static ALLOC: dhat::Alloc = dhat::Alloc;
 const CHILD: &str = "EPODE_ALLOCS_CHILD";
 const KEY: &str = "af_live_0123456789abcdef0123456789abcdef_fedcba9876543210fedcba9876543210_allocs_secret_not_a_real_key";
 
-/// The figures last measured (allocations and bytes per request, `cargo test --release --test
-/// allocs`); the test fails at twice these. Lower them when a change makes a request cheaper.
-const MEASURED: [(&str, u64, u64); 2] = [("pass-through", 29, 39_519), ("decorated", 95, 78_685)];
+/// The figures last measured (allocations and bytes per request, `cargo test --test allocs`,
+/// unoptimised as CI builds it: the counts are an optimised build's too, the bytes a little
+/// more, its request future being larger); the test fails at twice these. Lower them when a
+/// change makes a request cheaper.
+const MEASURED: [(&str, u64, u64); 2] = [("pass-through", 29, 30_095), ("decorated", 95, 69_261)];
 
 /// Issue 45's targets, printed beside the figures.
 const TARGETS: [(&str, u64); 2] = [("pass-through", 10), ("decorated", 40)];

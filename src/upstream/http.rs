@@ -250,9 +250,13 @@ impl HttpUpstream {
         Ok(self.send(req).await?.status())
     }
 
-    /// Sends a request of the MCP path (or the sidecar's own).
-    async fn send(&self, req: Request<Full<Bytes>>) -> Result<Response<PooledBody>, Error> {
-        self.send_for(req, Share::Mcp).await
+    /// Sends a request of the MCP path (or the sidecar's own). (Not an `async fn`: that would
+    /// hold the request twice in the request's future.)
+    fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+    ) -> impl std::future::Future<Output = Result<Response<PooledBody>, Error>> + '_ {
+        self.send_for(req, Share::Mcp)
     }
 
     /// Sends a request of the HTTP surface, within the surface's share of the connections.

@@ -179,15 +179,18 @@ impl Link {
     }
 
     /// POSTs one JSON-RPC message upstream.
-    pub(crate) async fn post(
-        &self,
-        caller: &Caller,
+    ///
+    /// A plain function handing back the hop's future: an `async fn` here would hold the
+    /// headers and body twice in the request's future (its arguments, and the hop's).
+    pub(crate) fn post<'a>(
+        &'a self,
+        caller: &'a Caller,
         headers: HeaderMap,
         body: Bytes,
-        query: Option<&str>,
+        query: Option<&'a str>,
         relay: ServerRequests,
-    ) -> Result<Response<UpstreamBody>, Error> {
-        self.hop.post(caller, headers, body, query, relay).await
+    ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, Error>> + 'a {
+        self.hop.post(caller, headers, body, query, relay)
     }
 
     /// Sends one of the sidecar's own requests and reads its answer whole.

@@ -353,11 +353,11 @@ impl Pool {
 
     /// Sends `req` (origin-form URI, `Host` set) for the MCP path and returns the answer's
     /// head; its body streams from the connection, which returns to the pool at the body's end.
-    pub(crate) async fn send(
+    pub(crate) fn send(
         &self,
         req: Request<Full<Bytes>>,
-    ) -> Result<Response<PooledBody>, PoolError> {
-        self.send_for(req, Share::Mcp).await
+    ) -> impl std::future::Future<Output = Result<Response<PooledBody>, PoolError>> + '_ {
+        self.send_for(req, Share::Mcp)
     }
 
     /// [`Pool::send`] for `share`'s path: the request holds a place in that path's share
