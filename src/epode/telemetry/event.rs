@@ -226,7 +226,8 @@ pub(super) fn build_event(
         Some(Outcome::Error) => 500,
         None => return Err(InvalidCompletion::Outcome),
     };
-    event(Event {
+    checked(TelemetryEvent {
+        runtime_hint: c.runtime_hint.as_deref().and_then(runtime_hint),
         interaction_id: c.interaction_id,
         surface: "mcp",
         operation: c.operation,
@@ -234,11 +235,12 @@ pub(super) fn build_event(
         confirmation: Some("mcp"),
         occurred_at,
         status,
-        duration: c.duration,
+        duration_ms: c.duration.map(millis),
         refs: c.refs,
-        runtime_hint: c.runtime_hint.as_deref(),
         session_source: "mcp",
         hint_source: "mcp",
+        observation: None,
+        sequence: None,
     })
 }
 
@@ -253,7 +255,7 @@ pub(super) fn build_http_event(
     if !(100..=599).contains(&c.status) {
         return Err(InvalidCompletion::Outcome);
     }
-    let mut e = event(Event {
+    checked(TelemetryEvent {
         interaction_id: c.interaction_id.clone(),
         surface: c.surface.as_str(),
         operation: c.operation.clone(),
@@ -261,62 +263,31 @@ pub(super) fn build_http_event(
         confirmation: None,
         occurred_at,
         status: c.status,
-        duration: Some(c.duration),
+        duration_ms: Some(millis(c.duration)),
         refs: c.refs.clone(),
-        runtime_hint: c.runtime_hint.as_deref(),
         session_source: "customer",
+        runtime_hint: c.runtime_hint.as_deref().and_then(runtime_hint),
         hint_source: "http",
-    })?;
-    e.observation = c
-        .observation
-        .as_ref()
-        .and_then(super::observation::RequestObservation::to_json);
-    Ok(e)
-}
-
-/// What an event of either surface says; [`event`] checks it and makes the event.
-struct Event<'a> {
-    interaction_id: String,
-    surface: &'static str,
-    operation: String,
-    classification: &'static str,
-    confirmation: Option<&'static str>,
-    occurred_at: SystemTime,
-    status: u16,
-    duration: Option<Duration>,
-    refs: IdentityRefs,
-    runtime_hint: Option<&'a str>,
-    /// Where a session and a runtime hint came from (`mcp`, or `customer` and `http`).
-    session_source: &'static str,
-    hint_source: &'static str,
-}
-
-fn event(f: Event<'_>) -> Result<TelemetryEvent, InvalidCompletion> {
-    if !valid_operation(&f.operation) {
-        return Err(InvalidCompletion::Operation);
-    }
-    // References reach here valid (IdentityRefs only keeps valid ones); the conflict rule
-    // holds for every event.
-    let mut refs = f.refs;
-    refs.drop_conflicting_customer();
-    Ok(TelemetryEvent {
-        interaction_id: f.interaction_id,
-        surface: f.surface,
-        operation: f.operation,
-        classification: f.classification,
-        confirmation: f.confirmation,
-        occurred_at: f.occurred_at,
-        status: f.status,
-        duration_ms: f
-            .duration
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-        refs,
-        session_source: f.session_source,
-        runtime_hint: f.runtime_hint.and_then(runtime_hint),
-        hint_source: f.hint_source,
-        observation: None,
+        observation: c
+            .observation
+            .as_ref()
+            .and_then(super::observation::RequestObservation::to_json),
         sequence: None,
     })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The event if its operation is one Epode takes, its references under the conflict rule
+/// (they reach here valid: `IdentityRefs` only keeps valid ones).
+fn checked(mut e: TelemetryEvent) -> Result<TelemetryEvent, InvalidCompletion> {
+    if !valid_operation(&e.operation) {
+        return Err(InvalidCompletion::Operation);
+    }
+    e.refs.drop_conflicting_customer();
+    Ok(e)
 }
 
 #[cfg(test)]
