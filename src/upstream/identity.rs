@@ -135,6 +135,15 @@ mod tests {
             *shown.info.unwrap(),
             json!({"name": "mine", "version": "1"})
         );
+        // What is shown follows the upstream when it describes itself anew (the shown identity
+        // is made once per change, not per request).
+        plain.remember(Some(&json!({"name": "up", "version": "2"})));
+        assert_eq!(plain.shown(None).info.unwrap()["version"], "2");
+        named.remember(Some(&json!({"name": "up", "version": "2"})));
+        assert_eq!(
+            *named.shown(None).info.unwrap(),
+            json!({"name": "mine", "version": "2"})
+        );
         assert_eq!(
             identity(None, Some("2")).for_initialize(None),
             json!({"name": "mcp-server", "version": "2"})
