@@ -52,6 +52,25 @@ pub(crate) struct FeedbackCallLabels {
     pub(crate) outcome: &'static str,
 }
 
+/// `outcome` of a customer-context enrichment request (`customer_context_requests_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct EnrichmentLabels {
+    pub(crate) outcome: &'static str,
+}
+
+impl EnrichmentLabels {
+    /// Every outcome: its contract placed in the result; Epode refused it (a 4xx or 5xx, an
+    /// answer that is no contract); no answer within the budget; Epode not reached.
+    pub(crate) const OUTCOMES: [&'static str; 4] = ["placed", "refused", "late", "unreachable"];
+}
+
+/// `tool` and `outcome` of a customer-context tool call (`customer_context_tool_calls_total`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct ContextToolLabels {
+    pub(crate) tool: &'static str,
+    pub(crate) outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub(crate) struct SurfaceLabels {
     pub(crate) surface: &'static str,
@@ -307,6 +326,8 @@ pub(crate) struct Metrics {
     pub(crate) upstream_seconds: Family<MethodLabels, Histogram, fn() -> Histogram>,
     pub(crate) decorations: Family<DecorationLabels, Counter>,
     pub(crate) feedback_calls: Family<FeedbackCallLabels, Counter>,
+    pub(crate) enrichment_requests: Family<EnrichmentLabels, Counter>,
+    pub(crate) context_tool_calls: Family<ContextToolLabels, Counter>,
     pub(crate) limits_hit: Family<LimitLabels, Counter>,
     /// Requests the front door refused by their head, by reason.
     pub(crate) front_door_refused: Family<RefusedLabels, Counter>,
@@ -417,6 +438,8 @@ impl Metrics {
             upstream_seconds: Family::new_with_constructor(latency),
             decorations: Family::default(),
             feedback_calls: Family::default(),
+            enrichment_requests: Family::default(),
+            context_tool_calls: Family::default(),
             limits_hit: Family::default(),
             front_door_refused: Family::default(),
             http_instrumented: Family::default(),
@@ -462,6 +485,16 @@ impl Metrics {
             m.feedback_calls.clone(),
         );
         r.register(
+            "customer_context_requests",
+            "Customer-context enrichment requests after product calls, by outcome (placed, refused, late, unreachable); all but placed leave the result as the upstream sent it",
+            m.enrichment_requests.clone(),
+        );
+        r.register(
+            "customer_context_tool_calls",
+            "Calls of the two customer-context tools, by tool and outcome (ok, error, refused: arguments refused before anything was sent)",
+            m.context_tool_calls.clone(),
+        );
+        r.register(
             "limits_hit",
             "Requests and connections refused by a limit, by kind",
             m.limits_hit.clone(),
@@ -487,6 +520,12 @@ impl Metrics {
                     outcome: outcome.label(),
                 }));
             }
+        }
+        for outcome in EnrichmentLabels::OUTCOMES {
+            drop(
+                m.enrichment_requests
+                    .get_or_create(&EnrichmentLabels { outcome }),
+            );
         }
         for kind in LimitKind::ALL {
             drop(m.limits_hit.get_or_create(&LimitLabels {

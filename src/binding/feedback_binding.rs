@@ -13,6 +13,7 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use super::catalog::ToolCatalog;
+use super::customer::CustomerContext;
 use super::tasks::{Followed, FollowedTasks};
 use super::upstream_epode::{self, Carried, Carries, EPODE_EXTENSION};
 use crate::caller::CallerKey;
@@ -25,7 +26,7 @@ use crate::feedback::capability::{self, Claims, Minted, ProductKey};
 use crate::feedback::envelope::{self, CachedConsent, Case};
 use crate::feedback::identity::IdentityRefs;
 use crate::feedback::tools::{self, Decision, EpodeFailure, FeedbackTools};
-use crate::feedback::{CONSENT_TOOL, REPORT_TOOL};
+use crate::feedback::{customer, CONSENT_TOOL, REPORT_TOOL};
 use crate::log_summary::LogSummary;
 use crate::mcp::raw::{raw, RawMap};
 use crate::metrics::{DecorationLabels, FeedbackCallLabels, FeedbackOutcome, Metrics};
@@ -69,6 +70,8 @@ pub(crate) struct FeedbackBinding {
     metrics: Arc<Metrics>,
     /// Whoever watches (the local trial's console, with `--dev`).
     observer: Option<Arc<dyn Observer>>,
+    /// Epode's customer-context binding, when it is on.
+    customer: Option<Arc<CustomerContext>>,
 }
 
 impl FeedbackBinding {
@@ -221,6 +224,16 @@ impl FeedbackBinding {
         true
     }
 
+    /// Appends the two customer-context tools to a `tools/list` page (the last), when
+    /// customer context is on; returns whether it did.
+    pub(super) fn append_customer_tools(&self, tools: &mut Vec<Box<RawValue>>) -> bool {
+        let Some(c) = self.customer() else {
+            return false;
+        };
+        tools.extend(c.definitions().iter().cloned());
+        true
+    }
+
     /// What the catalog knows of `tool`: `Some(declares an outputSchema)` when the upstream
     /// lists it.
     pub(crate) fn listed(&self, tool: &str) -> Option<bool> {
@@ -279,6 +292,23 @@ impl FeedbackBinding {
             }
             _ => None,
         };
+        let customer = match (&config.customer, &config.key) {
+            (Some(cfg), Some(key)) => {
+                let client = match &active {
+                    Some(a) => a.client.clone(),
+                    None => Arc::new(
+                        EpodeClient::new(config.api_url.clone(), key.clone())
+                            .map_err(|e| Error::new(ErrorKind::Internal, e))?,
+                    ),
+                };
+                Some(Arc::new(CustomerContext::new(
+                    cfg.clone(),
+                    client,
+                    metrics.clone(),
+                )))
+            }
+            _ => None,
+        };
         let catalog = ToolCatalog::new(config.max_tools);
         let carried = Carried::new(config.upstream_epode, metrics.clone());
         Ok(Arc::new(FeedbackBinding {
@@ -294,7 +324,20 @@ impl FeedbackBinding {
             ),
             metrics,
             observer,
+            customer,
         }))
+    }
+
+    /// The customer-context binding, when it is on and the upstream does not carry Epode.
+    pub(crate) fn customer(&self) -> Option<&Arc<CustomerContext>> {
+        self.customer
+            .as_ref()
+            .filter(|_| !self.carried.stepped_back())
+    }
+
+    /// Whether a product call of `tool` may get customer context.
+    pub(crate) fn customer_follows(&self, tool: &str) -> bool {
+        self.customer().is_some_and(|c| c.follows(tool))
     }
 
     pub(crate) fn enabled(&self) -> bool {
@@ -393,13 +436,16 @@ impl FeedbackBinding {
 
     /// Whether a tool call is one of the two feedback tools the sidecar answers itself.
     pub(crate) fn is_local_tool(&self, name: &str) -> bool {
-        self.binds() && tools::is_feedback_tool(name)
+        (self.binds() && tools::is_feedback_tool(name))
+            || (self.customer().is_some() && customer::is_customer_tool(name))
     }
 
     /// Whether the sidecar should list the upstream's tools before this call: the tool is one
     /// feedback would observe, but the catalog has not seen the upstream list it.
     pub(crate) fn needs_listing(&self, tool: &str) -> bool {
-        self.observes(tool) && self.catalog.listed(tool).is_none() && self.catalog.claim_fetch()
+        (self.observes(tool) || self.customer_follows(tool))
+            && self.catalog.listed(tool).is_none()
+            && self.catalog.claim_fetch()
     }
 
     /// Learns the upstream's tools: a `tools/list` page passing through, or the listing the

@@ -13,13 +13,14 @@ use http::HeaderMap;
 use serde_json::value::RawValue;
 use serde_json::Value;
 
+use super::customer::{Ask, CustomerContext};
 use super::feedback_binding::{FeedbackBinding, Grant};
 use crate::caller::CallerKey;
 use crate::epode::telemetry::{McpCompletion, Outcome};
 use crate::feedback::envelope::Envelope;
 use crate::feedback::identity::{self, IdentityRefs};
-use crate::feedback::{placement, tools};
-use crate::mcp::end::{Ending, ResultHook};
+use crate::feedback::{customer, placement, tools};
+use crate::mcp::end::{Amends, Ending, ResultHook};
 use crate::mcp::raw::{as_str, is_object, is_true, open, raw, RawMap};
 use crate::observe::{Note, Noted};
 
@@ -29,10 +30,12 @@ impl FeedbackBinding {
     /// (OpenTelemetry's histograms name listed tools only), it learns the tools and changes
     /// nothing; else there is none.
     pub(crate) fn list_hook(self: &Arc<Self>, learn: bool) -> Option<Box<dyn ResultHook>> {
-        (self.enabled() || learn).then(|| {
+        let customer = self.customer().is_some();
+        (self.enabled() || learn || customer).then(|| {
             Box::new(ListHook {
                 binding: self.clone(),
                 feedback: self.enabled(),
+                customer,
             }) as Box<dyn ResultHook>
         })
     }
@@ -48,11 +51,15 @@ impl FeedbackBinding {
         client: &HeaderMap,
         verified: Option<(&IdentityRefs, CallerKey)>,
         note: Option<Arc<Note>>,
+        amends: Option<Amends>,
     ) -> Box<dyn ResultHook> {
         let trusted = self.trusted_refs(client, verified);
         let mut hook = CallHook::new(self.clone(), tool, self.listed(tool), trusted, note);
         hook.bound = verified.map(|(_, caller)| caller);
         hook.caller = Some(caller);
+        hook.customer = amends
+            .and_then(|a| Some((self.customer()?.clone(), a)))
+            .filter(|(c, _)| c.follows(tool));
         Box::new(hook)
     }
 
@@ -94,6 +101,8 @@ struct ListHook {
     binding: Arc<FeedbackBinding>,
     /// Whether feedback is on: the feedback tools' names are then the sidecar's.
     feedback: bool,
+    /// Whether customer context is on: its tools' names are then the sidecar's.
+    customer: bool,
 }
 
 impl ResultHook for ListHook {
@@ -117,7 +126,9 @@ impl ResultHook for ListHook {
                 kept.push(tool);
                 continue;
             }
-            if self.feedback && tools::is_feedback_tool(&name) {
+            let ours = (self.feedback && tools::is_feedback_tool(&name))
+                || (self.customer && customer::is_customer_tool(&name));
+            if ours {
                 self.binding.warn_shadowing(&name);
                 changed = true;
                 continue;
@@ -131,6 +142,7 @@ impl ResultHook for ListHook {
             .is_none_or(|c| c.get().trim() == "null");
         if last_page {
             changed |= self.binding.append_feedback_tools(&mut kept);
+            changed |= self.binding.append_customer_tools(&mut kept);
         }
         if changed {
             result.insert("tools".into(), raw(&kept));
@@ -206,6 +218,8 @@ struct CallHook {
     bound: Option<CallerKey>,
     /// The caller, whose task a call's task is (`None`: the call's own outcome, a task's).
     caller: Option<CallerKey>,
+    /// Customer context, when it follows this tool, and where its amendment goes.
+    customer: Option<(Arc<CustomerContext>, Amends)>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -239,6 +253,7 @@ impl CallHook {
             link: crate::otel::current_link(),
             bound: None,
             caller: None,
+            customer: None,
         }
     }
 
@@ -321,6 +336,32 @@ impl CallHook {
     }
 }
 
+impl CallHook {
+    /// Starts the call's enrichment request, under its telemetry event's interaction id and
+    /// facts; the event is recorded only if Epode does not take the request (which confirms
+    /// the interaction itself).
+    fn ask_customer(
+        &mut self,
+        customer: &Arc<CustomerContext>,
+        amends: &Amends,
+        event: McpCompletion,
+        observed: bool,
+    ) {
+        let ask = Ask {
+            interaction_id: event.interaction_id.clone(),
+            operation: event.operation.clone(),
+            refs: event.refs.clone(),
+            runtime_hint: event.runtime_hint.clone(),
+            duration: event.duration.unwrap_or_default(),
+            has_output_schema: self.listed == Some(true),
+        };
+        let binding = self.binding.clone();
+        let unconfirmed =
+            observed.then(|| Box::new(move || binding.record(event)) as Box<dyn FnOnce() + Send>);
+        customer.ask(ask, amends, unconfirmed);
+    }
+}
+
 impl ResultHook for CallHook {
     fn result(&mut self, result: &mut RawMap) -> bool {
         let identity = take_identity(result);
@@ -341,7 +382,10 @@ impl ResultHook for CallHook {
             Some(_) => return changed,
         }
         // Decorated upstream (its own Epode): never decorated twice nor counted twice.
-        if !self.observed() || self.binding.decorated_upstream(result) {
+        let observed = self.observed() && !self.binding.decorated_upstream(result);
+        // Customer context follows a successful result only.
+        let customer = self.customer.take().filter(|_| !is_error);
+        if !observed && customer.is_none() {
             return changed;
         }
         let identity = identity.unwrap_or(Value::Null);
@@ -359,9 +403,7 @@ impl ResultHook for CallHook {
         } else {
             Outcome::Success
         };
-        let decorated = self
-            .binding
-            .decorates(&self.tool)
+        let decorated = (observed && self.binding.decorates(&self.tool))
             .then(|| self.decorate(result, &refs, is_error))
             .flatten();
         let interaction_id = match decorated {
@@ -374,7 +416,11 @@ impl ResultHook for CallHook {
         if let Some(note) = &self.note {
             note.set(Noted::InteractionId(interaction_id.clone()));
         }
-        self.answered = Some(self.event(interaction_id, outcome, refs, hint));
+        let event = self.event(interaction_id, outcome, refs, hint);
+        match customer {
+            Some((customer, amends)) => self.ask_customer(&customer, &amends, event, observed),
+            None => self.answered = Some(event),
+        }
         changed
     }
 

@@ -9,7 +9,9 @@ use super::setting::{
     a_duration, boolean, bounded, duration, number, read_all, setting, settings, split_list,
     Accepts, Bad, ConfigError, Layers, Refused, AT_LEAST_1MS,
 };
-use super::types::{redact_url, Config, FeedbackConfig, ToolPatterns, UpstreamEpode};
+use super::types::{
+    redact_url, Config, CustomerConfig, FeedbackConfig, ToolPatterns, UpstreamEpode,
+};
 use crate::feedback::capability::{ProductKey, ProductKeyError};
 use crate::feedback::identity::RefKind;
 use crate::feedback::FeedbackMode;
@@ -21,6 +23,8 @@ pub(super) fn read(l: &Layers, dev: Option<bool>) -> Result<FeedbackConfig, Refu
         (_, Ok(false)) => Ok(FeedbackMode::Off),
         (mode, enabled) => enabled.and(mode),
     };
+    let customer_on = l.get(&CUSTOMER_CONTEXT);
+    let needs_key = mode.as_ref().is_ok_and(|m| m.is_enabled()) || matches!(customer_on, Ok(true));
     let key = match (l.optional(&API_KEY), dev) {
         (Ok(Some(_)), Some(true)) => Err(l.refuse(&API_KEY.doc, ConfigError::Invalid {
             name: API_KEY.doc.name(),
@@ -28,7 +32,7 @@ pub(super) fn read(l: &Layers, dev: Option<bool>) -> Result<FeedbackConfig, Refu
             accepts: "no key with --dev (EPODE_SIDECAR_DEV): the local trial makes an ephemeral key for its embedded Epode and never talks to the real service; unset EPODE_API_KEY, or drop --dev to use it".into(),
         })),
         (Ok(None), Some(true)) => Ok(Some(ProductKey::ephemeral())),
-        (Ok(None), Some(false)) if mode.as_ref().is_ok_and(|m| m.is_enabled()) => {
+        (Ok(None), Some(false)) if needs_key => {
             Err(l.refuse(&API_KEY.doc, ConfigError::Missing {
                 name: API_KEY.doc.name(),
                 accepts: "an Epode product key af_live_… from your Epode workspace. To try the sidecar without an Epode account, run it with --dev (or EPODE_SIDECAR_DEV=1): an embedded Epode on this machine, with a live console. To run without feedback, set AGENT_FEEDBACK_MODE=off".into(),
@@ -54,7 +58,81 @@ pub(super) fn read(l: &Layers, dev: Option<bool>) -> Result<FeedbackConfig, Refu
         telemetry_retry_base: l.get(&TELEMETRY_RETRY_BASE),
         telemetry_shutdown: l.get(&TELEMETRY_SHUTDOWN),
         upstream_epode: l.get(&UPSTREAM_EPODE),
+        customer: customer(l, customer_on),
     })
+}
+
+/// Customer context's settings, when it is on: the tools it follows are required.
+fn customer(l: &Layers, on: Result<bool, Refused>) -> Result<Option<CustomerConfig>, Refused> {
+    // Every value is checked, on or off, so a mistake is found before the day it is turned on.
+    let tools = match (&on, l.optional(&CUSTOMER_CONTEXT_TOOLS)) {
+        (_, Err(e)) => Err(e),
+        (Ok(true), Ok(None)) => Err(l.refuse(&CUSTOMER_CONTEXT_TOOLS.doc, ConfigError::Missing {
+            name: CUSTOMER_CONTEXT_TOOLS.doc.name(),
+            accepts: "with EPODE_SIDECAR_CUSTOMER_CONTEXT=on, the product tools after which customer context is asked for, as glob patterns such as search_*,compare_* (Epode's binding asks for them explicitly)".into(),
+        })),
+        (_, Ok(t)) => Ok(t),
+    };
+    let read = read_all!(CustomerRead {
+        tools,
+        fields: l.optional(&CUSTOMER_CONTEXT_FIELDS),
+        purpose: l.get(&CUSTOMER_CONTEXT_PURPOSE),
+        budget: l.get(&CUSTOMER_CONTEXT_BUDGET),
+        timeout: l.get(&CUSTOMER_CONTEXT_TIMEOUT),
+    });
+    let (on, read) = (on?, read?);
+    Ok(match (on, read.tools) {
+        (true, Some(tools)) => Some(CustomerConfig {
+            tools,
+            fields: read.fields,
+            purpose: read.purpose,
+            budget: read.budget,
+            timeout: read.timeout,
+        }),
+        _ => None,
+    })
+}
+
+/// Customer context's settings as read, before whether it is on decides.
+struct CustomerRead {
+    tools: Option<ToolPatterns>,
+    fields: Option<Vec<String>>,
+    purpose: &'static str,
+    budget: Duration,
+    timeout: Duration,
+}
+
+/// Epode's customer-context field keys: `namespace.name`, 1 to 8 distinct, none `epode.*`.
+fn field_keys(raw: &str) -> Result<Vec<String>, Bad> {
+    let keys = split_list(raw);
+    let shaped = |k: &str| {
+        let part = |p: &str, max: usize| {
+            let b = p.as_bytes();
+            !b.is_empty()
+                && b.len() <= max
+                && b[0].is_ascii_lowercase()
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+        };
+        k.split_once('.')
+            .is_some_and(|(ns, name)| ns != "epode" && part(ns, 31) && part(name, 47))
+    };
+    if let Some(bad) = keys.iter().find(|k| !shaped(k)) {
+        return Err(Bad::Entry(bad.clone()));
+    }
+    let distinct: std::collections::BTreeSet<&String> = keys.iter().collect();
+    if keys.is_empty() || keys.len() > 8 || distinct.len() != keys.len() {
+        return Err(Bad::Whole);
+    }
+    Ok(keys)
+}
+
+fn purpose(raw: &str) -> Result<&'static str, Bad> {
+    match raw {
+        "product_personalization" => Ok("product_personalization"),
+        "targeted_advertising" => Ok("targeted_advertising"),
+        _ => Err(Bad::Whole),
+    }
 }
 
 fn upstream_epode(v: &str) -> Result<UpstreamEpode, Bad> {
@@ -203,6 +281,60 @@ settings! {
                 UpstreamEpode::Auto => "auto".to_owned(),
                 UpstreamEpode::None => "none".to_owned(),
             },
+        ),
+        CUSTOMER_CONTEXT: bool = setting(
+            "customer_context",
+            &["EPODE_SIDECAR_CUSTOMER_CONTEXT"],
+            Some("off"),
+            "on or off",
+            "Epode's customer-context binding (docs/customer-context.md): `share_customer_context` and `record_customer_context_consent` in `tools/list`, answered here and forwarded to Epode with the request's `aqr1_` handle only; after a successful result of a tool `EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS` names, an enrichment request to Epode within `EPODE_SIDECAR_CUSTOMER_CONTEXT_BUDGET`, whose contract the result carries at `structuredContent._epode.customerContext`. Needs the product key.",
+            boolean,
+            |c| if c.feedback.customer.is_some() { "on" } else { "off" }.to_owned(),
+        ),
+        CUSTOMER_CONTEXT_TOOLS: ToolPatterns = setting(
+            "customer_context_tools",
+            &["EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS"],
+            None,
+            "comma-separated glob patterns of tool names, such as search_*,compare_*",
+            "Patterns (`*` within a `/` segment, `**` across) of the product tools after whose successful results customer context is asked for; required with customer context on. Epode's four tool names never match.",
+            patterns,
+            |c| c.feedback.customer.as_ref().map_or_else(|| "<off>".to_owned(), |cc| cc.tools.text.join(",")),
+        ),
+        CUSTOMER_CONTEXT_FIELDS: Vec<String> = setting(
+            "customer_context_fields",
+            &["EPODE_SIDECAR_CUSTOMER_CONTEXT_FIELDS"],
+            None,
+            "1 to 8 distinct comma-separated field keys namespace.name, such as shopping.budget_band,shopping.priority",
+            "The catalogued fields an enrichment request asks for (`fieldKeys`). Unset: Epode's default for the product and the operation.",
+            field_keys,
+            |c| c.feedback.customer.as_ref().and_then(|cc| cc.fields.as_ref()).map_or_else(|| "<Epode's default>".to_owned(), |f| f.join(",")),
+        ),
+        CUSTOMER_CONTEXT_PURPOSE: &'static str = setting(
+            "customer_context_purpose",
+            &["EPODE_SIDECAR_CUSTOMER_CONTEXT_PURPOSE"],
+            Some("product_personalization"),
+            "product_personalization or targeted_advertising",
+            "What the context is for, as the enrichment request tells Epode (`purpose`).",
+            purpose,
+            |c| c.feedback.customer.as_ref().map_or("product_personalization", |cc| cc.purpose).to_owned(),
+        ),
+        CUSTOMER_CONTEXT_BUDGET: Duration = bounded(
+            "customer_context_budget",
+            &["EPODE_SIDECAR_CUSTOMER_CONTEXT_BUDGET"],
+            Some("250ms"),
+            Accepts::duration(AT_LEAST_1MS, Duration::from_secs(5), "250ms"),
+            "The most a product result waits for Epode's answer to its enrichment request; past it, or on any failure, the result goes as the upstream sent it (counted in `epode_sidecar_customer_context_requests_total`).",
+            a_duration,
+            |c| duration(c.feedback.customer.as_ref().map_or(Duration::from_millis(250), |cc| cc.budget)),
+        ),
+        CUSTOMER_CONTEXT_TIMEOUT: Duration = bounded(
+            "customer_context_timeout",
+            &["EPODE_SIDECAR_CUSTOMER_CONTEXT_TIMEOUT"],
+            Some("5s"),
+            Accepts::duration(AT_LEAST_1MS, A_MINUTE, "5s"),
+            "Deadline of each of the customer-context tools' calls to Epode (inspect, consent, answers); past it the tool answers a retryable failure.",
+            a_duration,
+            |c| duration(c.feedback.customer.as_ref().map_or(Duration::from_secs(5), |cc| cc.timeout)),
         ),
         INCLUDE_TOOLS: ToolPatterns = setting(
             "include_tools",

@@ -39,10 +39,11 @@ mod types;
 use self::setting::{read_all, Doc, Layers, Place, Refused};
 pub(crate) use self::setting::{ConfigError, ConfigErrors};
 pub(crate) use self::types::{
-    redact_url, AuthConfig, AuthMode, Config, ConnectionCap, DevConfig, FeedbackConfig, FlagValues,
-    HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls, LogFormat, OperationKind,
-    OriginPolicy, OtelConfig, Rate, RouteTemplate, RunAs, Sampling, StdioChildren, StdioCommand,
-    UpstreamEpode, UpstreamProtocol, UpstreamTarget, UpstreamTls, UpstreamTransport,
+    redact_url, AuthConfig, AuthMode, Config, ConnectionCap, CustomerConfig, DevConfig,
+    FeedbackConfig, FlagValues, HostPolicy, HttpCacheMode, HttpSurface, Limits, ListenerTls,
+    LogFormat, OperationKind, OriginPolicy, OtelConfig, Rate, RouteTemplate, RunAs, Sampling,
+    StdioChildren, StdioCommand, UpstreamEpode, UpstreamProtocol, UpstreamTarget, UpstreamTls,
+    UpstreamTransport,
 };
 
 /// An `auth_operation_scopes` value read, for other modules' tests.

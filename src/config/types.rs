@@ -483,6 +483,29 @@ pub(crate) struct FeedbackConfig {
     pub(crate) telemetry_shutdown: Duration,
     /// Whether the sidecar looks for Epode in the upstream itself, and steps back there.
     pub(crate) upstream_epode: UpstreamEpode,
+    /// Customer context's settings, when it is on.
+    pub(crate) customer: Option<CustomerConfig>,
+}
+
+/// Epode's customer-context binding's settings (`EPODE_SIDECAR_CUSTOMER_CONTEXT=on`).
+#[derive(Debug, Clone)]
+pub(crate) struct CustomerConfig {
+    /// The product tools after whose successful results context is asked for.
+    pub(crate) tools: ToolPatterns,
+    /// The field keys asked for (`None`: Epode's default).
+    pub(crate) fields: Option<Vec<String>>,
+    pub(crate) purpose: &'static str,
+    /// The most a product result waits for the enrichment request.
+    pub(crate) budget: Duration,
+    /// Deadline of each agent-side call (inspect, consent, answers).
+    pub(crate) timeout: Duration,
+}
+
+impl CustomerConfig {
+    /// Whether customer context follows `tool`.
+    pub(crate) fn follows(&self, tool: &str) -> bool {
+        self.tools.matches(tool)
+    }
 }
 
 /// What the sidecar assumes of Epode in the upstream (`EPODE_SIDECAR_UPSTREAM_EPODE`).

@@ -4,6 +4,7 @@
 //! ends every request after its body. A request still running when the sidecar cuts
 //! in-flight work at shutdown gets a JSON-RPC error, not a closed connection.
 
+mod customer;
 mod table;
 
 use std::net::SocketAddr;

@@ -161,7 +161,13 @@ impl MethodTable {
                     .listen(client, req.id, req.bytes, self.cut.clone())
                     .await
             }
-            Route::FeedbackTool => self.feedback_tool(req, ctx, note).await,
+            Route::FeedbackTool => {
+                let name = req.rpc.name().unwrap_or_default();
+                match self.binding.customer().filter(|c| c.answers(&name)) {
+                    Some(c) => super::customer::answer(c, &self.upstream, req, client, ctx).await,
+                    None => self.feedback_tool(req, ctx, note).await,
+                }
+            }
             Route::ToolCall => self.tool_call(req, client, ctx, note, hop).await,
             Route::ToolList => {
                 let mut ctx = ctx;
@@ -341,12 +347,21 @@ impl MethodTable {
         if let (Some(span), Some(_)) = (hop.span, self.binding.listed(&name)) {
             span.tool_listed();
         }
+        // Customer context may amend the result once Epode answers (within its budget).
+        let amends = self
+            .binding
+            .customer_follows(&name)
+            .then(crate::mcp::end::Amends::default);
+        if let Some(a) = &amends {
+            ctx.plan.set_amends(a.clone());
+        }
         ctx.plan.set_hook(Some(self.binding.call_hook(
             &name,
             client.caller.key(),
             &req.parts.headers,
             req.principal.as_ref().map(|p| (&p.refs, p.caller)),
             note.cloned(),
+            amends,
         )));
         self.forward(req, client, ctx, hop).await
     }

@@ -1,4 +1,4 @@
-//! The Epode API client: the four endpoints the sidecar calls. Agent-side calls (consent
+//! The Epode API client: the endpoints the sidecar calls (feedback's four, customer context's four). Agent-side calls (consent
 //! decisions, reports) carry the feedback handle as Bearer; product calls (telemetry, consent
 //! state) carry the product key. Neither ever reaches a log. Nothing Epode sends is trusted:
 //! redirects are not followed and at most [`MAX_ANSWER_BYTES`] of an answer is read.
@@ -16,6 +16,10 @@ pub(crate) const DECISIONS_PATH: &str = "/api/v2/consent/decisions";
 pub(crate) const REPORTS_PATH: &str = "/api/v2/reports";
 pub(crate) const STATE_PATH: &str = "/api/v2/consent/state";
 pub(crate) const BATCHES_PATH: &str = "/api/v2/telemetry/batches";
+pub(crate) const ENRICHMENT_PATH: &str = "/api/v2/enrichment/requests";
+pub(crate) const INSPECT_PATH: &str = "/api/v2/enrichment/requests/inspect";
+pub(crate) const CONTEXT_CONSENT_PATH: &str = "/api/v2/enrichment/consent/decisions";
+pub(crate) const ANSWERS_PATH: &str = "/api/v2/enrichment/answers";
 
 /// The most of an Epode answer the sidecar reads: its answers are small JSON objects (a
 /// receipt, a consent state, a stored report of at most a few KiB).
@@ -212,6 +216,33 @@ impl EpodeClient {
         .await
     }
 
+    /// Asks for customer context after a product call (product key).
+    pub(crate) async fn enrichment_request(
+        &self,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        self.post(
+            ENRICHMENT_PATH,
+            self.key.expose_secret(),
+            json_body(body),
+            timeout,
+        )
+        .await
+    }
+
+    /// One of the customer-context agent calls (inspect, consent, answers: `path`); the
+    /// request's `aqr1_` handle is the credential.
+    pub(crate) async fn enrichment_agent(
+        &self,
+        path: &'static str,
+        handle: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<Answer, EpodeError> {
+        self.post(path, handle, json_body(body), timeout).await
+    }
+
     /// Delivers a telemetry batch, its body already serialised (product key).
     pub(crate) async fn post_batch(
         &self,
@@ -230,6 +261,10 @@ fn operation(path: &str) -> &'static str {
         REPORTS_PATH => "report",
         STATE_PATH => "consent_state",
         BATCHES_PATH => "telemetry_batch",
+        ENRICHMENT_PATH => "enrichment_request",
+        INSPECT_PATH => "enrichment_inspect",
+        CONTEXT_CONSENT_PATH => "enrichment_consent",
+        ANSWERS_PATH => "enrichment_answer",
         _ => "other",
     }
 }
@@ -241,6 +276,10 @@ fn operation_span(path: &str) -> &'static str {
         REPORTS_PATH => "POST /api/v2/reports",
         STATE_PATH => "POST /api/v2/consent/state",
         BATCHES_PATH => "POST /api/v2/telemetry/batches",
+        ENRICHMENT_PATH => "POST /api/v2/enrichment/requests",
+        INSPECT_PATH => "POST /api/v2/enrichment/requests/inspect",
+        CONTEXT_CONSENT_PATH => "POST /api/v2/enrichment/consent/decisions",
+        ANSWERS_PATH => "POST /api/v2/enrichment/answers",
         _ => "POST",
     }
 }

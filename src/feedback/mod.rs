@@ -18,6 +18,7 @@
 //! product uses the Node SDK or this sidecar.
 
 pub(crate) mod capability;
+pub(crate) mod customer;
 pub(crate) mod envelope;
 pub(crate) mod identity;
 pub(crate) mod placement;

@@ -50,6 +50,56 @@ pub(crate) trait ResultHook: Send {
     fn end(&mut self, _ending: Ending) {}
 }
 
+/// What a hook adds to a result after it has seen it, once an answer it waits for has come
+/// (customer context: Epode's contract); returns whether the result changed.
+pub(crate) type Amendment = Box<dyn FnOnce(&mut RawMap) -> bool + Send>;
+
+/// A product call's amendment to come, shared by its hook (which starts it) and the answer
+/// path (which waits for it, at most until its deadline, before it writes the result).
+/// Set only for the calls that may be amended: no cost on any other request.
+#[derive(Clone, Default)]
+pub(crate) struct Amends(Arc<Mutex<Option<Pending>>>);
+
+struct Pending {
+    rx: tokio::sync::oneshot::Receiver<Option<Amendment>>,
+    until: tokio::time::Instant,
+}
+
+impl Amends {
+    /// The amendment comes on `rx`, waited for `within` from now at most.
+    pub(crate) fn set(
+        &self,
+        rx: tokio::sync::oneshot::Receiver<Option<Amendment>>,
+        within: std::time::Duration,
+    ) {
+        let until = tokio::time::Instant::now() + within;
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(Pending { rx, until });
+    }
+
+    /// Waits for the amendment, if one is coming, and applies it to the result of the
+    /// JSON-RPC response `message`; the message as it was when none comes in time.
+    pub(crate) async fn apply(&self, message: bytes::Bytes) -> bytes::Bytes {
+        let pending = self.0.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(Pending { rx, until }) = pending else {
+            return message;
+        };
+        let Ok(Ok(Some(amend))) = tokio::time::timeout_at(until, rx).await else {
+            return message;
+        };
+        let Some(mut msg) = super::raw::parse_message(&message) else {
+            return message;
+        };
+        let Some(mut result) = msg.get("result").and_then(|r| super::raw::open(r)) else {
+            return message;
+        };
+        if !amend(&mut result) {
+            return message;
+        }
+        msg.insert("result".into(), super::raw::raw_object(&result));
+        super::raw::to_bytes(&msg)
+    }
+}
+
 /// A request's end, owned by its plan: [`RequestEnd::end`] ends it (the first ending
 /// counts; later ones are no-ops, as a failure found after the result is none). Dropped
 /// without an ending, it hands its hook to the request's [`Abandoned`] for the end step.

@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use super::end::{Abandoned, Ending, RequestEnd, ResultHook};
+use super::end::{Abandoned, Amends, Ending, RequestEnd, ResultHook};
 use super::era::Era;
 use super::method::{Method, Shape};
 use super::raw::{as_str, is_object, null, open, raw, RawMap};
@@ -92,6 +92,9 @@ pub(crate) struct ResultPlan {
     /// Defaults for `ttlMs` / `cacheScope` on cacheable methods (modern client).
     pub(crate) cache: Option<(u64, &'static str)>,
     end: RequestEnd,
+    /// What the hook may add to the result afterwards (customer context), for the answer
+    /// path to wait for before it writes the result.
+    amends: Option<Amends>,
 }
 
 impl ResultPlan {
@@ -103,7 +106,18 @@ impl ResultPlan {
             force_server_info: false,
             cache: None,
             end: RequestEnd::new(method, abandoned),
+            amends: None,
         }
+    }
+
+    /// The result may be amended after the hook has seen it (see [`Amends`]).
+    pub(crate) fn set_amends(&mut self, amends: Amends) {
+        self.amends = Some(amends);
+    }
+
+    /// The amendment to wait for, when the result may get one.
+    pub(crate) fn amends(&self) -> Option<Amends> {
+        self.amends.clone()
     }
 
     /// What the response passes through (the binding's decoration and telemetry).

@@ -518,7 +518,13 @@ where
                     Taken::Replaced(b) => return Some((Ok::<_, BoxError>(Frame::data(b)), st)),
                     Taken::Kept => {}
                 }
+                let responded = st.saw_response;
                 let mut block = transform(&block, &mut st).unwrap_or(block);
+                if !responded && st.saw_response {
+                    if let Some(amends) = st.plan.amends() {
+                        block = amended(block, &amends).await;
+                    }
+                }
                 if block.len() > crate::budget::SMALL {
                     // Counted until written: a slow client may keep it in the write buffer.
                     block = crate::budget::counted(st.bounds.held.budget(), block);
@@ -887,6 +893,20 @@ fn relabelled(block: &[u8], id: &RawValue) -> Bytes {
 }
 
 /// A request from the server (a method and an id): a question for the client.
+/// The response event with the amendment its result may get (customer context), once it has
+/// come or its deadline passed.
+async fn amended(block: Bytes, amends: &crate::mcp::end::Amends) -> Bytes {
+    let Some(data) = event_data(&block) else {
+        return block;
+    };
+    let before = Bytes::from(data.into_bytes());
+    let after = amends.apply(before.clone()).await;
+    if after == before {
+        return block;
+    }
+    replace_data(&block, &after)
+}
+
 fn is_question(msg: &RawMap) -> bool {
     msg.contains_key("method") && msg.contains_key("id")
 }

@@ -202,6 +202,7 @@ pub(crate) async fn finish(
         return finish_stream(parts, body, ctx, upstream, bounds, aside).await;
     }
     let mut plan = ctx.plan;
+    let amends = plan.amends();
     let (bytes, mut held) = match read_body(body, bounds).await {
         Ok(read) => read,
         Err(e) => {
@@ -234,6 +235,10 @@ pub(crate) async fn finish(
     if let Some(status) = status {
         parts.status = status;
     }
+    let out = match amends {
+        Some(a) => a.apply(out).await,
+        None => out,
+    };
     held.resize(out.len());
     Ok(Response::from_parts(parts, body::held(out, held)))
 }
@@ -253,12 +258,17 @@ pub(crate) async fn finish_read(
     headers.remove(SESSION_ID);
     headers.remove(header::CONTENT_LENGTH);
     let plan = ctx.plan;
+    let amends = plan.amends();
     let (out, rewritten) = if bytes.len() >= OFF_WORKER_BYTES {
         tokio::task::spawn_blocking(move || rewrite_whole(bytes, plan, upstream))
             .await
             .map_err(|e| Error::caused_by(ErrorKind::Internal, "rewriting the answer", e))?
     } else {
         rewrite_whole(bytes, plan, upstream)
+    };
+    let out = match amends {
+        Some(a) => a.apply(out).await,
+        None => out,
     };
     let mut resp = body::json(rewritten.unwrap_or(status), out);
     for (name, value) in &headers {

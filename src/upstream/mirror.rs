@@ -31,7 +31,7 @@ use crate::mcp::rewrite::ResultPlan;
 use crate::mcp::sse::{message_event, MAX_QUESTIONS, MAX_ROUNDS};
 
 /// Whether a 2025 client accepts an event stream as its answer.
-pub(super) fn accepts_stream(headers: &HeaderMap) -> bool {
+pub(crate) fn accepts_stream(headers: &HeaderMap) -> bool {
     headers
         .get_all(header::ACCEPT)
         .iter()
@@ -48,7 +48,7 @@ pub(super) fn is_input_required(result: Option<&Value>) -> bool {
 }
 
 /// What the round loop needs of the upstream: sending the call again with the answers.
-pub(super) trait AsksAgain: Send + Sync {
+pub(crate) trait AsksAgain: Send + Sync {
     /// Sends `body` (the client's call in its own era, with `inputResponses` and
     /// `requestState`) upstream as `headers`/`caller`; the JSON-RPC response it gets.
     fn call_again(

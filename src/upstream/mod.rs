@@ -36,8 +36,8 @@ use serde_json::value::RawValue;
 use serde_json::{json, Value};
 
 use self::answer::{read_answer, AnswerBounds};
-pub(crate) use self::caller::Client;
 use self::caller::ServerRequests;
+pub(crate) use self::caller::{Caller, Client};
 pub(crate) use self::context::RequestContext;
 pub(crate) use self::era::Discovery;
 use self::era::EraResolver;
@@ -48,6 +48,7 @@ use self::http::{HttpBounds, HttpUpstream};
 use self::identity::{ServerIdentity, Shown};
 use self::link::Link;
 pub(crate) use self::link::{OwnSpan, OwnSpans};
+pub(crate) use self::mirror::AsksAgain;
 use self::pool::IdleBound;
 pub(crate) use self::ready::NotReady;
 use self::session::Sessions;
@@ -890,6 +891,39 @@ impl Upstream {
         }
         let sealed = self.known.held.seal_capabilities(&caps.to_string())?;
         ::http::HeaderValue::from_str(&sealed).ok()
+    }
+
+    /// What a 2025 client declared at `initialize` (its session id carries it), when it can
+    /// also be asked on an event stream: the sidecar may then ask it a question of its own.
+    pub(crate) fn askable_legacy_client(&self, client: &Client<'_>) -> Option<Value> {
+        if !mirror::accepts_stream(client.headers) {
+            return None;
+        }
+        serde_json::from_str(self.client_capabilities(client.headers)?.get()).ok()
+    }
+
+    /// A result answered here (a customer-context tool's) that asks a 2025 client for input:
+    /// asked on an event stream as a 2026 upstream's `input_required` is (`mirror.rs`), with
+    /// `again` answering each retry. `request` is the client's call as it sent it.
+    pub(crate) fn ask_legacy_client(
+        &self,
+        client: &Client<'_>,
+        request: &Bytes,
+        ctx: RequestContext<'_>,
+        first: Value,
+        again: Arc<dyn AsksAgain>,
+    ) -> Result<Response<Body>, Error> {
+        let m = mirror::Mirror {
+            upstream: again,
+            asks: self.known.asks.clone(),
+            headers: client.headers.clone(),
+            caller: client.caller,
+            method: (ctx.method.to_owned(), ctx.listed),
+            request: request.clone(),
+            id: ctx.id.to_owned(),
+            wait: self.known.wait,
+        };
+        mirror::answer_by_asking(m, ctx.plan, first)
     }
 
     /// The capabilities a 2025 client's session id carries, when it is one of the sidecar's.

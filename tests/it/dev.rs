@@ -990,3 +990,55 @@ fn the_demo_refuses_at_once_with_one_line_naming_what_is_missing() {
         assert!(!ran.exists(), "cargo was run");
     }
 }
+
+/// Customer context with `--dev` over a stdio upstream: the embedded Epode takes the
+/// enrichment request and the agent's answer, and the console shows each step under the
+/// call's interaction.
+#[tokio::test]
+async fn customer_context_shows_its_request_and_answer_on_the_console() {
+    let dir = tempfile::tempdir().unwrap();
+    let record = dir.path().join("dev.jsonl");
+    let sc = start(&[
+        ("EPODE_SIDECAR_DEV", "1"),
+        ("EPODE_SIDECAR_DEV_LOG", record.to_str().unwrap()),
+        ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
+        ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "search_*"),
+    ]);
+    let called = ts_call(
+        &sc.url(),
+        "pin",
+        Some(("search_help", &json!({"query": "refund"}))),
+        &[],
+    );
+    let c = called["result"]["structuredContent"]["_epode"]["customerContext"].clone();
+    assert_eq!(c["state"], "answer_ready", "{called}");
+    let handle = c["requestHandle"].as_str().unwrap().to_owned();
+    let args = json!({"requestHandle": handle, "status": "answered",
+        "items": [{"key": "content.topic_depth", "type": "preference", "value": "practical",
+                   "provenance": "agent_reports_user_statement", "remember": false}]});
+    let shared = ts_call(
+        &sc.url(),
+        "pin",
+        Some(("share_customer_context", &args)),
+        &[],
+    );
+    assert_eq!(shared["result"]["isError"], false, "{shared}");
+    let id = c["interactionId"].as_str().unwrap().to_owned();
+    let events = console_events(&sc, |evs| {
+        evs.iter()
+            .any(|e| e["kind"] == "context" && e["step"] == "answer")
+    })
+    .await;
+    let steps: Vec<&str> = events
+        .iter()
+        .filter(|e| e["kind"] == "context" && e["interactionId"] == id.as_str())
+        .filter_map(|e| e["step"].as_str())
+        .collect();
+    assert_eq!(steps, ["request", "answer"], "{events:?}");
+    let recorded = std::fs::read_to_string(&record).unwrap();
+    assert!(recorded.contains("\"kind\":\"enrichment\""), "{recorded}");
+    assert!(
+        !recorded.contains(&handle),
+        "the handle is a credential: never recorded"
+    );
+}

@@ -13,6 +13,7 @@ mod bridge;
 mod callers;
 mod cli;
 mod conformance;
+mod customer_context;
 mod deploy;
 mod dev;
 mod edges;

@@ -7,7 +7,10 @@ roots callback with one root, file:///py-root. Calls one tool and prints one JSO
 {"text": <first text block>, "isError": bool, "asked": [methods]}, or {"error": "..."}.
 
 Usage: $D/py/bin/python tests/peers/py_asked.py URL TOOL [--value N] [--decline] [--mode legacy|auto] [--bearer T]
-(--bearer: sent as `Authorization: Bearer T`, to be a caller of its own)
+       [--args JSON] [--string S]
+(--bearer: sent as `Authorization: Bearer T`, to be a caller of its own; --args: the tool's
+arguments, {} by default; --string: what string properties are filled with, "py" by default.
+The printed line also carries the result's "structured" content.)
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ async def main() -> None:
     p.add_argument("--decline", action="store_true")
     p.add_argument("--mode", default="legacy")
     p.add_argument("--bearer")
+    p.add_argument("--args", default="{}")
+    p.add_argument("--string", default="py")
     a = p.parse_args()
 
     async def elicit(_ctx, params):
@@ -40,7 +45,7 @@ async def main() -> None:
             return types.ElicitResult(action="decline")
         props = (getattr(params, "requested_schema", None) or {}).get("properties") or {}
         content = {
-            k: ("py" if v.get("type") == "string" else True if v.get("type") == "boolean" else a.value)
+            k: (a.string if v.get("type") == "string" else True if v.get("type") == "boolean" else a.value)
             for k, v in props.items()
         }
         return types.ElicitResult(action="accept", content=content)
@@ -68,9 +73,11 @@ async def main() -> None:
             sampling_callback=sample,
             list_roots_callback=roots,
         ) as client:
-            result = await client.call_tool(a.tool, {})
+            result = await client.call_tool(a.tool, json.loads(a.args))
             text = next((c.text for c in result.content if getattr(c, "type", "") == "text"), None)
-            print(json.dumps({"text": text, "isError": bool(result.is_error), "asked": asked}))
+            structured = getattr(result, "structured_content", None)
+            print(json.dumps({"text": text, "isError": bool(result.is_error), "asked": asked,
+                              "structured": structured}))
     except Exception as e:  # noqa: BLE001 - the test reads the failure
         while isinstance(e, BaseExceptionGroup) and e.exceptions:
             e = e.exceptions[0]

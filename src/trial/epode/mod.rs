@@ -1,5 +1,5 @@
-//! The embedded Epode of the local trial: the four endpoints the sidecar uses (telemetry
-//! batches, consent decisions, consent state, reports), answered strictly as the real service
+//! The embedded Epode of the local trial: the endpoints the sidecar uses (telemetry
+//! batches, consent decisions, consent state, reports; customer context's four, `enrichment.rs`), answered strictly as the real service
 //! answers them: the product key or the feedback handle checked (signature, expiry), bodies
 //! validated against the protocol's JSON Schemas and its admission rules, the same statuses
 //! and the same idempotency (the first decision and the first report of an interaction win).
@@ -102,6 +102,19 @@ struct Decision {
     decided_at: String,
 }
 
+/// One enrichment request, kept by its handle.
+#[derive(Clone)]
+struct Asked {
+    request_id: String,
+    interaction_id: String,
+    purpose: String,
+    remember: bool,
+    /// Whom a decline binds: the customer (remembered) or this interaction.
+    subject: String,
+    state: &'static str,
+    body: Value,
+}
+
 #[derive(Default)]
 struct State {
     /// Telemetry events by interaction id (the first values win).
@@ -110,6 +123,11 @@ struct State {
     /// Ask-once subjects: the standing decision and its revision.
     subjects: IndexMap<String, (&'static str, i64)>,
     reports: IndexMap<String, Value>,
+    /// Customer-context requests by their `aqr1_` handle.
+    enrichment: IndexMap<String, Asked>,
+    /// Customer-context subjects (a customer and purpose, or an interaction) and whether
+    /// they declined.
+    context_declined: IndexMap<String, bool>,
 }
 
 fn keep<V>(map: &mut IndexMap<String, V>, key: String, value: V) {
@@ -226,6 +244,10 @@ impl DevEpode {
             "/api/v2/consent/decisions" => "consent",
             "/api/v2/consent/state" => "consent_state",
             "/api/v2/reports" => "report",
+            "/api/v2/enrichment/requests" => "enrichment",
+            "/api/v2/enrichment/requests/inspect" => "enrichment_inspect",
+            "/api/v2/enrichment/consent/decisions" => "enrichment_consent",
+            "/api/v2/enrichment/answers" => "enrichment_answer",
             _ => return error(404, "Not found"),
         };
         if !json_body {
@@ -250,6 +272,10 @@ impl DevEpode {
             "telemetry" => self.telemetry(bearer, &body),
             "consent" => self.decision(bearer, &body),
             "consent_state" => self.consent_state(bearer, &body),
+            "enrichment" => self.enrichment_request(bearer, &body),
+            "enrichment_inspect" => self.enrichment_inspect(bearer),
+            "enrichment_consent" => self.enrichment_consent(bearer, &body),
+            "enrichment_answer" => self.enrichment_answer(bearer, &body),
             _ => self.report(bearer, &body),
         };
         self.append(kind, answer.status, &body);
@@ -442,6 +468,7 @@ fn merge_event(stored: Option<Value>, incoming: Value) -> Value {
 }
 
 mod agent;
+mod enrichment;
 
 #[cfg(test)]
 mod tests;

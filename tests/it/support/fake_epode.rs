@@ -36,6 +36,10 @@ use sha2::{Digest, Sha256};
 
 type HmacSha256 = Hmac<Sha256>;
 
+#[path = "fake_epode/enrichment.rs"]
+mod enrichment;
+pub use enrichment::StoredRequest;
+
 /// Where the protocol schemas and `conformance.json` are read from.
 pub const PROTOCOL_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/protocol/epode-v1");
 
@@ -134,6 +138,11 @@ pub enum Endpoint {
     ConsentState,
     Reports,
     Introspect,
+    /// Customer context: the product's request, and the agent's inspect, consent, answers.
+    Enrichment,
+    EnrichmentInspect,
+    EnrichmentConsent,
+    EnrichmentAnswers,
     Other,
 }
 
@@ -145,6 +154,10 @@ impl Endpoint {
             Self::ConsentState => "/api/v2/consent/state",
             Self::Reports => "/api/v2/reports",
             Self::Introspect => "/api/v2/capabilities/introspect",
+            Self::Enrichment => "/api/v2/enrichment/requests",
+            Self::EnrichmentInspect => "/api/v2/enrichment/requests/inspect",
+            Self::EnrichmentConsent => "/api/v2/enrichment/consent/decisions",
+            Self::EnrichmentAnswers => "/api/v2/enrichment/answers",
             Self::Other => "",
         }
     }
@@ -156,6 +169,10 @@ impl Endpoint {
             Self::ConsentState,
             Self::Reports,
             Self::Introspect,
+            Self::Enrichment,
+            Self::EnrichmentInspect,
+            Self::EnrichmentConsent,
+            Self::EnrichmentAnswers,
         ]
         .into_iter()
         .find(|endpoint| endpoint.path() == path)
@@ -822,6 +839,7 @@ struct State {
     report_index: HashMap<String, usize>,
     foreign: HashSet<String>,
     counters: Counters,
+    enrichment: enrichment::Store,
 }
 
 impl State {
@@ -920,6 +938,7 @@ impl FakeEpode {
                 report_index: HashMap::new(),
                 foreign: HashSet::new(),
                 counters: Counters::default(),
+                enrichment: enrichment::Store::default(),
             }),
             product_key: config.product_key.clone(),
             public_base_url: config
@@ -1034,6 +1053,16 @@ impl FakeEpode {
     }
 
     /// While true, every request's connection is closed without a response.
+    /// The customer-context enrichment requests stored, in order.
+    pub fn enrichment_requests(&self) -> Vec<StoredRequest> {
+        self.shared.lock().enrichment.requests.clone()
+    }
+
+    /// New enrichment requests ask the permission question first (`consent_required`).
+    pub fn set_consent_first(&self, on: bool) {
+        self.shared.lock().enrichment.consent_first = on;
+    }
+
     pub fn set_down(&self, down: bool) {
         self.shared.lock().down = down;
     }
@@ -1660,6 +1689,8 @@ fn process(
     }
     let reply = if endpoint == Endpoint::Introspect {
         introspect(shared, state, headers)
+    } else if endpoint == Endpoint::EnrichmentInspect {
+        enrichment::inspect(shared, state, headers)
     } else {
         // axum's `Json` extractor: content type, then body limit, then syntax.
         if !is_json_content_type(headers) {
@@ -1688,7 +1719,12 @@ fn process(
             Endpoint::ConsentDecisions => decision(shared, state, headers, &value),
             Endpoint::ConsentState => consent_state(shared, state, headers, &value),
             Endpoint::Reports => report(shared, state, headers, &value),
-            Endpoint::Introspect | Endpoint::Other => Reply::empty(404),
+            Endpoint::Enrichment => enrichment::request(shared, state, headers, &value),
+            Endpoint::EnrichmentConsent => enrichment::consent(shared, state, headers, &value),
+            Endpoint::EnrichmentAnswers => enrichment::answers(shared, state, headers, &value),
+            Endpoint::Introspect | Endpoint::EnrichmentInspect | Endpoint::Other => {
+                Reply::empty(404)
+            }
         }
     };
     apply_receipt_fault(reply, fault)
