@@ -593,17 +593,7 @@ impl Upstream {
             return answer::finish_read(read, ctx, sent.era).await;
         }
         let first = read.result().cloned().unwrap_or_default();
-        let m = mirror::Mirror {
-            upstream: self.clone(),
-            asks: self.known.asks.clone(),
-            headers: client.headers.clone(),
-            caller: client.caller,
-            method: (ctx.method.to_owned(), ctx.listed),
-            request: bytes.clone(),
-            id: ctx.id.to_owned(),
-            wait: self.known.wait,
-        };
-        mirror::answer_by_asking(m, ctx.plan, first)
+        self.ask_legacy_client(client, bytes, ctx, first, self.clone())
     }
 
     /// The bridge that asks a 2026 client a 2025-era upstream's questions in its call
@@ -902,8 +892,8 @@ impl Upstream {
         serde_json::from_str(self.client_capabilities(client.headers)?.get()).ok()
     }
 
-    /// A result answered here (a customer-context tool's) that asks a 2025 client for input:
-    /// asked on an event stream as a 2026 upstream's `input_required` is (`mirror.rs`), with
+    /// A result that asks a 2025 client for input (a 2026 upstream's `input_required`, or a
+    /// customer-context tool's answered here): asked on an event stream (`mirror.rs`), with
     /// `again` answering each retry. `request` is the client's call as it sent it.
     pub(crate) fn ask_legacy_client(
         &self,
