@@ -172,6 +172,19 @@ class Journeys:
         c4b = await self.search("compare_funds", investor, f"research_2_{n}")
         check(c4b.get("state") == "declined", f"[{self.mode}] the customer's decline holds on the next call", c4b)
         check(self.customer_context(investor).get("items") == [], f"[{self.mode}] nothing stored for the decliner")
+        # No relevant context: answered with nothing; asked again, it was handled already.
+        reader = {"accountRef": f"care_patient_{n}", "userRef": f"patient_{n}"}
+        c6 = await self.search("prepare_visit", reader, f"visit_1_{n}")
+        r = await self.call("share_customer_context", {
+            "requestHandle": c6.get("requestHandle"), "status": "no_relevant_context", "items": []})
+        check(r["isError"] is False and (r["structured"] or {}).get("accepted") is True,
+              f"[{self.mode}] no relevant context is accepted", r)
+        r = await self.call("share_customer_context", {
+            "requestHandle": c6.get("requestHandle"), "status": "no_relevant_context", "items": []})
+        s = r["structured"] or {}
+        check(s.get("alreadyCompleted") is True and s.get("state") == "no_relevant_context",
+              f"[{self.mode}] asked again, it was handled already", r)
+        check(self.customer_context(reader).get("items") == [], f"[{self.mode}] nothing stored for no relevant context")
         # 5. An unknown or sensitive key.
         other = {"accountRef": f"finance_account_x{n}", "userRef": f"investor_x{n}"}
         c5 = await self.search("compare_funds", other, f"research_sensitive_{n}")
@@ -231,6 +244,8 @@ def main() -> None:
                   f"stored: [{mode}] the session-only budget with its interaction and an expiry", signals)
         check(not any(s.get("key") == "creditworthiness" for s in signals), "stored: no unknown key")
         check(any(r.get("state") == "declined" for r in requests), "stored: a declined request")
+        check(any(r.get("state") == "no_relevant_context" for r in requests),
+              "stored: a request answered with no relevant context")
         check(interactions and all(i.get("surface") == "mcp" for i in interactions),
               "stored: every interaction is an MCP one", interactions[:3])
         check(all(i.get("classification") == "confirmed" for i in interactions),
