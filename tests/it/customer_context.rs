@@ -197,6 +197,26 @@ fn the_reference_journeys_with_both_eras() {
             "Unknown customer context catalog key"
         );
 
+        // No relevant context: accepted, nothing stored.
+        let other = call(&rig, era, "echo", json!({"text": "z"}));
+        let h5 = contract(&other).unwrap()["requestHandle"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let none = call(
+            &rig,
+            era,
+            SHARE,
+            json!({"requestHandle": h5, "status": "no_relevant_context", "items": []}),
+        );
+        assert_eq!(none["structuredContent"]["accepted"], true, "{none}");
+        let stored = rig.epode.enrichment_requests();
+        let req = stored.iter().find(|s| s.handle == h5).unwrap();
+        assert_eq!(
+            (req.state.as_str(), req.items.len()),
+            ("no_relevant_context", 0)
+        );
+
         // A tool customer context does not follow records its event; a confirmed call none.
         let add = call(&rig, era, "add", json!({"a": 1, "b": 2}));
         assert!(contract(&add).is_none(), "{add}");
