@@ -9,13 +9,18 @@
 //! Epode did not take (refused, late, unreachable) records it as any call does, under the same
 //! interaction id, so Epode counts the call once either way.
 
-use std::sync::Arc;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use lru::LruCache;
+use sha2::{Digest, Sha256};
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use crate::caller::CallerKey;
 use crate::config::CustomerConfig;
 use crate::epode::client::{
     EpodeClient, EpodeError, ANSWERS_PATH, CONTEXT_CONSENT_PATH, INSPECT_PATH,
@@ -39,6 +44,8 @@ pub(crate) struct Ask {
     pub(crate) duration: Duration,
     /// Whether the tool declares an `outputSchema` (the contract then goes as text).
     pub(crate) has_output_schema: bool,
+    /// The verified caller (auth on) the handle is placed for.
+    pub(crate) bound: Option<CallerKey>,
 }
 
 pub(crate) struct CustomerContext {
@@ -46,6 +53,21 @@ pub(crate) struct CustomerContext {
     client: Arc<EpodeClient>,
     definitions: Vec<Box<RawValue>>,
     metrics: Arc<Metrics>,
+    /// The handles placed in verified callers' results, and to whom (by a digest: never the
+    /// handle itself); a handle another caller sends is refused here. At most [`ISSUED_MAX`],
+    /// the oldest forgotten first (a forgotten handle is then anyone's, as one placed in a
+    /// result no token guards).
+    issued: Mutex<LruCache<[u8; 16], CallerKey>>,
+}
+
+/// Handles remembered with their caller (Epode's live 2 hours): 100,000 take about 5 MB.
+const ISSUED_MAX: usize = 100_000;
+
+fn digest(handle: &str) -> [u8; 16] {
+    let d = Sha256::digest(handle.as_bytes());
+    let mut out = [0; 16];
+    out.copy_from_slice(&d[..16]);
+    out
 }
 
 impl CustomerContext {
@@ -59,7 +81,19 @@ impl CustomerContext {
             client,
             definitions: cc::tool_definitions().iter().map(raw).collect(),
             metrics,
+            issued: Mutex::new(LruCache::new(
+                NonZeroUsize::new(ISSUED_MAX).expect("not zero"),
+            )),
         }
+    }
+
+    /// Whether `handle` was placed in another caller's result than `bound`'s.
+    fn foreign(&self, handle: &str, bound: Option<CallerKey>) -> bool {
+        let Some(caller) = bound else {
+            return false;
+        };
+        let issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        issued.peek(&digest(handle)).is_some_and(|to| *to != caller)
     }
 
     /// Whether customer context is asked for after `tool`'s results (never one of Epode's).
@@ -88,6 +122,7 @@ impl CustomerContext {
         amends: &Amends,
         unconfirmed: Option<Box<dyn FnOnce() + Send>>,
     ) {
+        let bound = ask.bound;
         let (tx, rx) = oneshot::channel::<Option<Amendment>>();
         // The answer path waits a little past the budget: the request's own deadline ends it.
         amends.set(rx, self.config.budget + Duration::from_millis(50));
@@ -126,6 +161,13 @@ impl CustomerContext {
                 if let Some(record) = unconfirmed {
                     record();
                 }
+            }
+            let handle = contract
+                .as_ref()
+                .and_then(|c| c.contract.get("requestHandle")?.as_str());
+            if let (Some(caller), Some(h)) = (bound, handle) {
+                let mut issued = this.issued.lock().unwrap_or_else(|p| p.into_inner());
+                issued.put(digest(h), caller);
             }
             let amendment = contract.map(|c| {
                 Box::new(move |result: &mut crate::mcp::raw::RawMap| c.place(result, schema))
@@ -179,13 +221,15 @@ impl CustomerContext {
         &self,
         name: &str,
         args: &Value,
-        capabilities: Option<&Value>,
-        input_responses: Option<&Value>,
+        (capabilities, input_responses): (Option<&Value>, Option<&Value>),
+        bound: Option<CallerKey>,
     ) -> Value {
         let (tool, result) = if name == cc::CONSENT_TOOL {
-            (cc::CONSENT_TOOL, self.consent_tool(args).await)
+            (cc::CONSENT_TOOL, self.consent_tool(args, bound).await)
         } else {
-            let answer = self.share_tool(args, capabilities, input_responses).await;
+            let answer = self
+                .share_tool(args, capabilities, input_responses, bound)
+                .await;
             (cc::SHARE_TOOL, answer)
         };
         let outcome = match &result {
@@ -200,8 +244,18 @@ impl CustomerContext {
         result.unwrap_or_else(|why| cc::invalid_arguments(tool, &why))
     }
 
-    async fn consent_tool(&self, args: &Value) -> Result<Value, cc::Refusal> {
+    async fn consent_tool(
+        &self,
+        args: &Value,
+        bound: Option<CallerKey>,
+    ) -> Result<Value, cc::Refusal> {
         let (handle, body) = cc::consent(args)?;
+        if self.foreign(&handle, bound) {
+            tracing::info!(
+                "customer context: a handle placed in another caller's result is refused"
+            );
+            return Ok(cc::unverified(None));
+        }
         let (status, body) = self.relay(CONTEXT_CONSENT_PATH, &handle, &body).await;
         Ok(cc::consent_recorded(status, body))
     }
@@ -211,8 +265,15 @@ impl CustomerContext {
         args: &Value,
         capabilities: Option<&Value>,
         input_responses: Option<&Value>,
+        bound: Option<CallerKey>,
     ) -> Result<Value, cc::Refusal> {
         let share = cc::share(args)?;
+        if self.foreign(&share.handle, bound) {
+            tracing::info!(
+                "customer context: a handle placed in another caller's result is refused"
+            );
+            return Ok(cc::unverified(None));
+        }
         let (status, inspected) = self.relay(INSPECT_PATH, &share.handle, &json!({})).await;
         let state = inspected
             .as_ref()

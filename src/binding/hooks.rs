@@ -354,6 +354,7 @@ impl CallHook {
             runtime_hint: event.runtime_hint.clone(),
             duration: event.duration.unwrap_or_default(),
             has_output_schema: self.listed == Some(true),
+            bound: self.bound,
         };
         let binding = self.binding.clone();
         let unconfirmed =

@@ -50,13 +50,16 @@ pub(super) async fn answer(
         Era::Legacy => (upstream.askable_legacy_client(client), true),
     };
     let responses = params.get("inputResponses");
+    // With auth on, a handle placed in another caller's result is refused.
+    let bound = req.principal.as_ref().map(|p| p.caller);
     let result = customer
-        .call_tool(&name, &args, capabilities.as_ref(), responses)
+        .call_tool(&name, &args, (capabilities.as_ref(), responses), bound)
         .await;
     if legacy && result.get("resultType").and_then(Value::as_str) == Some("input_required") {
         let again = Arc::new(AskedHere {
             customer: customer.clone(),
             capabilities,
+            bound,
         });
         return upstream.ask_legacy_client(client, req.bytes, ctx, result, again);
     }
@@ -67,6 +70,7 @@ pub(super) async fn answer(
 struct AskedHere {
     customer: Arc<CustomerContext>,
     capabilities: Option<Value>,
+    bound: Option<crate::caller::CallerKey>,
 }
 
 impl AsksAgain for AskedHere {
@@ -90,8 +94,8 @@ impl AsksAgain for AskedHere {
                 .call_tool(
                     name,
                     &args,
-                    self.capabilities.as_ref(),
-                    params.get("inputResponses"),
+                    (self.capabilities.as_ref(), params.get("inputResponses")),
+                    self.bound,
                 )
                 .await;
             Ok(json!({"jsonrpc": "2.0", "id": call["id"], "result": result}))

@@ -533,6 +533,55 @@ async fn a_feedback_handle_is_its_callers_only() {
     assert_eq!(epode.requests(Endpoint::Reports).len(), 1);
 }
 
+/// A customer-context handle placed in Alice's result is Alice's: Bob's share with it is
+/// refused here, and nothing of it reaches Epode; Alice's goes.
+#[tokio::test]
+async fn a_customer_context_handle_is_its_callers_only() {
+    let (port, resource) = resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let up = crate::support::Upstream::start(crate::support::UpstreamKind::Python);
+    let url = epode.url();
+    let sc = sidecar_for(
+        &up.url(),
+        &auth,
+        port,
+        &[
+            ("EPODE_API_KEY", epode.product_key()),
+            ("EPODE_API_URL", &url),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "echo"),
+        ],
+    );
+    let alice = auth
+        .mint(json!({}), json!({"sub": "alice"}), MintKey::Current)
+        .await;
+    let bob = auth
+        .mint(json!({}), json!({"sub": "bob"}), MintKey::Current)
+        .await;
+    let msg = call_tool(&sc, 1, &alice, "echo", json!({"text": "x"})).await;
+    let handle = msg["result"]["structuredContent"]["_epode"]["customerContext"]["requestHandle"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{msg}"))
+        .to_owned();
+    let share = json!({"requestHandle": handle, "status": "no_relevant_context", "items": []});
+    let stolen = call_tool(&sc, 2, &bob, "share_customer_context", share.clone()).await;
+    assert_eq!(stolen["result"]["isError"], true, "{stolen}");
+    assert!(
+        epode.requests(Endpoint::EnrichmentInspect).is_empty(),
+        "Bob's share reached Epode"
+    );
+    let consent = json!({"requestHandle": handle, "decision": "declined"});
+    let stolen = call_tool(&sc, 3, &bob, "record_customer_context_consent", consent).await;
+    assert_eq!(stolen["result"]["isError"], true, "{stolen}");
+    assert!(epode.requests(Endpoint::EnrichmentConsent).is_empty());
+    let own = call_tool(&sc, 4, &alice, "share_customer_context", share).await;
+    assert_eq!(
+        own["result"]["structuredContent"]["accepted"], true,
+        "{own}"
+    );
+}
+
 /// The HTTP surface runs the one front's order: its Host, then the client's rate, then its
 /// token. A request with a foreign Host gets 403 and one past its rate 429 with no token
 /// looked at (before, the token was checked first: 401 for both).

@@ -76,6 +76,12 @@ fn shares_that_cannot_be_sent_are_refused_saying_which_argument() {
         let why = share(&args).expect_err(&args.to_string());
         assert!(why.contains(says), "{args}: {why}");
     }
+    let long = format!("aqr1_{}", "a".repeat(MAX_HANDLE_BYTES));
+    let why =
+        share(&json!({"requestHandle": long, "status": "declined", "items": []})).unwrap_err();
+    assert!(why.starts_with("requestHandle"), "{why}");
+    let longest = format!("aqr1_{}", "a".repeat(MAX_HANDLE_BYTES - 5));
+    assert!(share(&json!({"requestHandle": longest, "status": "declined", "items": []})).is_ok());
     let mut bad = item("a.b", "v");
     bad["expiresAt"] = json!("2026-02-30T00:00:00Z");
     assert!(share(&json!({"requestHandle": H, "status": "answered", "items": [bad]})).is_err());
