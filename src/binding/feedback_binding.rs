@@ -390,6 +390,19 @@ impl FeedbackBinding {
         decorated
     }
 
+    /// An HTTP response of the upstream carried Epode's envelope itself (its `_agentFeedback`,
+    /// its page's script, its `Agent-Feedback` header): with `auto`, the sidecar steps back, as
+    /// for a tool result that carries `_agentFeedback` (a response the app's own SDK leaves
+    /// bare, as after a customer's "no", must stay bare).
+    pub(crate) fn heard_http_envelope(&self) {
+        if self.enabled() {
+            self.carried.heard(
+                Carries::Binding,
+                "its HTTP responses carry Epode's envelope",
+            );
+        }
+    }
+
     pub(crate) fn telemetry(&self) -> Option<&Arc<Telemetry>> {
         self.active.as_ref().map(|a| &a.telemetry)
     }

@@ -275,7 +275,7 @@ settings! {
             &["EPODE_SIDECAR_UPSTREAM_EPODE"],
             Some("auto"),
             "auto or none",
-            "An upstream that carries Epode itself (one of Epode's SDKs): `auto` looks for it (`ai.epode/agent-feedback` in its `server/discover` or `initialize` capabilities, Epode's tool names in its `tools/list`, `_agentFeedback` already in a result) and, where found, steps back from the binding, so that no call is counted twice: no telemetry event, no `_agentFeedback`, no feedback tools or instructions of its own (the upstream's pass untouched); said once in the log and in `epode_sidecar_upstream_epode`. `none`: the upstream is taken to carry none and the sidecar binds whatever it says. Either way a result that already carries `_agentFeedback` is never decorated again nor counted.",
+            "An upstream that carries Epode itself (one of Epode's SDKs): `auto` looks for it (`ai.epode/agent-feedback` in its `server/discover` or `initialize` capabilities, Epode's tool names in its `tools/list`, `_agentFeedback` already in a result, its own envelope on an HTTP response of the HTTP surface) and, where found, steps back from the binding, so that no call is counted twice: no telemetry event, no `_agentFeedback`, no feedback tools or instructions of its own (the upstream's pass untouched); said once in the log and in `epode_sidecar_upstream_epode`. `none`: the upstream is taken to carry none and the sidecar binds whatever it says. Either way a result that already carries `_agentFeedback` is never decorated again nor counted.",
             upstream_epode,
             |c| match c.feedback.upstream_epode {
                 UpstreamEpode::Auto => "auto".to_owned(),

@@ -293,6 +293,11 @@ impl HttpSurfaceRoute {
         if !self.binding.enabled() {
             return Some(Skip::ModeOff);
         }
+        if !self.binding.binds() {
+            // The app carries Epode itself (`EPODE_SIDECAR_UPSTREAM_EPODE=auto`): its answers
+            // are its own, enveloped or not.
+            return Some(Skip::AlreadyInstrumented);
+        }
         if self.cache != CacheMode::Request || self.paths.excluded(path) {
             return None;
         }
@@ -369,9 +374,19 @@ impl HttpSurfaceRoute {
         let Some(operation) = self.operations.of(path) else {
             return untouched(head, bytes, held, Skip::InvalidOperation);
         };
+        let own = head.headers.contains_key("agent-feedback");
         let surface = match surface_of(kind, &bytes) {
+            Ok(_) if own => Err(Skip::AlreadyInstrumented),
+            placed => placed,
+        };
+        let surface = match surface {
             Ok(surface) => surface,
-            Err(why) => return untouched(head, bytes, held, why),
+            Err(why) => {
+                if why == Skip::AlreadyInstrumented {
+                    self.binding.heard_http_envelope();
+                }
+                return untouched(head, bytes, held, why);
+            }
         };
         let (app_refs, hint) = self.app_refs(identity);
         let refs = self.binding.http_refs(app_refs, &parts.headers);

@@ -815,9 +815,13 @@ async fn off_passes_everything_untouched_and_still_strips_identity() {
 
 #[tokio::test]
 async fn every_skip_reason_is_counted_under_its_label() {
+    // `none`: an app's own envelope (`/owns`, `/marked`) is counted, and the sidecar binds on.
     let r = rig(
         "never_ask",
-        &[("EPODE_SIDECAR_HTTP_EXCLUDE", "/internal/*")],
+        &[
+            ("EPODE_SIDECAR_HTTP_EXCLUDE", "/internal/*"),
+            ("EPODE_SIDECAR_UPSTREAM_EPODE", "none"),
+        ],
     );
     let before = metrics(&r.sc).await;
     for label in SKIP_LABELS {
@@ -2153,4 +2157,41 @@ fn short(v: &Value) -> String {
         Some((at, _)) => format!("{}…", &text[..at]),
         None => text,
     }
+}
+
+/// An app that carries Epode itself, seen by one of its responses carrying its own envelope:
+/// with `auto` (the default) the sidecar steps back on every later response, so one the app
+/// leaves bare (as Epode's SDKs do after a customer's "no") stays bare and sends no event;
+/// before it was seen, the sidecar instrumented as usual. (`none`:
+/// `every_skip_reason_is_counted_under_its_label`.)
+#[tokio::test]
+async fn an_app_that_carries_epode_itself_is_left_to_it() {
+    let r = rig("never_ask", &[]);
+    let user = Some("user-acme");
+    let before = get(&r.sc, "/search", user).await;
+    assert!(
+        String::from_utf8_lossy(&before.body).contains("_agentFeedback"),
+        "instrumented before the app's own envelope was seen"
+    );
+    let owns = get(&r.sc, "/owns", user).await;
+    untouched(&owns, OWNS, "/owns");
+    let after = get(&r.sc, "/search", user).await;
+    untouched(&after, SEARCH, "/search after /owns");
+    assert!(after.header("agent-feedback").is_none());
+    let text = metrics(&r.sc).await;
+    assert!(
+        text.contains("epode_sidecar_upstream_epode{carries=\"binding\"} 1"),
+        "{text}"
+    );
+    // One event: the first /search's; none for what the app answers itself.
+    let one = eventually_async(Duration::from_secs(10), || {
+        std::future::ready(r.epode.events().len() == 1)
+    })
+    .await;
+    assert!(one, "{:?}", r.epode.events());
+    let more = eventually_async(Duration::from_millis(700), || {
+        std::future::ready(r.epode.events().len() > 1)
+    })
+    .await;
+    assert!(!more, "{:?}", r.epode.events());
 }
