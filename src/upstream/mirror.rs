@@ -164,8 +164,14 @@ async fn rounds(
         Ok(mut msg) => {
             msg["id"] = serde_json::from_str(m.id.get()).unwrap_or(Value::Null);
             let mut raw_msg = raw::parse_message(msg.to_string().as_bytes()).unwrap_or_default();
-            plan.rewrite(&mut raw_msg)
-                .unwrap_or_else(|| raw::to_bytes(&raw_msg))
+            let last = plan
+                .rewrite(&mut raw_msg)
+                .unwrap_or_else(|| raw::to_bytes(&raw_msg));
+            // What the result gets once its hook has seen it (customer context's contract).
+            match plan.amends() {
+                Some(amends) => amends.apply(last).await,
+                None => last,
+            }
         }
         Err(Stop::Gone) => {
             plan.abandon();

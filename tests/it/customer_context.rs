@@ -511,3 +511,42 @@ fn a_2025_client_is_asked_on_its_stream() {
         .iter()
         .all(|a| !a.raw_body.contains(&h2)));
 }
+
+/// A product call a 2026 upstream answers with its own questions, asked of a 2025 client on
+/// its call's stream (the mirror): the call's final result carries the contract too.
+#[test]
+fn a_call_asked_through_the_mirror_carries_the_contract() {
+    let up = Upstream::start(UpstreamKind::TypeScript);
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "deploy"),
+        ],
+    );
+    let out = std::process::Command::new("node")
+        .arg(peers_dir().join("ts/ts_call.mjs"))
+        .args([
+            sc.url().as_str(),
+            "legacy",
+            "call",
+            "deploy",
+            r#"{"env":"prod"}"#,
+        ])
+        .args(["--answer", "1"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let got: Value = serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|_| panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)));
+    assert_eq!(got["era"], "legacy", "{got}");
+    let result = &got["result"];
+    let text = result["content"][0]["text"].as_str().unwrap_or_default();
+    assert!(text.starts_with("deployed to prod"), "{got}");
+    let c = contract(result).unwrap_or_else(|| panic!("no contract: {got}"));
+    assert_eq!(c["state"], "answer_ready", "{c}");
+    assert_eq!(epode.enrichment_requests().len(), 1);
+}
