@@ -96,9 +96,11 @@ impl CustomerContext {
         issued.peek(&digest(handle)).is_some_and(|to| *to != caller)
     }
 
-    /// Whether customer context is asked for after `tool`'s results (never one of Epode's).
+    /// Whether customer context is asked for after `tool`'s results (never one of Epode's,
+    /// nor a name Epode would refuse as an operation: a client's 1 MB name never goes out).
     pub(crate) fn follows(&self, tool: &str) -> bool {
-        !cc::is_customer_tool(tool)
+        crate::epode::telemetry::valid_operation(tool)
+            && !cc::is_customer_tool(tool)
             && !crate::feedback::tools::is_feedback_tool(tool)
             && self.config.follows(tool)
     }

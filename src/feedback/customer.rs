@@ -530,9 +530,7 @@ pub(crate) fn consent_recorded(status: u16, body: Option<Value>) -> Value {
 
 /// The `aqr1_` handle of an answer action (`submit.authorization`, `Bearer …`).
 pub(crate) fn next_handle(body: &Value) -> Option<String> {
-    let auth = body.get("submit")?.get("authorization")?.as_str()?;
-    let h = auth.strip_prefix("Bearer")?.trim_start();
-    h.starts_with("aqr1_").then(|| h.to_owned())
+    bearer(body.get("submit")?.get("authorization")?.as_str()?)
 }
 
 /// The permission question, as an `input_required` result asks it.

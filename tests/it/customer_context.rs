@@ -550,3 +550,39 @@ fn a_call_asked_through_the_mirror_carries_the_contract() {
     assert_eq!(c["state"], "answer_ready", "{c}");
     assert_eq!(epode.enrichment_requests().len(), 1);
 }
+
+/// A tool name Epode would refuse as an operation (here 300 bytes) is never followed: no
+/// enrichment request carries it, and its result goes as it came.
+#[tokio::test]
+async fn a_name_epode_would_refuse_is_not_followed() {
+    use crate::support::scripted::{Reply, ScriptedUpstream};
+    let long = format!("search_{}", "x".repeat(300));
+    let up = ScriptedUpstream::new()
+        .on(
+            "tools/list",
+            Reply::result(json!({"tools": [{"name": long, "inputSchema": {"type": "object"}},
+                                           {"name": "search_ok", "inputSchema": {"type": "object"}}]})),
+        )
+        .on(
+            "tools/call",
+            Reply::result(json!({"resultType": "complete", "content": [{"type": "text", "text": "done"}]})),
+        )
+        .start();
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let sc = feedback_sidecar(
+        &up.url(),
+        &epode,
+        "never_ask",
+        &[
+            ("EPODE_SIDECAR_UPSTREAM_PROTOCOL", "2026-07-28"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "search_*"),
+        ],
+    );
+    let r = raw_call(&sc, &long, json!({}), json!({}), None).await;
+    assert!(contract(&r).is_none(), "{r}");
+    assert!(epode.requests(Endpoint::Enrichment).is_empty());
+    // A name Epode takes, through the same pattern, is followed.
+    let ok = raw_call(&sc, "search_ok", json!({}), json!({}), None).await;
+    assert!(contract(&ok).is_some(), "{ok}");
+}
