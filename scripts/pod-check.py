@@ -495,6 +495,22 @@ class Pod:
                     why.append(f"{c.name} ({p.failures} readiness failures, {p.successes} successes, last: "
                                f"{p.describe()}: {p.last_error})" if p else c.name)
             self.violation(f"the pod is not ready after {self.args.seconds:g} s: " + "; ".join(why))
+            self.sockets = self.namespaces()
+
+    def namespaces(self):
+        """Each running container's network namespace and the TCP ports listening in it, read on the
+        host from /proc (the images may hold no tools): what a pod that never got ready shows."""
+        lines = []
+        for name in [self.infra] + [c.docker_name for c in self.containers if c.role != "init" and c.running]:
+            pid = docker("inspect", "-f", "{{.State.Pid}}", name, check=False)
+            try:
+                ns = os.readlink(f"/proc/{pid}/ns/net")
+                listening = sorted({a for t in ("tcp", "tcp6") for a in listeners(f"/proc/{pid}/net/{t}")})
+                lines.append(f"{name.removeprefix(self.prefix + '-')}: pid {pid}, {ns}, listening: "
+                             + (", ".join(listening) or "nothing"))
+            except (OSError, ValueError) as e:
+                lines.append(f"{name.removeprefix(self.prefix + '-')}: pid {pid!r}: {e}")
+        return lines
 
     def check_exits(self):
         live = {c.docker_name: c for c in self.containers if c.role != "init" and c.running}
@@ -591,6 +607,24 @@ class Pod:
             docker("volume", "rm", "-f", *self.volumes.values(), check=False)
 
 
+def listeners(path):
+    """The listening sockets of a /proc/PID/net/tcp{,6} table, as address:port."""
+    found = []
+    with open(path) as f:
+        next(f)
+        for row in f:
+            local, state = row.split()[1], row.split()[3]
+            if state != "0A":  # TCP_LISTEN
+                continue
+            addr, port = local.split(":")
+            raw = bytes.fromhex(addr)
+            # Each 32-bit word is in host (little-endian) order.
+            raw = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+            family = socket.AF_INET if len(raw) == 4 else socket.AF_INET6
+            found.append(f"{socket.inet_ntop(family, raw)}:{int(port, 16)}")
+    return found
+
+
 def wall(stamp):
     """An engine timestamp (RFC 3339, nanoseconds, UTC) as seconds since the epoch."""
     m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?Z", stamp)
@@ -636,6 +670,7 @@ def summary(pod):
                          f"{p.spec['failureThreshold']}): {p.successes} ok, {p.failures} failed, {first}{last}")
         if not c.probes:
             lines.append("     no probes")
+    lines += [f"   netns  {line}" for line in getattr(pod, "sockets", [])]
     lines.append(f"   MCP call: {pod.mcp}")
     lines.append(f"   deletion: {getattr(pod, 'drain', 0):.1f} s of terminationGracePeriodSeconds {pod.grace}")
     lines += [f"   FAIL {v}" for v in pod.violations]

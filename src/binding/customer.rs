@@ -9,17 +9,14 @@
 //! Epode did not take (refused, late, unreachable) records it as any call does, under the same
 //! interaction id, so Epode counts the call once either way.
 
-use std::num::NonZeroUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use lru::LruCache;
-use sha2::{Digest, Sha256};
 
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
+use super::issued::IssuedHandles;
 use crate::caller::CallerKey;
 use crate::config::CustomerConfig;
 use crate::epode::client::{
@@ -53,21 +50,8 @@ pub(crate) struct CustomerContext {
     client: Arc<EpodeClient>,
     definitions: Vec<Box<RawValue>>,
     metrics: Arc<Metrics>,
-    /// The handles placed in verified callers' results, and to whom (by a digest: never the
-    /// handle itself); a handle another caller sends is refused here. At most [`ISSUED_MAX`],
-    /// the oldest forgotten first (a forgotten handle is then anyone's, as one placed in a
-    /// result no token guards).
-    issued: Mutex<LruCache<[u8; 16], CallerKey>>,
-}
-
-/// Handles remembered with their caller (Epode's live 2 hours): 100,000 take about 5 MB.
-const ISSUED_MAX: usize = 100_000;
-
-fn digest(handle: &str) -> [u8; 16] {
-    let d = Sha256::digest(handle.as_bytes());
-    let mut out = [0; 16];
-    out.copy_from_slice(&d[..16]);
-    out
+    /// The handles placed in verified callers' results, and to whom (`super::issued`).
+    issued: Mutex<IssuedHandles>,
 }
 
 impl CustomerContext {
@@ -81,9 +65,7 @@ impl CustomerContext {
             client,
             definitions: cc::tool_definitions().iter().map(raw).collect(),
             metrics,
-            issued: Mutex::new(LruCache::new(
-                NonZeroUsize::new(ISSUED_MAX).expect("not zero"),
-            )),
+            issued: Mutex::new(IssuedHandles::new()),
         }
     }
 
@@ -93,7 +75,7 @@ impl CustomerContext {
             return false;
         };
         let issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
-        issued.peek(&digest(handle)).is_some_and(|to| *to != caller)
+        issued.foreign(handle, caller)
     }
 
     /// Whether customer context is asked for after `tool`'s results (never one of Epode's,
@@ -169,7 +151,7 @@ impl CustomerContext {
                 .and_then(|c| c.contract.get("requestHandle")?.as_str());
             if let (Some(caller), Some(h)) = (bound, handle) {
                 let mut issued = this.issued.lock().unwrap_or_else(|p| p.into_inner());
-                issued.put(digest(h), caller);
+                issued.place(h, caller);
             }
             let amendment = contract.map(|c| {
                 Box::new(move |result: &mut crate::mcp::raw::RawMap| c.place(result, schema))

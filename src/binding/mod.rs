@@ -13,6 +13,7 @@ mod customer;
 mod feedback_binding;
 mod hooks;
 mod http_surface;
+mod issued;
 mod tasks;
 mod upstream_epode;
 
