@@ -36,7 +36,6 @@ pub(crate) struct IssuedHandles {
     owner: LruCache<HandleDigest, CallerKey>,
     /// Each caller's handles, oldest first: the share's bookkeeping.
     by_caller: HashMap<CallerKey, VecDeque<HandleDigest>>,
-    max: usize,
     per_caller: usize,
 }
 
@@ -49,7 +48,6 @@ impl IssuedHandles {
         IssuedHandles {
             owner: LruCache::new(NonZeroUsize::new(max).expect("not zero")),
             by_caller: HashMap::new(),
-            max,
             per_caller: per_caller.max(1),
         }
     }
@@ -98,7 +96,7 @@ impl IssuedHandles {
             self.owner.len(),
             self.by_caller.values().map(VecDeque::len).sum::<usize>()
         );
-        debug_assert!(self.owner.len() <= self.max);
+        debug_assert!(self.owner.len() <= self.owner.cap().get());
         self.owner.len()
     }
 }
