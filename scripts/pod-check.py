@@ -22,15 +22,16 @@ For each --pod LABEL=FILE (a render holding one Deployment, StatefulSet, DaemonS
   exits;
 - once the pod is ready (else at the run's end), the --mcp-call command is run against
   http://<pod address>:<--mcp-port><--mcp-path> and its output must hold --mcp-expect;
-- after --seconds of probing from the app containers' start, the pod is deleted as the kubelet
-  deletes it: the app containers' preStop hooks then their stop signal, in parallel; when all
+- after --seconds of probing from the app containers' start, once the pod is ready and the MCP
+  call done (waiting for that up to --ready-within seconds: a server that imports for long on a
+  loaded machine is still starting, not failing), the pod is deleted as the kubelet deletes it: the app containers' preStop hooks then their stop signal, in parallel; when all
   have exited, the native sidecars', in reverse order; all within
   terminationGracePeriodSeconds (a container still running at its end is SIGKILLed).
 
 The pods run at the same time. The check fails when a startup or liveness probe reaches its
 failureThreshold (the kubelet restarts the container), a readiness probe reaches it once the
 container was ready (the pod leaves its Service), a container exits on its own, the pod is not
-ready at the run's end (readiness failures before a container's first success only mean it is
+ready within --ready-within seconds (readiness failures before a container's first success only mean it is
 still starting), the MCP call fails, or a container is SIGKILLed, exits non-zero or out of order
 at the pod's deletion.
 
@@ -477,16 +478,23 @@ class Pod:
         return all(c.ready or (not c.has("readiness") and c.running) for c in self.containers if c.role != "init")
 
     def watch(self):
-        """Until the run's end: containers that exit on their own, the MCP call."""
-        end = self.app_start + self.args.seconds
-        while time.monotonic() < end:
+        """Until the run's end: containers that exit on their own, the MCP call. The run ends
+        --seconds after the app containers' start once the MCP call is done, else when the pod
+        has had --ready-within seconds to get ready."""
+        observed = self.app_start + self.args.seconds
+        deadline = self.app_start + max(self.args.seconds, self.args.ready_within)
+        while True:
             # As a Service sends traffic: once the pod is ready (else at the run's end).
             if self.mcp is None and self.pod_ready():
                 self.mcp_call()
             self.check_exits()
+            now = time.monotonic()
+            if now >= deadline or (now >= observed and self.mcp is not None):
+                break
             time.sleep(2)
         if self.mcp is None:
             self.mcp_call()
+        self.log(f"the run ends at +{time.monotonic() - self.app_start:.1f}s of the app containers' start")
         if not self.pod_ready():
             why = []
             for c in self.containers:
@@ -494,7 +502,8 @@ class Pod:
                 if c.role != "init" and not c.ready:
                     why.append(f"{c.name} ({p.failures} readiness failures, {p.successes} successes, last: "
                                f"{p.describe()}: {p.last_error})" if p else c.name)
-            self.violation(f"the pod is not ready after {self.args.seconds:g} s: " + "; ".join(why))
+            self.violation(f"the pod is not ready {time.monotonic() - self.app_start:.0f} s after its app "
+                           "containers' start: " + "; ".join(why))
             self.sockets = self.namespaces()
 
     def namespaces(self):
@@ -685,6 +694,9 @@ def parse_args():
     ap.add_argument("--infra", required=True, metavar="'IMAGE [COMMAND ARGS…]'",
                     help="the infra (pause) container: a local image and a command that waits")
     ap.add_argument("--seconds", type=float, default=60, help="probing time from the app containers' start")
+    ap.add_argument("--ready-within", type=float, default=180,
+                    help="how long the pod may take to get ready (and the MCP call to be made) from the app "
+                         "containers' start; the run then ends at the later of this and --seconds")
     ap.add_argument("--mcp-call", default="", help="a command; {url} is replaced by the pod's MCP URL")
     ap.add_argument("--mcp-expect", default="", help="a string the command's output must hold")
     ap.add_argument("--mcp-port", default="mcp", help="the container port (name) of the MCP endpoint")

@@ -494,7 +494,7 @@ fn handles(
 
 /// Each ledger pool's cap and per-caller share, from the settings (in [`ledger::Pool::ALL`]'s
 /// order).
-fn pools(config: &Config) -> [ledger::Bounds; 8] {
+fn pools(config: &Config) -> [ledger::Bounds; 9] {
     let l = &config.limits;
     let bounds = |cap, share, cap_setting, share_setting, retry_after| ledger::Bounds {
         cap,
@@ -503,19 +503,6 @@ fn pools(config: &Config) -> [ledger::Bounds; 8] {
         share_setting,
         retry_after,
     };
-    let children = match &config.upstream {
-        config::UpstreamTransport::Stdio(c) => match c.children {
-            config::StdioChildren::PerClient { max, .. } => max,
-            config::StdioChildren::Shared => 1,
-        },
-        config::UpstreamTransport::Http(_) => 1,
-    };
-    // The MCP path's connections (with the HTTP surface on, less its share).
-    let mcp_connections = l.upstream_max_connections
-        - config
-            .http
-            .as_ref()
-            .map_or(0, |h| h.upstream_connections(l.upstream_max_connections));
     [
         bounds(
             l.held_calls,
@@ -546,7 +533,7 @@ fn pools(config: &Config) -> [ledger::Bounds; 8] {
             1,
         ),
         bounds(
-            children,
+            stdio_children(config),
             1,
             "EPODE_SIDECAR_STDIO_MAX_CHILDREN",
             "EPODE_SIDECAR_STDIO_CHILDREN",
@@ -562,7 +549,7 @@ fn pools(config: &Config) -> [ledger::Bounds; 8] {
         // A caller's held connections follow from its shares of held calls and of sessions
         // (one listen feed each): no share of their own.
         bounds(
-            l.held_connections(mcp_connections),
+            l.held_connections(mcp_connections(config)),
             usize::MAX,
             "EPODE_SIDECAR_UPSTREAM_HOLD_SHARE",
             "EPODE_SIDECAR_HELD_CALLS_PER_CALLER",
@@ -575,7 +562,35 @@ fn pools(config: &Config) -> [ledger::Bounds; 8] {
             "EPODE_SIDECAR_TASKS_PER_CALLER",
             1,
         ),
+        bounds(
+            l.context_requests,
+            l.context_requests_per_caller,
+            "EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS",
+            "EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS_PER_CALLER",
+            1,
+        ),
     ]
+}
+
+/// The stdio MCP server processes the sidecar may run (one per caller, or the one shared).
+fn stdio_children(config: &Config) -> usize {
+    match &config.upstream {
+        config::UpstreamTransport::Stdio(c) => match c.children {
+            config::StdioChildren::PerClient { max, .. } => max,
+            config::StdioChildren::Shared => 1,
+        },
+        config::UpstreamTransport::Http(_) => 1,
+    }
+}
+
+/// The MCP path's upstream connections (with the HTTP surface on, less its share).
+fn mcp_connections(config: &Config) -> usize {
+    let l = &config.limits;
+    l.upstream_max_connections
+        - config
+            .http
+            .as_ref()
+            .map_or(0, |h| h.upstream_connections(l.upstream_max_connections))
 }
 
 /// What the housekeeping and the shutdown order need, kept here: the upstream (its sessions

@@ -43,10 +43,12 @@ pub(crate) enum Pool {
     /// Tasks (the `io.modelcontextprotocol/tasks` extension) followed to their terminal
     /// result, the product call's outcome.
     Tasks,
+    /// Customer context's enrichment requests in flight (each ends within its budget).
+    ContextRequests,
 }
 
 impl Pool {
-    pub(crate) const ALL: [Pool; 8] = [
+    pub(crate) const ALL: [Pool; 9] = [
         Pool::HeldCalls,
         Pool::Questions,
         Pool::ListenStreams,
@@ -55,6 +57,7 @@ impl Pool {
         Pool::Introspections,
         Pool::HeldConnections,
         Pool::Tasks,
+        Pool::ContextRequests,
     ];
 
     /// The `pool` label.
@@ -68,6 +71,7 @@ impl Pool {
             Pool::Introspections => "introspections",
             Pool::HeldConnections => "held_connections",
             Pool::Tasks => "tasks",
+            Pool::ContextRequests => "context_requests",
         }
     }
 
@@ -82,6 +86,7 @@ impl Pool {
             Pool::Introspections => "token introspections in flight",
             Pool::HeldConnections => "upstream connections held by waiting calls and listen feeds",
             Pool::Tasks => "tasks followed to their result",
+            Pool::ContextRequests => "customer-context enrichment requests in flight",
         }
     }
 
@@ -96,6 +101,7 @@ impl Pool {
             Pool::Introspections => LimitKind::Introspections,
             Pool::HeldConnections => LimitKind::HeldConnections,
             Pool::Tasks => LimitKind::Tasks,
+            Pool::ContextRequests => LimitKind::ContextRequests,
         }
     }
 }
@@ -178,7 +184,7 @@ impl Charge {
 
 impl Ledger {
     /// The ledger with `bounds` for each pool (in [`Pool::ALL`]'s order).
-    pub(crate) fn new(bounds: [Bounds; 8], metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(bounds: [Bounds; 9], metrics: Arc<Metrics>) -> Arc<Self> {
         let accounts = Pool::ALL
             .iter()
             .zip(bounds)
@@ -364,7 +370,7 @@ mod tests {
             share_setting: "SHARE",
             retry_after: 1,
         };
-        Ledger::new([b; 8], Arc::new(Metrics::new(|_| {})))
+        Ledger::new([b; 9], Arc::new(Metrics::new(|_| {})))
     }
 
     #[test]

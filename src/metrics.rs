@@ -116,10 +116,11 @@ pub(crate) enum LimitKind {
     Introspections,
     HeldConnections,
     Tasks,
+    ContextRequests,
 }
 
 impl LimitKind {
-    pub(crate) const ALL: [LimitKind; 26] = [
+    pub(crate) const ALL: [LimitKind; 27] = [
         LimitKind::Connections,
         LimitKind::AdminConnections,
         LimitKind::DevEpodeConnections,
@@ -146,6 +147,7 @@ impl LimitKind {
         LimitKind::Introspections,
         LimitKind::HeldConnections,
         LimitKind::Tasks,
+        LimitKind::ContextRequests,
     ];
 
     /// The label value.
@@ -177,6 +179,7 @@ impl LimitKind {
             LimitKind::Introspections => "introspections",
             LimitKind::HeldConnections => "held_connections",
             LimitKind::Tasks => "tasks",
+            LimitKind::ContextRequests => "context_requests",
         }
     }
 }

@@ -24,6 +24,7 @@ use crate::epode::client::{
 };
 use crate::feedback::customer::{self as cc, Contract, Permission};
 use crate::feedback::identity::IdentityRefs;
+use crate::ledger::{Ledger, Pool};
 use crate::mcp::end::{Amendment, Amends};
 use crate::mcp::raw::raw;
 use crate::metrics::{ContextToolLabels, EnrichmentLabels, Metrics};
@@ -43,6 +44,8 @@ pub(crate) struct Ask {
     pub(crate) has_output_schema: bool,
     /// The verified caller (auth on) the handle is placed for.
     pub(crate) bound: Option<CallerKey>,
+    /// The caller the request is charged to, in the ledger's `context_requests` pool.
+    pub(crate) caller: CallerKey,
 }
 
 pub(crate) struct CustomerContext {
@@ -50,6 +53,7 @@ pub(crate) struct CustomerContext {
     client: Arc<EpodeClient>,
     definitions: Vec<Box<RawValue>>,
     metrics: Arc<Metrics>,
+    ledger: Arc<Ledger>,
     /// The handles placed in verified callers' results, and to whom (`super::issued`).
     issued: Mutex<IssuedHandles>,
 }
@@ -59,12 +63,14 @@ impl CustomerContext {
         config: CustomerConfig,
         client: Arc<EpodeClient>,
         metrics: Arc<Metrics>,
+        ledger: Arc<Ledger>,
     ) -> Self {
         CustomerContext {
             config,
             client,
             definitions: cc::tool_definitions().iter().map(raw).collect(),
             metrics,
+            ledger,
             issued: Mutex::new(IssuedHandles::new()),
         }
     }
@@ -106,6 +112,18 @@ impl CustomerContext {
         amends: &Amends,
         unconfirmed: Option<Box<dyn FnOnce() + Send>>,
     ) {
+        // Held until the request ends (within the budget), in its caller's share; past the
+        // share or the cap, no request: the result goes as it came, its event recorded.
+        let Ok(place) = self.ledger.try_charge(Pool::ContextRequests, ask.caller) else {
+            self.metrics
+                .enrichment_requests
+                .get_or_create(&EnrichmentLabels { outcome: "shed" })
+                .inc();
+            if let Some(record) = unconfirmed {
+                record();
+            }
+            return;
+        };
         let bound = ask.bound;
         let (tx, rx) = oneshot::channel::<Option<Amendment>>();
         // The answer path waits a little past the budget: the request's own deadline ends it.
@@ -159,6 +177,7 @@ impl CustomerContext {
             });
             // The answer may have gone already (the budget passed, the client left).
             let _ = tx.send(amendment);
+            drop(place);
         });
     }
 

@@ -305,6 +305,7 @@ impl FeedbackBinding {
                     cfg.clone(),
                     client,
                     metrics.clone(),
+                    ledger.clone(),
                 )))
             }
             _ => None,

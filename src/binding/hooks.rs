@@ -58,8 +58,8 @@ impl FeedbackBinding {
         hook.bound = verified.map(|(_, caller)| caller);
         hook.caller = Some(caller);
         hook.customer = amends
-            .and_then(|a| Some((self.customer()?.clone(), a)))
-            .filter(|(c, _)| c.follows(tool));
+            .and_then(|a| Some((self.customer()?.clone(), a, caller)))
+            .filter(|(c, _, _)| c.follows(tool));
         Box::new(hook)
     }
 
@@ -219,7 +219,9 @@ struct CallHook {
     /// The caller, whose task a call's task is (`None`: the call's own outcome, a task's).
     caller: Option<CallerKey>,
     /// Customer context, when it follows this tool, and where its amendment goes.
-    customer: Option<(Arc<CustomerContext>, Amends)>,
+    /// Customer context, when it follows this tool, where its amendment goes, and the caller
+    /// its enrichment request is charged to.
+    customer: Option<(Arc<CustomerContext>, Amends, CallerKey)>,
 }
 
 /// Removes `_meta["ai.epode/identity"]` (it must never reach the client) and returns it.
@@ -343,7 +345,7 @@ impl CallHook {
     fn ask_customer(
         &mut self,
         customer: &Arc<CustomerContext>,
-        amends: &Amends,
+        (amends, caller): (&Amends, CallerKey),
         event: McpCompletion,
         observed: bool,
     ) {
@@ -355,6 +357,7 @@ impl CallHook {
             duration: event.duration.unwrap_or_default(),
             has_output_schema: self.listed == Some(true),
             bound: self.bound,
+            caller,
         };
         let binding = self.binding.clone();
         let unconfirmed =
@@ -419,7 +422,9 @@ impl ResultHook for CallHook {
         }
         let event = self.event(interaction_id, outcome, refs, hint);
         match customer {
-            Some((customer, amends)) => self.ask_customer(&customer, &amends, event, observed),
+            Some((customer, amends, caller)) => {
+                self.ask_customer(&customer, (&amends, caller), event, observed)
+            }
             None => self.answered = Some(event),
         }
         changed

@@ -615,6 +615,9 @@ pub(crate) struct Limits {
     /// Tasks followed to their terminal result, at once and for one caller.
     pub(crate) tasks: usize,
     pub(crate) tasks_per_caller: usize,
+    /// Customer context's enrichment requests in flight, and one caller's share of them.
+    pub(crate) context_requests: usize,
+    pub(crate) context_requests_per_caller: usize,
     /// 2025-era upstream sessions one caller may hold (one per capability set).
     pub(crate) upstream_sessions_per_caller: usize,
     /// The part of the upstream connections held calls and listen feeds may hold together

@@ -18,7 +18,7 @@ use crate::auth::{
     sidecar_for,
 };
 use crate::support::auth::{AuthOptions, AuthServer, JwksMode, MintKey};
-use crate::support::fake_epode::{Endpoint, FakeConfig, FakeEpode, DEMO_PRODUCT_KEY};
+use crate::support::fake_epode::{Endpoint, FakeConfig, FakeEpode, Fault, DEMO_PRODUCT_KEY};
 use crate::support::scripted::{Reply, Request, Scripted, ScriptedUpstream};
 use crate::support::{
     eventually_async, http, last_message, metric, modern_body, modern_headers, Sidecar,
@@ -579,6 +579,104 @@ async fn a_customer_context_handle_is_its_callers_only() {
     assert_eq!(
         own["result"]["structuredContent"]["accepted"], true,
         "{own}"
+    );
+}
+
+/// A caller's followed calls hold at most its share of enrichment requests in flight: Alice's
+/// second call while her first waits on a slow Epode is shed (its result as the upstream sent
+/// it, at once, no request made, counted), and Bob's call meanwhile gets its contract.
+#[tokio::test]
+async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
+    let (port, resource) = resource();
+    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
+    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
+    let up = crate::support::Upstream::start(crate::support::UpstreamKind::Python);
+    let url = epode.url();
+    let sc = sidecar_for(
+        &up.url(),
+        &auth,
+        port,
+        &[
+            ("EPODE_API_KEY", epode.product_key()),
+            ("EPODE_API_URL", &url),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "echo"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_BUDGET", "5s"),
+            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS_PER_CALLER", "1"),
+        ],
+    );
+    let alice = auth
+        .mint(json!({}), json!({"sub": "alice"}), MintKey::Current)
+        .await;
+    let bob = auth
+        .mint(json!({}), json!({"sub": "bob"}), MintKey::Current)
+        .await;
+    let contract = |msg: &Value| {
+        msg["result"]["structuredContent"]["_epode"]
+            .get("customerContext")
+            .cloned()
+    };
+    // Alice's first call's request is held at Epode until the test lets it go.
+    epode.inject(Endpoint::Enrichment, Fault::Delay(Duration::from_secs(3)));
+    let first = {
+        let (url, auth) = (sc.url(), bearer(&alice));
+        tokio::spawn(async move {
+            let headers = [("authorization", auth.as_str())];
+            post_tool(&url, 1, "echo", json!({"text": "first"}), &headers)
+                .await
+                .2
+        })
+    };
+    assert!(
+        eventually_async(Duration::from_secs(20), || async {
+            epode.enrichment_requests().len() == 1
+        })
+        .await,
+        "Alice's first request never reached Epode"
+    );
+    let t = Instant::now();
+    let shed = call_tool(&sc, 2, &alice, "echo", json!({"text": "second"})).await;
+    let took = t.elapsed();
+    assert!(contract(&shed).is_none(), "past Alice's share: {shed}");
+    let text = shed["result"]["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(text.contains(r#""echoed": "second""#), "{shed}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "a shed call waited {took:?}"
+    );
+    let other = call_tool(&sc, 3, &bob, "echo", json!({"text": "bob"})).await;
+    assert!(contract(&other).is_some(), "Bob has his own share: {other}");
+    assert_eq!(
+        epode.enrichment_requests().len(),
+        2,
+        "the shed call sent none"
+    );
+    let first = first.await.unwrap();
+    assert!(contract(&first).is_some(), "{first}");
+    assert_eq!(
+        metric(
+            &sc,
+            "epode_sidecar_customer_context_requests_total{outcome=\"shed\"}"
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        metric(
+            &sc,
+            "epode_sidecar_pool_refused_total{pool=\"context_requests\",reason=\"share\"}"
+        )
+        .await,
+        1
+    );
+    // Every place given back.
+    assert!(
+        eventually_async(Duration::from_secs(10), || async {
+            metric(&sc, "epode_sidecar_pool_in_use{pool=\"context_requests\"}").await == 0
+        })
+        .await
     );
 }
 

@@ -270,6 +270,8 @@ README.
   (list "EPODE_SIDECAR_CUSTOMER_CONTEXT_PURPOSE" "epode.customerContext.purpose" $e.customerContext.purpose)
   (list "EPODE_SIDECAR_CUSTOMER_CONTEXT_BUDGET" "epode.customerContext.budget" $e.customerContext.budget)
   (list "EPODE_SIDECAR_CUSTOMER_CONTEXT_TIMEOUT" "epode.customerContext.timeout" $e.customerContext.timeout)
+  (list "EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS" "epode.customerContext.requests" $e.customerContext.requests)
+  (list "EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS_PER_CALLER" "epode.customerContext.requestsPerCaller" $e.customerContext.requestsPerCaller)
   (list "EPODE_SIDECAR_HTTP_SURFACE" "epode.httpSurface.enabled" (ternary "on" "" (eq $e.httpSurface.enabled true)))
   (list "EPODE_SIDECAR_HTTP_MAX_BODY" "epode.httpSurface.maxBody" $e.httpSurface.maxBody)
   (list "EPODE_SIDECAR_HTTP_CACHE_MODE" "epode.httpSurface.cacheMode" $e.httpSurface.cacheMode)
