@@ -533,49 +533,73 @@ async fn a_feedback_handle_is_its_callers_only() {
     assert_eq!(epode.requests(Endpoint::Reports).len(), 1);
 }
 
-/// A customer-context handle placed in Alice's result is Alice's: Bob's share with it is
-/// refused here, and nothing of it reaches Epode; Alice's goes.
-#[tokio::test]
-async fn a_customer_context_handle_is_its_callers_only() {
+/// Alice and Bob, verified by a real authorization server, in front of a sidecar with customer
+/// context on for `echo` (a Python upstream, the strict fake Epode).
+struct TwoCallers {
+    _auth: AuthServer,
+    _up: crate::support::Upstream,
+    epode: FakeEpode,
+    sc: Sidecar,
+    alice: String,
+    bob: String,
+}
+
+async fn two_callers_with_customer_context(extra: &[(&str, &str)]) -> TwoCallers {
     let (port, resource) = resource();
     let auth = AuthServer::start(AuthOptions::for_resource(&resource));
     let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
     let up = crate::support::Upstream::start(crate::support::UpstreamKind::Python);
     let url = epode.url();
-    let sc = sidecar_for(
-        &up.url(),
-        &auth,
-        port,
-        &[
-            ("EPODE_API_KEY", epode.product_key()),
-            ("EPODE_API_URL", &url),
-            ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
-            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "echo"),
-        ],
-    );
-    let alice = auth
-        .mint(json!({}), json!({"sub": "alice"}), MintKey::Current)
-        .await;
-    let bob = auth
-        .mint(json!({}), json!({"sub": "bob"}), MintKey::Current)
-        .await;
-    let msg = call_tool(&sc, 1, &alice, "echo", json!({"text": "x"})).await;
+    let mut env = vec![
+        ("EPODE_API_KEY", epode.product_key()),
+        ("EPODE_API_URL", url.as_str()),
+        ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
+        ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "echo"),
+    ];
+    env.extend_from_slice(extra);
+    let sc = sidecar_for(&up.url(), &auth, port, &env);
+    let mut minted = Vec::new();
+    for sub in ["alice", "bob"] {
+        minted.push(
+            auth.mint(json!({}), json!({"sub": sub}), MintKey::Current)
+                .await,
+        );
+    }
+    let bob = minted.pop().unwrap();
+    let alice = minted.pop().unwrap();
+    TwoCallers {
+        _auth: auth,
+        _up: up,
+        epode,
+        sc,
+        alice,
+        bob,
+    }
+}
+
+/// A customer-context handle placed in Alice's result is Alice's: Bob's share with it is
+/// refused here, and nothing of it reaches Epode; Alice's goes.
+#[tokio::test]
+async fn a_customer_context_handle_is_its_callers_only() {
+    let rig = two_callers_with_customer_context(&[]).await;
+    let (epode, sc, alice, bob) = (&rig.epode, &rig.sc, &rig.alice, &rig.bob);
+    let msg = call_tool(sc, 1, alice, "echo", json!({"text": "x"})).await;
     let handle = msg["result"]["structuredContent"]["_epode"]["customerContext"]["requestHandle"]
         .as_str()
         .unwrap_or_else(|| panic!("{msg}"))
         .to_owned();
     let share = json!({"requestHandle": handle, "status": "no_relevant_context", "items": []});
-    let stolen = call_tool(&sc, 2, &bob, "share_customer_context", share.clone()).await;
+    let stolen = call_tool(sc, 2, bob, "share_customer_context", share.clone()).await;
     assert_eq!(stolen["result"]["isError"], true, "{stolen}");
     assert!(
         epode.requests(Endpoint::EnrichmentInspect).is_empty(),
         "Bob's share reached Epode"
     );
     let consent = json!({"requestHandle": handle, "decision": "declined"});
-    let stolen = call_tool(&sc, 3, &bob, "record_customer_context_consent", consent).await;
+    let stolen = call_tool(sc, 3, bob, "record_customer_context_consent", consent).await;
     assert_eq!(stolen["result"]["isError"], true, "{stolen}");
     assert!(epode.requests(Endpoint::EnrichmentConsent).is_empty());
-    let own = call_tool(&sc, 4, &alice, "share_customer_context", share).await;
+    let own = call_tool(sc, 4, alice, "share_customer_context", share).await;
     assert_eq!(
         own["result"]["structuredContent"]["accepted"], true,
         "{own}"
@@ -587,30 +611,12 @@ async fn a_customer_context_handle_is_its_callers_only() {
 /// it, at once, no request made, counted), and Bob's call meanwhile gets its contract.
 #[tokio::test]
 async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
-    let (port, resource) = resource();
-    let auth = AuthServer::start(AuthOptions::for_resource(&resource));
-    let epode = FakeEpode::start(FakeConfig::new(DEMO_PRODUCT_KEY, "never_ask"));
-    let up = crate::support::Upstream::start(crate::support::UpstreamKind::Python);
-    let url = epode.url();
-    let sc = sidecar_for(
-        &up.url(),
-        &auth,
-        port,
-        &[
-            ("EPODE_API_KEY", epode.product_key()),
-            ("EPODE_API_URL", &url),
-            ("EPODE_SIDECAR_CUSTOMER_CONTEXT", "on"),
-            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_TOOLS", "echo"),
-            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_BUDGET", "5s"),
-            ("EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS_PER_CALLER", "1"),
-        ],
-    );
-    let alice = auth
-        .mint(json!({}), json!({"sub": "alice"}), MintKey::Current)
-        .await;
-    let bob = auth
-        .mint(json!({}), json!({"sub": "bob"}), MintKey::Current)
-        .await;
+    let rig = two_callers_with_customer_context(&[
+        ("EPODE_SIDECAR_CUSTOMER_CONTEXT_BUDGET", "5s"),
+        ("EPODE_SIDECAR_CUSTOMER_CONTEXT_REQUESTS_PER_CALLER", "1"),
+    ])
+    .await;
+    let (epode, sc, alice, bob) = (&rig.epode, &rig.sc, &rig.alice, &rig.bob);
     let contract = |msg: &Value| {
         msg["result"]["structuredContent"]["_epode"]
             .get("customerContext")
@@ -619,7 +625,7 @@ async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
     // Alice's first call's request is held at Epode until the test lets it go.
     epode.inject(Endpoint::Enrichment, Fault::Delay(Duration::from_secs(3)));
     let first = {
-        let (url, auth) = (sc.url(), bearer(&alice));
+        let (url, auth) = (sc.url(), bearer(alice));
         tokio::spawn(async move {
             let headers = [("authorization", auth.as_str())];
             post_tool(&url, 1, "echo", json!({"text": "first"}), &headers)
@@ -635,7 +641,7 @@ async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
         "Alice's first request never reached Epode"
     );
     let t = Instant::now();
-    let shed = call_tool(&sc, 2, &alice, "echo", json!({"text": "second"})).await;
+    let shed = call_tool(sc, 2, alice, "echo", json!({"text": "second"})).await;
     let took = t.elapsed();
     assert!(contract(&shed).is_none(), "past Alice's share: {shed}");
     let text = shed["result"]["content"][0]["text"]
@@ -646,7 +652,7 @@ async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
         took < Duration::from_millis(2500),
         "a shed call waited {took:?}"
     );
-    let other = call_tool(&sc, 3, &bob, "echo", json!({"text": "bob"})).await;
+    let other = call_tool(sc, 3, bob, "echo", json!({"text": "bob"})).await;
     assert!(contract(&other).is_some(), "Bob has his own share: {other}");
     assert_eq!(
         epode.enrichment_requests().len(),
@@ -657,7 +663,7 @@ async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
     assert!(contract(&first).is_some(), "{first}");
     assert_eq!(
         metric(
-            &sc,
+            sc,
             "epode_sidecar_customer_context_requests_total{outcome=\"shed\"}"
         )
         .await,
@@ -665,7 +671,7 @@ async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
     );
     assert_eq!(
         metric(
-            &sc,
+            sc,
             "epode_sidecar_pool_refused_total{pool=\"context_requests\",reason=\"share\"}"
         )
         .await,
@@ -674,7 +680,7 @@ async fn enrichment_requests_in_flight_are_charged_to_their_caller() {
     // Every place given back.
     assert!(
         eventually_async(Duration::from_secs(10), || async {
-            metric(&sc, "epode_sidecar_pool_in_use{pool=\"context_requests\"}").await == 0
+            metric(sc, "epode_sidecar_pool_in_use{pool=\"context_requests\"}").await == 0
         })
         .await
     );

@@ -19,25 +19,31 @@ fn instant_upstream() -> Scripted {
 }
 
 /// A normal request over `client` (whose connection may predate the attack) is answered
-/// within a second.
+/// within a second: while an attack holds what it holds, it is not queued behind it.
 async fn normal_request_within_a_second(client: &reqwest::Client, sc: &Sidecar) {
+    normal_request_within(client, sc, Duration::from_secs(1)).await;
+}
+
+/// Once an attack is over, a new client's request is served (on a connection of its own; the
+/// deadline is the machine's, not the attack's: a loaded CI machine once took past a second).
+async fn new_clients_served_again(sc: &Sidecar) {
+    normal_request_within(&http(), sc, Duration::from_secs(10)).await;
+}
+
+async fn normal_request_within(client: &reqwest::Client, sc: &Sidecar, within: Duration) {
     let body = modern_body(json!("normal"), "tools/list", json!({}));
     let mut req = client.post(sc.url()).body(body.to_string());
     for (k, v) in modern_headers("tools/list", None) {
         req = req.header(k, v);
     }
     let started = Instant::now();
-    let resp = tokio::time::timeout(Duration::from_secs(1), req.send())
+    let resp = tokio::time::timeout(within, req.send())
         .await
-        .expect("a normal request was not answered within a second")
+        .unwrap_or_else(|_| panic!("a normal request was not answered within {within:?}"))
         .expect("a normal request failed");
     assert_eq!(resp.status(), 200);
     let _ = resp.bytes().await;
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < within, "{:?}", started.elapsed());
 }
 
 /// Whether the peer has closed or reset `s` by now; nothing is read from it.
@@ -128,7 +134,7 @@ async fn silent_connections_past_the_descriptor_limit() {
     assert_eq!(closed, 400, "{closed} of 400 silent connections closed");
     assert!(started.elapsed() < Duration::from_secs(5));
     // And new clients are served again.
-    normal_request_within_a_second(&http(), &sc).await;
+    new_clients_served_again(&sc).await;
     let metrics = metrics_text(&sc).await;
     let refused = metric_value(
         &metrics,
@@ -217,7 +223,7 @@ async fn slowloris_and_idle_keep_alive_are_closed() {
         .filter(|c| *c)
         .count();
     assert_eq!(closed, 300, "idle keep-alive connections closed");
-    normal_request_within_a_second(&http(), &sc).await;
+    new_clients_served_again(&sc).await;
 }
 
 /// 60 clients each send all but 115 bytes of a 4 MiB body and hold: the memory budget (here
@@ -288,7 +294,7 @@ async fn held_bodies_stay_within_the_budget() {
     assert_eq!(refused + timed_out, 60, "{statuses:?}");
     assert!(refused > 0 && timed_out > 0, "{statuses:?}");
     assert!(peak < (64 + 48) * 1024, "peak RSS {peak} KiB");
-    normal_request_within_a_second(&http(), &sc).await;
+    new_clients_served_again(&sc).await;
 }
 
 /// A raw upstream whose `tools/call` answer is one SSE event of `size` bytes in 4 KiB chunks
@@ -601,7 +607,7 @@ async fn oversized_heads_get_431() {
         req = req.header(format!("x-h{i}"), "1");
     }
     assert_eq!(req.send().await.unwrap().status(), 431);
-    normal_request_within_a_second(&http(), &sc).await;
+    new_clients_served_again(&sc).await;
 }
 
 /// Past `max_in_flight`, a request gets 503 with `Retry-After` and a JSON-RPC error at once.
