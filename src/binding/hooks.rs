@@ -218,7 +218,6 @@ struct CallHook {
     bound: Option<CallerKey>,
     /// The caller, whose task a call's task is (`None`: the call's own outcome, a task's).
     caller: Option<CallerKey>,
-    /// Customer context, when it follows this tool, and where its amendment goes.
     /// Customer context, when it follows this tool, where its amendment goes, and the caller
     /// its enrichment request is charged to.
     customer: Option<(Arc<CustomerContext>, Amends, CallerKey)>,
