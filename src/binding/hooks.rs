@@ -43,7 +43,9 @@ impl FeedbackBinding {
     /// The hook of a product `tools/call` response: it always removes the upstream's private
     /// identity; with feedback on it decorates and records telemetry for listed tools.
     /// `verified` are the refs of the caller's verified token (the authorization front
-    /// door's); a trusted gateway's headers fill what they lack.
+    /// door's); a trusted gateway's headers fill what they lack. `amends` is given for a
+    /// call customer context follows only (`FeedbackBinding::customer_follows`, checked once
+    /// by the caller).
     pub(crate) fn call_hook(
         self: &Arc<Self>,
         tool: &str,
@@ -57,9 +59,7 @@ impl FeedbackBinding {
         let mut hook = CallHook::new(self.clone(), tool, self.listed(tool), trusted, note);
         hook.bound = verified.map(|(_, caller)| caller);
         hook.caller = Some(caller);
-        hook.customer = amends
-            .and_then(|a| Some((self.customer()?.clone(), a, caller)))
-            .filter(|(c, _, _)| c.follows(tool));
+        hook.customer = amends.and_then(|a| Some((self.customer()?.clone(), a, caller)));
         Box::new(hook)
     }
 

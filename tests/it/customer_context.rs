@@ -31,9 +31,7 @@ fn rig(extra: &[(&str, &str)]) -> Rig {
 }
 
 fn call(rig: &Rig, era: &str, tool: &str, args: Value) -> Value {
-    let out = ts_call(&rig.sc.url(), era, Some((tool, &args)), &[]);
-    assert!(out.get("error").is_none(), "{tool}: {out}");
-    out["result"].clone()
+    ts_result(&rig.sc.url(), era, tool, &args)
 }
 
 /// `_epode.customerContext`, wherever the placement put it.

@@ -21,9 +21,7 @@ fn rig(mode: &str, extra: &[(&str, &str)]) -> Rig {
 }
 
 fn call(rig: &Rig, mode: &str, tool: &str, args: Value) -> Value {
-    let out = ts_call(&rig.sc.url(), mode, Some((tool, &args)), &[]);
-    assert!(out.get("error").is_none(), "{tool}: {out}");
-    out["result"].clone()
+    ts_result(&rig.sc.url(), mode, tool, &args)
 }
 
 /// `_agentFeedback` wherever the placement rules put it.

@@ -716,6 +716,13 @@ pub fn ts_call(url: &str, mode: &str, tool: Option<(&str, &Value)>, headers: &[&
     ts_call_env(url, mode, tool, headers, &[])
 }
 
+/// A `tools/call` of `tool` with the official TypeScript client that must succeed: its result.
+pub fn ts_result(url: &str, mode: &str, tool: &str, args: &Value) -> Value {
+    let out = ts_call(url, mode, Some((tool, args)), &[]);
+    assert!(out.get("error").is_none(), "{tool}: {out}");
+    out["result"].clone()
+}
+
 /// [`ts_call`] with the client answering `roots/list` with `root` (a 2025 server may ask).
 pub fn ts_call_roots(
     url: &str,
